@@ -1,0 +1,192 @@
+"""Typed readers for the environment: the one place configuration comes from.
+
+Every reader takes the environment mapping explicitly, so settings can be
+built and tested from any mapping, and raises ``ImproperlyConfigured`` with
+the variable's name and the offending value when a value does not parse or
+is out of range.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """Read a boolean written as 1/0, true/false, yes/no or on/off."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def env_float(
+    env: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+) -> float:
+    """Read a float and check it against its allowed range."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    return check_range(
+        name, value, minimum=minimum, maximum=maximum, exclusive_minimum=exclusive_minimum
+    )
+
+
+def env_int(
+    env: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """Read an integer and check it against its allowed range."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    check_range(name, value, minimum=minimum, maximum=maximum)
+    return value
+
+
+def env_list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]:
+    """Read a comma-separated list; blank items are dropped."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def check_range(
+    name: str,
+    value: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+) -> float:
+    """Return ``value`` when it lies in range, else raise ImproperlyConfigured."""
+    if value != value:  # NaN compares unequal to itself
+        raise ImproperlyConfigured(f"{name} must be a number, got NaN")
+    if minimum is not None:
+        if exclusive_minimum and value <= minimum:
+            raise ImproperlyConfigured(f"{name} must be greater than {minimum}, got {value}")
+        if not exclusive_minimum and value < minimum:
+            raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
+def database_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
+    """PostgreSQL (or any dj-database-url URL) from DATABASE_URL, else a SQLite file."""
+    url = env.get("DATABASE_URL", "").strip()
+    if not url:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(base_dir / "var" / "meshnet.sqlite3"),
+            # Several processes (tracker, worker, nodes' registrations) share
+            # the file in the embedded mode: wait for a lock instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    try:
+        config = dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    return config
+
+
+def channel_layers_config(env: Mapping[str, str]) -> dict[str, Any]:
+    """channels_redis when REDIS_URL is set, else the in-process layer."""
+    url = redis_url(env)
+    if url is None:
+        return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [url], "prefix": "meshnet:channels"},
+        }
+    }
+
+
+def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
+    """Celery on Redis when REDIS_URL is set, else a broker that needs no server.
+
+    The embedded broker is kombu's filesystem transport: the tracker and the
+    worker are separate processes on one machine, so an in-memory broker
+    would not reach the worker, while a shared folder does.
+    """
+    url = redis_url(env)
+    if url is not None:
+        return {"broker_url": url, "result_backend": url, "broker_transport_options": {}}
+    queue = base_dir / "var" / "celery" / "queue"
+    return {
+        "broker_url": "filesystem://",
+        "result_backend": f"file://{base_dir / 'var' / 'celery' / 'results'}",
+        "broker_transport_options": {
+            "data_folder_in": str(queue),
+            "data_folder_out": str(queue),
+            "processed_folder": str(base_dir / "var" / "celery" / "processed"),
+            "store_processed": False,
+        },
+    }
+
+
+def redis_url(env: Mapping[str, str]) -> str | None:
+    """REDIS_URL when set, checked for a redis:// or rediss:// scheme."""
+    url = env.get("REDIS_URL", "").strip()
+    if not url:
+        return None
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL must start with redis:// or rediss://, got {url!r}")
+    return url
+
+
+def secret_key(env: Mapping[str, str], base_dir: Path) -> str:
+    """DJANGO_SECRET_KEY, or in the embedded mode a random key kept in var/.
+
+    With DATABASE_URL set the deployment is shared, so the key must be given.
+    """
+    key = env.get("DJANGO_SECRET_KEY", "").strip()
+    if key:
+        return key
+    if env.get("DATABASE_URL", "").strip():
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DATABASE_URL is set")
+    path = base_dir / "var" / "secret_key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process of this machine made it first
+            pass
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()

@@ -1,0 +1,153 @@
+"""Settings for every process (tracker, worker, node), read from the environment.
+
+With no environment set, everything runs embedded on one machine: a SQLite
+file, the in-memory channel layer, route statistics in process and a Celery
+broker that needs no server. ``DATABASE_URL`` selects PostgreSQL and
+``REDIS_URL`` selects channels_redis, Celery on Redis and Redis-merged route
+statistics. Values are read only through ``meshnet_site.environment``, which
+fails loudly on a bad value.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from meshnet_site import environment as env_
+
+ENV = os.environ
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_.env_bool(ENV, "DJANGO_DEBUG", default=False)
+
+# Production (DATABASE_URL set: several processes, maybe several machines)
+# must share one explicit key. The embedded single-machine mode keeps a random
+# key of its own in var/ so that `make demo` needs no configuration and no key
+# is ever hard-coded.
+SECRET_KEY = env_.secret_key(ENV, BASE_DIR)
+
+ALLOWED_HOSTS = env_.env_list(ENV, "DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "django_prometheus",
+    "nodes_app",
+    "routing_app",
+    "tracker_app",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "meshnet_site.urls"
+ASGI_APPLICATION = "meshnet_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env_.database_config(ENV, BASE_DIR)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CHANNEL_LAYERS = env_.channel_layers_config(ENV)
+REDIS_URL = env_.redis_url(ENV)
+
+_broker = env_.celery_broker_config(ENV, BASE_DIR)
+CELERY_BROKER_URL = _broker["broker_url"]
+CELERY_RESULT_BACKEND = _broker["result_backend"]
+CELERY_BROKER_TRANSPORT_OPTIONS = _broker["broker_transport_options"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "EXCEPTION_HANDLER": "meshnet_site.errors.openai_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Meshnet tracker API",
+    "DESCRIPTION": "Node registry, routing and OpenAI-compatible chat for a Meshnet network.",
+    "VERSION": "0.1.0",
+}
+
+if not DEBUG:
+    SESSION_COOKIE_HTTPONLY = True
+    CSRF_COOKIE_HTTPONLY = True
+    X_FRAME_OPTIONS = "DENY"
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- Meshnet ---------------------------------------------------------------
+
+# Routing (ADR-0021). `runtracker` flags override these after validation.
+MESHNET_ROUTE_EXPLORE_SHARE = env_.env_float(
+    ENV, "MESHNET_ROUTE_EXPLORE_SHARE", 0.3, minimum=0.0, maximum=1.0
+)
+MESHNET_ROUTE_WEIGHT_ALPHA = env_.env_float(
+    ENV, "MESHNET_ROUTE_WEIGHT_ALPHA", 1.0, minimum=0.0, exclusive_minimum=True
+)
+MESHNET_ROUTE_STATS_HALF_LIFE = env_.env_float(
+    ENV, "MESHNET_ROUTE_STATS_HALF_LIFE", 600.0, minimum=0.0, exclusive_minimum=True
+)
+MESHNET_ROUTE_MIN_SAMPLE_TOKENS = env_.env_int(
+    ENV, "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1
+)
+
+# Node liveness: a node silent for this long is marked offline by the sweep.
+MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(
+    ENV, "MESHNET_NODE_HEARTBEAT_INTERVAL", 5.0, minimum=0.1
+)
+MESHNET_NODE_HEARTBEAT_TIMEOUT = env_.env_float(
+    ENV, "MESHNET_NODE_HEARTBEAT_TIMEOUT", 30.0, minimum=1.0
+)
+# How far a signed registration's timestamp may be from the tracker's clock.
+MESHNET_REGISTRATION_MAX_SKEW = 300.0
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

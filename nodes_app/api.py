@@ -1,0 +1,138 @@
+"""Node registry API: one view per operation, each validating input and calling a service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from meshnet_site.errors import ApiError
+from nodes_app import services
+from nodes_app.models import Node
+
+HARDWARE = ("cpu", "cuda", "mps")
+
+
+def _bearer_token(request: Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            "Missing node token: send 'Authorization: Bearer <node token>'",
+            code="missing_node_token",
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            error_type="authentication_error",
+        )
+    return token.strip()
+
+
+class NodeOutput(serializers.ModelSerializer[Node]):
+    model = serializers.SlugRelatedField(slug_field="key", read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "wallet",
+            "endpoint",
+            "model",
+            "shard_start",
+            "shard_end",
+            "hardware",
+            "device_name",
+            "benchmark_tps",
+            "measured_tps",
+            "queue_depth",
+            "active_sessions",
+            "reputation",
+            "status",
+            "registered_at",
+            "last_heartbeat_at",
+        ]
+
+
+class RegisterNodeApi(APIView):
+    """A node announces the shard it serves, signed with its wallet key."""
+
+    class Input(serializers.Serializer[dict[str, Any]]):
+        wallet = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
+        endpoint = serializers.URLField(max_length=300)
+        model = serializers.SlugField(max_length=64)
+        shard_start = serializers.IntegerField(min_value=0)
+        shard_end = serializers.IntegerField(min_value=0)
+        num_layers = serializers.IntegerField(min_value=1)
+        hardware = serializers.ChoiceField(choices=HARDWARE)
+        device_name = serializers.CharField(max_length=200, allow_blank=True, default="")
+        benchmark_tps = serializers.FloatField(min_value=0.0)
+        timestamp = serializers.FloatField(help_text="Unix time of signing")
+        signature = serializers.RegexField(r"^[0-9a-f]{128}$", help_text="ed25519, hex")
+
+        def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+            if attrs["shard_end"] < attrs["shard_start"]:
+                raise serializers.ValidationError(
+                    {"shard_end": "must not be smaller than shard_start"}
+                )
+            return attrs
+
+    class Output(serializers.Serializer[dict[str, Any]]):
+        node_id = serializers.CharField()
+        node_token = serializers.CharField()
+        epoch = serializers.IntegerField()
+        heartbeat_interval = serializers.FloatField()
+        node = NodeOutput()
+
+    @extend_schema(request=Input, responses={201: Output})
+    def post(self, request: Request) -> Response:
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        # The signature covers the fields exactly as the node sent them.
+        fields = {key: request.data[key] for key in data.validated_data if key != "signature"}
+        registration = services.node_register(
+            fields=fields,
+            signature=data.validated_data["signature"],
+            now=timezone.now(),
+            max_skew=settings.MESHNET_REGISTRATION_MAX_SKEW,
+        )
+        body = self.Output(
+            {
+                "node_id": registration.node.id,
+                "node_token": registration.token,
+                "epoch": registration.epoch,
+                "heartbeat_interval": settings.MESHNET_NODE_HEARTBEAT_INTERVAL,
+                "node": registration.node,
+            }
+        ).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class HeartbeatNodeApi(APIView):
+    """A node reports that it is alive and how loaded it is."""
+
+    class Input(serializers.Serializer[dict[str, Any]]):
+        active_sessions = serializers.IntegerField(min_value=0)
+        queue_depth = serializers.IntegerField(min_value=0)
+        measured_tps = serializers.FloatField(min_value=0.0, default=0.0)
+
+    @extend_schema(request=Input, responses={200: NodeOutput})
+    def post(self, request: Request, node_id: str) -> Response:
+        node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_heartbeat(node=node, now=timezone.now(), **data.validated_data)
+        return Response(NodeOutput(node).data)
+
+
+class DeregisterNodeApi(APIView):
+    """A node leaves the network (it is shutting down)."""
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request: Request, node_id: str) -> Response:
+        node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
+        services.node_deregister(node=node)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,67 @@
+"""The node registry: every node that serves (or served) a shard of a model."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from routing_app.models import LanguageModel
+
+
+class NodeStatus(models.TextChoices):
+    ONLINE = "online"
+    OFFLINE = "offline"
+    DRAINING = "draining"
+    BANNED = "banned"
+
+
+class Node(models.Model):
+    """One shard of one model served at one endpoint.
+
+    The id is derived from the wallet and the shard, so re-registering with a
+    different shard yields a new node (and a new routing arm).
+    """
+
+    id = models.CharField(primary_key=True, max_length=64)
+    wallet = models.CharField(
+        max_length=64, db_index=True, help_text="The node's ed25519 public key (hex)"
+    )
+    endpoint = models.URLField(max_length=300)
+    model = models.ForeignKey(LanguageModel, on_delete=models.PROTECT, related_name="nodes")
+    shard_start = models.PositiveIntegerField()
+    shard_end = models.PositiveIntegerField()
+    hardware = models.CharField(max_length=16, help_text="cpu, cuda or mps")
+    device_name = models.CharField(max_length=200, blank=True)
+    benchmark_tps = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0)], help_text="Tokens/s measured at start-up"
+    )
+    measured_tps = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0)], help_text="Tokens/s from heartbeats"
+    )
+    queue_depth = models.PositiveIntegerField(default=0)
+    active_sessions = models.PositiveIntegerField(default=0)
+    reputation = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    status = models.CharField(
+        max_length=16, choices=NodeStatus.choices, default=NodeStatus.ONLINE, db_index=True
+    )
+    token_hash = models.CharField(max_length=64, editable=False)
+    registered_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["model__key", "shard_start", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(shard_end__gte=models.F("shard_start")),
+                name="node_shard_end_not_before_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.model.key}[{self.shard_start}-{self.shard_end}]"
+
+    @property
+    def layer_count(self) -> int:
+        return self.shard_end - self.shard_start + 1

@@ -1,0 +1,268 @@
+"""Node registry writes: register, heartbeat, deregister, liveness sweep, admin actions.
+
+Every change of who serves which layers goes through here and bumps the
+model's topology epoch exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from rest_framework import status
+
+from meshnet_site.errors import ApiError
+from nodes_app.models import Node, NodeStatus
+from nodes_app.signing import verify_registration
+from routing_app.models import LanguageModel
+from routing_app.selectors import topology_epoch_current
+from routing_app.services import topology_epoch_bump
+
+# Statuses of a node that still runs. Only ONLINE nodes take part in routing,
+# so only an ONLINE node's departure changes the topology (a draining node
+# already left it when it started draining).
+_SERVING = (NodeStatus.ONLINE, NodeStatus.DRAINING)
+
+
+@dataclass(frozen=True)
+class Registration:
+    node: Node
+    token: str
+    epoch: int
+
+
+def node_id_for(*, wallet: str, model_key: str, shard_start: int, shard_end: int) -> str:
+    """Stable id from wallet and shard: the same shard keeps its id across restarts."""
+    digest = hashlib.sha256(f"{wallet}|{model_key}|{shard_start}-{shard_end}".encode())
+    return f"{wallet[:8]}-{digest.hexdigest()[:12]}"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_register(
+    *,
+    fields: dict[str, Any],
+    signature: str,
+    now: datetime,
+    max_skew: float,
+) -> Registration:
+    """Register (or re-register) the node described by signed ``fields``.
+
+    ``fields`` holds wallet, endpoint, model, shard_start, shard_end,
+    num_layers, hardware, device_name, benchmark_tps and timestamp; the
+    signature covers exactly these. A new node, a node coming back online and
+    a shard change each bump the model's topology epoch once; a node that
+    re-registers while online (a restart that kept its shard) does not.
+    """
+    wallet: str = fields["wallet"]
+    if not verify_registration(wallet, fields, signature):
+        raise ApiError(
+            "Signature does not match the wallet's public key",
+            code="invalid_signature",
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            error_type="authentication_error",
+        )
+    skew = abs(now.timestamp() - float(fields["timestamp"]))
+    if skew > max_skew:
+        raise ApiError(
+            f"Registration timestamp is {skew:.0f} s away from the tracker's clock "
+            f"(at most {max_skew:.0f} s allowed); check the node's clock",
+            code="stale_registration",
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            error_type="authentication_error",
+        )
+    model = _catalogue_model(fields["model"])
+    _check_shard(model, fields["shard_start"], fields["shard_end"], fields["num_layers"])
+
+    node_id = node_id_for(
+        wallet=wallet,
+        model_key=model.key,
+        shard_start=fields["shard_start"],
+        shard_end=fields["shard_end"],
+    )
+    token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        # Another shard of this wallet at this endpoint means the operator
+        # restarted the node with a different range: that one has left.
+        replaced = (
+            Node.objects.select_for_update()
+            .filter(wallet=wallet, endpoint=fields["endpoint"], status__in=_SERVING)
+            .exclude(pk=node_id)
+        )
+        shard_changed = replaced.update(status=NodeStatus.OFFLINE) > 0
+        existing = Node.objects.select_for_update().filter(pk=node_id).first()
+        if existing is not None and existing.status == NodeStatus.BANNED:
+            raise ApiError(
+                f"Node {node_id} is banned by the tracker's operator",
+                code="node_banned",
+                status_code=status.HTTP_403_FORBIDDEN,
+                error_type="permission_error",
+            )
+        was_routable = existing is not None and existing.status == NodeStatus.ONLINE
+        state = {
+            "wallet": wallet,
+            "endpoint": fields["endpoint"],
+            "model": model,
+            "shard_start": fields["shard_start"],
+            "shard_end": fields["shard_end"],
+            "hardware": fields["hardware"],
+            "device_name": fields["device_name"],
+            "benchmark_tps": fields["benchmark_tps"],
+            "queue_depth": 0,
+            "active_sessions": 0,
+            "status": NodeStatus.ONLINE,
+            "token_hash": token_hash(token),
+            "last_heartbeat_at": now,
+        }
+        node, _ = Node.objects.update_or_create(
+            pk=node_id, defaults=state, create_defaults={**state, "registered_at": now}
+        )
+        if shard_changed:
+            epoch = topology_epoch_bump(model=model, reason=f"shard change: {node_id}")
+        elif not was_routable:
+            epoch = topology_epoch_bump(model=model, reason=f"join: {node_id}")
+        else:
+            epoch = topology_epoch_current(model=model)
+    return Registration(node=node, token=token, epoch=epoch)
+
+
+def node_authenticate(*, node_id: str, token: str) -> Node:
+    """The node whose token this is, or a 401 (unknown node and wrong token alike)."""
+    node = Node.objects.select_related("model").filter(pk=node_id).first()
+    if node is None or not secrets.compare_digest(node.token_hash, token_hash(token)):
+        raise ApiError(
+            "Unknown node or wrong node token",
+            code="invalid_node_token",
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            error_type="authentication_error",
+        )
+    return node
+
+
+def node_heartbeat(
+    *,
+    node: Node,
+    active_sessions: int,
+    queue_depth: int,
+    measured_tps: float,
+    now: datetime,
+) -> Node:
+    """Record live load. A node the sweep marked offline comes back online (a join)."""
+    if node.status == NodeStatus.BANNED:
+        raise ApiError(
+            f"Node {node.id} is banned by the tracker's operator",
+            code="node_banned",
+            status_code=status.HTTP_403_FORBIDDEN,
+            error_type="permission_error",
+        )
+    with transaction.atomic():
+        rejoined = (
+            Node.objects.filter(pk=node.pk, status=NodeStatus.OFFLINE).update(
+                status=NodeStatus.ONLINE
+            )
+            > 0
+        )
+        Node.objects.filter(pk=node.pk).update(
+            active_sessions=active_sessions,
+            queue_depth=queue_depth,
+            measured_tps=measured_tps,
+            last_heartbeat_at=now,
+        )
+        if rejoined:
+            topology_epoch_bump(model=node.model, reason=f"join: {node.id}")
+    node.refresh_from_db()
+    return node
+
+
+def node_deregister(*, node: Node) -> None:
+    """The node leaves cleanly (SIGTERM): offline now, epoch bumped once."""
+    with transaction.atomic():
+        _, left_routing = _take_offline(Node.objects.filter(pk=node.pk))
+        if left_routing:
+            topology_epoch_bump(model=node.model, reason=f"leave: {node.id}")
+
+
+def nodes_sweep_stale(*, now: datetime, timeout_seconds: float) -> list[str]:
+    """Mark serving nodes silent for longer than the timeout offline.
+
+    Returns the ids marked. Each model whose topology changed gets one epoch
+    bump. The conditional update makes concurrent sweeps safe: a node is only
+    counted by the sweep whose update changed its row.
+    """
+    cutoff = now - timedelta(seconds=timeout_seconds)
+    swept: list[str] = []
+    bumped: set[int] = set()
+    candidates = Node.objects.filter(status__in=_SERVING, last_heartbeat_at__lt=cutoff)
+    for node in candidates.select_related("model"):
+        with transaction.atomic():
+            still_silent = Node.objects.filter(pk=node.pk, last_heartbeat_at__lt=cutoff)
+            changed, left_routing = _take_offline(still_silent)
+            if not changed:
+                continue  # a heartbeat or another sweep got there first
+            swept.append(node.pk)
+            if left_routing and node.model_id not in bumped:
+                topology_epoch_bump(model=node.model, reason=f"liveness sweep: {node.id}")
+                bumped.add(node.model_id)
+    return swept
+
+
+def _take_offline(nodes: QuerySet[Node]) -> tuple[bool, bool]:
+    """Mark the still-running ``nodes`` offline.
+
+    Returns (whether any row changed, whether a routable node left routing).
+    """
+    online = nodes.filter(status=NodeStatus.ONLINE).update(status=NodeStatus.OFFLINE)
+    draining = nodes.filter(status=NodeStatus.DRAINING).update(status=NodeStatus.OFFLINE)
+    return online + draining > 0, online > 0
+
+
+def node_set_status(*, node: Node, new_status: NodeStatus) -> bool:
+    """Operator action (drain, ban, unban). Bumps the epoch when routing membership changes.
+
+    Draining nodes finish what they run but take no new routes; banned nodes
+    take none and may not register again until unbanned (back to offline, so
+    they rejoin with their next heartbeat or registration).
+    """
+    with transaction.atomic():
+        current = Node.objects.select_for_update().get(pk=node.pk)
+        if current.status == new_status:
+            return False
+        was_routable = current.status == NodeStatus.ONLINE
+        current.status = new_status
+        current.save(update_fields=["status"])
+        if was_routable != (new_status == NodeStatus.ONLINE):
+            topology_epoch_bump(model=current.model, reason=f"{new_status}: {node.id}")
+    return True
+
+
+def _catalogue_model(key: str) -> LanguageModel:
+    model = LanguageModel.objects.filter(key=key).first()
+    if model is None:
+        known = ", ".join(LanguageModel.objects.values_list("key", flat=True)) or "none"
+        raise ApiError(
+            f"Model {key!r} is not in the tracker's catalogue (known: {known})",
+            code="unknown_model",
+            status_code=status.HTTP_400_BAD_REQUEST,
+        )
+    return model
+
+
+def _check_shard(model: LanguageModel, start: int, end: int, num_layers: int) -> None:
+    if num_layers != model.num_layers:
+        raise ApiError(
+            f"Node declares {num_layers} layers for {model.key}, "
+            f"but the catalogue says {model.num_layers}",
+            code="layer_count_mismatch",
+        )
+    if not 0 <= start <= end <= model.last_layer:
+        raise ApiError(
+            f"Layers {start}-{end} are outside {model.key}'s layers 0-{model.last_layer}",
+            code="layers_out_of_range",
+        )

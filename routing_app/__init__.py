@@ -1,0 +1,1 @@
+"""Model catalogue, topology epochs, route enumeration, route statistics and choice."""

@@ -1,0 +1,1 @@
+"""OpenAI-compatible API, API keys, tracker commands, health and dashboard plumbing."""
