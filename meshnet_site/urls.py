@@ -9,6 +9,7 @@ from tracker_app import views as tracker_views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/nodes/", include("nodes_app.urls")),
+    path("v1/", include("routing_app.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", tracker_views.healthz, name="healthz"),
     path("", include("django_prometheus.urls")),

@@ -1,0 +1,5 @@
+"""Routing endpoints under /v1/."""
+
+from django.urls import URLPattern
+
+urlpatterns: list[URLPattern] = []
