@@ -109,6 +109,11 @@ def load_shard(
         dtype = torch.float32 if target.type == "cpu" else torch.float16
     config._attn_implementation = "sdpa"
 
+    tokenizer = None
+    if with_tokenizer if with_tokenizer is not None else start == 0:
+        # Before the weights, so the conversion's transient memory never stacks on them.
+        tokenizer = load_tokenizer(source)
+
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
     is_last = end == num_layers - 1
@@ -165,9 +170,6 @@ def load_shard(
     # The rotary module computes its buffers at construction: build a real one.
     rotary = type(decoder.rotary_emb)(config=config).to(target)
 
-    tokenizer = None
-    if with_tokenizer if with_tokenizer is not None else start == 0:
-        tokenizer = load_tokenizer(source)
     shard = LoadedShard(
         model_key=model_key,
         config=config,
@@ -267,26 +269,44 @@ def _read_gguf(
     path: Path, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     import numpy as np
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
+    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
     )
 
-    reader = GGUFReader(str(path))
+    # transformers' header reader maps the file and parses only the tensor table:
+    # gguf.GGUFReader would also materialise every metadata array (~160 MB here).
+    header = GgufHeader.from_file(str(path))
+    raw = load_gguf_state_dict(header)
+    shapes = {info.name: info.shape for info in header.tensors}
     # llama.cpp permutes q/k rows for its rotary layout; the processor undoes it.
     processor_class = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)
     processor = processor_class(config=config.to_dict())
     gguf_to_hf = get_gguf_hf_weights_map(skeleton, processor)
-    for tensor in reader.tensors:
-        hf_name = gguf_to_hf.get(tensor.name)
+    for gguf_name, lazy in raw.items():
+        hf_name = gguf_to_hf.get(gguf_name)
         if hf_name is None or hf_name not in wanted:
             continue
-        weights = dequantize(tensor.data, tensor.tensor_type)
-        weights = processor.process(weights=weights, name=tensor.name).weights
-        yield hf_name, torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+        quant = GGMLQuantizationType(lazy.ggml_type)
+        shape = shapes[gguf_name]
+        if quant == GGMLQuantizationType.F32:
+            weights = np.asarray(lazy.data).view(np.float32).reshape(shape)
+        elif quant == GGMLQuantizationType.F16:
+            weights = np.asarray(lazy.data).view(np.float16).astype(np.float32).reshape(shape)
+        else:
+            # Quantized blocks (and BF16) go to gguf as rows of bytes.
+            row_bytes = lazy.data.size // max(1, int(np.prod(shape[:-1])))
+            stored = np.asarray(lazy.data).reshape(*shape[:-1], row_bytes)
+            weights = dequantize(stored, quant).reshape(shape)
+        weights = processor.process(weights=weights, name=gguf_name).weights
+        weights = np.ascontiguousarray(weights, dtype=np.float32)
+        if not weights.flags.writeable:  # a view of the mapped file: own a copy
+            weights = weights.copy()
+        yield hf_name, torch.from_numpy(weights)
 
 
 def _read_safetensors(directory: Path, wanted: set[str]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,72 @@
+"""Memory a SmolLM2 shard adds to a node process: layers 0-14 ÷ layers 0-29 (target <= 0.70).
+
+Each shard loads in a fresh process, exactly as ``runnode`` loads it (weights,
+and the tokenizer since both shards start at layer 0). "Added" is the peak
+RSS after loading minus the RSS before loading (torch and transformers
+already imported).
+
+    .venv/bin/python bench/bench_memory.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m"
+TARGET = 0.70
+
+
+def measure_child(start: int, end: int) -> None:
+    import resource
+
+    import psutil
+    import torch
+
+    from nodes_app.runtime.loading import load_shard
+    from nodes_app.runtime.sources import resolve_source
+
+    torch.set_num_threads(1)
+    before = psutil.Process().memory_info().rss
+    shard = load_shard(
+        model_key=MODEL, source=resolve_source(MODEL), start=start, end=end, progress=False
+    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = psutil.Process().memory_info().rss
+    print(
+        json.dumps(
+            {"before": before, "peak": peak, "after": after, "layers": len(shard.layers)}
+        )
+    )
+
+
+def measure(start: int, end: int) -> dict[str, int]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(start), str(end)],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> int:
+    half, whole = measure(0, 14), measure(0, 29)
+    mib = 2**20
+    added_half = (half["peak"] - half["before"]) / mib
+    added_whole = (whole["peak"] - whole["before"]) / mib
+    ratio = added_half / added_whole
+    print(f"layers 0-14: +{added_half:.0f} MiB peak (+{(half['after'] - half['before']) / mib:.0f} MiB after load)")
+    print(f"layers 0-29: +{added_whole:.0f} MiB peak (+{(whole['after'] - whole['before']) / mib:.0f} MiB after load)")
+    print(f"ratio memory(0-14) / memory(0-29) = {ratio:.3f} (target <= {TARGET})")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        measure_child(int(sys.argv[2]), int(sys.argv[3]))
+        sys.exit(0)
+    sys.exit(main())
