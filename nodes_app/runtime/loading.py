@@ -320,3 +320,26 @@ def _read_safetensors(directory: Path, wanted: set[str]) -> Iterator[tuple[str, 
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                 if name in wanted:
                     yield name, handle.get_tensor(name)
+
+
+def load_causal_lm(source: ModelSource) -> nn.Module:
+    """The whole model as transformers' own ``*ForCausalLM``, with the weights a node would load.
+
+    The baseline the benchmarks compare the pipeline against (``generate`` in one process).
+    """
+    config = load_config(source)
+    _check_supported(config)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    wanted = {name for name in model.state_dict() if not (tied and name == "lm_head.weight")}
+    tensors = dict(_read_tensors(source, config, model, wanted))
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    still_meta = [name for name, p in model.named_parameters() if p.is_meta]
+    if still_meta:
+        raise ModelSourceError(f"the weights lack {still_meta[0]}")
+    return model.eval()

@@ -1,0 +1,158 @@
+"""Two-node SmolLM2 pipeline over HTTP ÷ transformers ``generate`` in one process (target >= 0.90).
+
+Side by side in one run, same weights, one torch thread everywhere, greedy,
+128 new tokens: nodes 0-14 and 15-29 run as separate ``python -m
+nodes_app.runtime`` processes and the head streams from ``/v1/generate``; the
+baseline is ``generate`` on the whole model in this process. Tokens/s counts
+the whole request (prefill included) on both sides; the better of two runs each.
+
+    .venv/bin/python bench/bench_pipeline.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODEL = "smollm2-135m"
+NEW_TOKENS = 128
+RUNS = 3
+TARGET = 0.90
+PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_node(layers: str, node_id: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nodes_app.runtime", "--model", MODEL, "--layers", layers,
+         "--port", str(port), "--threads", "1", "--node-id", node_id],
+        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return process, f"http://127.0.0.1:{port}"
+
+
+def wait_serving(process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while " serving " not in log.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(log.read_text(errors="replace"))
+        time.sleep(0.2)
+
+
+def pipeline_run(head: str, tail: str, max_tokens: int) -> tuple[list[int], float]:
+    import httpx
+
+    body = {
+        "request_id": f"bench-{time.monotonic_ns()}",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "plan": {
+            "model": MODEL,
+            "hops": [
+                {"node_id": "bench-head", "endpoint": head, "start_layer": 0, "end_layer": 14},
+                {"node_id": "bench-tail", "endpoint": tail, "start_layer": 15, "end_layer": 29},
+            ],
+        },
+    }
+    ids: list[int] = []
+    began = time.perf_counter()
+    with httpx.stream("POST", f"{head}/v1/generate", json=body, timeout=600) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(chunk["error"])
+                ids.extend(chunk.get("meshnet_token_ids", []))
+    return ids, time.perf_counter() - began
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Move every thread of process ``pid`` onto ``cpus`` (Linux)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
+def main() -> int:
+    import torch
+
+    from nodes_app.runtime.generation import prompt_token_ids
+    from nodes_app.runtime.loading import load_causal_lm, load_tokenizer
+    from nodes_app.runtime.sources import resolve_source
+
+    torch.set_num_threads(1)
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    head_log, tail_log = logs / "bench-head.log", logs / "bench-tail.log"
+    head_process, head = start_node("0-14", "bench-head", head_log)
+    tail_process, tail = start_node("15-29", "bench-tail", tail_log)
+    try:
+        source = resolve_source(MODEL)
+        model = load_causal_lm(source)
+        prompt = prompt_token_ids(load_tokenizer(source), [{"role": "user", "content": PROMPT}])
+        wait_serving(head_process, head_log)
+        wait_serving(tail_process, tail_log)
+
+        def baseline() -> tuple[list[int], float]:
+            began = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(
+                    torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                    min_new_tokens=NEW_TOKENS,
+                )  # fmt: skip
+            return out[0, len(prompt) :].tolist(), time.perf_counter() - began
+
+        all_cpus = set(os.sched_getaffinity(0))
+        # "one core": all model work on CPU 0 (the pipeline is sequential, so one
+        # core is what generate gets too); the client reading the stream elsewhere.
+        layouts = {"one core for the model": ({0}, all_cpus - {0} or {0})}
+        layouts["unpinned (OS scheduling)"] = (all_cpus, all_cpus)
+        pipeline_run(head, tail, 4)  # warm both sides up
+        print(f"prompt {len(prompt)} tokens, {NEW_TOKENS} new tokens, greedy, 1 torch thread per process")
+        ratios = {}
+        for name, (model_cpus, client_cpus) in layouts.items():
+            baseline_best = pipeline_best = 0.0
+            base_ids: list[int] = []
+            pipe_ids: list[int] = []
+            for _ in range(RUNS):
+                pin(os.getpid(), model_cpus)
+                base_ids, seconds = baseline()
+                baseline_best = max(baseline_best, len(base_ids) / seconds)
+                for process in (head_process, tail_process):
+                    pin(process.pid, model_cpus)
+                pin(os.getpid(), client_cpus)
+                pipe_ids, seconds = pipeline_run(head, tail, NEW_TOKENS)
+                pipeline_best = max(pipeline_best, len(pipe_ids) / seconds)
+            ratios[name] = pipeline_best / baseline_best
+            print(f"[{name}]")
+            print(f"  generate, one process:  {baseline_best:.2f} tokens/s ({len(base_ids)} tokens)")
+            print(f"  pipeline 0-14 + 15-29:  {pipeline_best:.2f} tokens/s ({len(pipe_ids)} tokens)")
+            print(f"  same tokens as generate: {pipe_ids == base_ids[: len(pipe_ids)]}")
+            print(f"  ratio {ratios[name]:.3f}")
+        headline = ratios["one core for the model"]
+        print(f"ratio pipeline / generate = {headline:.3f} (target >= {TARGET}); "
+              f"unpinned {ratios['unpinned (OS scheduling)']:.3f}")  # fmt: skip
+    finally:
+        for process in (head_process, tail_process):
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
