@@ -37,11 +37,7 @@ def measure_child(start: int, end: int) -> None:
     )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     after = psutil.Process().memory_info().rss
-    print(
-        json.dumps(
-            {"before": before, "peak": peak, "after": after, "layers": len(shard.layers)}
-        )
-    )
+    print(json.dumps({"before": before, "peak": peak, "after": after, "layers": len(shard.layers)}))
 
 
 def measure(start: int, end: int) -> dict[str, int]:
@@ -59,8 +55,9 @@ def main() -> int:
     added_half = (half["peak"] - half["before"]) / mib
     added_whole = (whole["peak"] - whole["before"]) / mib
     ratio = added_half / added_whole
-    print(f"layers 0-14: +{added_half:.0f} MiB peak (+{(half['after'] - half['before']) / mib:.0f} MiB after load)")
-    print(f"layers 0-29: +{added_whole:.0f} MiB peak (+{(whole['after'] - whole['before']) / mib:.0f} MiB after load)")
+    for name, run, added in (("0-14", half, added_half), ("0-29", whole, added_whole)):
+        settled = (run["after"] - run["before"]) / mib
+        print(f"layers {name}: +{added:.0f} MiB peak (+{settled:.0f} MiB after load)")
     print(f"ratio memory(0-14) / memory(0-29) = {ratio:.3f} (target <= {TARGET})")
     return 0
 

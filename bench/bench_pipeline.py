@@ -123,7 +123,9 @@ def main() -> int:
         layouts = {"one core for the model": ({0}, all_cpus - {0} or {0})}
         layouts["unpinned (OS scheduling)"] = (all_cpus, all_cpus)
         pipeline_run(head, tail, 4)  # warm both sides up
-        print(f"prompt {len(prompt)} tokens, {NEW_TOKENS} new tokens, greedy, 1 torch thread per process")
+        print(
+            f"prompt {len(prompt)} tokens, {NEW_TOKENS} new tokens, greedy, one torch thread each"
+        )
         ratios = {}
         for name, (model_cpus, client_cpus) in layouts.items():
             baseline_best = pipeline_best = 0.0
@@ -140,8 +142,12 @@ def main() -> int:
                 pipeline_best = max(pipeline_best, len(pipe_ids) / seconds)
             ratios[name] = pipeline_best / baseline_best
             print(f"[{name}]")
-            print(f"  generate, one process:  {baseline_best:.2f} tokens/s ({len(base_ids)} tokens)")
-            print(f"  pipeline 0-14 + 15-29:  {pipeline_best:.2f} tokens/s ({len(pipe_ids)} tokens)")
+            print(
+                f"  generate, one process:  {baseline_best:.2f} tokens/s ({len(base_ids)} tokens)"
+            )
+            print(
+                f"  pipeline 0-14 + 15-29:  {pipeline_best:.2f} tokens/s ({len(pipe_ids)} tokens)"
+            )
             print(f"  same tokens as generate: {pipe_ids == base_ids[: len(pipe_ids)]}")
             print(f"  ratio {ratios[name]:.3f}")
         headline = ratios["one core for the model"]

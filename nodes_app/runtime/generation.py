@@ -11,6 +11,7 @@ session, freed at the end, on cancel, on failure, and by the idle reaper.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -200,12 +201,11 @@ class Generation:
 
     async def _cancel_hops(self, hops: list[Hop]) -> None:
         for hop in hops:
-            try:
+            # On failure the hop's idle reaper frees the session.
+            with contextlib.suppress(httpx.HTTPError):
                 await self.client.delete(
                     f"{hop.endpoint}/v1/sessions/{self.session_id}", timeout=5.0
                 )
-            except httpx.HTTPError:
-                pass  # the hop's idle reaper frees it
 
 
 _background: set[asyncio.Task[None]] = set()

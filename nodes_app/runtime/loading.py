@@ -118,18 +118,11 @@ def load_shard(
         skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
     is_last = end == num_layers - 1
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    wanted: list[str] = []
-    for name in skeleton.state_dict():
-        if name.startswith("model.layers."):
-            index = int(name.split(".")[2])
-            if start <= index <= end:
-                wanted.append(name)
-        elif name == "model.embed_tokens.weight":
-            if start == 0 or (is_last and tied):
-                wanted.append(name)
-        elif name == "model.norm.weight" or (name == "lm_head.weight" and not tied):
-            if is_last:
-                wanted.append(name)
+    wanted = [
+        name
+        for name in skeleton.state_dict()
+        if _needed(name, start=start, end=end, is_last=is_last, tied=tied)
+    ]
     tensors = dict(
         tqdm(
             _read_tensors(source, config, skeleton, set(wanted)),
@@ -154,7 +147,9 @@ def load_shard(
         return module.eval()
 
     decoder = skeleton.model
-    layers = {i: materialise(decoder.layers[i], f"model.layers.{i}.") for i in range(start, end + 1)}
+    layers = {
+        i: materialise(decoder.layers[i], f"model.layers.{i}.") for i in range(start, end + 1)
+    }
     embed: nn.Embedding | None = None
     if "model.embed_tokens.weight" in tensors:
         embed = materialise(decoder.embed_tokens, "model.embed_tokens.")  # type: ignore[assignment]
@@ -189,6 +184,20 @@ def load_shard(
     shard.load_seconds = time.perf_counter() - began
     shard.rss_added_bytes = max(0, psutil.Process().memory_info().rss - rss_before)
     return shard
+
+
+def _needed(name: str, *, start: int, end: int, is_last: bool, tied: bool) -> bool:
+    """Whether a shard ``start..end`` needs the tensor ``name`` (a Hugging Face state-dict key)."""
+    if name.startswith("model.layers."):
+        return start <= int(name.split(".")[2]) <= end
+    if name == "model.embed_tokens.weight":
+        # The last hop of a tied model uses the embedding matrix as its LM head.
+        return start == 0 or (is_last and tied)
+    if name == "model.norm.weight":
+        return is_last
+    if name == "lm_head.weight":
+        return is_last and not tied
+    return False
 
 
 def load_tokenizer(source: ModelSource) -> Any:

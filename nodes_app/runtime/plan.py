@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from nodes_app.runtime.errors import RuntimeRequestError
@@ -99,14 +100,15 @@ def parse_generate_request(body: Any, head: HeadIdentity) -> GenerateRequest:
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOPS or not all(
-        isinstance(s, str) for s in stop
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOPS
+        or not all(isinstance(s, str) for s in stop)
     ):
         raise _fail(f"stop must be a string or a list of at most {MAX_STOPS} strings")
     resume = body.get("resume_token_ids") or []
     if not isinstance(resume, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < head.vocab_size
-        for t in resume
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < head.vocab_size for t in resume
     ):
         raise _fail("resume_token_ids must be a list of token ids")
     plan = body.get("plan")
@@ -122,7 +124,7 @@ def parse_generate_request(body: Any, head: HeadIdentity) -> GenerateRequest:
         raise _fail(
             f"hop 0 must run layers 0..e with e <= {head.shard_end} on this node", "invalid_plan"
         )
-    for previous, hop in zip(hops, hops[1:], strict=False):
+    for previous, hop in pairwise(hops):
         if hop.start_layer != previous.end_layer + 1 or hop.end_layer < hop.start_layer:
             raise _fail(
                 f"hop {hop.node_id} must start at layer {previous.end_layer + 1}: "

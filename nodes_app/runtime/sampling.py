@@ -68,9 +68,7 @@ def new_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def sample_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-) -> int:
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """One token id from float32 ``logits`` of shape ``[vocab]``."""
     if params.greedy:
         return int(torch.argmax(logits))

@@ -70,7 +70,9 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
             service.cancel(request.headers.get(wire.SESSION, ""))
             return _error(
                 RuntimeRequestError(
-                    "the step failed on this node", code="step_failed", status=500,
+                    "the step failed on this node",
+                    code="step_failed",
+                    status=500,
                     error_type="server_error",
                 )
             )
@@ -86,9 +88,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
     async def cancel(request: Request) -> Response:
         if service.cancel(request.path_params["session_id"]):
             return Response(status_code=204)
-        return _error(
-            RuntimeRequestError("no such session", code="unknown_session", status=404)
-        )
+        return _error(RuntimeRequestError("no such session", code="unknown_session", status=404))
 
     async def generate(request: Request) -> Response:
         if not service.can_head:

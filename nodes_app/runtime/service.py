@@ -101,9 +101,7 @@ class NodeService:
 
     def open_session(self, session_id: str, start: int, end: int) -> Session:
         self.check_range(start, end)
-        return self.store.create(
-            session_id, start=start, end=end, cache=self.executor.new_cache()
-        )
+        return self.store.create(session_id, start=start, end=end, cache=self.executor.new_cache())
 
     def cancel(self, session_id: str) -> bool:
         return self.store.drop(session_id)
@@ -181,7 +179,7 @@ class NodeService:
     def head_step(
         self, session: Session, token_ids: list[int], sampling: SamplingParams
     ) -> bytes | int:
-        """The head's own layers for ``token_ids``: hidden bytes, or a token if it ends the model."""
+        """The head's layers for ``token_ids``: hidden bytes, or a token if it ends the model."""
         began = time.perf_counter()
         hidden = self.executor.run_layers(
             self.executor.embed(token_ids),

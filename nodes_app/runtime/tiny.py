@@ -45,7 +45,7 @@ def tiny_state_dict() -> dict[str, torch.Tensor]:
     """The full model's weights, identical in every process (seeded, CPU, float32)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = LlamaForCausalLM(tiny_config()).to(torch.float32)
+        model = LlamaForCausalLM(tiny_config()).float()
     weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     # Silence the LM head for bytes that are not printable ASCII (keeping EOS), so
     # greedy output reads as text and streams in several chunks.

@@ -1,4 +1,4 @@
-"""The binary node-to-node format: metadata in ``X-Meshnet-*`` headers, raw tensor bytes in the body.
+"""The binary node-to-node format: ``X-Meshnet-*`` headers for metadata, raw tensor bytes as body.
 
 Request ``POST /v1/forward``:
   X-Meshnet-Session      session id (one per generation)

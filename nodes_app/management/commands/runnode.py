@@ -1,4 +1,4 @@
-"""``manage.py runnode``: serve a shard of a model and join the tracker (see nodes_app.runtime.node)."""
+"""``manage.py runnode``: serve a shard of a model and join the tracker (nodes_app.runtime.node)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,17 @@ def _layers(value: str) -> tuple[int, int]:
 
 
 class Command(BaseCommand):
-    help = "Load layers A-B of a model, serve them over HTTP, register and heartbeat with a tracker."
+    help = (
+        "Load layers A-B of a model, serve them over HTTP, register and heartbeat with a tracker."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", required=True, help="catalogue key, e.g. smollm2-135m")
         parser.add_argument("--layers", required=True, type=_layers, help="A-B, inclusive")
         parser.add_argument("--port", required=True, type=int)
-        parser.add_argument("--tracker", required=True, help="tracker URL, e.g. http://127.0.0.1:8000")
+        parser.add_argument(
+            "--tracker", required=True, help="tracker URL, e.g. http://127.0.0.1:8000"
+        )
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
         parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
