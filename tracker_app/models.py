@@ -7,7 +7,9 @@ from django.db import models
 
 class ApiKey(models.Model):
     name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=16, help_text="The key's first characters, to recognise it")
+    prefix = models.CharField(
+        max_length=16, help_text="The key's first characters, to recognise it"
+    )
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked = models.BooleanField(default=False)
