@@ -139,17 +139,18 @@ def channel_layers_config(env: Mapping[str, str]) -> dict[str, Any]:
 def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
     """Celery on Redis when REDIS_URL is set, else a broker that needs no server.
 
+    Task results are not kept: every task records its effect in the database.
+
     The embedded broker is kombu's filesystem transport: the tracker and the
     worker are separate processes on one machine, so an in-memory broker
     would not reach the worker, while a shared folder does.
     """
     url = redis_url(env)
     if url is not None:
-        return {"broker_url": url, "result_backend": url, "broker_transport_options": {}}
+        return {"broker_url": url, "broker_transport_options": {}}
     queue = base_dir / "var" / "celery" / "queue"
     return {
         "broker_url": "filesystem://",
-        "result_backend": f"file://{base_dir / 'var' / 'celery' / 'results'}",
         "broker_transport_options": {
             "data_folder_in": str(queue),
             "data_folder_out": str(queue),

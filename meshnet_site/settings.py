@@ -92,13 +92,15 @@ REDIS_URL = env_.redis_url(ENV)
 
 _broker = env_.celery_broker_config(ENV, BASE_DIR)
 CELERY_BROKER_URL = _broker["broker_url"]
-CELERY_RESULT_BACKEND = _broker["result_backend"]
 CELERY_BROKER_TRANSPORT_OPTIONS = _broker["broker_transport_options"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(BASE_DIR / "var" / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
-    "nodes-sweep-stale": {"task": "nodes.sweep_stale", "schedule": 10.0},
+    "nodes-sweep-stale": {
+        "task": "nodes.sweep_stale",
+        "schedule": env_.env_float(ENV, "MESHNET_NODE_SWEEP_INTERVAL", 10.0, minimum=0.5),
+    },
 }
 
 LANGUAGE_CODE = "en-us"
@@ -107,7 +109,6 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
 # The admin's and dashboard's assets are served by the tracker itself, straight
 # from the apps' static folders: no collectstatic step, no separate web server.
 WHITENOISE_USE_FINDERS = True
