@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,21 @@ def env_int(
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
     check_range(name, value, minimum=minimum, maximum=maximum)
+    return value
+
+
+def env_decimal(
+    env: Mapping[str, str], name: str, default: str, *, minimum: str, maximum: str
+) -> Decimal:
+    """Read a Decimal (money and money ratios are never floats)."""
+    raw = env.get(name)
+    text = default if raw is None or raw.strip() == "" else raw.strip()
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name} must be a decimal number, got {raw!r}") from None
+    if not value.is_finite() or not Decimal(minimum) <= value <= Decimal(maximum):
+        raise ImproperlyConfigured(f"{name} must lie in [{minimum}, {maximum}], got {raw!r}")
     return value
 
 

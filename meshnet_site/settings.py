@@ -155,6 +155,11 @@ MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(
 MESHNET_NODE_HEARTBEAT_TIMEOUT = env_.env_float(
     ENV, "MESHNET_NODE_HEARTBEAT_TIMEOUT", 30.0, minimum=1.0
 )
+# Billing: the network's share of every charge; the rest goes to the hops.
+MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
+    ENV, "MESHNET_NETWORK_FEE_SHARE", "0.05", minimum="0", maximum="1"
+)
+
 # How far a signed registration's timestamp may be from the tracker's clock.
 MESHNET_REGISTRATION_MAX_SKEW = 300.0
 

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from tracker_app.models import ApiKey
+from tracker_app.models import ApiKey, BillingRecord, ChatRequest, WorkUnit
 
 
 @admin.register(ApiKey)
@@ -23,3 +23,42 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         queryset.update(revoked=True)
+
+
+class WorkUnitInline(admin.TabularInline[WorkUnit, BillingRecord]):
+    model = WorkUnit
+    extra = 0
+    can_delete = False
+    readonly_fields = ["node", "start_layer", "end_layer", "tokens", "units", "amount"]
+
+
+@admin.register(ChatRequest)
+class ChatRequestAdmin(admin.ModelAdmin[ChatRequest]):
+    list_display = [
+        "started_at",
+        "model",
+        "status",
+        "mode",
+        "prompt_tokens",
+        "completion_tokens",
+        "time_to_first_token_ms",
+        "tokens_per_second",
+        "finish_reason",
+        "api_key",
+    ]
+    list_filter = ["status", "mode", "model", "stream"]
+    search_fields = ["id", "route_signature", "api_key__name"]
+    date_hierarchy = "started_at"
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # records of what happened are not edited
+
+
+@admin.register(BillingRecord)
+class BillingRecordAdmin(admin.ModelAdmin[BillingRecord]):
+    list_display = ["created_at", "request", "charge", "network_fee"]
+    search_fields = ["request__id"]
+    inlines = [WorkUnitInline]
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
