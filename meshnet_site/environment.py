@@ -152,6 +152,20 @@ def channel_layers_config(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def cache_config(env: Mapping[str, str]) -> dict[str, Any]:
+    """Redis as the shared cache (rate limits across trackers) when set, else local memory."""
+    url = redis_url(env)
+    if url is None:
+        return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "meshnet",
+        }
+    }
+
+
 def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
     """Celery on Redis when REDIS_URL is set, else a broker that needs no server.
 

@@ -88,6 +88,7 @@ DATABASES = {"default": env_.database_config(ENV, BASE_DIR)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = env_.channel_layers_config(ENV)
+CACHES = env_.cache_config(ENV)
 REDIS_URL = env_.redis_url(ENV)
 
 _broker = env_.celery_broker_config(ENV, BASE_DIR)
@@ -159,6 +160,9 @@ MESHNET_NODE_HEARTBEAT_TIMEOUT = env_.env_float(
 MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
     ENV, "MESHNET_NETWORK_FEE_SHARE", "0.05", minimum="0", maximum="1"
 )
+
+# Client API: chat requests per API key per minute (429 beyond).
+MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
 
 # How far a signed registration's timestamp may be from the tracker's clock.
 MESHNET_REGISTRATION_MAX_SKEW = 300.0
