@@ -73,8 +73,11 @@ class ArmState:
         at = max(self.at, other.at)
         mine, theirs = self.mass_at(at, half_life), other.mass_at(at, half_life)
         total = mine + theirs
-        if total <= 0.0:
-            value = self.value if self.at >= other.at else other.value
+        if total <= 0.0:  # both fully decayed: the later one, or the mean of a tie
+            if self.at == other.at:
+                value = (self.value + other.value) / 2
+            else:
+                value = self.value if self.at > other.at else other.value
         else:
             value = (mine * self.value + theirs * other.value) / total
         return ArmState(value, total, at, self.epoch, self.samples + other.samples)

@@ -31,9 +31,7 @@ class ManualClock:
         self.now += seconds
 
 
-def record(
-    node_id: str, start: int, end: int, tps: float = 100.0, **extra: float
-) -> NodeRecord:
+def record(node_id: str, start: int, end: int, tps: float = 100.0, **extra: float) -> NodeRecord:
     """A node record serving layers start..end with benchmark ``tps``."""
     return NodeRecord(
         node_id=node_id,

@@ -183,7 +183,12 @@ def test_it_returns_the_decision_with_its_plan_mode_and_epoch(store):
         "route": "m | fast[0-29]",
         "mode": "exploit",
         "hops": [
-            {"node_id": "fast", "endpoint": "http://fast.test:7000", "start_layer": 0, "end_layer": 29}
+            {
+                "node_id": "fast",
+                "endpoint": "http://fast.test:7000",
+                "start_layer": 0,
+                "end_layer": 29,
+            }
         ],
     }
 

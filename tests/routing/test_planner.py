@@ -214,7 +214,10 @@ def test_it_rejects_a_pinned_hop_that_does_not_hold_the_next_layer():
 
     with pytest.raises(ApiError, match="holds layers 12-29 and cannot run from layer 10"):
         plan_pinned_route(
-            model_key="qwen", num_layers=30, node_ids=["a", "b"], online={n.node_id: n for n in nodes}
+            model_key="qwen",
+            num_layers=30,
+            node_ids=["a", "b"],
+            online={n.node_id: n for n in nodes},
         )
 
 
