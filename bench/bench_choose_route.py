@@ -20,10 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "meshnet_site.settings")
 
-from routing_app.choice import choose_arm  # noqa: E402
-from routing_app.config import MAX_CANDIDATES, RoutingConfig  # noqa: E402
-from routing_app.planner import NodeRecord, RoutePlan, _plan, enumerate_routes  # noqa: E402
-from routing_app.stats import RouteStatsStore  # noqa: E402
+from routing_app.choice import choose_arm
+from routing_app.config import MAX_CANDIDATES, RoutingConfig
+from routing_app.planner import NodeRecord, RoutePlan, _plan, enumerate_routes
+from routing_app.stats import RouteStatsStore
 
 NUM_LAYERS = 40
 NODES = 200

@@ -4,10 +4,10 @@ Seeded, no network, no database. A model of 32 layers is served by a handful
 of nodes whose *true* speed differs from the benchmark they advertise (the
 prior). Requests arrive (Poisson, 1 per second), each generating 16-256
 tokens; the route's true speed is the inverse of the per-token time summed
-over its hops (layers run × the node's per-layer time, plus a network hop),
+over its hops (layers run times the node's per-layer time, plus a network hop),
 and every observed sample carries ±10 % log-normal noise. Three events:
 
-1. request 750: the node of the fastest route slows down 5× (no epoch bump,
+1. request 750: the node of the fastest route slows down 5x (no epoch bump,
    the statistics must notice on their own);
 2. request 1500: a fast full-model node joins (topology epoch bump);
 3. request 2250: the node of the then fastest route leaves (epoch bump).
@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing_app.choice import choose_arm, policy_shares  # noqa: E402
-from routing_app.config import RoutingConfig  # noqa: E402
-from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes  # noqa: E402
-from routing_app.stats import RouteStatsStore  # noqa: E402
+from routing_app.choice import choose_arm, policy_shares
+from routing_app.config import RoutingConfig
+from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
+from routing_app.stats import RouteStatsStore
 
 HOP_SECONDS = 0.004  # network time per token for every hop after the head
 ARRIVALS_PER_SECOND = 1.0
