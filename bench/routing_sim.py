@@ -1,16 +1,18 @@
 """Routing simulator: the ADR-0021 bandit against round-robin and an all-knowing oracle.
 
-Seeded, no network, no database. A model of 32 layers is served by a handful
-of nodes whose *true* speed differs from the benchmark they advertise (the
-prior). Requests arrive (Poisson, 1 per second), each generating 16-256
-tokens; the route's true speed is the inverse of the per-token time summed
-over its hops (layers run times the node's per-layer time, plus a network hop),
-and every observed sample carries ±10 % log-normal noise. Three events:
+Seeded, no network, no database. Two scenarios (ADR-0020's GPU head + CPU
+full node, and a five-node mesh with four candidate routes) whose nodes' *true*
+speed differs from the benchmark they advertise (the prior). Requests arrive
+(Poisson, 1 per second), each generating 16-256 tokens; a route's true speed
+is the inverse of the per-token time summed over its hops (layers run times
+the node's per-layer time, plus 4 ms of network per hop after the head), and
+every observed sample carries 10 % log-normal noise. Three events, at a
+quarter, a half and three quarters of the run:
 
-1. request 750: the node of the fastest route slows down 5x (no epoch bump,
-   the statistics must notice on their own);
-2. request 1500: a fast full-model node joins (topology epoch bump);
-3. request 2250: the node of the then fastest route leaves (epoch bump).
+1. the fastest route's own costliest node slows down 5x (no epoch bump: the
+   statistics must notice on their own);
+2. a fast full-model node joins (topology epoch bump);
+3. the fastest route's own node leaves (epoch bump).
 
 For each policy it reports the throughput (tokens delivered ÷ generation
 time) as a ratio of the oracle's, which always takes the truly fastest
