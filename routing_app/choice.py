@@ -137,9 +137,12 @@ def choose_route(
     config: RoutingConfig,
     rng: random.Random,
 ) -> RouteDecision:
-    """Pick one of ``plans`` (best prior first) for a request; 503 when none may serve."""
+    """Pick one of ``plans`` (best prior first, at least one) for a request.
+
+    Raises ``NoRouteAvailable`` (503) when every plan is quarantined.
+    """
     if not plans:
-        raise NoRouteAvailable("this model", "no complete route")
+        raise ValueError("choose_route needs at least one candidate plan")
     picked = choose_arm(arms=store.views(plans=plans, epoch=epoch), config=config, rng=rng)
     if picked is None:
         raise NoRouteAvailable(plans[0].model_key, "every candidate route is quarantined")

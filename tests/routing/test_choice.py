@@ -226,3 +226,8 @@ def test_it_answers_503_when_the_online_nodes_leave_a_gap(store):
 
     with pytest.raises(NoRouteAvailable, match="do not cover every layer"):
         route_select(model=model, rng=random.Random(3))
+
+
+def test_it_refuses_to_choose_among_no_candidates(store):
+    with pytest.raises(ValueError, match="at least one candidate"):
+        draw(store, plans=[], n=1)
