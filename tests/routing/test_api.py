@@ -162,8 +162,10 @@ def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
             routes = {r["hops"][0]["node_id"]: r for r in table(model.key)["models"][0]["routes"]}
             snapshots.append(routes)
 
-    first, _, last = snapshots
+    first, early, last = snapshots
     assert {r["status"] for r in first.values()} == {"proven", "unsampled"}
+    assert {r["coefficient"] for r in first.values()} == {1.0, None}
+    assert {r["status"] for r in early.values()} == {"proven"}
     assert {r["status"] for r in last.values()} == {"proven"}
     assert last["quick"]["coefficient"] == 1.0
     assert last["steady"]["coefficient"] == pytest.approx(0.5, abs=0.08)
