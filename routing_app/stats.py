@@ -13,6 +13,7 @@ reads arms while a background thread syncs with Redis.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -344,3 +345,7 @@ class RouteStatsStore:
         if self.exchange is None:
             return
         self.absorb(self.exchange.exchange(self.export()))
+
+    async def sync_async(self) -> None:
+        """``sync()`` in a worker thread, for a caller on an asyncio loop."""
+        await asyncio.to_thread(self.sync)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -214,3 +215,17 @@ def test_it_keeps_routing_on_local_statistics_without_redis():
     alone.sync()
 
     assert alone.arm(model_key="m", signature=SIG).value == 45.0
+
+
+def test_it_syncs_from_an_asyncio_loop_without_blocking_it(client, prefix):
+    clock = ManualClock()
+    first, second = tracker(client, prefix, clock), tracker(client, prefix, clock)
+    sample(first, 80.0)
+
+    async def both() -> None:
+        await first.sync_async()
+        await second.sync_async()
+
+    asyncio.run(both())
+
+    assert second.arm(model_key="m", signature=SIG).value == 80.0
