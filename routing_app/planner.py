@@ -274,3 +274,20 @@ def plan_pinned_route(
 
 def _pin_error(message: str) -> ApiError:
     return ApiError(message, code="invalid_route")
+
+
+def uncovered_layers(nodes: Sequence[NodeRecord], num_layers: int) -> list[tuple[int, int]]:
+    """The layer ranges no node serves, as inclusive (first, last) pairs, in order."""
+    covered = [False] * num_layers
+    for node in nodes:
+        for layer in range(max(0, node.shard_start), min(num_layers, node.shard_end + 1)):
+            covered[layer] = True
+    gaps: list[tuple[int, int]] = []
+    for layer, served in enumerate(covered):
+        if served:
+            continue
+        if gaps and gaps[-1][1] == layer - 1:
+            gaps[-1] = (gaps[-1][0], layer)
+        else:
+            gaps.append((layer, layer))
+    return gaps

@@ -19,7 +19,12 @@ from routing_app import selectors
 from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision, choose_route
 from routing_app.config import RoutingConfig
 from routing_app.models import LanguageModel, TopologyEpoch
-from routing_app.planner import RoutePlan, enumerate_routes, plan_pinned_route
+from routing_app.planner import (
+    RoutePlan,
+    enumerate_routes,
+    plan_pinned_route,
+    uncovered_layers,
+)
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store
 
@@ -95,7 +100,7 @@ def route_select(
         return RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
     plans = route_candidates(model=model, store=store)
     if not plans:
-        raise NoRouteAvailable(model.key, "the online nodes do not cover every layer")
+        raise NoRouteAvailable(model.key, _coverage_gap(model))
     return choose_route(
         plans=plans,
         store=store,
@@ -103,6 +108,15 @@ def route_select(
         config=config or RoutingConfig.from_settings(),
         rng=rng or _route_rng,
     )
+
+
+def _coverage_gap(model: LanguageModel) -> str:
+    """Why the online nodes form no route, naming the layers nobody serves."""
+    gaps = uncovered_layers(selectors.routing_nodes(model=model), model.num_layers)
+    if not gaps:
+        return "the online nodes cover every layer but form no chain from layer 0"
+    named = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in gaps)
+    return f"no online node serves layers {named} (of 0-{model.last_layer})"
 
 
 def route_sample_record(

@@ -220,12 +220,16 @@ def test_it_learns_from_a_pinned_route_like_from_any_other(store):
 
 
 @pytest.mark.django_db
-def test_it_answers_503_when_the_online_nodes_leave_a_gap(store):
+def test_it_answers_503_naming_the_layers_no_online_node_serves(store):
     model = make_model(num_layers=30)
     make_node(model, "head", 0, 9)
+    make_node(model, "middle", 12, 20)
 
-    with pytest.raises(NoRouteAvailable, match="do not cover every layer"):
+    with pytest.raises(NoRouteAvailable) as caught:
         route_select(model=model, rng=random.Random(3))
+
+    assert caught.value.status_code == 503
+    assert "no online node serves layers 10-11, 21-29 (of 0-29)" in caught.value.message
 
 
 def test_it_refuses_to_choose_among_no_candidates(store):
