@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from nodes_app.models import Node, NodeStatus
 from routing_app.models import LanguageModel, TopologyEpoch
-from routing_app.planner import NodeRecord
+from routing_app.planner import NodeRecord, enumerate_routes
 
 
 def topology_epoch_current(*, model: LanguageModel) -> int:
@@ -41,3 +41,15 @@ def node_ids_known(*, model: LanguageModel, node_ids: Iterable[str]) -> set[str]
 
 def language_model_get(*, key: str) -> LanguageModel | None:
     return LanguageModel.objects.filter(key=key).first()
+
+
+def language_models_served() -> list[LanguageModel]:
+    """Catalogue models whose online nodes form at least one complete route."""
+    served = []
+    for model in LanguageModel.objects.all():
+        nodes = routing_nodes(model=model)
+        if nodes and enumerate_routes(
+            model_key=model.key, num_layers=model.num_layers, nodes=nodes, limit=1
+        ):
+            served.append(model)
+    return served
