@@ -30,7 +30,7 @@ lint: setup
 	$(VENV)/bin/mypy meshnet_site nodes_app routing_app tracker_app
 
 bench: setup
-	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/bench_*.py bench/*_sim.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) var

@@ -12,12 +12,20 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
+from tracker_app.chat_consumer import ChatCompletionsConsumer  # noqa: E402
 from tracker_app.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # The chat endpoint streams through a Channels consumer; the rest is Django.
+        "http": URLRouter(
+            [
+                path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
+                re_path(r"", django_asgi_app),  # type: ignore[arg-type]  # an ASGI app, as URLRouter allows
+            ]
+        ),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

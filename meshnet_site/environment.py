@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,21 @@ def env_int(
     return value
 
 
+def env_decimal(
+    env: Mapping[str, str], name: str, default: str, *, minimum: str, maximum: str
+) -> Decimal:
+    """Read a Decimal (money and money ratios are never floats)."""
+    raw = env.get(name)
+    text = default if raw is None or raw.strip() == "" else raw.strip()
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ImproperlyConfigured(f"{name} must be a decimal number, got {raw!r}") from None
+    if not value.is_finite() or not Decimal(minimum) <= value <= Decimal(maximum):
+        raise ImproperlyConfigured(f"{name} must lie in [{minimum}, {maximum}], got {raw!r}")
+    return value
+
+
 def env_list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]:
     """Read a comma-separated list; blank items are dropped."""
     raw = env.get(name)
@@ -136,8 +152,24 @@ def channel_layers_config(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def cache_config(env: Mapping[str, str]) -> dict[str, Any]:
+    """Redis as the shared cache (rate limits across trackers) when set, else local memory."""
+    url = redis_url(env)
+    if url is None:
+        return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "meshnet",
+        }
+    }
+
+
 def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
     """Celery on Redis when REDIS_URL is set, else a broker that needs no server.
+
+    Task results are not kept: every task records its effect in the database.
 
     The embedded broker is kombu's filesystem transport: the tracker and the
     worker are separate processes on one machine, so an in-memory broker
@@ -145,11 +177,10 @@ def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, An
     """
     url = redis_url(env)
     if url is not None:
-        return {"broker_url": url, "result_backend": url, "broker_transport_options": {}}
+        return {"broker_url": url, "broker_transport_options": {}}
     queue = base_dir / "var" / "celery" / "queue"
     return {
         "broker_url": "filesystem://",
-        "result_backend": f"file://{base_dir / 'var' / 'celery' / 'results'}",
         "broker_transport_options": {
             "data_folder_in": str(queue),
             "data_folder_out": str(queue),

@@ -40,6 +40,11 @@ def error_body(message: str, *, code: str, error_type: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "code": code}}
 
 
+def validation_message(detail: Any) -> str:
+    """DRF validation detail as one readable line."""
+    return "; ".join(_flatten(detail))
+
+
 def _flatten(detail: Any, prefix: str = "") -> list[str]:
     """Turn DRF's nested validation detail into readable 'field: message' lines."""
     if isinstance(detail, dict):
@@ -62,7 +67,7 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
-        message = "; ".join(_flatten(exc.detail))
+        message = validation_message(exc.detail)
         code = "invalid_request"
     elif isinstance(exc, exceptions.ParseError):
         message, code = f"Request body is not valid JSON: {exc.detail}", "invalid_json"

@@ -12,8 +12,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+import django_stubs_ext
+from rest_framework import serializers
 
 from meshnet_site import environment as env_
+
+# Lets admin and serializer classes be written with their type parameters
+# (ModelAdmin[Node], Serializer[dict]) at run time, as mypy checks them.
+django_stubs_ext.monkeypatch(extra_classes=[serializers.Serializer, serializers.ModelSerializer])
 
 ENV = os.environ
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -48,6 +56,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -79,14 +88,21 @@ DATABASES = {"default": env_.database_config(ENV, BASE_DIR)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = env_.channel_layers_config(ENV)
+CACHES = env_.cache_config(ENV)
 REDIS_URL = env_.redis_url(ENV)
 
 _broker = env_.celery_broker_config(ENV, BASE_DIR)
 CELERY_BROKER_URL = _broker["broker_url"]
-CELERY_RESULT_BACKEND = _broker["result_backend"]
 CELERY_BROKER_TRANSPORT_OPTIONS = _broker["broker_transport_options"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(BASE_DIR / "var" / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "nodes-sweep-stale": {
+        "task": "nodes.sweep_stale",
+        "schedule": env_.env_float(ENV, "MESHNET_NODE_SWEEP_INTERVAL", 10.0, minimum=0.5),
+    },
+}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -94,11 +110,13 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# The admin's and dashboard's assets are served by the tracker itself, straight
+# from the apps' static folders: no collectstatic step, no separate web server.
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/admin/login/"
 
-REST_FRAMEWORK = {
+REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
@@ -129,9 +147,7 @@ MESHNET_ROUTE_WEIGHT_ALPHA = env_.env_float(
 MESHNET_ROUTE_STATS_HALF_LIFE = env_.env_float(
     ENV, "MESHNET_ROUTE_STATS_HALF_LIFE", 600.0, minimum=0.0, exclusive_minimum=True
 )
-MESHNET_ROUTE_MIN_SAMPLE_TOKENS = env_.env_int(
-    ENV, "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1
-)
+MESHNET_ROUTE_MIN_SAMPLE_TOKENS = env_.env_int(ENV, "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1)
 
 # Node liveness: a node silent for this long is marked offline by the sweep.
 MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(
@@ -140,6 +156,14 @@ MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(
 MESHNET_NODE_HEARTBEAT_TIMEOUT = env_.env_float(
     ENV, "MESHNET_NODE_HEARTBEAT_TIMEOUT", 30.0, minimum=1.0
 )
+# Billing: the network's share of every charge; the rest goes to the hops.
+MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
+    ENV, "MESHNET_NETWORK_FEE_SHARE", "0.05", minimum="0", maximum="1"
+)
+
+# Client API: chat requests per API key per minute (429 beyond).
+MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
+
 # How far a signed registration's timestamp may be from the tracker's clock.
 MESHNET_REGISTRATION_MAX_SKEW = 300.0
 

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from meshnet_site.errors import ApiError
 from nodes_app import services
 from nodes_app.models import Node
+from routing_app.models import LanguageModel
 
 HARDWARE = ("cpu", "cuda", "mps")
 
@@ -33,7 +34,9 @@ def _bearer_token(request: Request) -> str:
 
 
 class NodeOutput(serializers.ModelSerializer[Node]):
-    model = serializers.SlugRelatedField(slug_field="key", read_only=True)
+    model: serializers.SlugRelatedField[LanguageModel] = serializers.SlugRelatedField(
+        slug_field="key", read_only=True
+    )
 
     class Meta:
         model = Node

@@ -1,11 +1,35 @@
-"""Writes to the catalogue side of routing: topology epochs."""
+"""Routing writes and decisions: topology epochs, route choice, samples, quarantine.
+
+The chat proxy needs three calls: ``route_select`` before it opens the
+stream, ``route_sample_record`` when the stream completes, and
+``route_quarantine_node`` when a hop fails. Each reads the policy from the
+settings at call time and uses the process's ``route_stats_store()`` unless
+given another store.
+"""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Sequence
 
 from django.db import transaction
 from django.db.models import F
 
+from routing_app import selectors
+from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision, choose_route
+from routing_app.config import RoutingConfig
 from routing_app.models import LanguageModel, TopologyEpoch
+from routing_app.planner import (
+    RoutePlan,
+    enumerate_routes,
+    plan_pinned_route,
+    uncovered_layers,
+)
+from routing_app.stats import RouteStatsStore
+from routing_app.tracker_store import route_stats_store
+
+# The tracker's own source of routing randomness; tests pass a seeded one.
+_route_rng = random.Random()
 
 
 def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
@@ -21,3 +45,115 @@ def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
         )
         epoch.refresh_from_db(fields=["number"])
     return epoch.number
+
+
+def route_candidates(*, model: LanguageModel, store: RouteStatsStore) -> list[RoutePlan]:
+    """The model's candidate routes, best prior first.
+
+    Quarantined nodes take no part in the live candidates (at most 8), so the
+    greedy completion routes around them; the routes they would have served
+    are appended so ``/v1/routing`` shows them as quarantined.
+    """
+    nodes = selectors.routing_nodes(model=model)
+    held = store.quarantined_nodes()
+    plans = enumerate_routes(
+        model_key=model.key, num_layers=model.num_layers, nodes=nodes, avoid=held
+    )
+    if held:
+        live = {plan.signature for plan in plans}
+        blocked = [
+            plan
+            for plan in enumerate_routes(
+                model_key=model.key, num_layers=model.num_layers, nodes=nodes
+            )
+            if held.intersection(plan.node_ids) and plan.signature not in live
+        ]
+        plans = sorted(plans + blocked, key=lambda plan: (-plan.prior_tps, len(plan.hops)))
+    return plans
+
+
+def route_select(
+    *,
+    model: LanguageModel,
+    pinned: Sequence[str] | None = None,
+    rng: random.Random | None = None,
+    store: RouteStatsStore | None = None,
+    config: RoutingConfig | None = None,
+) -> RouteDecision:
+    """The route for one chat request: the pinned node ids' plan, or the bandit's choice.
+
+    Raises ``ApiError``: 400 for an invalid pinned route, 503 when a pinned
+    node is not online or no route can serve the model. Send the request to
+    ``decision.plan.head.endpoint`` with ``decision.plan.to_dict()`` as hops.
+    """
+    store = store or route_stats_store()
+    epoch = selectors.topology_epoch_current(model=model)
+    if pinned is not None:
+        nodes = selectors.routing_nodes(model=model)
+        plan = plan_pinned_route(
+            model_key=model.key,
+            num_layers=model.num_layers,
+            node_ids=pinned,
+            online={node.node_id: node for node in nodes},
+            known=selectors.node_ids_known(model=model, node_ids=pinned),
+        )
+        return RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
+    plans = route_candidates(model=model, store=store)
+    if not plans:
+        raise NoRouteAvailable(model.key, _coverage_gap(model))
+    return choose_route(
+        plans=plans,
+        store=store,
+        epoch=epoch,
+        config=config or RoutingConfig.from_settings(),
+        rng=rng or _route_rng,
+    )
+
+
+def _coverage_gap(model: LanguageModel) -> str:
+    """Why the online nodes form no route, naming the layers nobody serves."""
+    gaps = uncovered_layers(selectors.routing_nodes(model=model), model.num_layers)
+    if not gaps:
+        return "the online nodes cover every layer but form no chain from layer 0"
+    named = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in gaps)
+    return f"no online node serves layers {named} (of 0-{model.last_layer})"
+
+
+def route_sample_record(
+    *,
+    decision: RouteDecision,
+    output_tokens: int,
+    elapsed_seconds: float,
+    store: RouteStatsStore | None = None,
+) -> bool:
+    """Learn the speed of a completed request (pinned ones too); returns whether it counted.
+
+    ``elapsed_seconds`` is the end-to-end time of the generation as the
+    tracker saw it. Near-empty completions are rejected (see ``RouteStatsStore``).
+    """
+    if elapsed_seconds <= 0:
+        return False
+    store = store or route_stats_store()
+    return store.record_sample(
+        model_key=decision.plan.model_key,
+        signature=decision.plan.signature,
+        epoch=decision.epoch,
+        output_tokens=output_tokens,
+        tokens_per_second=output_tokens / elapsed_seconds,
+    )
+
+
+def route_quarantine_node(
+    *, node_id: str, seconds: float, store: RouteStatsStore | None = None
+) -> None:
+    """Keep routes through ``node_id`` out of the choice for ``seconds`` (a failed hop)."""
+    (store or route_stats_store()).quarantine_node(node_id=node_id, seconds=seconds)
+
+
+def route_quarantine(
+    *, plan: RoutePlan, seconds: float, store: RouteStatsStore | None = None
+) -> None:
+    """Keep this exact route out of the choice for ``seconds`` (a probe found it corrupt)."""
+    (store or route_stats_store()).quarantine_route(
+        model_key=plan.model_key, signature=plan.signature, seconds=seconds
+    )

@@ -1,5 +1,9 @@
 """Routing endpoints under /v1/."""
 
-from django.urls import URLPattern
+from django.urls import path
 
-urlpatterns: list[URLPattern] = []
+from routing_app.api import RoutingTableApi
+
+urlpatterns = [
+    path("routing", RoutingTableApi.as_view(), name="routing-table"),
+]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -49,8 +52,19 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -60,3 +74,132 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def process_database_url() -> Iterator[str]:
+    """A fresh database for tests that run real tracker/worker processes.
+
+    PostgreSQL when DATABASE_URL points at one (CI): a new database on that
+    server, dropped afterwards. Otherwise a SQLite file. Either way migrated.
+    """
+    import uuid
+
+    configured = os.environ.get("DATABASE_URL", "")
+    if configured.startswith(("postgres://", "postgresql://")):
+        import psycopg
+
+        name = f"meshnet_proc_{uuid.uuid4().hex[:10]}"
+        admin_url = configured.rsplit("/", 1)[0] + "/postgres"
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = configured.rsplit("/", 1)[0] + "/" + name
+        try:
+            _migrate(url)
+            yield url
+        finally:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="meshnet-proc-")
+    url = f"sqlite:///{directory}/tracker.sqlite3"
+    _migrate(url)
+    yield url
+
+
+def process_env(database_url: str, **overrides: str) -> dict[str, str]:
+    """The environment for a tracker, worker or node process under test."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DJANGO_SECRET_KEY": "test-secret-key-for-processes",
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.update(overrides)
+    return env
+
+
+def _migrate(database_url: str) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=process_env(database_url),
+        check=True,
+    )
+
+
+class ManagedProcess:
+    """A real process of the project, its output kept in a log file for failures."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+def start_manage_command(args: list[str], env: dict[str, str], log_path: Path) -> ManagedProcess:
+    return ManagedProcess([sys.executable, str(ROOT / "manage.py"), *args], env, log_path)
+
+
+@dataclass
+class TrackerProcess:
+    url: str
+    database_url: str
+    managed: ManagedProcess
+
+
+@pytest.fixture
+def tracker_process(process_database_url: str, tmp_path: Path) -> Iterator[TrackerProcess]:
+    """A real `runtracker` (daphne) on a free port over the process database."""
+    port = free_port()
+    managed = start_manage_command(
+        ["runtracker", "--host", "127.0.0.1", "--port", str(port)],
+        process_env(process_database_url),
+        tmp_path / "tracker.log",
+    )
+    try:
+        wait_for_port("127.0.0.1", port)
+    except TimeoutError:
+        managed.stop()
+        raise AssertionError("tracker did not start:\n" + managed.output()) from None
+    yield TrackerProcess(f"http://127.0.0.1:{port}", process_database_url, managed)
+    managed.stop()
+
+
+def start_worker(env: dict[str, str], log_path: Path) -> ManagedProcess:
+    """A real Celery worker with the beat scheduler embedded (`worker -B`)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "meshnet_site",
+        "worker",
+        "-B",
+        "--pool",
+        "solo",
+        "--loglevel",
+        "INFO",
+        "--schedule",
+        str(log_path.parent / "celerybeat-schedule"),
+    ]
+    return ManagedProcess(argv, env, log_path)

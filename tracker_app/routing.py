@@ -1,5 +1,9 @@
 """Websocket routes of the tracker (the dashboard's live events)."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-websocket_urlpatterns: list[URLPattern] = []
+from tracker_app.consumers import DashboardConsumer
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("ws/dashboard/", DashboardConsumer.as_asgi()),
+]

@@ -6,38 +6,92 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('routing_app', '0001_initial'),
+        ("routing_app", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('wallet', models.CharField(db_index=True, help_text="The node's ed25519 public key (hex)", max_length=64)),
-                ('endpoint', models.URLField(max_length=300)),
-                ('shard_start', models.PositiveIntegerField()),
-                ('shard_end', models.PositiveIntegerField()),
-                ('hardware', models.CharField(help_text='cpu, cuda or mps', max_length=16)),
-                ('device_name', models.CharField(blank=True, max_length=200)),
-                ('benchmark_tps', models.FloatField(default=0.0, help_text='Tokens/s measured at start-up', validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('measured_tps', models.FloatField(default=0.0, help_text='Tokens/s from heartbeats', validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('queue_depth', models.PositiveIntegerField(default=0)),
-                ('active_sessions', models.PositiveIntegerField(default=0)),
-                ('reputation', models.FloatField(default=1.0, validators=[django.core.validators.MinValueValidator(0.0), django.core.validators.MaxValueValidator(1.0)])),
-                ('status', models.CharField(choices=[('online', 'Online'), ('offline', 'Offline'), ('draining', 'Draining'), ('banned', 'Banned')], db_index=True, default='online', max_length=16)),
-                ('token_hash', models.CharField(editable=False, max_length=64)),
-                ('registered_at', models.DateTimeField()),
-                ('last_heartbeat_at', models.DateTimeField()),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='nodes', to='routing_app.languagemodel')),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                (
+                    "wallet",
+                    models.CharField(
+                        db_index=True,
+                        help_text="The node's ed25519 public key (hex)",
+                        max_length=64,
+                    ),
+                ),
+                ("endpoint", models.URLField(max_length=300)),
+                ("shard_start", models.PositiveIntegerField()),
+                ("shard_end", models.PositiveIntegerField()),
+                ("hardware", models.CharField(help_text="cpu, cuda or mps", max_length=16)),
+                ("device_name", models.CharField(blank=True, max_length=200)),
+                (
+                    "benchmark_tps",
+                    models.FloatField(
+                        default=0.0,
+                        help_text="Tokens/s measured at start-up",
+                        validators=[django.core.validators.MinValueValidator(0.0)],
+                    ),
+                ),
+                (
+                    "measured_tps",
+                    models.FloatField(
+                        default=0.0,
+                        help_text="Tokens/s from heartbeats",
+                        validators=[django.core.validators.MinValueValidator(0.0)],
+                    ),
+                ),
+                ("queue_depth", models.PositiveIntegerField(default=0)),
+                ("active_sessions", models.PositiveIntegerField(default=0)),
+                (
+                    "reputation",
+                    models.FloatField(
+                        default=1.0,
+                        validators=[
+                            django.core.validators.MinValueValidator(0.0),
+                            django.core.validators.MaxValueValidator(1.0),
+                        ],
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("online", "Online"),
+                            ("offline", "Offline"),
+                            ("draining", "Draining"),
+                            ("banned", "Banned"),
+                        ],
+                        db_index=True,
+                        default="online",
+                        max_length=16,
+                    ),
+                ),
+                ("token_hash", models.CharField(editable=False, max_length=64)),
+                ("registered_at", models.DateTimeField()),
+                ("last_heartbeat_at", models.DateTimeField()),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="nodes",
+                        to="routing_app.languagemodel",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['model__key', 'shard_start', 'id'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('shard_end__gte', models.F('shard_start'))), name='node_shard_end_not_before_start')],
+                "ordering": ["model__key", "shard_start", "id"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("shard_end__gte", models.F("shard_start"))),
+                        name="node_shard_end_not_before_start",
+                    )
+                ],
             },
         ),
     ]

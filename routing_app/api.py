@@ -1,0 +1,68 @@
+"""``GET /v1/routing``: the learned routing table, read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from routing_app.config import RoutingConfig
+from routing_app.stats import ArmStatus
+from routing_app.table import routing_table
+from routing_app.tracker_store import route_stats_store
+
+
+class HopOutput(serializers.Serializer[dict[str, Any]]):
+    node_id = serializers.CharField()
+    endpoint = serializers.CharField()
+    start_layer = serializers.IntegerField()
+    end_layer = serializers.IntegerField()
+
+
+class RouteOutput(serializers.Serializer[dict[str, Any]]):
+    signature = serializers.CharField()
+    hops = HopOutput(many=True)
+    prior_tps = serializers.FloatField()
+    tps = serializers.FloatField(allow_null=True, help_text="Learned end-to-end tokens/s")
+    coefficient = serializers.FloatField(allow_null=True, help_text="tps ÷ best proven tps")
+    expected_share = serializers.FloatField(help_text="Share of traffic under the policy")
+    samples = serializers.IntegerField()
+    weight = serializers.FloatField(help_text="Decayed sample mass")
+    status = serializers.ChoiceField(choices=[str(s) for s in ArmStatus])
+
+
+class ModelRoutingOutput(serializers.Serializer[dict[str, Any]]):
+    model = serializers.CharField()
+    epoch = serializers.IntegerField()
+    routes = RouteOutput(many=True)
+
+
+class ConfigOutput(serializers.Serializer[dict[str, Any]]):
+    explore_share = serializers.FloatField()
+    weight_alpha = serializers.FloatField()
+    stats_half_life = serializers.FloatField()
+    min_sample_tokens = serializers.IntegerField()
+
+
+class RoutingTableApi(APIView):
+    """Per model: topology epoch and every candidate route with what was learned about it."""
+
+    class Output(serializers.Serializer[dict[str, Any]]):
+        config = ConfigOutput()
+        models = ModelRoutingOutput(many=True)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("model", str, description="Only this model's table")],
+        responses={200: Output},
+    )
+    def get(self, request: Request) -> Response:
+        table = routing_table(
+            model_key=request.query_params.get("model") or None,
+            store=route_stats_store(),
+            config=RoutingConfig.from_settings(),
+        )
+        return Response(self.Output(table).data)

@@ -1,0 +1,150 @@
+"""The ADR-0021 route choice: scout, exploit, or fall back to the best prior.
+
+``choose_route`` decides for one request; ``policy_shares`` states what that
+same policy does on average (the ``expected_share`` of ``/v1/routing``). Both
+read the candidates through ``ArmView`` so they can never disagree.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from rest_framework import status
+
+from meshnet_site.errors import ApiError
+from routing_app.config import RoutingConfig
+from routing_app.planner import RoutePlan
+from routing_app.stats import ArmStatus, ArmView, RouteStatsStore
+
+SCOUTABLE = frozenset({ArmStatus.UNSAMPLED, ArmStatus.STALE, ArmStatus.DECAYED})
+
+
+class DecisionMode(StrEnum):
+    SCOUT = "scout"
+    EXPLOIT = "exploit"
+    PINNED = "pinned"
+    GREEDY_FALLBACK = "greedy-fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The plan to run, how it was chosen, and the topology epoch it was chosen under.
+
+    Record the request's speed against ``epoch`` so a sample measured across
+    a topology change never lands on the newer epoch's statistics.
+    """
+
+    plan: RoutePlan
+    mode: DecisionMode
+    epoch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The chat response's ``meshnet`` field."""
+        return {"route": self.plan.signature, "mode": str(self.mode), "hops": self.plan.to_dict()}
+
+
+class NoRouteAvailable(ApiError):
+    def __init__(self, model_key: str, reason: str) -> None:
+        super().__init__(
+            f"No route can serve {model_key} right now: {reason}",
+            code="no_route",
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            error_type="server_error",
+        )
+
+
+def _scout_target(arms: Sequence[ArmView]) -> int | None:
+    """Index of the least-measured scoutable arm under the current topology.
+
+    Ties go to the higher prior, then to the earlier arm.
+    """
+    pool = [i for i, arm in enumerate(arms) if arm.status in SCOUTABLE]
+    if not pool:
+        return None
+    return min(pool, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i))
+
+
+def _exploit_weights(proven: Sequence[ArmView], alpha: float) -> list[float]:
+    return [max(arm.tps or 0.0, 0.0) ** alpha for arm in proven]
+
+
+def choose_arm(
+    *, arms: Sequence[ArmView], config: RoutingConfig, rng: random.Random
+) -> tuple[ArmView, DecisionMode] | None:
+    """The ADR-0021 policy over ``arms`` (best prior first); ``None`` when every arm is held.
+
+    With no proven arm: the first (best-prior) arm that is not quarantined,
+    deterministically. Otherwise with probability ``explore_share`` the
+    least-measured unproven/stale/decayed arm when one exists, else a
+    weighted draw among proven arms with P ∝ tps^alpha.
+    """
+    eligible = [arm for arm in arms if arm.status is not ArmStatus.QUARANTINED]
+    if not eligible:
+        return None
+    proven = [arm for arm in eligible if arm.status is ArmStatus.PROVEN]
+    if not proven:
+        return eligible[0], DecisionMode.GREEDY_FALLBACK
+    if rng.random() < config.explore_share:
+        target = _scout_target(eligible)
+        if target is not None:
+            return eligible[target], DecisionMode.SCOUT
+    weights = _exploit_weights(proven, config.weight_alpha)
+    total = sum(weights)
+    if total <= 0.0:
+        return proven[0], DecisionMode.EXPLOIT
+    point = rng.random() * total
+    for arm, weight in zip(proven, weights, strict=True):
+        point -= weight
+        if point < 0.0:
+            return arm, DecisionMode.EXPLOIT
+    return proven[-1], DecisionMode.EXPLOIT
+
+
+def policy_shares(*, arms: Sequence[ArmView], config: RoutingConfig) -> list[float]:
+    """Each arm's expected share of traffic under ``choose_arm``, in the order given."""
+    shares = [0.0] * len(arms)
+    eligible = [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
+    if not eligible:
+        return shares
+    proven = [i for i in eligible if arms[i].status is ArmStatus.PROVEN]
+    if not proven:
+        shares[eligible[0]] = 1.0
+        return shares
+    exploit_share = 1.0
+    target = _scout_target([arms[i] for i in eligible])
+    if target is not None and config.explore_share > 0:
+        shares[eligible[target]] = config.explore_share
+        exploit_share = 1.0 - config.explore_share
+    weights = _exploit_weights([arms[i] for i in proven], config.weight_alpha)
+    total = sum(weights)
+    for i, weight in zip(proven, weights, strict=True):
+        if total > 0:
+            shares[i] += exploit_share * weight / total
+        elif i == proven[0]:
+            shares[i] += exploit_share
+    return shares
+
+
+def choose_route(
+    *,
+    plans: Sequence[RoutePlan],
+    store: RouteStatsStore,
+    epoch: int,
+    config: RoutingConfig,
+    rng: random.Random,
+) -> RouteDecision:
+    """Pick one of ``plans`` (best prior first, at least one) for a request.
+
+    Raises ``NoRouteAvailable`` (503) when every plan is quarantined.
+    """
+    if not plans:
+        raise ValueError("choose_route needs at least one candidate plan")
+    picked = choose_arm(arms=store.views(plans=plans, epoch=epoch), config=config, rng=rng)
+    if picked is None:
+        raise NoRouteAvailable(plans[0].model_key, "every candidate route is quarantined")
+    arm, mode = picked
+    return RouteDecision(plan=arm.plan, mode=mode, epoch=epoch)

@@ -1,0 +1,68 @@
+"""The routing table of ``GET /v1/routing``: what the tracker learned and will do.
+
+Per model: the topology epoch and every candidate with its hops, prior,
+learned tps, coefficient (tps ÷ best proven tps), expected traffic share
+under the current policy, sample count, decayed weight and status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+
+from meshnet_site.errors import ApiError
+from routing_app import selectors
+from routing_app.choice import policy_shares
+from routing_app.config import RoutingConfig
+from routing_app.models import LanguageModel
+from routing_app.services import route_candidates
+from routing_app.stats import ArmStatus, RouteStatsStore
+
+
+def routing_table(
+    *, model_key: str | None, store: RouteStatsStore, config: RoutingConfig
+) -> dict[str, Any]:
+    """The table for one model (404 ``ApiError`` if unknown) or for the whole catalogue."""
+    if model_key is None:
+        models = list(LanguageModel.objects.order_by("key"))
+    else:
+        model = selectors.language_model_get(key=model_key)
+        if model is None:
+            raise ApiError(
+                f"The model {model_key!r} does not exist",
+                code="model_not_found",
+                status_code=status.HTTP_404_NOT_FOUND,
+            )
+        models = [model]
+    return {
+        "config": config.to_dict(),
+        "models": [_model_table(model, store, config) for model in models],
+    }
+
+
+def _model_table(
+    model: LanguageModel, store: RouteStatsStore, config: RoutingConfig
+) -> dict[str, Any]:
+    epoch = selectors.topology_epoch_current(model=model)
+    plans = route_candidates(model=model, store=store)
+    arms = store.views(plans=plans, epoch=epoch)
+    shares = policy_shares(arms=arms, config=config)
+    proven = [arm.tps for arm in arms if arm.status is ArmStatus.PROVEN and arm.tps]
+    best = max(proven, default=None)
+    routes = []
+    for arm, share in zip(arms, shares, strict=True):
+        routes.append(
+            {
+                "signature": arm.plan.signature,
+                "hops": arm.plan.to_dict(),
+                "prior_tps": arm.plan.prior_tps,
+                "tps": arm.tps,
+                "coefficient": arm.tps / best if best and arm.tps is not None else None,
+                "expected_share": share,
+                "samples": arm.samples,
+                "weight": arm.weight,
+                "status": str(arm.status),
+            }
+        )
+    return {"model": model.key, "epoch": epoch, "routes": routes}

@@ -1,0 +1,110 @@
+"""Settings come from the environment and fail loudly on bad values."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from meshnet_site import environment as env_
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def settings_in_subprocess(env: dict[str, str]) -> dict[str, object]:
+    """Load the real settings module in a fresh process with exactly ``env``."""
+    code = (
+        "import json, django; from django.conf import settings; django.setup();"
+        "print(json.dumps({'db': settings.DATABASES['default']['ENGINE'],"
+        " 'db_name': settings.DATABASES['default']['NAME'],"
+        " 'layer': settings.CHANNEL_LAYERS['default']['BACKEND'],"
+        " 'broker': settings.CELERY_BROKER_URL,"
+        " 'explore': settings.MESHNET_ROUTE_EXPLORE_SHARE}))"
+    )
+    base = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "meshnet_site.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**base, **env}, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        return {"error": result.stderr}
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_no_environment_means_sqlite_in_memory_layer_and_a_serverless_broker() -> None:
+    loaded = settings_in_subprocess({})
+
+    assert loaded["db"] == "django.db.backends.sqlite3"
+    assert str(loaded["db_name"]).endswith("var/meshnet.sqlite3")
+    assert loaded["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert loaded["broker"] == "filesystem://"
+
+
+def test_database_and_redis_urls_select_postgresql_and_redis() -> None:
+    loaded = settings_in_subprocess(
+        {
+            "DATABASE_URL": "postgres://meshnet@db.internal:5432/meshnet",
+            "REDIS_URL": "redis://cache.internal:6379/0",
+            "DJANGO_SECRET_KEY": "k",
+        }
+    )
+
+    assert loaded["db"] == "django.db.backends.postgresql"
+    assert loaded["db_name"] == "meshnet"
+    assert loaded["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert loaded["broker"] == "redis://cache.internal:6379/0"
+
+
+def test_a_shared_database_requires_a_secret_key() -> None:
+    loaded = settings_in_subprocess({"DATABASE_URL": "postgres://meshnet@db/meshnet"})
+
+    assert "DJANGO_SECRET_KEY must be set" in str(loaded["error"])
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("MESHNET_ROUTE_EXPLORE_SHARE", "1.5", "at most 1.0"),
+        ("MESHNET_ROUTE_EXPLORE_SHARE", "-0.1", "at least 0.0"),
+        ("MESHNET_ROUTE_WEIGHT_ALPHA", "0", "greater than 0.0"),
+        ("MESHNET_ROUTE_STATS_HALF_LIFE", "soon", "must be a number"),
+        ("MESHNET_ROUTE_MIN_SAMPLE_TOKENS", "0", "at least 1"),
+        ("DJANGO_DEBUG", "maybe", "must be a boolean"),
+        ("REDIS_URL", "localhost:6379", "must start with redis://"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(name: str, value: str, words: str) -> None:
+    loaded = settings_in_subprocess({name: value})
+
+    assert "ImproperlyConfigured" in str(loaded["error"])
+    assert name in str(loaded["error"])
+    assert words in str(loaded["error"])
+
+
+def test_route_settings_take_their_environment_values() -> None:
+    assert settings_in_subprocess({"MESHNET_ROUTE_EXPLORE_SHARE": "0.05"})["explore"] == 0.05
+
+
+def test_readers_use_defaults_when_unset() -> None:
+    assert env_.env_float({}, "X", 0.3, minimum=0, maximum=1) == 0.3
+    assert env_.env_int({}, "X", 8, minimum=1) == 8
+    assert env_.env_bool({}, "X", default=False) is False
+    assert env_.env_list({}, "X", ["a"]) == ["a"]
+    assert env_.env_list({"X": "a, b,,"}, "X", []) == ["a", "b"]
+
+
+def test_the_embedded_secret_key_is_generated_once_and_kept(tmp_path: Path) -> None:
+    first = env_.secret_key({}, tmp_path)
+    second = env_.secret_key({}, tmp_path)
+
+    assert first == second and len(first) > 40
+    assert (tmp_path / "var" / "secret_key").stat().st_mode & 0o077 == 0
+
+
+def test_an_unparseable_database_url_is_refused() -> None:
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
+        env_.database_config({"DATABASE_URL": "nonsense://x"}, Path("/tmp"))

@@ -1,0 +1,207 @@
+"""The node registry API as a node and an impostor see it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from rest_framework import status
+from rest_framework.test import APIClient
+
+from nodes_app.models import Node, NodeStatus
+from routing_app.models import LanguageModel
+from routing_app.selectors import topology_epoch_current
+from tests.nodes.registration import signed_registration
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def client() -> APIClient:
+    return APIClient()
+
+
+def epoch(key: str = "tiny-random-llama") -> int:
+    return topology_epoch_current(model=LanguageModel.objects.get(key=key))
+
+
+def register(client: APIClient, body: dict[str, Any]) -> Any:
+    return client.post("/api/nodes/register", body, format="json")
+
+
+def assert_error(response: Any, status_code: int, code: str, words: str) -> None:
+    assert response.status_code == status_code, response.content
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert words in error["message"]
+    assert set(error) == {"message", "type", "code"}
+
+
+def test_it_accepts_a_signed_registration_and_returns_a_node_token(client: APIClient) -> None:
+    before = epoch()
+    response = register(client, signed_registration())
+
+    assert response.status_code == status.HTTP_201_CREATED, response.content
+    body = response.json()
+    node = Node.objects.get(pk=body["node_id"])
+    assert node.status == NodeStatus.ONLINE
+    assert (node.shard_start, node.shard_end) == (0, 3)
+    assert body["node_token"] and body["node_token"] not in node.token_hash
+    assert body["epoch"] == before + 1 == epoch()
+    assert body["node"]["model"] == "tiny-random-llama"
+
+
+def test_it_refuses_a_forged_signature(client: APIClient) -> None:
+    victim = Ed25519PrivateKey.generate()
+    body = signed_registration(Ed25519PrivateKey.generate())
+    body["wallet"] = signed_registration(victim)["wallet"]  # claim someone else's wallet
+
+    assert_error(register(client, body), 401, "invalid_signature", "does not match")
+    assert not Node.objects.exists()
+
+
+def test_it_refuses_a_registration_whose_fields_were_changed_after_signing(
+    client: APIClient,
+) -> None:
+    body = signed_registration()
+    body["endpoint"] = "http://attacker.example:9999"
+
+    assert_error(register(client, body), 401, "invalid_signature", "does not match")
+
+
+def test_it_refuses_a_replayed_old_registration(client: APIClient) -> None:
+    body = signed_registration(timestamp=time.time() - 3600)
+
+    assert_error(register(client, body), 401, "stale_registration", "clock")
+
+
+def test_it_refuses_layers_outside_the_model(client: APIClient) -> None:
+    body = signed_registration(shard_start=2, shard_end=4)
+
+    assert_error(register(client, body), 400, "layers_out_of_range", "outside")
+    assert "0-3" in register(client, body).json()["error"]["message"]
+    assert not Node.objects.exists()
+
+
+def test_it_refuses_a_layer_count_that_disagrees_with_the_catalogue(client: APIClient) -> None:
+    body = signed_registration(num_layers=30)
+
+    assert_error(register(client, body), 400, "layer_count_mismatch", "catalogue says 4")
+
+
+def test_it_refuses_an_unknown_model_naming_the_known_ones(client: APIClient) -> None:
+    body = signed_registration(model="gpt-17")
+
+    assert_error(register(client, body), 400, "unknown_model", "smollm2-135m")
+
+
+def test_it_explains_malformed_fields(client: APIClient) -> None:
+    body = signed_registration(shard_start=3, shard_end=1)
+
+    assert_error(register(client, body), 400, "invalid_request", "shard_end")
+
+
+def test_it_answers_bad_json_in_the_error_shape(client: APIClient) -> None:
+    response = client.post("/api/nodes/register", data="{not json", content_type="application/json")
+
+    assert_error(response, 400, "invalid_json", "JSON")
+
+
+def test_a_heartbeat_with_the_node_token_records_live_load(client: APIClient) -> None:
+    registered = register(client, signed_registration()).json()
+
+    response = client.post(
+        f"/api/nodes/{registered['node_id']}/heartbeat",
+        {"active_sessions": 2, "queue_depth": 1, "measured_tps": 31.5},
+        format="json",
+        HTTP_AUTHORIZATION=f"Bearer {registered['node_token']}",
+    )
+
+    assert response.status_code == status.HTTP_200_OK, response.content
+    node = Node.objects.get(pk=registered["node_id"])
+    assert (node.active_sessions, node.queue_depth, node.measured_tps) == (2, 1, 31.5)
+
+
+def test_it_refuses_a_heartbeat_with_a_wrong_token(client: APIClient) -> None:
+    registered = register(client, signed_registration()).json()
+
+    response = client.post(
+        f"/api/nodes/{registered['node_id']}/heartbeat",
+        {"active_sessions": 0, "queue_depth": 0},
+        format="json",
+        HTTP_AUTHORIZATION="Bearer not-the-token",
+    )
+
+    assert_error(response, 401, "invalid_node_token", "wrong node token")
+
+
+def test_it_refuses_a_heartbeat_without_a_token(client: APIClient) -> None:
+    registered = register(client, signed_registration()).json()
+
+    response = client.post(
+        f"/api/nodes/{registered['node_id']}/heartbeat",
+        {"active_sessions": 0, "queue_depth": 0},
+        format="json",
+    )
+
+    assert_error(response, 401, "missing_node_token", "Bearer")
+
+
+def test_deregistering_takes_the_node_offline_and_bumps_the_epoch(client: APIClient) -> None:
+    registered = register(client, signed_registration()).json()
+    before = epoch()
+
+    response = client.post(
+        f"/api/nodes/{registered['node_id']}/deregister",
+        HTTP_AUTHORIZATION=f"Bearer {registered['node_token']}",
+    )
+
+    assert response.status_code == status.HTTP_204_NO_CONTENT
+    assert Node.objects.get(pk=registered["node_id"]).status == NodeStatus.OFFLINE
+    assert epoch() == before + 1
+
+
+def test_a_restart_with_the_same_shard_keeps_the_id_and_the_epoch(client: APIClient) -> None:
+    key = Ed25519PrivateKey.generate()
+    first = register(client, signed_registration(key)).json()
+    before = epoch()
+
+    again = register(client, signed_registration(key)).json()
+
+    assert again["node_id"] == first["node_id"]
+    assert epoch() == before
+    assert Node.objects.count() == 1
+
+
+def test_a_shard_change_makes_a_new_node_retires_the_old_and_bumps_once(
+    client: APIClient,
+) -> None:
+    key = Ed25519PrivateKey.generate()
+    old = register(client, signed_registration(key, shard_start=0, shard_end=3)).json()
+    before = epoch()
+
+    new = register(client, signed_registration(key, shard_start=0, shard_end=1)).json()
+
+    assert new["node_id"] != old["node_id"]
+    assert Node.objects.get(pk=old["node_id"]).status == NodeStatus.OFFLINE
+    assert Node.objects.get(pk=new["node_id"]).status == NodeStatus.ONLINE
+    assert epoch() == before + 1
+    assert "shard change" in LanguageModel.objects.get(key="tiny-random-llama").epoch.reason
+
+
+def test_epochs_are_per_model(client: APIClient) -> None:
+    smol_before = epoch("smollm2-135m")
+
+    register(client, signed_registration())
+
+    assert epoch("smollm2-135m") == smol_before
+
+
+def test_a_banned_node_cannot_register_again(client: APIClient) -> None:
+    key = Ed25519PrivateKey.generate()
+    registered = register(client, signed_registration(key)).json()
+    Node.objects.filter(pk=registered["node_id"]).update(status=NodeStatus.BANNED)
+
+    assert_error(register(client, signed_registration(key)), 403, "node_banned", "banned")

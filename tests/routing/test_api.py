@@ -1,0 +1,175 @@
+"""GET /v1/routing: the learned routing table as JSON."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from django.test import override_settings
+from rest_framework import status
+from rest_framework.test import APIClient
+
+from routing_app.services import route_sample_record, route_select, topology_epoch_bump
+from tests.routing.conftest import make_model, make_node
+
+pytestmark = pytest.mark.django_db
+
+ROUTE_KEYS = {
+    "signature",
+    "hops",
+    "prior_tps",
+    "tps",
+    "coefficient",
+    "expected_share",
+    "samples",
+    "weight",
+    "status",
+}
+
+
+def table(model_key=None):
+    query = {"model": model_key} if model_key else {}
+    response = APIClient().get("/v1/routing", query)
+    assert response.status_code == status.HTTP_200_OK
+    return response.json()
+
+
+def routes_of(model):
+    (entry,) = table(model.key)["models"]
+    return {route["signature"]: route for route in entry["routes"]}
+
+
+@pytest.fixture
+def mixed(store):
+    model = make_model(num_layers=40)
+    make_node(model, "gpu-abc", 0, 21, tps=11164.0)
+    make_node(model, "cpu-def", 0, 39, tps=425.0)
+    return model
+
+
+def test_it_shows_config_epoch_and_every_candidate(mixed):
+    body = table(mixed.key)
+
+    assert body["config"] == {
+        "explore_share": 0.3,
+        "weight_alpha": 1.0,
+        "stats_half_life": 600.0,
+        "min_sample_tokens": 8,
+    }
+    (entry,) = body["models"]
+    assert (entry["model"], entry["epoch"]) == (mixed.key, 1)
+    assert [set(route) for route in entry["routes"]] == [ROUTE_KEYS, ROUTE_KEYS]
+
+
+def test_it_lists_the_hybrid_route_with_its_tail_starting_at_layer_22(mixed):
+    hybrid = routes_of(mixed)[f"{mixed.key} | gpu-abc[0-21] -> cpu-def[22-39]"]
+
+    assert hybrid["hops"] == [
+        {
+            "node_id": "gpu-abc",
+            "endpoint": "http://gpu-abc.test:7000",
+            "start_layer": 0,
+            "end_layer": 21,
+        },
+        {
+            "node_id": "cpu-def",
+            "endpoint": "http://cpu-def.test:7000",
+            "start_layer": 22,
+            "end_layer": 39,
+        },
+    ]
+    assert hybrid["prior_tps"] == 425.0
+
+
+def test_it_shows_unsampled_routes_with_all_traffic_on_the_best_prior(mixed):
+    routes = list(routes_of(mixed).values())
+
+    assert [r["status"] for r in routes] == ["unsampled", "unsampled"]
+    assert [r["expected_share"] for r in routes] == [1.0, 0.0]
+    assert [(r["tps"], r["coefficient"], r["samples"], r["weight"]) for r in routes] == [
+        (None, None, 0, 0.0),
+        (None, None, 0, 0.0),
+    ]
+
+
+def test_it_marks_routes_measured_before_a_topology_change_as_stale(mixed, store):
+    decision = route_select(model=mixed, rng=random.Random(1))
+    route_sample_record(decision=decision, output_tokens=40, elapsed_seconds=4.0)
+
+    topology_epoch_bump(model=mixed, reason="join: someone")
+
+    route = routes_of(mixed)[decision.plan.signature]
+    assert (route["status"], route["tps"], route["samples"]) == ("stale", 10.0, 1)
+    assert table(mixed.key)["models"][0]["epoch"] == 2
+
+
+def test_it_marks_a_route_through_a_held_node_quarantined(mixed, store):
+    store.quarantine_node(node_id="gpu-abc", seconds=60)
+
+    hybrid = routes_of(mixed)[f"{mixed.key} | gpu-abc[0-21] -> cpu-def[22-39]"]
+
+    assert (hybrid["status"], hybrid["expected_share"]) == ("quarantined", 0.0)
+
+
+def test_it_lists_every_catalogue_model_without_a_filter(mixed):
+    models = [entry["model"] for entry in table()["models"]]
+
+    assert mixed.key in models
+    assert "smollm2-135m" in models
+
+
+def test_it_answers_an_unknown_model_with_an_openai_style_404(store):
+    response = APIClient().get("/v1/routing", {"model": "no-such-model"})
+
+    assert response.status_code == status.HTTP_404_NOT_FOUND
+    assert response.json() == {
+        "error": {
+            "message": "The model 'no-such-model' does not exist",
+            "type": "invalid_request_error",
+            "code": "model_not_found",
+        }
+    }
+
+
+def test_it_reports_the_policy_the_settings_hold_now(mixed):
+    with override_settings(MESHNET_ROUTE_EXPLORE_SHARE=0.05, MESHNET_ROUTE_WEIGHT_ALPHA=2.0):
+        config = table(mixed.key)["config"]
+
+    assert (config["explore_share"], config["weight_alpha"]) == (0.05, 2.0)
+
+
+def test_it_documents_the_endpoint_in_the_openapi_schema():
+    response = APIClient().get("/api/schema/", {"format": "json"})
+
+    assert "/v1/routing" in response.json()["paths"]
+
+
+def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
+    """Two registered routes, one twice as fast: the table learns it from real samples."""
+    model = make_model(num_layers=30)
+    make_node(model, "quick", 0, 29, tps=50.0)
+    make_node(model, "steady", 0, 29, tps=50.0)
+    true_tps = {"quick": 60.0, "steady": 30.0}
+    rng, noise = random.Random(5), random.Random(6)
+    snapshots = []
+    for request in range(1, 301):
+        decision = route_select(model=model, rng=rng)
+        tokens = 64
+        speed = true_tps[decision.plan.head.node_id] * noise.uniform(0.9, 1.1)
+        route_sample_record(decision=decision, output_tokens=tokens, elapsed_seconds=tokens / speed)
+        clock.advance(1.0)
+        if request in (1, 10, 300):
+            routes = {r["hops"][0]["node_id"]: r for r in table(model.key)["models"][0]["routes"]}
+            snapshots.append(routes)
+
+    first, early, last = snapshots
+    assert {r["status"] for r in first.values()} == {"proven", "unsampled"}
+    assert {r["coefficient"] for r in first.values()} == {1.0, None}
+    assert {r["status"] for r in early.values()} == {"proven"}
+    assert {r["status"] for r in last.values()} == {"proven"}
+    assert last["quick"]["coefficient"] == 1.0
+    assert last["steady"]["coefficient"] == pytest.approx(0.5, abs=0.08)
+    assert last["quick"]["expected_share"] == pytest.approx(2 / 3, abs=0.05)
+    assert last["steady"]["expected_share"] == pytest.approx(1 / 3, abs=0.05)
+    assert last["quick"]["samples"] + last["steady"]["samples"] == 300
+    assert last["quick"]["samples"] > last["steady"]["samples"]

@@ -1,0 +1,55 @@
+"""RoutingConfig: ADR-0021 defaults, read from the settings at call time, ranges enforced."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from routing_app.config import RoutingConfig
+
+
+def test_it_defaults_to_the_adr_values():
+    assert RoutingConfig().to_dict() == {
+        "explore_share": 0.3,
+        "weight_alpha": 1.0,
+        "stats_half_life": 600.0,
+        "min_sample_tokens": 8,
+    }
+
+
+def test_it_reads_the_settings_as_they_are_when_called():
+    with override_settings(
+        MESHNET_ROUTE_EXPLORE_SHARE=0.1,
+        MESHNET_ROUTE_WEIGHT_ALPHA=2.0,
+        MESHNET_ROUTE_STATS_HALF_LIFE=60.0,
+        MESHNET_ROUTE_MIN_SAMPLE_TOKENS=4,
+    ):
+        config = RoutingConfig.from_settings()
+
+    assert config == RoutingConfig(
+        explore_share=0.1, weight_alpha=2.0, stats_half_life=60.0, min_sample_tokens=4
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("explore_share", 1.5, "MESHNET_ROUTE_EXPLORE_SHARE must be at most 1.0"),
+        ("explore_share", -0.1, "MESHNET_ROUTE_EXPLORE_SHARE must be at least 0.0"),
+        ("weight_alpha", 0.0, "MESHNET_ROUTE_WEIGHT_ALPHA must be greater than 0.0"),
+        ("stats_half_life", -1.0, "MESHNET_ROUTE_STATS_HALF_LIFE must be greater than 0.0"),
+        ("min_sample_tokens", 0, "MESHNET_ROUTE_MIN_SAMPLE_TOKENS must be at least 1"),
+    ],
+)
+def test_it_refuses_an_out_of_range_value_naming_the_setting(field, value, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        RoutingConfig(**{field: value})
+
+
+def test_it_refuses_an_invalid_setting_when_read():
+    with (
+        override_settings(MESHNET_ROUTE_EXPLORE_SHARE=2.0),
+        pytest.raises(ImproperlyConfigured, match="EXPLORE_SHARE"),
+    ):
+        RoutingConfig.from_settings()

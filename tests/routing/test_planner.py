@@ -1,0 +1,280 @@
+"""Route plans, candidate enumeration and pinned routes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from rest_framework import status
+
+from meshnet_site.errors import ApiError
+from nodes_app.models import NodeStatus
+from routing_app.choice import DecisionMode
+from routing_app.planner import Hop, RoutePlan, enumerate_routes, plan_pinned_route
+from routing_app.selectors import routing_nodes
+from routing_app.services import route_candidates, route_select
+from tests.routing.conftest import make_model, make_node, record
+
+MIXED = [record("gpu-abc", 0, 21, tps=11164.0), record("cpu-def", 0, 39, tps=425.0)]
+
+
+def plans_for(nodes, num_layers=40, **kwargs):
+    return enumerate_routes(model_key="qwen", num_layers=num_layers, nodes=nodes, **kwargs)
+
+
+def test_it_plans_the_hybrid_route_with_the_tail_starting_at_layer_22():
+    plans = plans_for(MIXED)
+
+    hybrid = next(plan for plan in plans if len(plan.hops) == 2)
+    assert hybrid.head.node_id == "gpu-abc"
+    assert [(h.node_id, h.start_layer, h.end_layer) for h in hybrid.hops] == [
+        ("gpu-abc", 0, 21),
+        ("cpu-def", 22, 39),
+    ]
+
+
+def test_it_plans_the_single_full_node_route_next_to_the_hybrid_one():
+    plans = plans_for(MIXED)
+
+    assert sorted(plan.signature for plan in plans) == [
+        "qwen | cpu-def[0-39]",
+        "qwen | gpu-abc[0-21] -> cpu-def[22-39]",
+    ]
+
+
+def test_it_gives_the_hybrid_route_its_bottleneck_hops_prior():
+    plans = plans_for(MIXED)
+
+    assert [plan.prior_tps for plan in plans] == [425.0, 425.0]
+
+
+def test_it_ranks_the_route_with_fewer_hops_first_on_equal_priors():
+    plans = plans_for(MIXED)
+
+    assert plans[0].signature == "qwen | cpu-def[0-39]"
+
+
+def test_it_sends_the_request_to_the_head_of_the_chosen_plan():
+    """ADR-0020 regression: head and downstream hops come from one value."""
+    hybrid = plans_for(MIXED)[1]
+
+    assert hybrid.head is hybrid.hops[0]
+    assert hybrid.head.endpoint == "http://gpu-abc.test:7000"
+    assert hybrid.to_dict()[1] == {
+        "node_id": "cpu-def",
+        "endpoint": "http://cpu-def.test:7000",
+        "start_layer": 22,
+        "end_layer": 39,
+    }
+
+
+def test_it_cannot_build_a_plan_whose_downstream_hop_restarts_at_layer_zero():
+    """The ADR-0020 bug (downstream start_layer 0 after a 0-21 head) is unconstructible."""
+    with pytest.raises(ValueError, match="must start at layer 22"):
+        RoutePlan(
+            "qwen",
+            39,
+            (Hop("gpu-abc", "http://gpu", 0, 21), Hop("cpu-def", "http://cpu", 0, 39)),
+        )
+
+
+def test_it_refuses_a_plan_that_stops_short_of_the_last_layer():
+    with pytest.raises(ValueError, match="last layer is 39"):
+        RoutePlan("qwen", 39, (Hop("gpu-abc", "http://gpu", 0, 21),))
+
+
+def test_it_writes_the_signature_with_the_layers_each_hop_runs():
+    plans = enumerate_routes(
+        model_key="smollm2-135m",
+        num_layers=30,
+        nodes=[record("gpu-abc", 0, 21, tps=500.0), record("cpu-def", 10, 29, tps=50.0)],
+    )
+
+    assert [plan.signature for plan in plans] == ["smollm2-135m | gpu-abc[0-21] -> cpu-def[22-29]"]
+
+
+def test_it_completes_each_head_with_the_longest_advancing_hop():
+    nodes = [
+        record("head", 0, 9),
+        record("short", 10, 14, tps=1000.0),
+        record("long", 5, 24),
+        record("tail", 20, 29),
+    ]
+
+    (plan,) = plans_for(nodes, num_layers=30)
+
+    assert plan.node_ids == ("head", "long", "tail")
+    assert [(h.start_layer, h.end_layer) for h in plan.hops] == [(0, 9), (10, 24), (25, 29)]
+
+
+def test_it_offers_one_candidate_per_distinct_head():
+    nodes = [record("a", 0, 9), record("b", 0, 14), record("c", 0, 4), record("tail", 5, 29)]
+
+    plans = plans_for(nodes, num_layers=30)
+
+    assert sorted(plan.head.node_id for plan in plans) == ["a", "b", "c"]
+
+
+def test_it_drops_a_head_that_cannot_reach_the_last_layer():
+    nodes = [record("stranded", 0, 9), record("far", 15, 29)]
+
+    assert plans_for(nodes, num_layers=30) == []
+
+
+def test_it_drops_a_head_whose_only_continuation_is_avoided():
+    nodes = [record("head", 0, 9), record("tail", 10, 29), record("full", 0, 29)]
+
+    plans = plans_for(nodes, num_layers=30, avoid=frozenset({"tail", "full"}))
+
+    assert plans == []
+
+
+def test_it_scales_the_prior_by_the_bottleneck_hops_reputation():
+    nodes = [record("a", 0, 29, tps=100.0, reputation=0.5), record("b", 0, 29, tps=80.0)]
+
+    plans = plans_for(nodes, num_layers=30)
+
+    assert [(plan.head.node_id, plan.prior_tps) for plan in plans] == [("b", 80.0), ("a", 50.0)]
+
+
+def test_it_adjusts_throughput_for_queued_and_running_requests():
+    busy = record("busy", 0, 29, tps=300.0, queue_depth=1, active_sessions=1)
+    measured = record("measured", 0, 29, tps=300.0, measured_tps=120.0)
+
+    assert busy.effective_tps == 100.0
+    assert measured.effective_tps == 120.0
+
+
+def test_it_keeps_at_most_eight_candidates_best_prior_first():
+    nodes = [record(f"n{i:02}", 0, 29, tps=float(10 + i)) for i in range(12)]
+
+    plans = plans_for(nodes, num_layers=30)
+
+    assert [plan.prior_tps for plan in plans] == [21.0, 20.0, 19.0, 18.0, 17.0, 16.0, 15.0, 14.0]
+
+
+def test_it_routes_around_avoided_nodes():
+    nodes = [record("head", 0, 9), record("fast", 10, 29, tps=900.0), record("slow", 5, 29)]
+
+    (plan,) = plans_for(nodes, num_layers=30, avoid=frozenset({"slow"}))
+
+    assert plan.node_ids == ("head", "fast")
+
+
+def test_it_is_deterministic_whatever_the_order_of_the_nodes():
+    nodes = [record(f"n{i}", i * 3 % 20, min(29, i * 3 % 20 + 12)) for i in range(12)]
+    expected = plans_for(nodes, num_layers=30)
+    shuffled = list(nodes)
+    random.Random(4).shuffle(shuffled)
+
+    assert plans_for(shuffled, num_layers=30) == expected
+
+
+# --- pinned routes ---------------------------------------------------------------------
+
+
+def pin(node_ids, nodes=MIXED, known=()):
+    return plan_pinned_route(
+        model_key="qwen",
+        num_layers=40,
+        node_ids=node_ids,
+        online={node.node_id: node for node in nodes},
+        known=known,
+    )
+
+
+def test_it_plans_a_pinned_hybrid_route_from_layer_22_on_the_full_node():
+    plan = pin(["gpu-abc", "cpu-def"])
+
+    assert plan.signature == "qwen | gpu-abc[0-21] -> cpu-def[22-39]"
+    assert plan.prior_tps == 425.0
+
+
+@pytest.mark.parametrize(
+    ("node_ids", "message"),
+    [
+        ([], "empty"),
+        (["cpu-def", "cpu-def"], "more than once"),
+        (["gpu-abc"], "ends at layer 21"),
+        (["gpu-abc", "cpu-def", "gpu-abc"], "more than once"),
+        (["cpu-def", "gpu-abc"], "already reached the last layer"),
+        (["nobody"], "not a node of qwen"),
+    ],
+)
+def test_it_rejects_an_invalid_pinned_route_with_a_400(node_ids, message):
+    with pytest.raises(ApiError, match=message) as caught:
+        pin(node_ids)
+
+    assert caught.value.status_code == status.HTTP_400_BAD_REQUEST
+    assert caught.value.code == "invalid_route"
+
+
+def test_it_rejects_a_pinned_hop_that_does_not_hold_the_next_layer():
+    nodes = [record("a", 0, 9), record("b", 12, 29)]
+
+    with pytest.raises(ApiError, match="holds layers 12-29 and cannot run from layer 10"):
+        plan_pinned_route(
+            model_key="qwen",
+            num_layers=30,
+            node_ids=["a", "b"],
+            online={n.node_id: n for n in nodes},
+        )
+
+
+def test_it_answers_503_for_a_pinned_node_that_is_not_online():
+    with pytest.raises(ApiError, match="not online") as caught:
+        pin(["gone"], known=["gone"])
+
+    assert caught.value.status_code == status.HTTP_503_SERVICE_UNAVAILABLE
+
+
+# --- registry rows -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_it_routes_only_over_online_nodes():
+    model = make_model(num_layers=30)
+    make_node(model, "online", 0, 29)
+    for state in (NodeStatus.OFFLINE, NodeStatus.DRAINING, NodeStatus.BANNED):
+        make_node(model, f"node-{state}", 0, 29, tps=1000.0, status=state)
+
+    assert [node.node_id for node in routing_nodes(model=model)] == ["online"]
+
+
+@pytest.mark.django_db
+def test_it_lists_quarantined_routes_after_routing_around_the_held_node(store):
+    model = make_model(num_layers=30)
+    make_node(model, "head", 0, 9)
+    make_node(model, "fast", 10, 29, tps=900.0)
+    make_node(model, "slow", 5, 29, tps=50.0)
+    store.quarantine_node(node_id="fast", seconds=60)
+
+    plans = route_candidates(model=model, store=store)
+
+    assert [plan.node_ids for plan in plans] == [("head", "fast"), ("head", "slow")]
+    views = store.views(plans=plans, epoch=1)
+    assert [str(view.status) for view in views] == ["quarantined", "unsampled"]
+
+
+@pytest.mark.django_db
+def test_it_pins_a_route_through_the_registry_and_still_names_its_head(store):
+    model = make_model(num_layers=40)
+    make_node(model, "gpu-abc", 0, 21, tps=11164.0)
+    make_node(model, "cpu-def", 0, 39, tps=425.0)
+
+    decision = route_select(model=model, pinned=["gpu-abc", "cpu-def"], rng=random.Random(1))
+
+    assert decision.mode is DecisionMode.PINNED
+    assert decision.plan.head.endpoint == "http://gpu-abc.test:7000"
+    assert decision.to_dict()["hops"][1]["start_layer"] == 22
+
+
+@pytest.mark.django_db
+def test_it_answers_503_when_a_pinned_node_of_the_registry_is_offline(store):
+    model = make_model(num_layers=30)
+    make_node(model, "gone", 0, 29, status=NodeStatus.OFFLINE)
+
+    with pytest.raises(ApiError) as caught:
+        route_select(model=model, pinned=["gone"], rng=random.Random(1))
+
+    assert caught.value.status_code == status.HTTP_503_SERVICE_UNAVAILABLE

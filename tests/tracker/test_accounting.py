@@ -1,0 +1,99 @@
+"""Request records and billing as the admin and the audits will read them."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from nodes_app.models import Node
+from routing_app.models import LanguageModel
+from tracker_app.accounting import chat_request_complete, chat_request_fail, chat_request_open
+from tracker_app.billing import HopWork
+from tracker_app.models import BillingRecord, ChatRequest, RequestStatus
+from tracker_app.services import api_key_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def smol() -> LanguageModel:
+    model = LanguageModel.objects.get(key="smollm2-135m")
+    model.prompt_price_per_1k = Decimal("0.010000")
+    model.completion_price_per_1k = Decimal("0.030000")
+    model.save()
+    for node_id, start, end in (("head", 0, 14), ("tail", 15, 29)):
+        Node.objects.create(
+            id=node_id,
+            wallet="cd" * 32,
+            endpoint=f"http://127.0.0.1/{node_id}",
+            model=model,
+            shard_start=start,
+            shard_end=end,
+            hardware="cpu",
+            token_hash="x",
+            registered_at=timezone.now(),
+            last_heartbeat_at=timezone.now(),
+        )
+    return model
+
+
+def open_request(model: LanguageModel) -> ChatRequest:
+    key = api_key_create(name="client").api_key
+    return chat_request_open(api_key=key, model=model, stream=True, now=timezone.now())
+
+
+def complete(request: ChatRequest) -> BillingRecord | None:
+    return chat_request_complete(
+        request=request,
+        prompt_tokens=120,
+        completion_tokens=40,
+        finish_reason="stop",
+        time_to_first_token_ms=80.0,
+        tokens_per_second=15.5,
+        work=[HopWork("head", 0, 14, 160), HopWork("tail", 15, 29, 160)],
+        fee_share=Decimal("0.05"),
+        now=timezone.now(),
+    )
+
+
+def test_a_completed_request_is_billed_to_the_cent_with_one_work_unit_per_hop(
+    smol: LanguageModel,
+) -> None:
+    request = open_request(smol)
+
+    record = complete(request)
+
+    assert record is not None
+    request.refresh_from_db()
+    assert request.status == RequestStatus.COMPLETED
+    assert (request.prompt_tokens, request.completion_tokens) == (120, 40)
+    assert record.charge == Decimal("0.002400")  # 0.12 × 0.01 + 0.04 × 0.03
+    assert record.network_fee == Decimal("0.000120")
+    units = list(record.work_units.order_by("start_layer"))
+    assert [(u.node_id, u.units, u.amount) for u in units] == [
+        ("head", 2400, Decimal("0.001140")),
+        ("tail", 2400, Decimal("0.001140")),
+    ]
+
+
+def test_a_request_is_billed_only_once(smol: LanguageModel) -> None:
+    request = open_request(smol)
+    complete(request)
+
+    assert complete(request) is None
+    assert BillingRecord.objects.count() == 1
+
+
+def test_a_failed_request_is_not_charged_and_cannot_be_completed_later(
+    smol: LanguageModel,
+) -> None:
+    request = open_request(smol)
+
+    assert chat_request_fail(request=request, error="hop died", now=timezone.now())
+
+    assert complete(request) is None
+    request.refresh_from_db()
+    assert request.status == RequestStatus.FAILED and request.error == "hop died"
+    assert not BillingRecord.objects.exists()

@@ -1,0 +1,75 @@
+"""The tracker and worker as real processes: daphne, Celery beat + worker, no torch."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import TrackerProcess, process_env, start_worker
+from tests.nodes.registration import signed_registration
+
+
+def node_status(database_url: str, node_id: str) -> str:
+    query = "SELECT status FROM nodes_app_node WHERE id = %s"
+    if database_url.startswith("sqlite:///"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
+            row = conn.execute(query.replace("%s", "?"), (node_id,)).fetchone()
+    else:
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute(query, (node_id,)).fetchone()
+    return str(row[0])
+
+
+def test_the_tracker_serves_health_schema_and_admin(tracker_process: TrackerProcess) -> None:
+    health = httpx.get(f"{tracker_process.url}/healthz")
+    schema = httpx.get(f"{tracker_process.url}/api/schema/")
+    admin = httpx.get(f"{tracker_process.url}/admin/login/")
+    metrics = httpx.get(f"{tracker_process.url}/metrics")
+
+    assert health.status_code == 200 and health.json()["database"] == "ok"
+    assert schema.status_code == 200 and "/api/nodes/register" in schema.text
+    assert admin.status_code == 200 and "Log in" in admin.text
+    assert metrics.status_code == 200 and "django_http_requests" in metrics.text
+
+
+def test_the_tracker_process_never_loads_torch(tracker_process: TrackerProcess) -> None:
+    # Exercise the registry so every tracker code path a node touches is loaded.
+    httpx.post(f"{tracker_process.url}/api/nodes/register", json=signed_registration())
+    httpx.get(f"{tracker_process.url}/api/schema/")
+
+    maps = Path(f"/proc/{tracker_process.managed.process.pid}/maps").read_text()
+    assert "libtorch" not in maps
+
+
+def test_a_node_that_stops_heartbeating_is_swept_offline_by_the_celery_worker(
+    tracker_process: TrackerProcess, tmp_path: Path
+) -> None:
+    registered = httpx.post(
+        f"{tracker_process.url}/api/nodes/register", json=signed_registration()
+    ).json()
+    assert node_status(tracker_process.database_url, registered["node_id"]) == "online"
+
+    worker = start_worker(
+        process_env(
+            tracker_process.database_url,
+            MESHNET_NODE_HEARTBEAT_TIMEOUT="1",
+            MESHNET_NODE_SWEEP_INTERVAL="0.5",
+        ),
+        tmp_path / "worker.log",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if node_status(tracker_process.database_url, registered["node_id"]) == "offline":
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the node was not swept offline; worker log:\n" + worker.output())
+    finally:
+        worker.stop()
+    assert "nodes.sweep_stale" in worker.output()

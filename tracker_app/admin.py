@@ -1,0 +1,64 @@
+"""Admin for client API keys (created with `create_api_key`, revoked here)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from tracker_app.models import ApiKey, BillingRecord, ChatRequest, WorkUnit
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+    list_display = ["name", "prefix", "created_at", "revoked"]
+    list_filter = ["revoked"]
+    search_fields = ["name", "prefix"]
+    readonly_fields = ["prefix", "created_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a key must be shown once at creation: use `create_api_key`
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        queryset.update(revoked=True)
+
+
+class WorkUnitInline(admin.TabularInline[WorkUnit, BillingRecord]):
+    model = WorkUnit
+    extra = 0
+    can_delete = False
+    readonly_fields = ["node", "start_layer", "end_layer", "tokens", "units", "amount"]
+
+
+@admin.register(ChatRequest)
+class ChatRequestAdmin(admin.ModelAdmin[ChatRequest]):
+    list_display = [
+        "started_at",
+        "model",
+        "status",
+        "mode",
+        "prompt_tokens",
+        "completion_tokens",
+        "time_to_first_token_ms",
+        "tokens_per_second",
+        "finish_reason",
+        "api_key",
+    ]
+    list_filter = ["status", "mode", "model", "stream"]
+    search_fields = ["id", "route_signature", "api_key__name"]
+    date_hierarchy = "started_at"
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # records of what happened are not edited
+
+
+@admin.register(BillingRecord)
+class BillingRecordAdmin(admin.ModelAdmin[BillingRecord]):
+    list_display = ["created_at", "request", "charge", "network_fee"]
+    search_fields = ["request__id"]
+    inlines = [WorkUnitInline]
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -1,0 +1,97 @@
+"""Pricing and the split of a charge among the hops that did the work.
+
+Pure functions over Decimal: no database, no floats. A request's charge is
+priced per 1k prompt and completion tokens; the network keeps a fee and the
+rest is split among work units (tokens × layers run) so that the node
+shares add up to the charge minus the fee exactly, to the last unit of the
+money precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+
+MONEY = Decimal("0.000001")  # six decimal places: fractions of a cent per request
+THOUSAND = Decimal(1000)
+
+
+@dataclass(frozen=True)
+class HopWork:
+    """What one hop of a route did for one request."""
+
+    node_id: str
+    start_layer: int
+    end_layer: int
+    tokens: int
+
+    @property
+    def layers(self) -> int:
+        return self.end_layer - self.start_layer + 1
+
+    @property
+    def units(self) -> int:
+        return self.tokens * self.layers
+
+
+@dataclass(frozen=True)
+class Share:
+    work: HopWork
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class Invoice:
+    prompt_charge: Decimal
+    completion_charge: Decimal
+    network_fee: Decimal
+    shares: list[Share]
+
+    @property
+    def charge(self) -> Decimal:
+        return self.prompt_charge + self.completion_charge
+
+
+def price(tokens: int, per_1k: Decimal) -> Decimal:
+    return (Decimal(tokens) * per_1k / THOUSAND).quantize(MONEY, rounding=ROUND_HALF_UP)
+
+
+def invoice(
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    prompt_price_per_1k: Decimal,
+    completion_price_per_1k: Decimal,
+    fee_share: Decimal,
+    work: list[HopWork],
+) -> Invoice:
+    """Price a completed request and split it among ``work`` by units.
+
+    Rounding: each share is rounded down and the leftover money units go to
+    the largest remainders (ties to the earlier hop), so the shares always sum
+    to exactly ``charge - network_fee``.
+    """
+    if not work:
+        raise ValueError("a completed request has at least one hop of work")
+    prompt_charge = price(prompt_tokens, prompt_price_per_1k)
+    completion_charge = price(completion_tokens, completion_price_per_1k)
+    charge = prompt_charge + completion_charge
+    fee = (charge * fee_share).quantize(MONEY, rounding=ROUND_HALF_UP)
+    pool = charge - fee
+    total_units = sum(w.units for w in work)
+    if total_units == 0:
+        exact = [pool / len(work)] * len(work)
+    else:
+        exact = [pool * w.units / total_units for w in work]
+    floors = [e.quantize(MONEY, rounding=ROUND_DOWN) for e in exact]
+    leftover = int((pool - sum(floors, Decimal(0))) / MONEY)
+    by_remainder = sorted(range(len(work)), key=lambda i: (floors[i] - exact[i], i))
+    for i in by_remainder[:leftover]:
+        floors[i] += MONEY
+    shares = [Share(work=w, amount=a) for w, a in zip(work, floors, strict=True)]
+    return Invoice(
+        prompt_charge=prompt_charge,
+        completion_charge=completion_charge,
+        network_fee=fee,
+        shares=shares,
+    )

@@ -1,0 +1,180 @@
+"""``POST /v1/chat/completions`` served through Channels, streaming with no buffering.
+
+The whole request is handled in a task of its own, so that the consumer keeps
+listening for ``http.disconnect``: a client that goes away cancels the
+upstream generation at once, which frees every hop's cache. (Channels'
+``AsyncHttpConsumer`` would otherwise stop listening until ``handle`` returns.)
+Daphne sends ``http.disconnect`` after a finished response too, which is
+when the consumer stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from channels.db import database_sync_to_async
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+from rest_framework import status
+
+from meshnet_site.errors import ApiError
+from routing_app.models import LanguageModel
+from tracker_app.chat import chat_params_parse, completion_reply
+from tracker_app.models import ApiKey
+from tracker_app.proxy import ChatProxy
+from tracker_app.ratelimit import rate_limit_check
+from tracker_app.services import api_key_lookup
+
+logger = logging.getLogger(__name__)
+
+# One kept-alive connection pool to the head nodes for the whole process.
+_upstream: httpx.AsyncClient | None = None
+
+
+def upstream_client() -> httpx.AsyncClient:
+    global _upstream
+    if _upstream is None:
+        _upstream = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
+    return _upstream
+
+
+def _json(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _sse(payload: Any) -> bytes:
+    return b"data: " + _json(payload) + b"\n\n"
+
+
+class ChatCompletionsConsumer(AsyncHttpConsumer):
+    proxy: ChatProxy | None = None
+    task: asyncio.Task[None] | None = None
+    _streaming = False
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        self.body.append(message.get("body", b""))
+        if not message.get("more_body"):
+            self.task = asyncio.create_task(self.handle(b"".join(self.body)))
+
+    async def handle(self, body: bytes) -> None:
+        try:
+            await self._serve(body)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug of ours must still end the client's request in the documented shape.
+            logger.exception("chat request failed inside the tracker")
+            error = ApiError(
+                "The tracker failed to serve this request",
+                code="internal_error",
+                status_code=500,
+                error_type="server_error",
+            )
+            if self._streaming:
+                await self.send_body(_sse(error.body()) + b"data: [DONE]\n\n")
+            else:
+                await self._send_error(error)
+
+    async def _serve(self, body: bytes) -> None:
+        try:
+            if self.scope["method"] != "POST":
+                raise ApiError("Use POST", code="method_not_allowed", status_code=405)
+            api_key = await self._authenticate()
+            params = chat_params_parse(body)
+            model = await database_sync_to_async(_model_get)(params.model)
+            await database_sync_to_async(rate_limit_check)(
+                key_id=api_key.pk, limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE, now=time.time()
+            )
+            self.proxy = ChatProxy(
+                params=params,
+                api_key=api_key,
+                model=model,
+                client=upstream_client(),
+                fee_share=settings.MESHNET_NETWORK_FEE_SHARE,
+            )
+            await self.proxy.start()
+        except ApiError as error:
+            await self._send_error(error)
+            return
+        if params.stream:
+            await self._stream(self.proxy)
+        else:
+            await self._reply(self.proxy)
+
+    async def disconnect(self) -> None:
+        if self.task is None or self.task.done():
+            return
+        self.task.cancel()
+        if self.proxy is not None:
+            await asyncio.shield(self.proxy.cancel())
+
+    async def _stream(self, proxy: ChatProxy) -> None:
+        self._streaming = True
+        await self.send_headers(
+            status=200,
+            headers=[
+                (b"Content-Type", b"text/event-stream"),
+                (b"Cache-Control", b"no-cache"),
+                (b"X-Accel-Buffering", b"no"),
+            ],
+        )
+        async for chunk in proxy.run():
+            await self.send_body(_sse(chunk), more_body=True)
+        await self.send_body(b"data: [DONE]\n\n", more_body=False)
+
+    async def _reply(self, proxy: ChatProxy) -> None:
+        # Read the head's stream even here, so the Call wall shows live progress.
+        async for _ in proxy.run():
+            pass
+        outcome = proxy.outcome
+        if outcome.error is not None:
+            await self._send_error(outcome.error)
+            return
+        reply = completion_reply(
+            completion_id=proxy.completion_id,
+            created=proxy.created,
+            model=proxy.params.model,
+            content=outcome.content,
+            finish_reason=outcome.finish_reason,
+            usage=outcome.usage,
+            meshnet=proxy.meshnet,
+        )
+        await self.send_response(
+            200, _json(reply), headers=[(b"Content-Type", b"application/json")]
+        )
+
+    async def _authenticate(self) -> ApiKey:
+        headers = dict(self.scope.get("headers", []))
+        scheme, _, key = headers.get(b"authorization", b"").decode(errors="replace").partition(" ")
+        api_key = None
+        if scheme.lower() == "bearer" and key.strip():
+            api_key = await database_sync_to_async(api_key_lookup)(plain=key.strip())
+        if api_key is None:
+            raise ApiError(
+                "Missing or invalid API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                status_code=status.HTTP_401_UNAUTHORIZED,
+                error_type="authentication_error",
+            )
+        return api_key
+
+    async def _send_error(self, error: ApiError) -> None:
+        headers = [(b"Content-Type", b"application/json")]
+        headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
+        await self.send_response(error.status_code, _json(error.body()), headers=headers)
+
+
+def _model_get(key: str) -> LanguageModel:
+    model = LanguageModel.objects.filter(key=key).first()
+    if model is None:
+        raise ApiError(
+            f"The model {key!r} does not exist; GET /v1/models lists the served ones",
+            code="model_not_found",
+            status_code=status.HTTP_404_NOT_FOUND,
+        )
+    return model

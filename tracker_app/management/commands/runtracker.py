@@ -1,0 +1,63 @@
+"""Serve the tracker (HTTP and websockets) under daphne."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from meshnet_site.environment import check_range
+
+# flag dest -> (setting name, range check keyword arguments)
+ROUTE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "route_explore_share": ("MESHNET_ROUTE_EXPLORE_SHARE", {"minimum": 0.0, "maximum": 1.0}),
+    "route_weight_alpha": (
+        "MESHNET_ROUTE_WEIGHT_ALPHA",
+        {"minimum": 0.0, "exclusive_minimum": True},
+    ),
+    "route_stats_half_life": (
+        "MESHNET_ROUTE_STATS_HALF_LIFE",
+        {"minimum": 0.0, "exclusive_minimum": True},
+    ),
+}
+
+
+class Command(BaseCommand):
+    help = "Serve the Meshnet tracker (API, admin, dashboard, websockets) under daphne."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--route-explore-share", type=float, default=None)
+        parser.add_argument("--route-weight-alpha", type=float, default=None)
+        parser.add_argument("--route-stats-half-life", type=float, default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.apply_route_overrides(options)
+        from meshnet_site.asgi import application
+
+        endpoints = build_endpoint_description_strings(host=options["host"], port=options["port"])
+        self.stdout.write(
+            f"Meshnet tracker on http://{options['host']}:{options['port']}/ "
+            f"(explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
+            f"alpha {settings.MESHNET_ROUTE_WEIGHT_ALPHA}, "
+            f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
+        )
+        Server(application=application, endpoints=endpoints, verbosity=0).run()
+
+    def apply_route_overrides(self, options: dict[str, Any]) -> None:
+        """Validate the routing flags like their env vars, then let them win."""
+        for dest, (setting, limits) in ROUTE_FLAGS.items():
+            value = options.get(dest)
+            if value is None:
+                continue
+            flag = "--" + dest.replace("_", "-")
+            try:
+                check_range(flag, value, **limits)
+            except ImproperlyConfigured as exc:
+                raise CommandError(str(exc)) from None
+            setattr(settings, setting, value)

@@ -1,0 +1,34 @@
+"""Per-API-key rate limit: a fixed one-minute window counted in the shared cache.
+
+With Redis configured the count is shared by every tracker process, so the
+limit holds for the whole deployment, not per process.
+"""
+
+from __future__ import annotations
+
+import math
+
+from django.core.cache import cache
+from rest_framework import status
+
+from meshnet_site.errors import ApiError
+
+WINDOW_SECONDS = 60
+
+
+def rate_limit_check(*, key_id: int, limit: int, now: float) -> None:
+    """Count one request for ``key_id``; raise a 429 with Retry-After past ``limit``."""
+    window = int(now // WINDOW_SECONDS)
+    counter = f"ratelimit:{key_id}:{window}"
+    cache.add(counter, 0, timeout=WINDOW_SECONDS * 2)
+    count = cache.incr(counter)
+    if count > limit:
+        retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
+        raise ApiError(
+            f"Rate limit of {limit} requests per minute reached for this API key; "
+            f"retry in {retry_after} s",
+            code="rate_limit_exceeded",
+            status_code=status.HTTP_429_TOO_MANY_REQUESTS,
+            error_type="rate_limit_error",
+            headers={"Retry-After": str(retry_after)},
+        )
