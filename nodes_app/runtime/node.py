@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import platform
 import signal
 import socket
@@ -78,6 +79,8 @@ def device_name(device: str) -> str:
 
 
 def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
+    # One line per heartbeat and per hop request would drown the node's own output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if options.threads:
         torch.set_num_threads(options.threads)
     shard = load_shard(

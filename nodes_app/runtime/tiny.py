@@ -47,13 +47,13 @@ def tiny_state_dict() -> dict[str, torch.Tensor]:
         torch.manual_seed(SEED)
         model = LlamaForCausalLM(tiny_config()).float()
     weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    # Silence the LM head for bytes that are not printable ASCII (keeping EOS), so
-    # greedy output reads as text and streams in several chunks.
+    # Shrink the LM head rows of bytes that are not printable ASCII (keeping EOS):
+    # the best of 95 printable logits then wins, so greedy output reads as text.
     keep = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
     keep[32:127] = True
     keep[10] = True
     keep[VOCAB_SIZE - 1] = True
-    weights["lm_head.weight"][~keep] = 0.0
+    weights["lm_head.weight"][~keep] *= 0.01
     return weights
 
 
