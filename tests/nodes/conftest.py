@@ -16,10 +16,37 @@ from typing import Any
 import httpx
 import pytest
 
+from nodes_app.runtime import wire
+from nodes_app.runtime.sampling import SamplingParams
 from tests.conftest import ROOT, free_port, wait_for_port
 
 TINY = "tiny-random-llama"
 SMOLLM2 = "smollm2-135m"
+HIDDEN = 64  # the tiny model's hidden size
+
+
+def forward_headers(
+    session: str,
+    rows: int,
+    *,
+    start: int = 2,
+    end: int = 3,
+    position: int = 0,
+    dtype: str = "float32",
+    shape: str | None = None,
+) -> dict[str, str]:
+    headers = wire.step_headers(
+        session_id=session,
+        start=start,
+        end=end,
+        position=position,
+        dtype=dtype,
+        shape=(1, rows, HIDDEN),
+        sampling=SamplingParams() if end == 3 else None,
+    )
+    if shape is not None:
+        headers[wire.SHAPE] = shape
+    return headers
 
 
 def node_env(**extra: str) -> dict[str, str]:

@@ -10,36 +10,10 @@ from starlette.testclient import TestClient
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import SamplingParams
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
-
-HIDDEN = 64
-
-
-def forward_headers(
-    session: str,
-    rows: int,
-    *,
-    start: int = 2,
-    end: int = 3,
-    position: int = 0,
-    dtype: str = "float32",
-    shape: str | None = None,
-) -> dict[str, str]:
-    headers = wire.step_headers(
-        session_id=session,
-        start=start,
-        end=end,
-        position=position,
-        dtype=dtype,
-        shape=(1, rows, HIDDEN),
-        sampling=SamplingParams() if end == 3 else None,
-    )
-    if shape is not None:
-        headers[wire.SHAPE] = shape
-    return headers
+from tests.nodes.conftest import HIDDEN, forward_headers
 
 
 def hidden_bytes(rows: int, seed: int = 0) -> bytes:

@@ -10,6 +10,7 @@ from tests.nodes.conftest import (
     TINY,
     NodeProcess,
     completion,
+    forward_headers,
     generate_body,
     read_stream,
     start_node,
@@ -181,8 +182,6 @@ def test_idle_sessions_are_freed_and_a_full_node_answers_503(
     )
     try:
         node.wait_serving()
-        from tests.nodes.test_forward import forward_headers
-
         hidden = bytes(4 * 64 * 3)
         first = httpx.post(
             f"{node.endpoint}/v1/forward", content=hidden, headers=forward_headers("s1", 3)
