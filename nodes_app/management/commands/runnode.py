@@ -1,0 +1,62 @@
+"""``manage.py runnode``: serve a shard of a model and join the tracker (see nodes_app.runtime.node)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+
+def _layers(value: str) -> tuple[int, int]:
+    first, sep, last = value.partition("-")
+    if not sep or not first.isdigit() or not last.isdigit() or int(last) < int(first):
+        raise argparse.ArgumentTypeError(f"layers must look like A-B with A <= B, not {value!r}")
+    return int(first), int(last)
+
+
+class Command(BaseCommand):
+    help = "Load layers A-B of a model, serve them over HTTP, register and heartbeat with a tracker."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--model", required=True, help="catalogue key, e.g. smollm2-135m")
+        parser.add_argument("--layers", required=True, type=_layers, help="A-B, inclusive")
+        parser.add_argument("--port", required=True, type=int)
+        parser.add_argument("--tracker", required=True, help="tracker URL, e.g. http://127.0.0.1:8000")
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+        parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+        parser.add_argument("--wallet-key", type=Path, help="default var/wallets/node-<port>.key")
+        parser.add_argument("--weights", help="local directory, .gguf file or hub id for KEY")
+        parser.add_argument("--advertise", help="URL other nodes reach this one at")
+        parser.add_argument("--max-sessions", type=int, default=8)
+        parser.add_argument("--idle-timeout", type=float, default=120.0)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        # torch is imported here, never when Django loads the app.
+        from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
+        from nodes_app.runtime.node import NodeOptions, run_node
+
+        start, end = options["layers"]
+        node = NodeOptions(
+            model=options["model"],
+            start=start,
+            end=end,
+            port=options["port"],
+            host=options["host"],
+            device=options["device"],
+            threads=options["threads"],
+            weights=options["weights"],
+            tracker=options["tracker"],
+            wallet_key=options["wallet_key"],
+            advertise=options["advertise"],
+            max_sessions=options["max_sessions"],
+            idle_timeout=options["idle_timeout"],
+        )
+        try:
+            status = run_node(node)
+        except (ModelSourceError, UnsupportedModelError) as error:
+            raise CommandError(str(error)) from error
+        if status:
+            raise CommandError("the node stopped with an error (see above)")

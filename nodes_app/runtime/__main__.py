@@ -1,0 +1,45 @@
+"""Serve a shard without a tracker: ``python -m nodes_app.runtime --model K --layers A-B --port P``.
+
+For tests and quick looks; ``manage.py runnode`` is the operator's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nodes_app.runtime")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--layers", required=True, type=parse_layers)
+    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--weights")
+    parser.add_argument("--node-id")
+    parser.add_argument("--max-sessions", type=int, default=8)
+    parser.add_argument("--idle-timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    start, end = args.layers
+    options = NodeOptions(
+        model=args.model,
+        start=start,
+        end=end,
+        port=args.port,
+        host=args.host,
+        device=args.device,
+        threads=args.threads,
+        weights=args.weights,
+        node_id=args.node_id,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
+    )
+    return run_node(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

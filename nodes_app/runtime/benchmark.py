@@ -1,0 +1,31 @@
+"""The start-up benchmark: decode tokens/s of this node's own layers, reported at registration."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from nodes_app.runtime.shard import ShardExecutor
+
+
+def measure_decode_tps(executor: ShardExecutor, *, context: int = 16, steps: int = 16) -> float:
+    """Decode steps per second over the shard's layers after a ``context``-token prefill."""
+    shard = executor.shard
+    cache = executor.new_cache()
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        hidden = torch.randn(
+            1, context, shard.hidden_size, generator=generator, dtype=torch.float32
+        ).to(device=shard.device, dtype=shard.dtype)
+        executor.run_layers(hidden, cache=cache, start=shard.start, end=shard.end, position=0)
+        step = hidden[:, -1:, :]
+        began = time.perf_counter()
+        for offset in range(steps):
+            out = executor.run_layers(
+                step, cache=cache, start=shard.start, end=shard.end, position=context + offset
+            )
+            if shard.is_last:
+                executor.last_logits(out)
+        elapsed = time.perf_counter() - began
+    return steps / elapsed if elapsed > 0 else 0.0

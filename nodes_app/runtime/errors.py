@@ -1,0 +1,32 @@
+"""Errors the runtime reports to its callers, each with an HTTP status and a code."""
+
+from __future__ import annotations
+
+
+class RuntimeRequestError(Exception):
+    """A request the node refuses; rendered as ``{"error": {"message", "type", "code"}}``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int = 400,
+        error_type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.error_type = error_type
+
+    def as_json(self) -> dict[str, dict[str, str]]:
+        return {"error": {"message": self.message, "type": self.error_type, "code": self.code}}
+
+
+class UnsupportedModelError(Exception):
+    """The model source names an architecture the shard executor cannot split."""
+
+
+class ModelSourceError(Exception):
+    """The weights for a model key cannot be found or read."""

@@ -1,0 +1,211 @@
+"""The head drives a generation along its route and streams OpenAI chat chunks.
+
+Each step runs the head's own layers, then posts the hidden states to every
+downstream hop in order over kept-alive connections (binary, see ``wire``);
+the hop that ends at the last layer samples and answers with the token. The
+first step is the prefill (the templated prompt plus any resumed tokens); each
+later step sends one position. Every hop keeps its own KV cache for the
+session, freed at the end, on cancel, on failure, and by the idle reaper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.plan import GenerateRequest, Hop
+from nodes_app.runtime.service import NodeService
+from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
+
+HOP_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=60.0)
+
+
+class HopFailed(Exception):
+    def __init__(self, hop: Hop, message: str) -> None:
+        super().__init__(message)
+        self.hop = hop
+        self.message = message
+
+
+def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The chat template applied to ``messages``, ready for the assistant's turn."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def eos_token_ids(service: NodeService) -> set[int]:
+    ids: set[int] = set()
+    configured = getattr(service.shard.config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, list):
+        ids.update(int(i) for i in configured)
+    tokenizer = service.shard.tokenizer
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Generation:
+    """One ``/v1/generate`` call on the head; iterate :meth:`stream` for SSE frames."""
+
+    def __init__(self, service: NodeService, client: httpx.AsyncClient, request: GenerateRequest):
+        self.service = service
+        self.client = client
+        self.request = request
+        self.session_id = f"{request.request_id}.{uuid.uuid4().hex[:12]}"
+        self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        head = request.hops[0]
+        # Opened now, so a full node answers 503 before the stream starts.
+        self.session = service.open_session(self.session_id, 0, head.end_layer)
+        self.contacted: list[Hop] = []
+
+    def _chunk(
+        self, delta: dict[str, Any], token_ids: list[int], finish: str | None = None
+    ) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.request.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if token_ids:
+            chunk["meshnet_token_ids"] = token_ids
+        return chunk
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        self.service.streams += 1
+        try:
+            async for frame in self._frames():
+                yield frame
+        finally:
+            self.service.streams -= 1
+            self._release()
+
+    async def _frames(self) -> AsyncIterator[bytes]:
+        request, tokenizer = self.request, self.service.shard.tokenizer
+        prompt = prompt_token_ids(tokenizer, request.messages)
+        resumed = request.resume_token_ids
+        budget = request.max_tokens - len(resumed)
+        detokenizer = IncrementalDetokenizer(tokenizer, resumed)
+        stopper = StopMatcher(request.stop)
+        eos = eos_token_ids(self.service)
+        yield sse(self._chunk({"role": "assistant", "content": ""}, []))
+        step_ids, produced, unsent = prompt + resumed, 0, []
+        finish = "length" if budget <= 0 else None
+        while finish is None:
+            try:
+                token = await self._step(step_ids)
+            except HopFailed as failure:
+                yield sse(
+                    {
+                        "error": {
+                            "message": f"hop {failure.hop.node_id} failed: {failure.message}",
+                            "type": "upstream_error",
+                            "code": "hop_failed",
+                            "node_id": failure.hop.node_id,
+                        }
+                    }
+                )
+                yield b"data: [DONE]\n\n"
+                return
+            produced += 1
+            step_ids = [token]
+            unsent.append(token)
+            if token in eos:
+                finish = "stop"
+                break
+            text = stopper.feed(detokenizer.push(token))
+            if stopper.stopped:
+                finish = "stop"
+            elif produced >= budget:
+                finish = "length"
+            if text:
+                yield sse(self._chunk({"content": text}, unsent))
+                unsent = []
+        tail = "" if stopper.stopped else stopper.feed(detokenizer.flush()) + stopper.flush()
+        completion = len(resumed) + produced
+        last = self._chunk({"content": tail} if tail else {}, unsent, finish)
+        last["usage"] = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": completion,
+            "total_tokens": len(prompt) + completion,
+        }
+        yield sse(last)
+        yield b"data: [DONE]\n\n"
+
+    async def _step(self, token_ids: list[int]) -> int:
+        service, session, sampling = self.service, self.session, self.request.sampling
+        async with session.lock:
+            position = session.position
+            result = await service.compute(lambda: service.head_step(session, token_ids, sampling))
+            session.position += len(token_ids)
+            session.touch()
+        if isinstance(result, int):
+            return result
+        payload: bytes = result
+        shape: tuple[int, ...] = (1, len(token_ids), service.shard.hidden_size)
+        dtype = service.dtype_name
+        for hop in self.request.hops[1:]:
+            last = hop is self.request.hops[-1]
+            if hop not in self.contacted:
+                self.contacted.append(hop)
+            headers = wire.step_headers(
+                session_id=self.session_id,
+                start=hop.start_layer,
+                end=hop.end_layer,
+                position=position,
+                dtype=dtype,
+                shape=shape,
+                sampling=sampling if last else None,
+            )
+            try:
+                response = await self.client.post(
+                    f"{hop.endpoint}/v1/forward", content=payload, headers=headers
+                )
+            except httpx.HTTPError as error:
+                raise HopFailed(hop, f"{type(error).__name__}: {error}") from error
+            if response.status_code != 200:
+                raise HopFailed(hop, f"HTTP {response.status_code}: {response.text[:300]}")
+            if last:
+                try:
+                    return int(response.json()["token_id"])
+                except (ValueError, KeyError, TypeError) as error:
+                    raise HopFailed(hop, "answered without a token id") from error
+            payload = response.content
+            dtype = response.headers.get(wire.DTYPE, dtype)
+        raise AssertionError("the plan's last hop ends at the last layer")
+
+    def _release(self) -> None:
+        """Free this session here and on every hop it reached (also on cancel)."""
+        self.service.cancel(self.session_id)
+        hops = list(self.contacted)
+        if hops:
+            task = asyncio.get_running_loop().create_task(self._cancel_hops(hops))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
+    async def _cancel_hops(self, hops: list[Hop]) -> None:
+        for hop in hops:
+            try:
+                await self.client.delete(
+                    f"{hop.endpoint}/v1/sessions/{self.session_id}", timeout=5.0
+                )
+            except httpx.HTTPError:
+                pass  # the hop's idle reaper frees it
+
+
+_background: set[asyncio.Task[None]] = set()

@@ -1,0 +1,302 @@
+"""Load only the weights a shard needs, tensor by tensor, into transformers' own modules.
+
+The model is built on the ``meta`` device (no memory), then the decoder layers
+of the shard, and the embeddings / final norm / LM head when the shard's
+range needs them, receive real tensors; every other module stays on ``meta``.
+So a node serving half the layers holds about half the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
+from nodes_app.runtime.sources import ModelSource
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
+@dataclass
+class LoadedShard:
+    """Layers ``start..end`` (inclusive) of a causal LM, plus the modules the range needs."""
+
+    model_key: str
+    config: PretrainedConfig
+    start: int
+    end: int
+    layers: dict[int, nn.Module]
+    rotary: nn.Module
+    embed: nn.Embedding | None
+    norm: nn.Module | None
+    lm_head: nn.Module | None
+    tokenizer: Any | None
+    device: torch.device
+    dtype: torch.dtype
+    load_seconds: float = 0.0
+    rss_added_bytes: int = 0
+    layer_types: list[str] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.num_layers - 1
+
+    def summary(self) -> str:
+        return (
+            f"loaded {self.model_key} layers {self.start}-{self.end} of {self.num_layers} "
+            f"on {self.device} {str(self.dtype).removeprefix('torch.')} "
+            f"in {self.load_seconds:.1f} s, +{self.rss_added_bytes / 2**20:.0f} MiB RSS"
+        )
+
+
+def load_config(source: ModelSource) -> PretrainedConfig:
+    """The model's config alone (cheap): ``num_hidden_layers`` is what registration needs."""
+    if source.kind == "builtin":
+        from nodes_app.runtime import tiny
+
+        _require_builtin(source)
+        return tiny.tiny_config()
+    if source.kind == "gguf":
+        path = Path(source.location)
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoConfig.from_pretrained(_local_directory(source))
+
+
+def load_shard(
+    *,
+    model_key: str,
+    source: ModelSource,
+    start: int,
+    end: int,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    with_tokenizer: bool | None = None,
+    progress: bool = True,
+) -> LoadedShard:
+    """Load layers ``start..end`` of ``source``; the tokenizer comes along when ``start`` is 0."""
+    began = time.perf_counter()
+    rss_before = psutil.Process().memory_info().rss
+    config = load_config(source)
+    _check_supported(config)
+    num_layers = int(config.num_hidden_layers)
+    if not 0 <= start <= end < num_layers:
+        raise ModelSourceError(
+            f"layers {start}-{end} are outside the model's layers 0-{num_layers - 1}"
+        )
+    target = torch.device(device)
+    if dtype is None:
+        # Exact split == whole comparisons need float32 on CPU; accelerators halve it.
+        dtype = torch.float32 if target.type == "cpu" else torch.float16
+    config._attn_implementation = "sdpa"
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    is_last = end == num_layers - 1
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    wanted: list[str] = []
+    for name in skeleton.state_dict():
+        if name.startswith("model.layers."):
+            index = int(name.split(".")[2])
+            if start <= index <= end:
+                wanted.append(name)
+        elif name == "model.embed_tokens.weight":
+            if start == 0 or (is_last and tied):
+                wanted.append(name)
+        elif name == "model.norm.weight" or (name == "lm_head.weight" and not tied):
+            if is_last:
+                wanted.append(name)
+    tensors = dict(
+        tqdm(
+            _read_tensors(source, config, skeleton, set(wanted)),
+            total=len(wanted),
+            desc=f"{model_key} layers {start}-{end}",
+            unit="tensor",
+            disable=not progress,
+            file=sys.stderr,
+        )
+    )
+    missing = sorted(set(wanted) - set(tensors))
+    if missing:
+        raise ModelSourceError(f"the weights lack {len(missing)} tensors, e.g. {missing[0]}")
+
+    def materialise(module: nn.Module, prefix: str) -> nn.Module:
+        own = {
+            name[len(prefix) :]: tensors.pop(name).to(device=target, dtype=dtype)
+            for name in list(tensors)
+            if name.startswith(prefix)
+        }
+        module.load_state_dict(own, strict=True, assign=True)
+        return module.eval()
+
+    decoder = skeleton.model
+    layers = {i: materialise(decoder.layers[i], f"model.layers.{i}.") for i in range(start, end + 1)}
+    embed: nn.Embedding | None = None
+    if "model.embed_tokens.weight" in tensors:
+        embed = materialise(decoder.embed_tokens, "model.embed_tokens.")  # type: ignore[assignment]
+    norm = materialise(decoder.norm, "model.norm.") if is_last else None
+    lm_head: nn.Module | None = None
+    if is_last:
+        if tied:
+            assert embed is not None
+            lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            lm_head.weight = embed.weight  # shared, not copied
+        else:
+            lm_head = materialise(skeleton.lm_head, "lm_head.")
+    # The rotary module computes its buffers at construction: build a real one.
+    rotary = type(decoder.rotary_emb)(config=config).to(target)
+
+    tokenizer = None
+    if with_tokenizer if with_tokenizer is not None else start == 0:
+        tokenizer = load_tokenizer(source)
+    shard = LoadedShard(
+        model_key=model_key,
+        config=config,
+        start=start,
+        end=end,
+        layers=layers,
+        rotary=rotary,
+        embed=embed,
+        norm=norm,
+        lm_head=lm_head,
+        tokenizer=tokenizer,
+        device=target,
+        dtype=dtype,
+        layer_types=[_layer_type(config, i) for i in range(num_layers)],
+    )
+    del skeleton
+    shard.load_seconds = time.perf_counter() - began
+    shard.rss_added_bytes = max(0, psutil.Process().memory_info().rss - rss_before)
+    return shard
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    if source.kind == "builtin":
+        from nodes_app.runtime import tiny
+
+        return tiny.tiny_tokenizer()
+    if source.kind == "gguf":
+        path = Path(source.location)
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(_local_directory(source))
+
+
+def _check_supported(config: PretrainedConfig) -> None:
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
+        raise UnsupportedModelError(
+            f"architecture {model_type!r} is not supported by the shard executor "
+            f"(supported: {supported})"
+        )
+    for index in range(int(config.num_hidden_layers)):
+        kind = _layer_type(config, index)
+        if kind not in LAYER_TYPES:
+            raise UnsupportedModelError(f"layer {index} has unsupported attention type {kind!r}")
+
+
+def _layer_type(config: PretrainedConfig, index: int) -> str:
+    types = getattr(config, "layer_types", None)
+    if types:
+        return str(types[index])
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding_attention"
+    return "full_attention"
+
+
+def _require_builtin(source: ModelSource) -> None:
+    if source.location != "tiny-random-llama":
+        raise ModelSourceError(f"no built-in model named {source.location!r}")
+
+
+def _local_directory(source: ModelSource) -> str:
+    if source.kind == "directory":
+        return source.location
+    if source.kind == "hub":
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise ModelSourceError(
+                f"hub model {source.location} needs a download but HF_HUB_OFFLINE=1"
+            )
+        from huggingface_hub import snapshot_download
+
+        return str(
+            snapshot_download(
+                source.location,
+                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"],
+            )
+        )
+    raise ModelSourceError(f"source {source} is not a directory")
+
+
+def _read_tensors(
+    source: ModelSource, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    if source.kind == "builtin":
+        from nodes_app.runtime import tiny
+
+        _require_builtin(source)
+        for name, tensor in tiny.tiny_state_dict().items():
+            if name in wanted:
+                yield name, tensor
+    elif source.kind == "gguf":
+        yield from _read_gguf(Path(source.location), config, skeleton, wanted)
+    else:
+        yield from _read_safetensors(Path(_local_directory(source)), wanted)
+
+
+def _read_gguf(
+    path: Path, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    reader = GGUFReader(str(path))
+    # llama.cpp permutes q/k rows for its rotary layout; the processor undoes it.
+    processor_class = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)
+    processor = processor_class(config=config.to_dict())
+    gguf_to_hf = get_gguf_hf_weights_map(skeleton, processor)
+    for tensor in reader.tensors:
+        hf_name = gguf_to_hf.get(tensor.name)
+        if hf_name is None or hf_name not in wanted:
+            continue
+        weights = dequantize(tensor.data, tensor.tensor_type)
+        weights = processor.process(weights=weights, name=tensor.name).weights
+        yield hf_name, torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+
+
+def _read_safetensors(directory: Path, wanted: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelSourceError(f"{directory} holds no *.safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if name in wanted:
+                    yield name, handle.get_tensor(name)

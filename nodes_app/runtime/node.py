@@ -1,0 +1,198 @@
+"""Running a node: load the shard, benchmark it, serve it, and (optionally) join a tracker.
+
+``runnode`` calls :func:`run_node` with a tracker; ``python -m nodes_app.runtime``
+calls it without one (tests and quick looks). SIGTERM or Ctrl-C stops serving,
+deregisters, and returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import platform
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+import torch
+import uvicorn
+
+from nodes_app.runtime.benchmark import measure_decode_tps
+from nodes_app.runtime.loading import LoadedShard, load_shard
+from nodes_app.runtime.server import create_app
+from nodes_app.runtime.service import NodeService
+from nodes_app.runtime.sources import resolve_source
+from nodes_app.runtime.tracker_client import (
+    NodeAnnouncement,
+    Registration,
+    RegistrationError,
+    TrackerClient,
+)
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    model: str
+    start: int
+    end: int
+    port: int
+    host: str = "127.0.0.1"
+    device: str = "cpu"
+    threads: int | None = None
+    weights: str | None = None
+    tracker: str | None = None
+    wallet_key: Path | None = None
+    node_id: str | None = None
+    advertise: str | None = None
+    max_sessions: int = 8
+    idle_timeout: float = 120.0
+
+    @property
+    def endpoint(self) -> str:
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"http://{host}:{self.port}"
+
+
+def parse_layers(value: str) -> tuple[int, int]:
+    """``"A-B"`` as ``(A, B)``; raises ValueError for anything else."""
+    first, sep, last = value.partition("-")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+        raise ValueError(f"layers must look like A-B (e.g. 0-14), not {value!r}")
+    start, end = int(first), int(last)
+    if end < start:
+        raise ValueError(f"layers {value}: the end must not be before the start")
+    return start, end
+
+
+def device_name(device: str) -> str:
+    if device == "cuda" and torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(0))
+    return platform.processor() or platform.machine() or device
+
+
+def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    shard = load_shard(
+        model_key=options.model,
+        source=resolve_source(options.model, options.weights),
+        start=options.start,
+        end=options.end,
+        device=options.device,
+    )
+    print(shard.summary(), file=out, flush=True)
+    service = NodeService(
+        shard,
+        node_id=options.node_id or f"local-{options.port}",
+        max_sessions=options.max_sessions,
+        idle_timeout=options.idle_timeout,
+    )
+    service.benchmark_tps = measure_decode_tps(service.executor)
+    print(
+        f"benchmark: {service.benchmark_tps:.1f} decode steps/s over layers "
+        f"{shard.start}-{shard.end} with {torch.get_num_threads()} thread(s)",
+        file=out,
+        flush=True,
+    )
+    return asyncio.run(_serve(options, shard, service, out))
+
+
+class _Server(uvicorn.Server):
+    # uvicorn re-raises SIGTERM after serve() returns, which would kill the
+    # process before it deregisters; the node handles signals itself.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve(
+    options: NodeOptions, shard: LoadedShard, service: NodeService, out: TextIO
+) -> int:
+    config = uvicorn.Config(
+        create_app(service),
+        host=options.host,
+        port=options.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    server = _Server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            print(f"could not serve on {options.host}:{options.port}", file=out, flush=True)
+            return 1
+        await asyncio.sleep(0.05)
+
+    status = 0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
+        tracker: TrackerClient | None = None
+        registration: Registration | None = None
+        if options.tracker:
+            from nodes_app.signing import load_or_create_wallet
+
+            wallet = options.wallet_key or Path("var/wallets") / f"node-{options.port}.key"
+            tracker = TrackerClient(options.tracker, load_or_create_wallet(wallet), client)
+            announcement = NodeAnnouncement(
+                endpoint=options.endpoint,
+                model=options.model,
+                shard_start=shard.start,
+                shard_end=shard.end,
+                num_layers=shard.num_layers,
+                hardware=shard.device.type,
+                device_name=device_name(options.device),
+                benchmark_tps=service.benchmark_tps,
+            )
+            try:
+                registration = await tracker.register(announcement)
+            except RegistrationError as error:
+                print(f"error: {error}", file=out, flush=True)
+                stop.set()
+                status = 1
+            else:
+                service.node_id = registration.node_id
+        if not stop.is_set():
+            print(
+                f"node {service.node_id} serving {shard.model_key} layers "
+                f"{shard.start}-{shard.end} at {options.endpoint}",
+                file=out,
+                flush=True,
+            )
+        while not stop.is_set():
+            interval = registration.heartbeat_interval if registration else 3600.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            if stop.is_set() or tracker is None or registration is None:
+                continue
+            try:
+                code = await tracker.heartbeat(
+                    registration,
+                    active_sessions=len(service.store),
+                    queue_depth=service.queued,
+                    tps=service.meter.tps or service.benchmark_tps,
+                )
+                if code in (401, 404):
+                    registration = await tracker.register(announcement)
+                    service.node_id = registration.node_id
+            except (httpx.HTTPError, RegistrationError) as error:
+                print(f"heartbeat failed: {error}", file=out, flush=True)
+        server.should_exit = True
+        if tracker is not None and registration is not None:
+            try:
+                await tracker.deregister(registration)
+                print(f"node {registration.node_id} deregistered", file=out, flush=True)
+            except (httpx.HTTPError, RegistrationError) as error:
+                print(f"deregistration failed: {error}", file=out, flush=True)
+    await serving
+    return status

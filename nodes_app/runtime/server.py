@@ -1,0 +1,152 @@
+"""The node's ASGI app (Starlette): health, binary hop steps, session cancel, and head generation.
+
+Routes:
+  GET    /v1/health               shard, sessions, queue depth, throughput
+  POST   /v1/forward              one hop step (binary, see ``wire``)
+  DELETE /v1/sessions/{id}        free a session's KV cache (204; 404 if unknown)
+  POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
+Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.generation import Generation
+from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
+from nodes_app.runtime.service import NodeService
+
+logger = logging.getLogger("meshnet.node")
+
+
+def _error(error: RuntimeRequestError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if error.status == 503 else None
+    return JSONResponse(error.as_json(), status_code=error.status, headers=headers)
+
+
+def create_app(service: NodeService, *, reap_interval: float | None = None) -> Starlette:
+    """The ASGI app serving ``service``; one kept-alive httpx client talks to downstream hops."""
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+        state["client"] = httpx.AsyncClient(
+            limits=limits, timeout=httpx.Timeout(300.0, connect=5.0)
+        )
+        interval = reap_interval or max(0.2, min(5.0, service.store.idle_timeout / 4))
+        reaper = asyncio.create_task(_reap(service, interval))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await state["client"].aclose()
+            service.close()
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(service.health())
+
+    async def forward(request: Request) -> Response:
+        try:
+            step = wire.parse_step_headers(request.headers)
+            body = await request.body()
+            result = await service.forward(step, body)
+        except RuntimeRequestError as error:
+            return _error(error)
+        except Exception:
+            logger.exception("step failed")
+            service.cancel(request.headers.get(wire.SESSION, ""))
+            return _error(
+                RuntimeRequestError(
+                    "the step failed on this node", code="step_failed", status=500,
+                    error_type="server_error",
+                )
+            )
+        if isinstance(result, int):
+            return JSONResponse({"token_id": result})
+        shape = ",".join(str(d) for d in step.shape)
+        return Response(
+            result,
+            media_type="application/octet-stream",
+            headers={wire.DTYPE: service.dtype_name, wire.SHAPE: shape},
+        )
+
+    async def cancel(request: Request) -> Response:
+        if service.cancel(request.path_params["session_id"]):
+            return Response(status_code=204)
+        return _error(
+            RuntimeRequestError("no such session", code="unknown_session", status=404)
+        )
+
+    async def generate(request: Request) -> Response:
+        if not service.can_head:
+            return _error(
+                RuntimeRequestError(
+                    "this node does not start at layer 0: it cannot be a head", code="not_head"
+                )
+            )
+        shard = service.shard
+        head = HeadIdentity(
+            node_id=service.node_id,
+            model_key=shard.model_key,
+            shard_start=shard.start,
+            shard_end=shard.end,
+            num_layers=shard.num_layers,
+            vocab_size=int(shard.config.vocab_size),
+        )
+        try:
+            try:
+                body = await request.json()
+            except ValueError:
+                raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
+            generation = Generation(service, state["client"], parse_generate_request(body, head))
+        except RuntimeRequestError as error:
+            return _error(error)
+        return _SSEResponse(generation.stream(), media_type="text/event-stream")
+
+    return Starlette(
+        routes=[
+            Route("/v1/health", health, methods=["GET"]),
+            Route("/v1/forward", forward, methods=["POST"]),
+            Route("/v1/sessions/{session_id}", cancel, methods=["DELETE"]),
+            Route("/v1/generate", generate, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+class _SSEResponse(StreamingResponse):
+    """Closes the stream's generator when the client goes away, so cancels run at once."""
+
+    async def stream_response(self, send: Any) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(aclose())
+
+    def init_headers(self, headers: Any = None) -> None:
+        super().init_headers(headers)
+        self.raw_headers.append((b"cache-control", b"no-cache"))
+
+
+async def _reap(service: NodeService, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        freed = service.reap_idle()
+        if freed:
+            logger.info("freed %d idle sessions", len(freed))

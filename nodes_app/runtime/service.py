@@ -1,0 +1,207 @@
+"""A node's serving state: the shard, its sessions, and the one thread that runs torch.
+
+All torch work goes through :meth:`NodeService.compute`, a single worker
+thread, so the event loop stays responsive (health checks, cancels) while a
+step runs, and torch sees one caller. Session bookkeeping happens on the
+event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.loading import LoadedShard
+from nodes_app.runtime.sampling import SamplingParams, new_generator, sample_token
+from nodes_app.runtime.sessions import Session, SessionStore
+from nodes_app.runtime.shard import ShardExecutor
+
+T = TypeVar("T")
+
+
+class ThroughputMeter:
+    """Exponentially weighted tokens/s of single-token (decode) steps."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.tps = 0.0
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens != 1 or seconds <= 0:
+            return
+        sample = 1.0 / seconds
+        self.tps = sample if self.tps == 0 else self.alpha * sample + (1 - self.alpha) * self.tps
+
+
+class NodeService:
+    def __init__(
+        self,
+        shard: LoadedShard,
+        *,
+        node_id: str,
+        max_sessions: int = 8,
+        idle_timeout: float = 120.0,
+        benchmark_tps: float = 0.0,
+    ) -> None:
+        self.shard = shard
+        self.node_id = node_id
+        self.executor = ShardExecutor(shard)
+        self.store = SessionStore(max_sessions=max_sessions, idle_timeout=idle_timeout)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshnet-torch")
+        self.dtype_name = wire.DTYPE_NAMES[shard.dtype]
+        self.queued = 0
+        self.streams = 0
+        self.meter = ThroughputMeter()
+        self.benchmark_tps = benchmark_tps
+
+    async def compute(self, work: Callable[[], T]) -> T:
+        """Run ``work`` on the torch thread; ``queued`` counts waiting and running jobs."""
+        self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.worker, work)
+        finally:
+            self.queued -= 1
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "node_id": self.node_id,
+            "model": self.shard.model_key,
+            "shard": {"start": self.shard.start, "end": self.shard.end},
+            "num_layers": self.shard.num_layers,
+            "dtype": self.dtype_name,
+            "is_head": self.can_head,
+            "active_sessions": len(self.store),
+            "cached_sessions": len(self.store),
+            "streams": self.streams,
+            "queue_depth": self.queued,
+            "max_sessions": self.store.max_sessions,
+            "measured_tps": round(self.meter.tps, 3),
+            "benchmark_tps": round(self.benchmark_tps, 3),
+        }
+
+    @property
+    def can_head(self) -> bool:
+        return self.shard.start == 0 and self.shard.tokenizer is not None
+
+    def check_range(self, start: int, end: int) -> None:
+        if not (self.shard.start <= start <= end <= self.shard.end):
+            raise RuntimeRequestError(
+                f"layers {start}-{end} are outside this node's shard "
+                f"{self.shard.start}-{self.shard.end}",
+                code="layers_out_of_range",
+            )
+
+    def open_session(self, session_id: str, start: int, end: int) -> Session:
+        self.check_range(start, end)
+        return self.store.create(
+            session_id, start=start, end=end, cache=self.executor.new_cache()
+        )
+
+    def cancel(self, session_id: str) -> bool:
+        return self.store.drop(session_id)
+
+    async def forward(self, step: wire.ForwardStep, body: bytes) -> bytes | int:
+        """One hop step: hidden states in, hidden states (or the sampled token) out."""
+        self.check_range(step.start, step.end)
+        if step.start == 0:
+            raise RuntimeRequestError(
+                "layer 0 takes token ids: only the head runs it", code="layers_out_of_range"
+            )
+        if step.dtype != self.dtype_name:
+            raise RuntimeRequestError(
+                f"this node computes in {self.dtype_name}, not {step.dtype}", code="bad_dtype"
+            )
+        if step.shape[2] != self.shard.hidden_size:
+            raise RuntimeRequestError(
+                f"hidden size is {self.shard.hidden_size}, not {step.shape[2]}", code="bad_shape"
+            )
+        last = step.end == self.shard.num_layers - 1
+        if last and step.sampling is None:
+            raise RuntimeRequestError(
+                f"the hop ending at the last layer needs {wire.SAMPLING}", code="missing_header"
+            )
+        hidden = wire.tensor_from_bytes(body, step.dtype, step.shape)
+        session = self.store.get(step.session_id)
+        if session is None:
+            if step.position != 0:
+                raise RuntimeRequestError(
+                    f"unknown session {step.session_id} (expired or cancelled?)",
+                    code="unknown_session",
+                )
+            session = self.open_session(step.session_id, step.start, step.end)
+        if (session.start, session.end) != (step.start, step.end):
+            raise RuntimeRequestError(
+                f"session {step.session_id} runs layers {session.start}-{session.end}",
+                code="layers_changed",
+            )
+        async with session.lock:
+            if step.position != session.position:
+                raise RuntimeRequestError(
+                    f"session {step.session_id} is at position {session.position}, "
+                    f"not {step.position}",
+                    code="position_mismatch",
+                )
+            if last and session.generator is None:
+                assert step.sampling is not None
+                session.generator = new_generator(step.sampling.seed)
+            result = await self.compute(lambda: self._run_step(session, hidden, step.sampling))
+            session.position += step.shape[1]
+            session.touch()
+            return result
+
+    def _run_step(
+        self, session: Session, hidden: torch.Tensor, sampling: SamplingParams | None
+    ) -> bytes | int:
+        began = time.perf_counter()
+        hidden = hidden.to(device=self.shard.device)
+        out = self.executor.run_layers(
+            hidden,
+            cache=session.cache,
+            start=session.start,
+            end=session.end,
+            position=session.position,
+        )
+        result: bytes | int
+        if session.end == self.shard.num_layers - 1:
+            assert sampling is not None
+            result = sample_token(self.executor.last_logits(out), sampling, session.generator)
+        else:
+            result = wire.tensor_to_bytes(out)
+        self.meter.record(hidden.shape[1], time.perf_counter() - began)
+        return result
+
+    def head_step(
+        self, session: Session, token_ids: list[int], sampling: SamplingParams
+    ) -> bytes | int:
+        """The head's own layers for ``token_ids``: hidden bytes, or a token if it ends the model."""
+        began = time.perf_counter()
+        hidden = self.executor.run_layers(
+            self.executor.embed(token_ids),
+            cache=session.cache,
+            start=0,
+            end=session.end,
+            position=session.position,
+        )
+        result: bytes | int
+        if session.end == self.shard.num_layers - 1:
+            if session.generator is None:
+                session.generator = new_generator(sampling.seed)
+            result = sample_token(self.executor.last_logits(hidden), sampling, session.generator)
+        else:
+            result = wire.tensor_to_bytes(hidden)
+        self.meter.record(len(token_ids), time.perf_counter() - began)
+        return result
+
+    def reap_idle(self) -> list[str]:
+        return self.store.reap_idle()
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,115 @@
+"""Talking to the tracker's registry: signed registration, heartbeats, deregistration.
+
+The node token is a secret: it is kept in memory and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from nodes_app.signing import sign_registration, wallet_of
+
+
+class RegistrationError(Exception):
+    """The tracker refused the node (its message says why) or could not be reached."""
+
+
+@dataclass(frozen=True)
+class NodeAnnouncement:
+    endpoint: str
+    model: str
+    shard_start: int
+    shard_end: int
+    num_layers: int
+    hardware: str
+    device_name: str
+    benchmark_tps: float
+
+
+@dataclass(frozen=True)
+class Registration:
+    node_id: str
+    token: str
+    heartbeat_interval: float
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error", {})
+        return f"{error.get('message', response.text[:300])} ({error.get('code', '?')})"
+    except ValueError:
+        return response.text[:300]
+
+
+class TrackerClient:
+    def __init__(self, tracker_url: str, key: Ed25519PrivateKey, client: httpx.AsyncClient):
+        self.base = tracker_url.rstrip("/") + "/api/nodes"
+        self.key = key
+        self.client = client
+
+    async def register(self, node: NodeAnnouncement, *, retry_for: float = 30.0) -> Registration:
+        fields: dict[str, Any] = {
+            "wallet": wallet_of(self.key),
+            "endpoint": node.endpoint,
+            "model": node.model,
+            "shard_start": node.shard_start,
+            "shard_end": node.shard_end,
+            "num_layers": node.num_layers,
+            "hardware": node.hardware,
+            "device_name": node.device_name,
+            "benchmark_tps": round(float(node.benchmark_tps), 3),
+            "timestamp": time.time(),
+        }
+        deadline = time.monotonic() + retry_for
+        while True:
+            try:
+                body = {**fields, "signature": sign_registration(self.key, fields)}
+                response = await self.client.post(f"{self.base}/register", json=body)
+                break
+            except httpx.TransportError as error:
+                if time.monotonic() > deadline:
+                    raise RegistrationError(f"tracker unreachable: {error}") from error
+                await asyncio.sleep(1.0)
+                fields["timestamp"] = time.time()
+        if response.status_code != 201:
+            raise RegistrationError(
+                f"tracker refused registration (HTTP {response.status_code}): "
+                f"{_error_message(response)}"
+            )
+        data = response.json()
+        return Registration(
+            node_id=str(data["node_id"]),
+            token=str(data["node_token"]),
+            heartbeat_interval=float(data.get("heartbeat_interval", 10.0)),
+        )
+
+    def _auth(self, registration: Registration) -> dict[str, str]:
+        return {"Authorization": f"Bearer {registration.token}"}
+
+    async def heartbeat(
+        self, registration: Registration, *, active_sessions: int, queue_depth: int, tps: float
+    ) -> int:
+        """The tracker's status code (401/404 means it forgot this node: register again)."""
+        response = await self.client.post(
+            f"{self.base}/{registration.node_id}/heartbeat",
+            json={
+                "active_sessions": active_sessions,
+                "queue_depth": queue_depth,
+                "measured_tps": round(max(0.0, tps), 3),
+            },
+            headers=self._auth(registration),
+        )
+        return response.status_code
+
+    async def deregister(self, registration: Registration) -> None:
+        response = await self.client.post(
+            f"{self.base}/{registration.node_id}/deregister", headers=self._auth(registration)
+        )
+        if response.status_code not in (204, 404):
+            raise RegistrationError(f"deregistration failed: HTTP {response.status_code}")

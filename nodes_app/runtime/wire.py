@@ -1,0 +1,136 @@
+"""The binary node-to-node format: metadata in ``X-Meshnet-*`` headers, raw tensor bytes in the body.
+
+Request ``POST /v1/forward``:
+  X-Meshnet-Session      session id (one per generation)
+  X-Meshnet-Start-Layer  first layer to run (may exceed this node's shard start)
+  X-Meshnet-End-Layer    last layer to run (inclusive)
+  X-Meshnet-Position     position of the first row (0 starts the session)
+  X-Meshnet-Dtype        float32 | float16 | bfloat16 (must be the node's dtype)
+  X-Meshnet-Shape        1,T,H  (comma-separated)
+  X-Meshnet-Sampling     JSON {temperature, top_p, top_k, seed}: only when End-Layer is the last
+  body                   T*H little-endian values, row-major
+Response: 200 with the same Dtype/Shape headers and the output hidden states as
+the body, or, from the hop that ends at the last layer, JSON ``{"token_id": N}``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.sampling import SamplingParams
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+SESSION = "X-Meshnet-Session"
+START_LAYER = "X-Meshnet-Start-Layer"
+END_LAYER = "X-Meshnet-End-Layer"
+POSITION = "X-Meshnet-Position"
+DTYPE = "X-Meshnet-Dtype"
+SHAPE = "X-Meshnet-Shape"
+SAMPLING = "X-Meshnet-Sampling"
+MAX_SESSION_ID = 128
+
+
+@dataclass(frozen=True)
+class ForwardStep:
+    session_id: str
+    start: int
+    end: int
+    position: int
+    dtype: str
+    shape: tuple[int, int, int]
+    sampling: SamplingParams | None
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if value is None or not value.strip():
+        raise RuntimeRequestError(f"missing header {name}", code="missing_header")
+    return value.strip()
+
+
+def _int_header(headers: Mapping[str, str], name: str) -> int:
+    value = _header(headers, name)
+    try:
+        number = int(value)
+    except ValueError:
+        raise RuntimeRequestError(f"{name} must be an integer", code="bad_header") from None
+    if number < 0:
+        raise RuntimeRequestError(f"{name} must not be negative", code="bad_header")
+    return number
+
+
+def parse_step_headers(headers: Mapping[str, str]) -> ForwardStep:
+    session_id = _header(headers, SESSION)
+    if len(session_id) > MAX_SESSION_ID:
+        raise RuntimeRequestError("session id too long", code="bad_header")
+    dtype = _header(headers, DTYPE)
+    if dtype not in DTYPES:
+        raise RuntimeRequestError(
+            f"unknown dtype {dtype!r} (one of {', '.join(DTYPES)})", code="bad_dtype"
+        )
+    try:
+        dims = tuple(int(part) for part in _header(headers, SHAPE).split(","))
+    except ValueError:
+        raise RuntimeRequestError(f"{SHAPE} must be 1,T,H", code="bad_shape") from None
+    if len(dims) != 3 or dims[0] != 1 or dims[1] < 1 or dims[2] < 1:
+        raise RuntimeRequestError(f"{SHAPE} must be 1,T,H with T >= 1", code="bad_shape")
+    sampling_header = headers.get(SAMPLING)
+    return ForwardStep(
+        session_id=session_id,
+        start=_int_header(headers, START_LAYER),
+        end=_int_header(headers, END_LAYER),
+        position=_int_header(headers, POSITION),
+        dtype=dtype,
+        shape=(dims[0], dims[1], dims[2]),
+        sampling=SamplingParams.from_header(sampling_header) if sampling_header else None,
+    )
+
+
+def step_headers(
+    *,
+    session_id: str,
+    start: int,
+    end: int,
+    position: int,
+    dtype: str,
+    shape: tuple[int, ...],
+    sampling: SamplingParams | None,
+) -> dict[str, str]:
+    headers = {
+        SESSION: session_id,
+        START_LAYER: str(start),
+        END_LAYER: str(end),
+        POSITION: str(position),
+        DTYPE: dtype,
+        SHAPE: ",".join(str(d) for d in shape),
+        "Content-Type": "application/octet-stream",
+    }
+    if sampling is not None:
+        headers[SAMPLING] = sampling.to_header()
+    return headers
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+def tensor_from_bytes(body: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    torch_dtype = DTYPES[dtype]
+    expected = math.prod(shape) * torch_dtype.itemsize
+    if len(body) != expected:
+        raise RuntimeRequestError(
+            f"body has {len(body)} bytes; shape {list(shape)} of {dtype} needs {expected}",
+            code="bad_length",
+        )
+    return torch.frombuffer(bytearray(body), dtype=torch_dtype).reshape(shape)

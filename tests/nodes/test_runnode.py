@@ -1,0 +1,130 @@
+"""``manage.py runnode`` against a real tracker process: register, heartbeat, serve, leave."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ROOT, free_port
+from tests.nodes.conftest import (
+    TINY,
+    NodeProcess,
+    Tracker,
+    completion,
+    generate_body,
+    node_env,
+    read_stream,
+    wait_until,
+)
+
+
+def runnode(
+    tmp: Path, tracker: Tracker, layers: tuple[int, int], *extra: str, model: str = TINY
+) -> NodeProcess:
+    port = free_port()
+    log_path = tmp / f"runnode-{port}.log"
+    args = [
+        sys.executable, "manage.py", "runnode", "--model", model,
+        "--layers", f"{layers[0]}-{layers[1]}", "--port", str(port),
+        "--tracker", tracker.url, "--threads", "1",
+        "--wallet-key", str(tmp / f"wallet-{port}.key"), *extra,
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            args, cwd=ROOT, env=node_env(), stdout=log, stderr=subprocess.STDOUT
+        )
+    return NodeProcess(port, "", layers, process, log_path)
+
+
+def registered_id(node: NodeProcess) -> str:
+    node.wait_serving()
+    return node.log.split("node ", 1)[1].split(" serving", 1)[0]
+
+
+def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    head = runnode(tmp_path, tracker, (0, 1))
+    tail = runnode(tmp_path, tracker, (2, 3))
+    try:
+        head.node_id, tail.node_id = registered_id(head), registered_id(tail)
+        rows = tracker.query(
+            "SELECT id, endpoint, shard_start, shard_end, status, benchmark_tps "
+            "FROM nodes_app_node ORDER BY shard_start"
+        )
+        assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+            (head.node_id, head.endpoint, 0, 1),
+            (tail.node_id, tail.endpoint, 2, 3),
+        ]
+        assert all(r[4] == "online" and r[5] > 0 for r in rows)
+        assert "Bearer" not in head.log and "node_token" not in head.log
+
+        first_beat = tracker.query(
+            "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
+        )[0][0]
+        wait_until(
+            lambda: tracker.query(
+                "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
+            )[0][0]
+            != first_beat
+        )
+
+        frames = read_stream(
+            head.endpoint, generate_body([(head, 0, 1), (tail, 2, 3)], max_tokens=8)
+        )
+        assert completion(frames)[2]["usage"]["completion_tokens"] == 8
+        wait_until(
+            lambda: tracker.query(
+                "SELECT measured_tps FROM nodes_app_node WHERE id = ?", tail.node_id
+            )[0][0]
+            > 0
+        )
+
+        head.process.send_signal(signal.SIGTERM)
+        assert head.process.wait(timeout=20) == 0
+        assert "deregistered" in head.log
+        status = tracker.query("SELECT status FROM nodes_app_node WHERE id = ?", head.node_id)
+        assert status[0][0] != "online"
+    finally:
+        head.stop()
+        tail.stop()
+
+
+def test_ctrl_c_also_deregisters(tmp_path: Path, tracker: Tracker) -> None:
+    node = runnode(tmp_path, tracker, (0, 3))
+    try:
+        node_id = registered_id(node)
+        node.process.send_signal(signal.SIGINT)
+        assert node.process.wait(timeout=20) == 0
+        status = tracker.query("SELECT status FROM nodes_app_node WHERE id = ?", node_id)
+        assert status[0][0] != "online"
+    finally:
+        node.stop()
+
+
+def test_the_tracker_refuses_a_layer_count_that_disagrees_with_the_catalogue(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    # The tiny model's 4 layers announced as smollm2-135m (30 layers in the catalogue).
+    node = runnode(
+        tmp_path, tracker, (0, 3), "--weights", "builtin:tiny-random-llama",
+        model="smollm2-135m",
+    )  # fmt: skip
+    try:
+        assert node.process.wait(timeout=60) != 0
+        assert "refused registration" in node.log
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{node.endpoint}/v1/health", timeout=0.5)
+            except httpx.HTTPError:
+                break
+        else:
+            raise AssertionError("a refused node must not keep serving")
+    finally:
+        node.stop()

@@ -1,0 +1,69 @@
+"""SmolLM2 (the real model) split across node processes over HTTP equals one full node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.nodes.conftest import SMOLLM2, NodeProcess, completion, generate_body, read_stream, start_node
+
+pytestmark = pytest.mark.model
+
+PROMPT = "What is the capital of France? Answer in one sentence."
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    tmp = tmp_path_factory.mktemp("smollm2")
+    nodes = {
+        "head": start_node(tmp, SMOLLM2, (0, 14), node_id="smol-head"),
+        "tail": start_node(tmp, SMOLLM2, (15, 29), node_id="smol-tail"),
+        "whole": start_node(tmp, SMOLLM2, (0, 29), node_id="smol-whole"),
+        "partial": start_node(tmp, SMOLLM2, (0, 21), node_id="smol-partial"),
+    }
+    try:
+        for node in nodes.values():
+            node.wait_serving(timeout=240)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
+@pytest.fixture(scope="module")
+def whole_output(smol: dict[str, NodeProcess]) -> tuple[str, list[int]]:
+    whole = smol["whole"]
+    body = generate_body([(whole, 0, 29)], model=SMOLLM2, content=PROMPT, max_tokens=NEW_TOKENS)
+    text, ids, _ = completion(read_stream(whole.endpoint, body))
+    return text, ids
+
+
+def test_the_whole_model_answers_sensibly(whole_output: tuple[str, list[int]]) -> None:
+    text, ids = whole_output
+    assert "Paris" in text
+    assert 1 <= len(ids) <= NEW_TOKENS
+
+
+def test_split_0_14_and_15_29_equals_the_whole_model(
+    smol: dict[str, NodeProcess], whole_output: tuple[str, list[int]]
+) -> None:
+    head, tail = smol["head"], smol["tail"]
+    body = generate_body(
+        [(head, 0, 14), (tail, 15, 29)], model=SMOLLM2, content=PROMPT, max_tokens=NEW_TOKENS
+    )
+    text, ids, _ = completion(read_stream(head.endpoint, body))
+    assert (text, ids) == whole_output
+
+
+def test_partial_head_then_full_node_from_layer_22_equals_the_whole_model(
+    smol: dict[str, NodeProcess], whole_output: tuple[str, list[int]]
+) -> None:
+    # ADR-0020's topology: the full node must start at 22, not at its own shard start 0.
+    partial, whole = smol["partial"], smol["whole"]
+    body = generate_body(
+        [(partial, 0, 21), (whole, 22, 29)], model=SMOLLM2, content=PROMPT, max_tokens=NEW_TOKENS
+    )
+    text, ids, _ = completion(read_stream(partial.endpoint, body))
+    assert (text, ids) == whole_output
