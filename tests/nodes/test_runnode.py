@@ -68,10 +68,12 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
             "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
         )[0][0]
         wait_until(
-            lambda: tracker.query(
-                "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
-            )[0][0]
-            != first_beat
+            lambda: (
+                tracker.query(
+                    "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
+                )[0][0]
+                != first_beat
+            )
         )
 
         frames = read_stream(
@@ -79,10 +81,12 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
         )
         assert completion(frames)[2]["usage"]["completion_tokens"] == 8
         wait_until(
-            lambda: tracker.query(
-                "SELECT measured_tps FROM nodes_app_node WHERE id = ?", tail.node_id
-            )[0][0]
-            > 0
+            lambda: (
+                tracker.query("SELECT measured_tps FROM nodes_app_node WHERE id = ?", tail.node_id)[
+                    0
+                ][0]
+                > 0
+            )
         )
 
         head.process.send_signal(signal.SIGTERM)

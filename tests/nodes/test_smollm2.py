@@ -6,7 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.nodes.conftest import SMOLLM2, NodeProcess, completion, generate_body, read_stream, start_node
+from tests.nodes.conftest import (
+    SMOLLM2,
+    NodeProcess,
+    completion,
+    generate_body,
+    read_stream,
+    start_node,
+)
 
 pytestmark = pytest.mark.model
 
