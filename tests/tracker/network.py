@@ -74,7 +74,7 @@ class Network:
                 "1",
                 "--wallet-key",
                 str(self.tmp / f"wallet-{name}.key"),
-            ],  # fmt: skip
+            ],
             self.env,
             self.tmp / f"node-{name}.log",
         )
