@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import websockets
 
@@ -331,3 +332,32 @@ def test_a_pinned_route_through_a_dead_node_is_a_502_and_is_not_charged(
     assert not redundant.query("SELECT id FROM tracker_app_billingrecord")
     # The tracker goes on serving on the route that is left.
     assert redundant.chat(model=TINY, messages=PROMPT, max_tokens=8).status_code == 200
+
+
+def test_the_openai_python_client_chats_through_the_tracker(network: Network) -> None:
+    client = openai.OpenAI(base_url=f"{network.url}/v1", api_key=network.api_key)
+
+    reply = client.chat.completions.create(
+        model=TINY,
+        messages=PROMPT,
+        max_tokens=12,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    pieces = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model=TINY,
+            messages=PROMPT,  # type: ignore[arg-type]
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+        )
+        if chunk.choices
+    ]
+
+    assert reply.choices[0].message.content == direct_answer(network, 12)
+    assert "".join(pieces) == reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens == 12
+    assert [m.id for m in client.models.list()] == [TINY]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=PROMPT)  # type: ignore[arg-type]
