@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,37 +81,51 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def process_database_url() -> Iterator[str]:
-    """A fresh database for tests that run real tracker/worker processes.
+@contextlib.contextmanager
+def fresh_process_database() -> Iterator[str]:
+    """A new, migrated database for real tracker/worker processes.
 
     PostgreSQL when DATABASE_URL points at one (CI): a new database on that
-    server, dropped afterwards. Otherwise a SQLite file. Either way migrated.
+    server, dropped afterwards. Otherwise a SQLite file of its own.
     """
-    import uuid
-
     configured = os.environ.get("DATABASE_URL", "")
-    if configured.startswith(("postgres://", "postgresql://")):
-        import psycopg
-
-        name = f"meshnet_proc_{uuid.uuid4().hex[:10]}"
-        admin_url = configured.rsplit("/", 1)[0] + "/postgres"
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = configured.rsplit("/", 1)[0] + "/" + name
-        try:
-            _migrate(url)
-            yield url
-        finally:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if not configured.startswith(("postgres://", "postgresql://")):
+        directory = tempfile.mkdtemp(prefix="meshnet-proc-")
+        url = f"sqlite:///{directory}/tracker.sqlite3"
+        _migrate(url)
+        yield url
         return
-    import tempfile
+    import psycopg
 
-    directory = tempfile.mkdtemp(prefix="meshnet-proc-")
-    url = f"sqlite:///{directory}/tracker.sqlite3"
-    _migrate(url)
-    yield url
+    name = f"meshnet_proc_{uuid.uuid4().hex[:10]}"
+    server = configured.rsplit("/", 1)[0]
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = f"{server}/{name}"
+        _migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def process_database_url() -> Iterator[str]:
+    """One process database shared by the tests that only need a tracker to exist."""
+    with fresh_process_database() as url:
+        yield url
+
+
+def query_process_database(database_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Read what tracker processes wrote (``%s`` placeholders, either database)."""
+    if database_url.startswith("sqlite:///"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
+            return list(conn.execute(sql.replace("%s", "?"), params))
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        return list(conn.execute(sql, params))
 
 
 def process_env(database_url: str, **overrides: str) -> dict[str, str]:

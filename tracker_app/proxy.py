@@ -14,6 +14,7 @@ produced: the client's stream goes on with no gap and no repeated token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -41,6 +42,10 @@ from tracker_app.models import ApiKey, ChatRequest
 logger = logging.getLogger(__name__)
 
 MAX_FAILOVERS = 3
+# A head at its session cap is waited for, not banned: retry with back-off.
+BUSY_RETRY_FIRST_SECONDS = 0.05
+BUSY_RETRY_MAX_SECONDS = 1.0
+BUSY_WAIT_LIMIT_SECONDS = 120.0
 PROGRESS_INTERVAL_SECONDS = 0.5
 BAN_BASE_SECONDS = 30.0
 BAN_MAX_SECONDS = 15 * 60.0
@@ -54,6 +59,10 @@ class HopFailure(Exception):
         super().__init__(message)
         self.node_id = node_id
         self.message = message
+
+
+class HeadBusy(Exception):
+    """The head is at its session cap (503): wait for a slot, nobody is banned."""
 
 
 class NodeBans:
@@ -174,12 +183,26 @@ class ChatProxy:
             meshnet=self.meshnet,
         )
         failovers = 0
+        busy_since: float | None = None
+        busy_delay = BUSY_RETRY_FIRST_SECONDS
         try:
             while True:
                 try:
                     async for chunk in self._segment():
                         yield chunk
                     break
+                except HeadBusy:
+                    busy_since = busy_since or self.clock()
+                    if self.clock() - busy_since > BUSY_WAIT_LIMIT_SECONDS:
+                        raise ApiError(
+                            "Every slot of the route's head stayed busy for "
+                            f"{BUSY_WAIT_LIMIT_SECONDS:.0f} s; retry later",
+                            code="route_busy",
+                            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                            error_type="server_error",
+                        ) from None
+                    await asyncio.sleep(busy_delay)
+                    busy_delay = min(BUSY_RETRY_MAX_SECONDS, busy_delay * 2)
                 except HopFailure as failure:
                     failovers += 1
                     await self._fail_over(failure, exhausted=failovers > MAX_FAILOVERS)
@@ -241,6 +264,8 @@ class ChatProxy:
             async with self.client.stream(
                 "POST", f"{head.endpoint}/v1/generate", json=body, timeout=UPSTREAM_TIMEOUT
             ) as response:
+                if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
+                    raise HeadBusy()
                 if response.status_code != status.HTTP_200_OK:
                     text = (await response.aread()).decode(errors="replace")[:300]
                     raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")

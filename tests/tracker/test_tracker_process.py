@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 
-from tests.conftest import TrackerProcess, process_env, start_worker
+from tests.conftest import TrackerProcess, process_env, query_process_database, start_worker
 from tests.nodes.registration import signed_registration
 
 
 def node_status(database_url: str, node_id: str) -> str:
-    query = "SELECT status FROM nodes_app_node WHERE id = %s"
-    if database_url.startswith("sqlite:///"):
-        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
-            row = conn.execute(query.replace("%s", "?"), (node_id,)).fetchone()
-    else:
-        with psycopg.connect(database_url) as conn:
-            row = conn.execute(query, (node_id,)).fetchone()
-    return str(row[0])
+    rows = query_process_database(
+        database_url, "SELECT status FROM nodes_app_node WHERE id = %s", node_id
+    )
+    return str(rows[0][0])
 
 
 def test_the_tracker_serves_health_schema_and_admin(tracker_process: TrackerProcess) -> None:

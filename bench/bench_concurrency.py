@@ -1,0 +1,95 @@
+"""100 concurrent streamed chats on the tiny model through one tracker process.
+
+Every answer must complete and equal the greedy answer of a single request
+(nothing garbled or interleaved). Prints p50/p99 time to first token and the
+aggregate tokens/s, against a baseline of the same requests sent one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.localnet import LocalNet
+
+MODEL = "tiny-random-llama"
+CONCURRENT = 100
+SEQUENTIAL = 10
+TOKENS = 32
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Count the nodes of the mesh."}],
+    "max_tokens": TOKENS,
+    "temperature": 0,
+    "stream": True,
+}
+
+
+async def one(client: httpx.AsyncClient, url: str) -> tuple[str, float, int]:
+    """(text, seconds to first token, completion tokens)."""
+    began, first, text, tokens = time.perf_counter(), 0.0, "", 0
+    async with client.stream("POST", url, json=BODY) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            frame = json.loads(line[6:])
+            if "error" in frame:
+                raise RuntimeError(frame["error"])
+            content = frame["choices"][0]["delta"].get("content") or ""
+            if content and not first:
+                first = time.perf_counter() - began
+            text += content
+            tokens = frame.get("usage", {}).get("completion_tokens", tokens)
+    return text, first, tokens
+
+
+async def run(url: str, key: str) -> None:
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=CONCURRENT + 10)
+    async with httpx.AsyncClient(headers=headers, timeout=600, limits=limits) as client:
+        expected, _, _ = await one(client, url)
+        began = time.perf_counter()
+        for _ in range(SEQUENTIAL):
+            await one(client, url)
+        sequential_tps = SEQUENTIAL * TOKENS / (time.perf_counter() - began)
+
+        began = time.perf_counter()
+        results = await asyncio.gather(*(one(client, url) for _ in range(CONCURRENT)))
+        concurrent_tps = sum(r[2] for r in results) / (time.perf_counter() - began)
+    garbled = sum(1 for text, _, _ in results if text != expected)
+    complete = sum(1 for _, _, tokens in results if tokens == TOKENS)
+    ttft = sorted(r[1] * 1000 for r in results)
+    print(f"{CONCURRENT} concurrent streamed chats, tiny model, {TOKENS} tokens each")
+    print(f"  complete: {complete}/{CONCURRENT}, garbled: {garbled}")
+    print(
+        f"  time to first token: p50 {statistics.median(ttft):.0f} ms, "
+        f"p99 {ttft[int(0.99 * (len(ttft) - 1))]:.0f} ms"
+    )
+    print(
+        f"  aggregate: {concurrent_tps:.0f} tokens/s concurrent vs "
+        f"{sequential_tps:.0f} tokens/s one at a time"
+    )
+    print(f"  ratio concurrent / sequential = {concurrent_tps / sequential_tps:.2f}")
+    if complete != CONCURRENT or garbled:
+        raise SystemExit("some answers were incomplete or garbled")
+
+
+def main() -> None:
+    with LocalNet() as net:
+        net.node(MODEL, "0-1")
+        net.node(MODEL, "2-3")
+        net.wait_for_model(MODEL)
+        asyncio.run(run(f"{net.url}/v1/chat/completions", net.api_key))
+
+
+if __name__ == "__main__":
+    main()

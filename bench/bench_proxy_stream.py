@@ -1,0 +1,69 @@
+"""Streaming through the tracker vs. straight from the head node, same route, one run.
+
+Starts a tracker and two SmolLM2 nodes (layers 0-14 and 15-29), then streams
+the same greedy request alternately through ``/v1/chat/completions`` (route
+pinned to those two nodes) and directly from the head's ``/v1/generate``.
+Prints tokens/s of each and their ratio (target >= 0.95).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.localnet import LocalNet
+
+MODEL = "smollm2-135m"
+TOKENS = 64
+ROUNDS = 3
+MESSAGES = [{"role": "user", "content": "Write a short poem about distributed computing."}]
+
+
+def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, float]:
+    """(completion tokens, seconds from sending to the last token)."""
+    began = time.perf_counter()
+    tokens = 0
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=300) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage")
+                if usage:
+                    tokens = int(usage["completion_tokens"])
+    return tokens, time.perf_counter() - began
+
+
+def main() -> None:
+    with LocalNet() as net:
+        net.node(MODEL, "0-14")
+        net.node(MODEL, "15-29")
+        hops = net.wait_for_model(MODEL)
+        assert [h["start_layer"] for h in hops] == [0, 15], hops
+        common = {"messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0}
+        via_tracker = {"model": MODEL, "stream": True, "route": [h["node_id"] for h in hops]}
+        direct = {"request_id": "bench", "plan": {"model": MODEL, "hops": hops}}
+        auth = {"Authorization": f"Bearer {net.api_key}"}
+        timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)  # warm
+        tracker_tps, direct_tps = [], []
+        for _ in range(ROUNDS):
+            n, s = timed_stream(f"{hops[0]['endpoint']}/v1/generate", {**common, **direct}, {})
+            direct_tps.append(n / s)
+            n, s = timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)
+            tracker_tps.append(n / s)
+    t, d = statistics.median(tracker_tps), statistics.median(direct_tps)
+    print(f"SmolLM2 two nodes, {TOKENS} tokens greedy, {ROUNDS} alternating rounds each")
+    print(f"  direct from head: {d:.2f} tokens/s  {[round(x, 2) for x in direct_tps]}")
+    print(f"  through tracker:  {t:.2f} tokens/s  {[round(x, 2) for x in tracker_tps]}")
+    print(f"  ratio tracker / direct = {t / d:.3f}  (target >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""The chat API end to end: a real tracker, real `runnode` processes on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import websockets
+
+from tests.conftest import fresh_process_database
+from tests.tracker.network import (
+    Network,
+    chunks_of,
+    head_generate,
+    start_network,
+    text_of,
+)
+
+TINY = "tiny-random-llama"
+PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
+    """Tracker + head (layers 0-1) + tail (2-3): one route, so every answer is predictable."""
+    with fresh_process_database() as database_url:
+        tmp = tmp_path_factory.mktemp("chat-e2e")
+        for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="1000"):
+            network.add_node("head", TINY, (0, 1))
+            network.add_node("tail", TINY, (2, 3))
+            yield network
+
+
+def direct_answer(network: Network, max_tokens: int) -> str:
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    return head_generate(
+        head,
+        [head.hop(), tail.hop()],
+        model=TINY,
+        messages=PROMPT,
+        max_tokens=max_tokens,
+        temperature=0.0,
+    )
+
+
+def test_a_streamed_answer_is_the_nodes_own_answer_in_openai_chunks(network: Network) -> None:
+    frames = network.stream(model=TINY, messages=PROMPT, max_tokens=24, temperature=0)
+
+    chunks = chunks_of(frames)
+    assert frames[-1] == "[DONE]"
+    assert text_of(frames) == direct_answer(network, 24)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    meshnet = chunks[0]["meshnet"]
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    assert meshnet["route"] == f"{TINY} | {head.node_id}[0-1] -> {tail.node_id}[2-3]"
+    assert meshnet["mode"] in {"greedy-fallback", "exploit", "scout"}
+    assert [h["start_layer"] for h in meshnet["hops"]] == [0, 2]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+    assert all("meshnet_token_ids" not in c for c in chunks)
+
+
+def test_a_non_streamed_answer_is_recorded_and_billed_to_the_cent(network: Network) -> None:
+    response = network.chat(model=TINY, messages=PROMPT, max_tokens=20, temperature=0)
+
+    assert response.status_code == 200, response.text
+    reply = response.json()
+    assert reply["object"] == "chat.completion"
+    assert reply["choices"][0]["message"]["content"] == direct_answer(network, 20)
+    usage = reply["usage"]
+    assert usage["completion_tokens"] == 20
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 20
+
+    [(request_id, status, prompt, completion, signature, ttft, tps)] = network.query(
+        "SELECT id, status, prompt_tokens, completion_tokens, route_signature, "
+        "time_to_first_token_ms, tokens_per_second FROM tracker_app_chatrequest "
+        "WHERE completion_tokens = 20 AND stream = %s",
+        False,
+    )
+    assert (status, prompt, completion) == ("completed", usage["prompt_tokens"], 20)
+    assert signature == reply["meshnet"]["route"]
+    assert ttft > 0 and tps > 0
+    [(billing_id, charge, fee)] = network.query(
+        "SELECT id, charge, network_fee FROM tracker_app_billingrecord WHERE request_id = %s",
+        request_id,
+    )
+    # tiny-random-llama costs 0.01 per 1k prompt and 0.02 per 1k completion tokens.
+    expected = Decimal(prompt) * Decimal("0.00001") + Decimal("0.000400")
+    assert Decimal(str(charge)) == expected > 0
+    units = network.query(
+        "SELECT node_id, start_layer, end_layer, tokens, units, amount FROM tracker_app_workunit "
+        "WHERE billing_id = %s ORDER BY start_layer",
+        billing_id,
+    )
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    assert [(u[0], u[1], u[2], u[3], u[4]) for u in units] == [
+        (head.node_id, 0, 1, prompt + 20, (prompt + 20) * 2),
+        (tail.node_id, 2, 3, prompt + 20, (prompt + 20) * 2),
+    ]
+    paid = sum((Decimal(str(u[5])) for u in units), Decimal(0))
+    assert paid == Decimal(str(charge)) - Decimal(str(fee))
+
+
+def staff_cookie(network: Network) -> str:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput",
+         "--username", "staff", "--email", "staff@example.com"],
+        cwd=ROOT, env={**network.env, "DJANGO_SUPERUSER_PASSWORD": "pw-e2e"}, check=True,
+        capture_output=True,
+    )  # fmt: skip
+    with httpx.Client(base_url=network.url) as client:
+        page = client.get("/admin/login/")
+        token = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
+        client.post(
+            "/admin/login/?next=/admin/",
+            data={"username": "staff", "password": "pw-e2e", "csrfmiddlewaretoken": token},
+        )
+        return f"sessionid={client.cookies['sessionid']}"
+
+
+def test_the_dashboard_sees_the_proxy_events_in_order(network: Network) -> None:
+    cookie = staff_cookie(network)
+    ws_url = network.url.replace("http://", "ws://") + "/ws/dashboard/"
+
+    async def watch() -> list[dict[str, Any]]:
+        async with websockets.connect(
+            ws_url, additional_headers={"Cookie": cookie, "Origin": network.url}
+        ) as socket:
+            hello = json.loads(await socket.recv())
+            assert hello["type"] == "call_wall"
+            await asyncio.to_thread(
+                network.stream, model=TINY, messages=PROMPT, max_tokens=30, temperature=0
+            )
+            events: list[dict[str, Any]] = []
+            while not events or events[-1]["kind"] not in {"proxy complete", "proxy error"}:
+                events.append(json.loads(await asyncio.wait_for(socket.recv(), 10))["event"])
+            return events
+
+    events = asyncio.run(watch())
+
+    kinds = [e["kind"] for e in events]
+    assert kinds[:2] == ["proxy route selected", "proxy connected"]
+    assert kinds[-1] == "proxy complete"
+    assert set(kinds[2:-1]) <= {"proxy progress"}
+    assert len({e["request_id"] for e in events}) == 1
+    assert events[0]["data"]["mode"] in {"greedy-fallback", "exploit", "scout"}
+    assert events[-1]["data"]["completion_tokens"] == 30
+
+
+def test_a_client_that_disconnects_frees_every_hops_cache(network: Network) -> None:
+    with httpx.stream(
+        "POST",
+        f"{network.url}/v1/chat/completions",
+        json={"model": TINY, "messages": PROMPT, "max_tokens": 4000, "stream": True},
+        headers=network.headers(),
+        timeout=60,
+    ) as response:
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(6)]
+    assert any('"content"' in line for line in received)
+
+    deadline = time.monotonic() + 20
+    while True:
+        cached = [node.health()["cached_sessions"] for node in network.nodes.values()]
+        if cached == [0, 0]:
+            break
+        assert time.monotonic() < deadline, f"caches still held: {cached}"
+        time.sleep(0.2)
+    statuses = network.query(
+        "SELECT status FROM tracker_app_chatrequest WHERE completion_tokens = 0 AND stream = %s",
+        True,
+    )
+    assert ("cancelled",) in statuses
+    assert not network.query(
+        "SELECT b.id FROM tracker_app_billingrecord b JOIN tracker_app_chatrequest r "
+        "ON b.request_id = r.id WHERE r.status = 'cancelled'"
+    )
+
+
+def error_of(response: httpx.Response, status: int, code: str) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert set(error) == {"message", "type", "code"}
+    return str(error["message"])
+
+
+def test_bad_requests_get_their_status_and_the_openai_error_shape(network: Network) -> None:
+    url = f"{network.url}/v1/chat/completions"
+    good = {"model": TINY, "messages": PROMPT, "max_tokens": 4}
+
+    assert "JSON" in error_of(
+        httpx.post(url, content=b"{oops", headers=network.headers()), 400, "invalid_json"
+    )
+    assert "temperature" in error_of(
+        httpx.post(url, json={**good, "temperature": 9}, headers=network.headers()),
+        400,
+        "invalid_request",
+    )
+    assert "API key" in error_of(httpx.post(url, json=good), 401, "invalid_api_key")
+    assert "API key" in error_of(
+        httpx.post(url, json=good, headers=network.headers("mk-wrong")), 401, "invalid_api_key"
+    )
+    assert "gpt-9" in error_of(
+        httpx.post(url, json={**good, "model": "gpt-9"}, headers=network.headers()),
+        404,
+        "model_not_found",
+    )
+    assert "layers 0-29" in error_of(
+        httpx.post(url, json={**good, "model": "smollm2-135m"}, headers=network.headers()),
+        503,
+        "no_route",
+    )
+    tail = network.nodes["tail"]
+    assert error_of(
+        httpx.post(url, json={**good, "route": [tail.node_id]}, headers=network.headers()),
+        400,
+        "invalid_route",
+    )
+    # ... and the tracker still serves.
+    assert network.chat(**good).status_code == 200
+
+
+def test_the_models_endpoint_lists_the_model_the_nodes_serve(network: Network) -> None:
+    listed = httpx.get(f"{network.url}/v1/models").json()
+
+    assert [m["id"] for m in listed["data"]] == [TINY]
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Iterator[Network]:
+    with fresh_process_database() as database_url:
+        yield from start_network(database_url, tmp_path, MESHNET_RATE_LIMIT_PER_MINUTE="2")
+
+
+def test_a_key_over_its_rate_limit_gets_429_with_retry_after(limited: Network) -> None:
+    body = {"model": TINY, "messages": PROMPT}
+    answers = [limited.chat(**body) for _ in range(3)]
+
+    assert [a.status_code for a in answers[:2]] == [503, 503]  # counted, but no nodes yet
+    assert "Rate limit of 2" in error_of(answers[2], 429, "rate_limit_exceeded")
+    assert 1 <= int(answers[2].headers["Retry-After"]) <= 60
+
+
+@pytest.fixture
+def redundant(tmp_path: Path) -> Iterator[Network]:
+    """Two routes for the tiny model: head 0-1 -> tail 2-3, and one whole node 0-3."""
+    with fresh_process_database() as database_url:
+        for network in start_network(database_url, tmp_path):
+            network.add_node("head", TINY, (0, 1))
+            network.add_node("tail", TINY, (2, 3))
+            network.add_node("whole", TINY, (0, 3))
+            yield network
+
+
+def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
+    redundant: Network,
+) -> None:
+    whole = redundant.nodes["whole"]
+    expected = head_generate(
+        whole, [whole.hop()], model=TINY, messages=PROMPT, max_tokens=400, temperature=0.0
+    )
+    frames: list[Any] = []
+    with httpx.stream(
+        "POST",
+        f"{redundant.url}/v1/chat/completions",
+        json={
+            "model": TINY,
+            "messages": PROMPT,
+            "max_tokens": 400,
+            "stream": True,
+            "temperature": 0,
+        },
+        headers=redundant.headers(),
+        timeout=120,
+    ) as response:
+        killed = None
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line.removeprefix("data: ")
+            frames.append(payload if payload == "[DONE]" else json.loads(payload))
+            content = [c for c in chunks_of(frames) if c["choices"][0]["delta"].get("content")]
+            if killed is None and content:
+                last_hop = chunks_of(frames)[0]["meshnet"]["hops"][-1]["node_id"]
+                killed = next(n for n in redundant.nodes.values() if n.node_id == last_hop)
+                killed.managed.process.kill()
+
+    assert killed is not None
+    assert frames[-1] == "[DONE]"
+    assert not [f for f in frames if isinstance(f, dict) and "error" in f]
+    assert text_of(frames) == expected
+    assert chunks_of(frames)[-1]["usage"]["completion_tokens"] == 400
+    [(status, signature)] = redundant.query(
+        "SELECT status, route_signature FROM tracker_app_chatrequest"
+    )
+    assert status == "completed"
+    assert killed.node_id not in signature
+    # Both routes delivered tokens, so both are paid for their work.
+    first_route = {hop["node_id"] for hop in chunks_of(frames)[0]["meshnet"]["hops"]}
+    final_route = {n.node_id for n in redundant.nodes.values() if n.node_id in signature}
+    billed = {row[0] for row in redundant.query("SELECT node_id FROM tracker_app_workunit")}
+    assert billed == first_route | final_route
+
+
+def test_a_pinned_route_through_a_dead_node_is_a_502_and_is_not_charged(
+    redundant: Network,
+) -> None:
+    whole = redundant.nodes["whole"]
+    whole.managed.process.kill()
+    whole.managed.process.wait()
+
+    response = redundant.chat(model=TINY, messages=PROMPT, max_tokens=8, route=[whole.node_id])
+
+    assert whole.node_id in error_of(response, 502, "upstream_failed")
+    assert redundant.query("SELECT status FROM tracker_app_chatrequest") == [("failed",)]
+    assert not redundant.query("SELECT id FROM tracker_app_billingrecord")
+    # The tracker goes on serving on the route that is left.
+    assert redundant.chat(model=TINY, messages=PROMPT, max_tokens=8).status_code == 200
+
+
+def test_the_openai_python_client_chats_through_the_tracker(network: Network) -> None:
+    client = openai.OpenAI(base_url=f"{network.url}/v1", api_key=network.api_key)
+
+    reply = client.chat.completions.create(
+        model=TINY,
+        messages=PROMPT,
+        max_tokens=12,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    pieces = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model=TINY,
+            messages=PROMPT,  # type: ignore[arg-type]
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+        )
+        if chunk.choices
+    ]
+
+    assert reply.choices[0].message.content == direct_answer(network, 12)
+    assert "".join(pieces) == reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens == 12
+    assert [m.id for m in client.models.list()] == [TINY]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=PROMPT)  # type: ignore[arg-type]
