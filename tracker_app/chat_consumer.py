@@ -88,7 +88,9 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             params = chat_params_parse(body)
             model = await database_sync_to_async(_model_get)(params.model)
             await database_sync_to_async(rate_limit_check)(
-                key_id=api_key.pk, limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE, now=time.time()
+                key_hash=api_key.key_hash,
+                limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE,
+                now=time.time(),
             )
             self.proxy = ChatProxy(
                 params=params,

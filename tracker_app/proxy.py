@@ -42,7 +42,8 @@ from tracker_app.models import ApiKey, ChatRequest
 logger = logging.getLogger(__name__)
 
 MAX_FAILOVERS = 3
-# A head at its session cap is waited for, not banned: retry with back-off.
+# A route whose head or hop is at its session cap is waited for, not banned:
+# retry with back-off.
 BUSY_RETRY_FIRST_SECONDS = 0.05
 BUSY_RETRY_MAX_SECONDS = 1.0
 BUSY_WAIT_LIMIT_SECONDS = 120.0
@@ -61,8 +62,8 @@ class HopFailure(Exception):
         self.message = message
 
 
-class HeadBusy(Exception):
-    """The head is at its session cap (503): wait for a slot, nobody is banned."""
+class RouteBusy(Exception):
+    """A node of the route is at its session cap (503): wait for a slot, ban nobody."""
 
 
 class NodeBans:
@@ -191,7 +192,7 @@ class ChatProxy:
                     async for chunk in self._segment():
                         yield chunk
                     break
-                except HeadBusy:
+                except RouteBusy:
                     busy_since = busy_since or self.clock()
                     if self.clock() - busy_since > BUSY_WAIT_LIMIT_SECONDS:
                         raise ApiError(
@@ -265,7 +266,7 @@ class ChatProxy:
                 "POST", f"{head.endpoint}/v1/generate", json=body, timeout=UPSTREAM_TIMEOUT
             ) as response:
                 if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
-                    raise HeadBusy()
+                    raise RouteBusy()
                 if response.status_code != status.HTTP_200_OK:
                     text = (await response.aread()).decode(errors="replace")[:300]
                     raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")
@@ -289,6 +290,8 @@ class ChatProxy:
         """Take one head frame; return the client chunk it becomes, if any."""
         if "error" in frame:
             error = frame["error"]
+            if error.get("code") == "hop_busy":
+                raise RouteBusy()
             node_id = str(error.get("node_id") or segment.decision.plan.head.node_id)
             raise HopFailure(node_id, str(error.get("message", "hop failed")))
         choice = (frame.get("choices") or [{}])[0]

@@ -16,10 +16,15 @@ from meshnet_site.errors import ApiError
 WINDOW_SECONDS = 60
 
 
-def rate_limit_check(*, key_id: int, limit: int, now: float) -> None:
-    """Count one request for ``key_id``; raise a 429 with Retry-After past ``limit``."""
+def rate_limit_check(*, key_hash: str, limit: int, now: float) -> None:
+    """Count one request for the API key with ``key_hash``; a 429 with Retry-After past ``limit``.
+
+    Counters are named by the key's hash, which is unique to the key wherever
+    it lives, so trackers of different deployments sharing one Redis never
+    count each other's requests.
+    """
     window = int(now // WINDOW_SECONDS)
-    counter = f"ratelimit:{key_id}:{window}"
+    counter = f"ratelimit:{key_hash[:24]}:{window}"
     cache.add(counter, 0, timeout=WINDOW_SECONDS * 2)
     count = cache.incr(counter)
     if count > limit:

@@ -29,10 +29,13 @@ HOP_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=60.0)
 
 
 class HopFailed(Exception):
-    def __init__(self, hop: Hop, message: str) -> None:
+    """A downstream hop did not answer a step; ``busy`` when it was at its session cap."""
+
+    def __init__(self, hop: Hop, message: str, *, busy: bool = False) -> None:
         super().__init__(message)
         self.hop = hop
         self.message = message
+        self.busy = busy
 
 
 def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -116,7 +119,8 @@ class Generation:
                         "error": {
                             "message": f"hop {failure.hop.node_id} failed: {failure.message}",
                             "type": "upstream_error",
-                            "code": "hop_failed",
+                            # A full hop is not a broken one: the tracker waits, not bans.
+                            "code": "hop_busy" if failure.busy else "hop_failed",
                             "node_id": failure.hop.node_id,
                         }
                     }
@@ -180,7 +184,11 @@ class Generation:
             except httpx.HTTPError as error:
                 raise HopFailed(hop, f"{type(error).__name__}: {error}") from error
             if response.status_code != 200:
-                raise HopFailed(hop, f"HTTP {response.status_code}: {response.text[:300]}")
+                raise HopFailed(
+                    hop,
+                    f"HTTP {response.status_code}: {response.text[:300]}",
+                    busy=response.status_code == 503,
+                )
             if last:
                 try:
                     return int(response.json()["token_id"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -200,3 +202,28 @@ def test_idle_sessions_are_freed_and_a_full_node_answers_503(
         assert again.status_code == 200
     finally:
         node.stop()
+
+
+def test_a_hop_at_its_session_cap_ends_the_stream_as_busy_not_failed(
+    tmp_path: Path, tiny_nodes: dict[str, NodeProcess]
+) -> None:
+    full = start_node(
+        tmp_path, TINY, (2, 3), node_id="tiny-full", extra_args=["--max-sessions", "1"]
+    )
+    try:
+        full.wait_serving()
+        taken = httpx.post(
+            f"{full.endpoint}/v1/forward",
+            content=bytes(4 * 64 * 3),
+            headers=forward_headers("occupier", 3),
+        )
+        assert taken.status_code == 200
+
+        head = tiny_nodes["head"]
+        frames = read_stream(head.endpoint, generate_body([(head, 0, 1), (full, 2, 3)]))
+
+        error = frames[-2]["error"]
+        assert (error["code"], error["node_id"]) == ("hop_busy", "tiny-full")
+        wait_until(lambda: head.health()["cached_sessions"] == 0)
+    finally:
+        full.stop()
