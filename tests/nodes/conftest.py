@@ -18,7 +18,14 @@ import pytest
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.sampling import SamplingParams
-from tests.conftest import ROOT, free_port, wait_for_port
+from tests.conftest import (
+    ROOT,
+    free_port,
+    fresh_process_database,
+    process_env,
+    query_process_database,
+    wait_for_port,
+)
 
 TINY = "tiny-random-llama"
 SMOLLM2 = "smollm2-135m"
@@ -207,42 +214,32 @@ def tiny_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, N
 @dataclass
 class Tracker:
     url: str
-    database: Path
+    database_url: str
     process: subprocess.Popen[bytes]
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        import sqlite3
-
-        with sqlite3.connect(self.database) as connection:
-            return list(connection.execute(sql, params))
+        """Rows the tracker wrote (``%s`` placeholders, SQLite or PostgreSQL)."""
+        return query_process_database(self.database_url, sql, *params)
 
 
 @pytest.fixture(scope="module")
 def tracker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracker]:
-    """A real tracker process on its own SQLite file, heartbeats every 0.3 s."""
+    """A real tracker process on a database of its own, heartbeats every 0.3 s."""
     tmp = tmp_path_factory.mktemp("tracker")
-    database = tmp / "tracker.sqlite3"
-    env = node_env(
-        DATABASE_URL=f"sqlite:///{database}",
-        DJANGO_SECRET_KEY="node-tests-" + "x" * 50,
-        MESHNET_NODE_HEARTBEAT_INTERVAL="0.3",
-    )
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT, env=env, check=True,
-    )  # fmt: skip
-    port = free_port()
-    command = (
-        [sys.executable, "manage.py", "runtracker", "--host", "127.0.0.1", "--port", str(port)]
-        if (ROOT / "tracker_app/management/commands/runtracker.py").exists()
-        else [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-              "meshnet_site.asgi:application"]
-    )  # fmt: skip
-    with (tmp / "tracker.log").open("wb") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
-    try:
-        wait_for_port("127.0.0.1", port, timeout=60)
-        yield Tracker(f"http://127.0.0.1:{port}", database, process)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    with fresh_process_database() as database_url:
+        env = node_env(
+            **process_env(database_url),
+            MESHNET_NODE_HEARTBEAT_INTERVAL="0.3",
+        )
+        port = free_port()
+        command = [
+            sys.executable, "manage.py", "runtracker", "--host", "127.0.0.1", "--port", str(port),
+        ]  # fmt: skip
+        with (tmp / "tracker.log").open("wb") as log:
+            process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+        try:
+            wait_for_port("127.0.0.1", port, timeout=60)
+            yield Tracker(f"http://127.0.0.1:{port}", database_url, process)
+        finally:
+            process.terminate()
+            process.wait(timeout=20)

@@ -65,12 +65,12 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
         assert "Bearer" not in head.log and "node_token" not in head.log
 
         first_beat = tracker.query(
-            "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
+            "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = %s", head.node_id
         )[0][0]
         wait_until(
             lambda: (
                 tracker.query(
-                    "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = ?", head.node_id
+                    "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = %s", head.node_id
                 )[0][0]
                 != first_beat
             )
@@ -82,9 +82,9 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
         assert completion(frames)[2]["usage"]["completion_tokens"] == 8
         wait_until(
             lambda: (
-                tracker.query("SELECT measured_tps FROM nodes_app_node WHERE id = ?", tail.node_id)[
-                    0
-                ][0]
+                tracker.query(
+                    "SELECT measured_tps FROM nodes_app_node WHERE id = %s", tail.node_id
+                )[0][0]
                 > 0
             )
         )
@@ -92,7 +92,7 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
         head.process.send_signal(signal.SIGTERM)
         assert head.process.wait(timeout=20) == 0
         assert "deregistered" in head.log
-        status = tracker.query("SELECT status FROM nodes_app_node WHERE id = ?", head.node_id)
+        status = tracker.query("SELECT status FROM nodes_app_node WHERE id = %s", head.node_id)
         assert status[0][0] != "online"
     finally:
         head.stop()
@@ -105,7 +105,7 @@ def test_ctrl_c_also_deregisters(tmp_path: Path, tracker: Tracker) -> None:
         node_id = registered_id(node)
         node.process.send_signal(signal.SIGINT)
         assert node.process.wait(timeout=20) == 0
-        status = tracker.query("SELECT status FROM nodes_app_node WHERE id = ?", node_id)
+        status = tracker.query("SELECT status FROM nodes_app_node WHERE id = %s", node_id)
         assert status[0][0] != "online"
     finally:
         node.stop()

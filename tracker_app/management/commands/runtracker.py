@@ -9,6 +9,8 @@ from daphne.server import Server
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from meshnet_site.environment import check_range
 
@@ -38,6 +40,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.apply_route_overrides(options)
+        self.check_migrated()
         from meshnet_site.asgi import application
 
         endpoints = build_endpoint_description_strings(host=options["host"], port=options["port"])
@@ -48,6 +51,17 @@ class Command(BaseCommand):
             f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
         )
         Server(application=application, endpoints=endpoints, verbosity=0).run()
+
+    def check_migrated(self) -> None:
+        """Refuse to serve a database the code's models do not match yet."""
+        executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+        pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        if pending:
+            names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in pending[:5])
+            raise CommandError(
+                f"the database lacks {len(pending)} migration(s) ({names}…); "
+                "run `manage.py migrate` (or `make setup`) first"
+            )
 
     def apply_route_overrides(self, options: dict[str, Any]) -> None:
         """Validate the routing flags like their env vars, then let them win."""
