@@ -196,7 +196,8 @@ def redis_url(env: Mapping[str, str]) -> str | None:
     if not url:
         return None
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ImproperlyConfigured(f"REDIS_URL must start with redis:// or rediss://, got {url!r}")
+        # The value is not echoed: a Redis URL may hold a password.
+        raise ImproperlyConfigured("REDIS_URL must start with redis://, rediss:// or unix://")
     return url
 
 
@@ -213,11 +214,16 @@ def secret_key(env: Mapping[str, str], base_dir: Path) -> str:
     path = base_dir / "var" / "secret_key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a private name, then linked into place: another
+        # process never reads a half-written key, and the first link wins.
+        draft = path.with_name(f".secret_key.{os.getpid()}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process of this machine made it first
+            os.link(draft, path)
+        except FileExistsError:
             pass
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_urlsafe(50))
+        finally:
+            draft.unlink()
     return path.read_text().strip()

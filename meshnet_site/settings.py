@@ -102,6 +102,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "nodes.sweep_stale",
         "schedule": env_.env_float(ENV, "MESHNET_NODE_SWEEP_INTERVAL", 10.0, minimum=0.5),
     },
+    "requests-fail-abandoned": {"task": "requests.fail_abandoned", "schedule": 600.0},
 }
 
 LANGUAGE_CODE = "en-us"

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import ApiError
 from nodes_app import services
 from nodes_app.models import Node
@@ -21,16 +22,15 @@ HARDWARE = ("cpu", "cuda", "mps")
 
 
 def _bearer_token(request: Request) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = bearer_token(request.headers.get("Authorization", ""))
+    if token is None:
         raise ApiError(
             "Missing node token: send 'Authorization: Bearer <node token>'",
             code="missing_node_token",
             status_code=status.HTTP_401_UNAUTHORIZED,
             error_type="authentication_error",
         )
-    return token.strip()
+    return token
 
 
 class NodeOutput(serializers.ModelSerializer[Node]):
@@ -94,11 +94,13 @@ class RegisterNodeApi(APIView):
     def post(self, request: Request) -> Response:
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
-        # The signature covers the fields exactly as the node sent them.
-        fields = {key: request.data[key] for key in data.validated_data if key != "signature"}
+        fields = dict(data.validated_data)
+        signature = fields.pop("signature")
         registration = services.node_register(
             fields=fields,
-            signature=data.validated_data["signature"],
+            # The signature covers the fields exactly as the node sent them.
+            signed_fields={k: v for k, v in request.data.items() if k != "signature"},
+            signature=signature,
             now=timezone.now(),
             max_skew=settings.MESHNET_REGISTRATION_MAX_SKEW,
         )

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import QuerySet
 from rest_framework import status
@@ -49,20 +51,23 @@ def token_hash(token: str) -> str:
 def node_register(
     *,
     fields: dict[str, Any],
+    signed_fields: Mapping[str, Any],
     signature: str,
     now: datetime,
     max_skew: float,
 ) -> Registration:
-    """Register (or re-register) the node described by signed ``fields``.
+    """Register (or re-register) the node described by ``fields``.
 
-    ``fields`` holds wallet, endpoint, model, shard_start, shard_end,
-    num_layers, hardware, device_name, benchmark_tps and timestamp; the
-    signature covers exactly these. A new node, a node coming back online and
-    a shard change each bump the model's topology epoch once; a node that
+    ``fields`` holds the validated wallet, endpoint, model, shard_start,
+    shard_end, num_layers, hardware, device_name, benchmark_tps and
+    timestamp; ``signed_fields`` is what the node sent and signed (the same
+    fields, as JSON values). A signature is accepted once: a replayed
+    registration is refused. A new node, a node coming back online and a
+    shard change each bump the model's topology epoch once; a node that
     re-registers while online (a restart that kept its shard) does not.
     """
     wallet: str = fields["wallet"]
-    if not verify_registration(wallet, fields, signature):
+    if not verify_registration(wallet, signed_fields, signature):
         raise ApiError(
             "Signature does not match the wallet's public key",
             code="invalid_signature",
@@ -80,6 +85,15 @@ def node_register(
         )
     model = _catalogue_model(fields["model"])
     _check_shard(model, fields["shard_start"], fields["shard_end"], fields["num_layers"])
+    # The timestamp bounds how long a captured registration could be replayed;
+    # remembering each accepted signature for that long closes the window.
+    if not cache.add(f"node-registration:{signature}", True, timeout=int(2 * max_skew) + 1):
+        raise ApiError(
+            "This signed registration was already used; sign a new one",
+            code="replayed_registration",
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            error_type="authentication_error",
+        )
 
     node_id = node_id_for(
         wallet=wallet,

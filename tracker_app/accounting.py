@@ -8,7 +8,8 @@ finished only once, whatever races with it.
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import transaction
@@ -20,19 +21,27 @@ from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus
 
 
 def chat_request_open(
-    *, api_key: ApiKey, model: LanguageModel, stream: bool, now: datetime
+    *,
+    request_id: uuid.UUID,
+    api_key: ApiKey,
+    model: LanguageModel,
+    stream: bool,
+    now: datetime,
 ) -> ChatRequest:
-    return ChatRequest.objects.create(api_key=api_key, model=model, stream=stream, started_at=now)
+    return ChatRequest.objects.create(
+        id=request_id, api_key=api_key, model=model, stream=stream, started_at=now
+    )
 
 
-def chat_request_route(*, request: ChatRequest, signature: str, mode: str) -> None:
+def chat_request_route(*, request_id: uuid.UUID, signature: str, mode: str) -> None:
     """Record the route serving the request (again after a failover)."""
-    ChatRequest.objects.filter(pk=request.pk).update(route_signature=signature, mode=mode)
+    ChatRequest.objects.filter(pk=request_id).update(route_signature=signature, mode=mode)
 
 
 def chat_request_complete(
     *,
-    request: ChatRequest,
+    request_id: uuid.UUID,
+    model: LanguageModel,
     prompt_tokens: int,
     completion_tokens: int,
     finish_reason: str,
@@ -42,8 +51,10 @@ def chat_request_complete(
     fee_share: Decimal,
     now: datetime,
 ) -> BillingRecord | None:
-    """Mark the request completed and bill it. None if it was already finished."""
-    model = request.model
+    """Mark the request completed and bill it at ``model``'s prices.
+
+    None if it was already finished (failed, cancelled or billed before).
+    """
     bill = invoice(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -54,7 +65,7 @@ def chat_request_complete(
     )
     with transaction.atomic():
         finished = ChatRequest.objects.filter(
-            pk=request.pk, status=RequestStatus.PROCESSING
+            pk=request_id, status=RequestStatus.PROCESSING
         ).update(
             status=RequestStatus.COMPLETED,
             prompt_tokens=prompt_tokens,
@@ -67,7 +78,7 @@ def chat_request_complete(
         if not finished:
             return None
         record = BillingRecord.objects.create(
-            request=request,
+            request_id=request_id,
             prompt_charge=bill.prompt_charge,
             completion_charge=bill.completion_charge,
             charge=bill.charge,
@@ -90,14 +101,28 @@ def chat_request_complete(
 
 
 def chat_request_fail(
-    *, request: ChatRequest, error: str, now: datetime, cancelled: bool = False
+    *, request_id: uuid.UUID, error: str, now: datetime, cancelled: bool = False
 ) -> bool:
-    """Mark the request failed (or cancelled by the client); never charged."""
+    """Mark the request failed (or cancelled by the client); never charged.
+
+    True when this call finished it; False when it had finished already.
+    """
     return (
-        ChatRequest.objects.filter(pk=request.pk, status=RequestStatus.PROCESSING).update(
+        ChatRequest.objects.filter(pk=request_id, status=RequestStatus.PROCESSING).update(
             status=RequestStatus.CANCELLED if cancelled else RequestStatus.FAILED,
             error=error[:2000],
             finished_at=now,
         )
         > 0
     )
+
+
+def chat_requests_fail_abandoned(*, now: datetime, older_than: timedelta) -> int:
+    """Fail requests still processing long after any generation could last.
+
+    A tracker killed mid-request leaves its rows processing; this closes them
+    (uncharged) so the records and the Call wall tell the truth.
+    """
+    return ChatRequest.objects.filter(
+        status=RequestStatus.PROCESSING, started_at__lt=now - older_than
+    ).update(status=RequestStatus.FAILED, error="abandoned: the tracker stopped", finished_at=now)

@@ -22,6 +22,7 @@ from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from rest_framework import status
 
+from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import ApiError
 from routing_app.models import LanguageModel
 from tracker_app.chat import chat_params_parse, completion_reply
@@ -55,9 +56,26 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
     proxy: ChatProxy | None = None
     task: asyncio.Task[None] | None = None
     _streaming = False
+    _received = 0
+    _refused = False
 
     async def http_request(self, message: dict[str, Any]) -> None:
-        self.body.append(message.get("body", b""))
+        if self._refused:
+            return
+        chunk = message.get("body", b"")
+        self._received += len(chunk)
+        if self._received > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            # Refuse before buffering more: the body is read before the key is checked.
+            self._refused = True
+            await self._send_error(
+                ApiError(
+                    f"Request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes",
+                    code="request_too_large",
+                    status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                )
+            )
+            return
+        self.body.append(chunk)
         if not message.get("more_body"):
             self.task = asyncio.create_task(self.handle(b"".join(self.body)))
 
@@ -65,10 +83,15 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         try:
             await self._serve(body)
         except asyncio.CancelledError:
+            if self.proxy is not None:
+                await asyncio.shield(self.proxy.fail("client disconnected", cancelled=True))
             raise
         except Exception:
-            # A bug of ours must still end the client's request in the documented shape.
+            # A bug of ours must still end the request in the documented shape, and
+            # its record must not stay "processing".
             logger.exception("chat request failed inside the tracker")
+            if self.proxy is not None:
+                await asyncio.shield(self.proxy.fail("the tracker failed to serve this request"))
             error = ApiError(
                 "The tracker failed to serve this request",
                 code="internal_error",
@@ -109,11 +132,9 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             await self._reply(self.proxy)
 
     async def disconnect(self) -> None:
-        if self.task is None or self.task.done():
-            return
-        self.task.cancel()
-        if self.proxy is not None:
-            await asyncio.shield(self.proxy.cancel())
+        # The task records the cancellation itself (see handle).
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
 
     async def _stream(self, proxy: ChatProxy) -> None:
         self._streaming = True
@@ -152,10 +173,10 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
 
     async def _authenticate(self) -> ApiKey:
         headers = dict(self.scope.get("headers", []))
-        scheme, _, key = headers.get(b"authorization", b"").decode(errors="replace").partition(" ")
+        key = bearer_token(headers.get(b"authorization", b"").decode(errors="replace"))
         api_key = None
-        if scheme.lower() == "bearer" and key.strip():
-            api_key = await database_sync_to_async(api_key_lookup)(plain=key.strip())
+        if key is not None:
+            api_key = await database_sync_to_async(api_key_lookup)(plain=key)
         if api_key is None:
             raise ApiError(
                 "Missing or invalid API key: send 'Authorization: Bearer <key>'",

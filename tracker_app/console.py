@@ -8,14 +8,16 @@ so a long generation never floods the ring.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
 
 DASHBOARD_GROUP = "dashboard"
 RING_SIZE = 500
@@ -70,23 +72,23 @@ class ConsoleRing:
 _ring = ConsoleRing()
 
 
-def console_ring() -> ConsoleRing:
-    """This tracker process's ring."""
-    return _ring
-
-
 async def console_emit(kind: str, request_id: str, **data: Any) -> ConsoleEvent:
-    """Record an event and push it to every dashboard connected to any tracker."""
+    """Record an event and push it to every dashboard connected to any tracker.
+
+    Best effort: a channel layer that is down (Redis away) costs the dashboards
+    this event, never the request that emitted it.
+    """
     event = ConsoleEvent(kind=kind, request_id=request_id, data=data)
     _ring.add(event)
     layer = get_channel_layer()
     if layer is not None:
-        await layer.group_send(DASHBOARD_GROUP, {"type": "console.event", "event": event.to_dict()})
+        try:
+            await layer.group_send(
+                DASHBOARD_GROUP, {"type": "console.event", "event": event.to_dict()}
+            )
+        except Exception:
+            logger.warning("could not push %r to the dashboards", kind, exc_info=True)
     return event
-
-
-def console_emit_sync(kind: str, request_id: str, **data: Any) -> ConsoleEvent:
-    return async_to_sync(console_emit)(kind, request_id, **data)
 
 
 def call_wall(ring: ConsoleRing | None = None, *, recent: int = 20) -> dict[str, Any]:

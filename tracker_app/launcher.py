@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -54,6 +54,10 @@ class Topology:
     def tracker_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def node_endpoints(self) -> list[str]:
+        return [f"http://{self.host}:{node.port}" for node in self.nodes]
+
 
 def topology_load(path: Path | None) -> Topology:
     """Parse a topology JSON file (the default demo topology when ``path`` is None)."""
@@ -83,6 +87,7 @@ class Network:
         self.log_dir = log_dir
         self.say = say
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._logs: list[IO[bytes]] = []
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -152,12 +157,16 @@ class Network:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+        for log in self._logs:
+            log.close()
 
     def _spawn(self, name: str, command_args: list[str]) -> None:
         self._spawn_raw(name, [sys.executable, str(ROOT / "manage.py"), *command_args])
 
     def _spawn_raw(self, name: str, argv: list[str]) -> None:
         log = (self.log_dir / f"{name}.log").open("wb")
+        self._logs.append(log)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.processes.append((name, process))

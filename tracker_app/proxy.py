@@ -37,7 +37,7 @@ from routing_app.services import route_quarantine_node, route_sample_record, rou
 from tracker_app import accounting, console
 from tracker_app.billing import HopWork
 from tracker_app.chat import ChatParams, completion_chunk
-from tracker_app.models import ApiKey, ChatRequest
+from tracker_app.models import ApiKey
 
 logger = logging.getLogger(__name__)
 
@@ -138,17 +138,19 @@ class ChatProxy:
         self.fee_share = fee_share
         self.emit = emit
         self.clock = clock
-        self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        # The record's id is fixed before it exists, so a cancel that races
+        # with its creation still finds it (DB calls run in order on one thread).
+        self.request_uuid = uuid.uuid4()
+        self.request_id = str(self.request_uuid)
+        self.completion_id = f"chatcmpl-{self.request_uuid.hex}"
         self.created = int(time.time())
         self.outcome = Outcome()
-        self.record: ChatRequest | None = None
         self.token_ids: list[int] = []
+        self._started = clock()
         self._first_token_at: float | None = None
         self._last_progress = 0.0
-
-    @property
-    def request_id(self) -> str:
-        return str(self.record.pk) if self.record else self.completion_id
+        self._busy_since: float | None = None
+        self._busy_delay = BUSY_RETRY_FIRST_SECONDS
 
     @property
     def meshnet(self) -> dict[str, Any]:
@@ -164,8 +166,12 @@ class ChatProxy:
         decision = await database_sync_to_async(route_select)(
             model=self.model, pinned=self.params.route
         )
-        self.record = await database_sync_to_async(accounting.chat_request_open)(
-            api_key=self.api_key, model=self.model, stream=self.params.stream, now=timezone.now()
+        await database_sync_to_async(accounting.chat_request_open)(
+            request_id=self.request_uuid,
+            api_key=self.api_key,
+            model=self.model,
+            stream=self.params.stream,
+            now=timezone.now(),
         )
         self._started = self.clock()
         await self._use(decision, replayed=0)
@@ -184,8 +190,6 @@ class ChatProxy:
             meshnet=self.meshnet,
         )
         failovers = 0
-        busy_since: float | None = None
-        busy_delay = BUSY_RETRY_FIRST_SECONDS
         try:
             while True:
                 try:
@@ -193,23 +197,13 @@ class ChatProxy:
                         yield chunk
                     break
                 except RouteBusy:
-                    busy_since = busy_since or self.clock()
-                    if self.clock() - busy_since > BUSY_WAIT_LIMIT_SECONDS:
-                        raise ApiError(
-                            "Every slot of the route's head stayed busy for "
-                            f"{BUSY_WAIT_LIMIT_SECONDS:.0f} s; retry later",
-                            code="route_busy",
-                            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-                            error_type="server_error",
-                        ) from None
-                    await asyncio.sleep(busy_delay)
-                    busy_delay = min(BUSY_RETRY_MAX_SECONDS, busy_delay * 2)
+                    await self._wait_for_slot()
                 except HopFailure as failure:
                     failovers += 1
                     await self._fail_over(failure, exhausted=failovers > MAX_FAILOVERS)
         except ApiError as error:
             self.outcome.error = error
-            await self._finish_failed(error.message)
+            await self.fail(error.message)
             yield {"error": error.body()["error"]}
             return
         await self._finish_completed()
@@ -222,21 +216,42 @@ class ChatProxy:
             usage=self.outcome.usage,
         )
 
-    async def cancel(self) -> None:
-        """The client went away: nothing is charged, nothing is learned."""
-        if self.record is not None:
-            await database_sync_to_async(accounting.chat_request_fail)(
-                request=self.record, error="client disconnected", now=timezone.now(), cancelled=True
+    async def fail(self, message: str, *, cancelled: bool = False) -> None:
+        """Record the request failed (or cancelled by the client): never charged.
+
+        Safe to call on any exit path and more than once: only the first call
+        that finds the request still processing changes it and tells the
+        console.
+        """
+        failed = await database_sync_to_async(accounting.chat_request_fail)(
+            request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
+        )
+        if failed:
+            await self.emit(console.ERROR, self.request_id, message=message)
+
+    async def _wait_for_slot(self) -> None:
+        """A node of the route is full: wait with back-off, up to the limit."""
+        now = self.clock()
+        self._busy_since = self._busy_since or now
+        if now - self._busy_since > BUSY_WAIT_LIMIT_SECONDS:
+            raise ApiError(
+                f"The route's nodes stayed at their session cap for "
+                f"{BUSY_WAIT_LIMIT_SECONDS:.0f} s; retry later",
+                code="route_busy",
+                status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                error_type="server_error",
             )
-            await self.emit(console.ERROR, self.request_id, message="client disconnected")
+        await asyncio.sleep(self._busy_delay)
+        self._busy_delay = min(BUSY_RETRY_MAX_SECONDS, self._busy_delay * 2)
 
     async def _use(self, decision: RouteDecision, *, replayed: int) -> None:
         self.outcome.segments.append(
             Segment(decision=decision, replayed=replayed, started=self.clock())
         )
-        assert self.record is not None
         await database_sync_to_async(accounting.chat_request_route)(
-            request=self.record, signature=decision.plan.signature, mode=str(decision.mode)
+            request_id=self.request_uuid,
+            signature=decision.plan.signature,
+            mode=str(decision.mode),
         )
         await self.emit(
             console.ROUTE_SELECTED,
@@ -270,16 +285,22 @@ class ChatProxy:
                 if response.status_code != status.HTTP_200_OK:
                     text = (await response.aread()).decode(errors="replace")[:300]
                     raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")
+                # Connected: waiting for a slot is over, and the route's clock starts.
+                self._busy_since, self._busy_delay = None, BUSY_RETRY_FIRST_SECONDS
+                segment.started = self.clock()
                 await self.emit(console.CONNECTED, self.request_id, endpoint=head.endpoint)
                 async for line in response.aiter_lines():
-                    frame = _sse_payload(line)
-                    if frame is None:
-                        continue
-                    chunk = self._absorb(frame, segment)
+                    try:
+                        frame = _sse_payload(line)
+                        chunk = None if frame is None else self._absorb(frame, segment)
+                    except (ValueError, KeyError, TypeError) as error:
+                        raise HopFailure(head.node_id, f"malformed frame: {error}") from error
                     if chunk is not None:
                         yield chunk
                         await self._progress()
         except httpx.HTTPError as error:
+            if self.outcome.finish_reason:
+                return  # the answer was complete; only the connection's close failed
             raise HopFailure(head.node_id, f"{type(error).__name__}: {error}") from error
         finally:
             _in_flight[head.endpoint] -= 1
@@ -292,10 +313,15 @@ class ChatProxy:
             error = frame["error"]
             if error.get("code") == "hop_busy":
                 raise RouteBusy()
-            node_id = str(error.get("node_id") or segment.decision.plan.head.node_id)
+            # The head may only blame a node of this route; otherwise it is at fault.
+            plan = segment.decision.plan
+            blamed = str(error.get("node_id"))
+            node_id = blamed if blamed in plan.node_ids else plan.head.node_id
             raise HopFailure(node_id, str(error.get("message", "hop failed")))
         choice = (frame.get("choices") or [{}])[0]
         token_ids = [int(t) for t in frame.get("meshnet_token_ids", [])]
+        if len(self.token_ids) + len(token_ids) > self.params.max_tokens:
+            raise ValueError(f"the head sent more than the {self.params.max_tokens} tokens asked")
         self.token_ids += token_ids
         segment.produced += len(token_ids)
         if frame.get("usage"):
@@ -331,6 +357,7 @@ class ChatProxy:
         )
 
     async def _fail_over(self, failure: HopFailure, *, exhausted: bool) -> None:
+        self._busy_since, self._busy_delay = None, BUSY_RETRY_FIRST_SECONDS
         ban = node_bans.fail(failure.node_id)
         route_quarantine_node(node_id=failure.node_id, seconds=ban)
         logger.warning(
@@ -349,7 +376,6 @@ class ChatProxy:
         await self._use(decision, replayed=len(self.token_ids))
 
     async def _finish_completed(self) -> None:
-        assert self.record is not None
         now = self.clock()
         prompt = self.outcome.prompt_tokens
         work = [
@@ -367,7 +393,8 @@ class ChatProxy:
         tps = self.outcome.completion_tokens / elapsed if elapsed > 0 else None
         ttft = (self._first_token_at - self._started) * 1000 if self._first_token_at else None
         await database_sync_to_async(accounting.chat_request_complete)(
-            request=self.record,
+            request_id=self.request_uuid,
+            model=self.model,
             prompt_tokens=prompt,
             completion_tokens=self.outcome.completion_tokens,
             finish_reason=self.outcome.finish_reason,
@@ -390,13 +417,6 @@ class ChatProxy:
             tokens_per_second=round(tps, 2) if tps else None,
             finish_reason=self.outcome.finish_reason,
         )
-
-    async def _finish_failed(self, message: str) -> None:
-        if self.record is not None:
-            await database_sync_to_async(accounting.chat_request_fail)(
-                request=self.record, error=message, now=timezone.now()
-            )
-        await self.emit(console.ERROR, self.request_id, message=message)
 
 
 def _sse_payload(line: str) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.models import Node, NodeStatus
+from nodes_app.signing import sign_registration
 from routing_app.models import LanguageModel
 from routing_app.selectors import topology_epoch_current
 from tests.nodes.registration import signed_registration
@@ -205,3 +206,37 @@ def test_a_banned_node_cannot_register_again(client: APIClient) -> None:
     Node.objects.filter(pk=registered["node_id"]).update(status=NodeStatus.BANNED)
 
     assert_error(register(client, signed_registration(key)), 403, "node_banned", "banned")
+
+
+def test_a_captured_registration_cannot_be_replayed(client: APIClient) -> None:
+    body = signed_registration()
+    assert register(client, body).status_code == status.HTTP_201_CREATED
+
+    assert_error(register(client, body), 401, "replayed_registration", "already used")
+
+
+def test_a_registration_may_leave_out_optional_fields(client: APIClient) -> None:
+    body = signed_registration()
+    del body["device_name"]
+    key = Ed25519PrivateKey.generate()
+    fields = {
+        k: v for k, v in signed_registration(key).items() if k not in ("signature", "device_name")
+    }
+    body = {**fields, "signature": sign_registration(key, fields)}
+
+    response = register(client, body)
+
+    assert response.status_code == status.HTTP_201_CREATED, response.content
+    assert response.json()["node"]["device_name"] == ""
+
+
+def test_layers_sent_as_numeric_strings_are_read_as_numbers(client: APIClient) -> None:
+    key = Ed25519PrivateKey.generate()
+    fields = {k: v for k, v in signed_registration(key).items() if k != "signature"}
+    fields["shard_end"] = "3"
+    body = {**fields, "signature": sign_registration(key, fields)}
+
+    response = register(client, body)
+
+    assert response.status_code == status.HTTP_201_CREATED, response.content
+    assert Node.objects.get(pk=response.json()["node_id"]).shard_end == 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -9,7 +11,12 @@ from django.utils import timezone
 
 from nodes_app.models import Node
 from routing_app.models import LanguageModel
-from tracker_app.accounting import chat_request_complete, chat_request_fail, chat_request_open
+from tracker_app.accounting import (
+    chat_request_complete,
+    chat_request_fail,
+    chat_request_open,
+    chat_requests_fail_abandoned,
+)
 from tracker_app.billing import HopWork
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus
 from tracker_app.services import api_key_create
@@ -41,12 +48,15 @@ def smol() -> LanguageModel:
 
 def open_request(model: LanguageModel) -> ChatRequest:
     key = api_key_create(name="client").api_key
-    return chat_request_open(api_key=key, model=model, stream=True, now=timezone.now())
+    return chat_request_open(
+        request_id=uuid.uuid4(), api_key=key, model=model, stream=True, now=timezone.now()
+    )
 
 
 def complete(request: ChatRequest) -> BillingRecord | None:
     return chat_request_complete(
-        request=request,
+        request_id=request.pk,
+        model=request.model,
         prompt_tokens=120,
         completion_tokens=40,
         finish_reason="stop",
@@ -91,9 +101,26 @@ def test_a_failed_request_is_not_charged_and_cannot_be_completed_later(
 ) -> None:
     request = open_request(smol)
 
-    assert chat_request_fail(request=request, error="hop died", now=timezone.now())
+    assert chat_request_fail(request_id=request.pk, error="hop died", now=timezone.now())
+    assert not chat_request_fail(request_id=request.pk, error="again", now=timezone.now())
 
     assert complete(request) is None
     request.refresh_from_db()
     assert request.status == RequestStatus.FAILED and request.error == "hop died"
     assert not BillingRecord.objects.exists()
+
+
+def test_requests_abandoned_by_a_stopped_tracker_are_failed_uncharged(
+    smol: LanguageModel,
+) -> None:
+    old, fresh = open_request(smol), open_request(smol)
+    ChatRequest.objects.filter(pk=old.pk).update(started_at=timezone.now() - timedelta(hours=4))
+
+    closed = chat_requests_fail_abandoned(now=timezone.now(), older_than=timedelta(hours=3))
+
+    assert closed == 1
+    old.refresh_from_db()
+    fresh.refresh_from_db()
+    assert (old.status, fresh.status) == (RequestStatus.FAILED, RequestStatus.PROCESSING)
+    assert "abandoned" in old.error
+    assert complete(old) is None

@@ -368,3 +368,27 @@ def test_the_openai_python_client_chats_through_the_tracker(network: Network) ->
     assert [m.id for m in client.models.list()] == [TINY]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=PROMPT)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def lonely(tmp_path: Path) -> Iterator[Network]:
+    """A single whole-model node: once it dies no route is left."""
+    with fresh_process_database() as database_url:
+        for network in start_network(database_url, tmp_path):
+            network.add_node("only", TINY, (0, 3))
+            yield network
+
+
+def test_when_no_route_is_left_the_stream_ends_with_an_error_and_no_charge(
+    lonely: Network,
+) -> None:
+    lonely.nodes["only"].managed.process.kill()
+    lonely.nodes["only"].managed.process.wait()
+
+    frames = lonely.stream(model=TINY, messages=PROMPT, max_tokens=8, temperature=0)
+
+    assert frames[-1] == "[DONE]"
+    error = frames[-2]["error"]
+    assert error["code"] == "no_route" and "quarantined" in error["message"]
+    assert lonely.query("SELECT status FROM tracker_app_chatrequest") == [("failed",)]
+    assert not lonely.query("SELECT id FROM tracker_app_billingrecord")

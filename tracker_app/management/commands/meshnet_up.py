@@ -33,8 +33,12 @@ class Command(BaseCommand):
         try:
             network.start()
             self.stdout.write("waiting for the nodes to load their shards and register…")
+            # Only this topology's endpoints: rows of an earlier run do not count.
             network.wait_for_nodes(
-                lambda: Node.objects.filter(status=NodeStatus.ONLINE).count(), timeout=300
+                lambda: Node.objects.filter(
+                    status=NodeStatus.ONLINE, endpoint__in=topology.node_endpoints
+                ).count(),
+                timeout=300,
             )
             self.print_welcome(topology.tracker_url)
             while True:

@@ -56,6 +56,7 @@ class Command(BaseCommand):
         """Refuse to serve a database the code's models do not match yet."""
         executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
         pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        connections.close_all()  # the server opens its own, per thread
         if pending:
             names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in pending[:5])
             raise CommandError(
