@@ -69,7 +69,11 @@ def _scout_target(arms: Sequence[ArmView]) -> int | None:
 
 
 def _exploit_weights(proven: Sequence[ArmView], alpha: float) -> list[float]:
-    return [max(arm.tps or 0.0, 0.0) ** alpha for arm in proven]
+    """tps^alpha, scaled by the fastest arm's so a large alpha cannot overflow."""
+    fastest = max((arm.tps or 0.0 for arm in proven), default=0.0)
+    if fastest <= 0:
+        return [0.0] * len(proven)
+    return [(max(arm.tps or 0.0, 0.0) / fastest) ** alpha for arm in proven]
 
 
 def choose_arm(

@@ -17,6 +17,7 @@ from meshnet_site.errors import ApiError, validation_message
 
 DEFAULT_MAX_TOKENS = 256
 MAX_MAX_TOKENS = 4096
+MAX_STOP_LENGTH = 256
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
@@ -67,6 +68,8 @@ class _ChatRequest(serializers.Serializer[dict[str, Any]]):
             raise serializers.ValidationError("must be a non-empty string or a list of them")
         if len(stops) > 4:
             raise serializers.ValidationError("at most 4 stop sequences")
+        if any(len(stop) > MAX_STOP_LENGTH for stop in stops):
+            raise serializers.ValidationError(f"each at most {MAX_STOP_LENGTH} characters")
         return stops
 
 

@@ -282,6 +282,8 @@ class ChatProxy:
             ) as response:
                 if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                     raise RouteBusy()
+                if response.status_code == status.HTTP_400_BAD_REQUEST:
+                    raise _refusal(await response.aread())
                 if response.status_code != status.HTTP_200_OK:
                     text = (await response.aread()).decode(errors="replace")[:300]
                     raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")
@@ -417,6 +419,17 @@ class ChatProxy:
             tokens_per_second=round(tps, 2) if tps else None,
             finish_reason=self.outcome.finish_reason,
         )
+
+
+def _refusal(body: bytes) -> ApiError:
+    """The head refused the request itself (too long for the context, a template that
+    rejects the messages): the client's error to fix, not a node to ban."""
+    try:
+        error = json.loads(body)["error"]
+        message, code = str(error["message"]), str(error.get("code") or "invalid_request")
+    except (ValueError, KeyError, TypeError):
+        message, code = body.decode(errors="replace")[:300], "invalid_request"
+    return ApiError(f"The model's node refused the request: {message}", code=code)
 
 
 def _sse_payload(line: str) -> dict[str, Any] | None:

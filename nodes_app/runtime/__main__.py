@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
+from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights")
     parser.add_argument("--node-id")
     parser.add_argument("--max-sessions", type=int, default=8)
-    parser.add_argument("--idle-timeout", type=float, default=120.0)
+    parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
     args = parser.parse_args(argv)
     start, end = args.layers
     options = NodeOptions(

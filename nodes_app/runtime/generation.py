@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from nodes_app.runtime import wire
+from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.plan import GenerateRequest, Hop
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
@@ -44,6 +45,29 @@ def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int]:
+    """The request's prompt token ids, checked to fit the model's context with its budget.
+
+    Tokenised on the torch worker (never on the event loop) and before any
+    byte is streamed, so a template that refuses the messages is a 400.
+    """
+    tokenizer = service.shard.tokenizer
+    try:
+        prompt = await service.compute(lambda: prompt_token_ids(tokenizer, request.messages))
+    except Exception as error:  # the chat template's own complaint, e.g. role order
+        raise RuntimeRequestError(
+            f"the model's chat template refused the messages: {error}", code="invalid_request"
+        ) from error
+    needed = len(prompt) + request.max_tokens
+    if needed > service.context_length:
+        raise RuntimeRequestError(
+            f"the prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
+            f"the model's context of {service.context_length} tokens",
+            code="context_length_exceeded",
+        )
+    return prompt
+
+
 def eos_token_ids(service: NodeService) -> set[int]:
     ids: set[int] = set()
     configured = getattr(service.shard.config, "eos_token_id", None)
@@ -64,10 +88,17 @@ def sse(payload: Any) -> bytes:
 class Generation:
     """One ``/v1/generate`` call on the head; iterate :meth:`stream` for SSE frames."""
 
-    def __init__(self, service: NodeService, client: httpx.AsyncClient, request: GenerateRequest):
+    def __init__(
+        self,
+        service: NodeService,
+        client: httpx.AsyncClient,
+        request: GenerateRequest,
+        prompt: list[int],
+    ):
         self.service = service
         self.client = client
         self.request = request
+        self.prompt = prompt
         self.session_id = f"{request.request_id}.{uuid.uuid4().hex[:12]}"
         self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -100,8 +131,7 @@ class Generation:
             self._release()
 
     async def _frames(self) -> AsyncIterator[bytes]:
-        request, tokenizer = self.request, self.service.shard.tokenizer
-        prompt = prompt_token_ids(tokenizer, request.messages)
+        request, tokenizer, prompt = self.request, self.service.shard.tokenizer, self.prompt
         resumed = request.resume_token_ids
         budget = request.max_tokens - len(resumed)
         detokenizer = IncrementalDetokenizer(tokenizer, resumed)

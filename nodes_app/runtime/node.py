@@ -27,6 +27,7 @@ from nodes_app.runtime.benchmark import measure_decode_tps
 from nodes_app.runtime.loading import LoadedShard, load_shard
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
+from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.tracker_client import (
     NodeAnnouncement,
@@ -51,7 +52,7 @@ class NodeOptions:
     node_id: str | None = None
     advertise: str | None = None
     max_sessions: int = 8
-    idle_timeout: float = 120.0
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS
 
     @property
     def endpoint(self) -> str:

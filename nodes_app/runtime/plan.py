@@ -10,6 +10,7 @@ from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.sampling import SamplingParams
 
 MAX_STOPS = 8
+MAX_STOP_LENGTH = 256
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,12 @@ def parse_generate_request(body: Any, head: HeadIdentity) -> GenerateRequest:
     if (
         not isinstance(stop, list)
         or len(stop) > MAX_STOPS
-        or not all(isinstance(s, str) for s in stop)
+        or not all(isinstance(s, str) and len(s) <= MAX_STOP_LENGTH for s in stop)
     ):
-        raise _fail(f"stop must be a string or a list of at most {MAX_STOPS} strings")
+        raise _fail(
+            f"stop must be a string or a list of at most {MAX_STOPS} strings "
+            f"of at most {MAX_STOP_LENGTH} characters"
+        )
     resume = body.get("resume_token_ids") or []
     if not isinstance(resume, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < head.vocab_size for t in resume

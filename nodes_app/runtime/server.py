@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.generation import Generation
+from nodes_app.runtime.generation import HOP_TIMEOUT, Generation, prompt_for
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
 from nodes_app.runtime.service import NodeService
 
@@ -43,9 +43,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
-        state["client"] = httpx.AsyncClient(
-            limits=limits, timeout=httpx.Timeout(300.0, connect=5.0)
-        )
+        state["client"] = httpx.AsyncClient(limits=limits, timeout=HOP_TIMEOUT)
         interval = reap_interval or max(0.2, min(5.0, service.store.idle_timeout / 4))
         reaper = asyncio.create_task(_reap(service, interval))
         try:
@@ -61,6 +59,16 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
     async def forward(request: Request) -> Response:
         try:
             step = wire.parse_step_headers(request.headers)
+            # Refuse on the headers alone, and bound the body by its declared
+            # shape, before reading any of it.
+            service.check_step(step)
+            expected = wire.body_length(step)
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) != expected:
+                raise RuntimeRequestError(
+                    f"body has {declared} bytes; the step's shape and dtype need {expected}",
+                    code="bad_length",
+                )
             body = await request.body()
             result = await service.forward(step, body)
         except RuntimeRequestError as error:
@@ -111,7 +119,9 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
                 body = await request.json()
             except ValueError:
                 raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
-            generation = Generation(service, state["client"], parse_generate_request(body, head))
+            plan = parse_generate_request(body, head)
+            prompt = await prompt_for(service, plan)
+            generation = Generation(service, state["client"], plan, prompt)
         except RuntimeRequestError as error:
             return _error(error)
         return _SSEResponse(generation.stream(), media_type="text/event-stream")

@@ -20,7 +20,7 @@ from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.loading import LoadedShard
 from nodes_app.runtime.sampling import SamplingParams, new_generator, sample_token
-from nodes_app.runtime.sessions import Session, SessionStore
+from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.shard import ShardExecutor
 
 T = TypeVar("T")
@@ -47,7 +47,7 @@ class NodeService:
         *,
         node_id: str,
         max_sessions: int = 8,
-        idle_timeout: float = 120.0,
+        idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         benchmark_tps: float = 0.0,
     ) -> None:
         self.shard = shard
@@ -99,6 +99,20 @@ class NodeService:
                 code="layers_out_of_range",
             )
 
+    @property
+    def context_length(self) -> int:
+        """Positions the model was built for; nothing past them is computed."""
+        return int(getattr(self.shard.config, "max_position_embeddings", 0) or 2**31)
+
+    def check_context(self, position: int, length: int) -> None:
+        """Refuse steps that would run past the model's context length."""
+        if position + length > self.context_length:
+            raise RuntimeRequestError(
+                f"positions {position}..{position + length - 1} exceed the model's "
+                f"context of {self.context_length} tokens",
+                code="context_length_exceeded",
+            )
+
     def open_session(self, session_id: str, start: int, end: int) -> Session:
         self.check_range(start, end)
         return self.store.create(session_id, start=start, end=end, cache=self.executor.new_cache())
@@ -106,26 +120,29 @@ class NodeService:
     def cancel(self, session_id: str) -> bool:
         return self.store.drop(session_id)
 
-    async def forward(self, step: wire.ForwardStep, body: bytes) -> bytes | int:
-        """One hop step: hidden states in, hidden states (or the sampled token) out."""
+    def check_step(self, step: wire.ForwardStep) -> None:
+        """Everything about a step its headers alone can refuse, before its body is read."""
         self.check_range(step.start, step.end)
         if step.start == 0:
             raise RuntimeRequestError(
                 "layer 0 takes token ids: only the head runs it", code="layers_out_of_range"
             )
-        if step.dtype != self.dtype_name:
-            raise RuntimeRequestError(
-                f"this node computes in {self.dtype_name}, not {step.dtype}", code="bad_dtype"
-            )
+        self.check_context(step.position, step.shape[1])
+        # Any float dtype of the wire is accepted and cast on arrival: a GPU
+        # head in float16 may hand over to a CPU node computing in float32.
         if step.shape[2] != self.shard.hidden_size:
             raise RuntimeRequestError(
                 f"hidden size is {self.shard.hidden_size}, not {step.shape[2]}", code="bad_shape"
             )
-        last = step.end == self.shard.num_layers - 1
-        if last and step.sampling is None:
+        if step.end == self.shard.num_layers - 1 and step.sampling is None:
             raise RuntimeRequestError(
                 f"the hop ending at the last layer needs {wire.SAMPLING}", code="missing_header"
             )
+
+    async def forward(self, step: wire.ForwardStep, body: bytes) -> bytes | int:
+        """One hop step: hidden states in, hidden states (or the sampled token) out."""
+        self.check_step(step)
+        last = step.end == self.shard.num_layers - 1
         hidden = wire.tensor_from_bytes(body, step.dtype, step.shape)
         session = self.store.get(step.session_id)
         if session is None:
@@ -159,7 +176,7 @@ class NodeService:
         self, session: Session, hidden: torch.Tensor, sampling: SamplingParams | None
     ) -> bytes | int:
         began = time.perf_counter()
-        hidden = hidden.to(device=self.shard.device)
+        hidden = hidden.to(device=self.shard.device, dtype=self.shard.dtype)
         out = self.executor.run_layers(
             hidden,
             cache=session.cache,

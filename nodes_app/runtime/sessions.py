@@ -17,6 +17,10 @@ from typing import Any
 
 from nodes_app.runtime.errors import RuntimeRequestError
 
+# Longer than a hop may wait on its downstream hops for one step (300 s read
+# timeout): a live session is never reaped between two of its steps.
+IDLE_TIMEOUT_SECONDS = 600.0
+
 
 @dataclass
 class Session:

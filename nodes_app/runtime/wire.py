@@ -125,6 +125,11 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
 
+def body_length(step: ForwardStep) -> int:
+    """Bytes a step's hidden states take on the wire."""
+    return math.prod(step.shape) * DTYPES[step.dtype].itemsize
+
+
 def tensor_from_bytes(body: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     torch_dtype = DTYPES[dtype]
     expected = math.prod(shape) * torch_dtype.itemsize

@@ -61,12 +61,13 @@ def test_a_middle_hop_returns_hidden_states_in_the_wire_format(client: TestClien
 @pytest.mark.parametrize(
     ("headers", "body", "code"),
     [
-        (forward_headers("x", 2, dtype="float16"), hidden_bytes(2), "bad_dtype"),
+        (forward_headers("x", 2, dtype="float16"), hidden_bytes(2), "bad_length"),
         (forward_headers("x", 2, dtype="int8"), hidden_bytes(2), "bad_dtype"),
         (forward_headers("x", 2, shape="1,2,63"), hidden_bytes(2), "bad_shape"),
         (forward_headers("x", 2, shape="2,x"), hidden_bytes(2), "bad_shape"),
         (forward_headers("x", 3), hidden_bytes(2), "bad_length"),
         (forward_headers("x", 1, position=7), hidden_bytes(1), "unknown_session"),
+        (forward_headers("x", 2, position=4095), hidden_bytes(2), "context_length_exceeded"),
         (forward_headers("x", 2, start=0), hidden_bytes(2), "layers_out_of_range"),
         (forward_headers("x", 2, start=2, end=4), hidden_bytes(2), "layers_out_of_range"),
         ({"X-Meshnet-Session": "x"}, hidden_bytes(2), "missing_header"),
@@ -87,6 +88,21 @@ def test_bad_input_is_refused_with_400_and_the_node_keeps_serving(
     good = client.post("/v1/forward", content=hidden_bytes(1), headers=forward_headers("ok", 1))
     assert good.status_code == 200
     client.delete("/v1/sessions/ok")
+
+
+def test_hidden_states_in_another_float_dtype_are_cast_on_arrival(client: TestClient) -> None:
+    # A GPU head in float16 handing over to this float32 node (ADR-0020's topology).
+    half = torch.randn(1, 3, HIDDEN, generator=torch.Generator().manual_seed(3)).half()
+
+    response = client.post(
+        "/v1/forward",
+        content=wire.tensor_to_bytes(half),
+        headers=forward_headers("half", 3, dtype="float16"),
+    )
+
+    assert response.status_code == 200, response.text
+    assert isinstance(response.json()["token_id"], int)
+    client.delete("/v1/sessions/half")
 
 
 def test_a_step_at_the_wrong_position_is_refused(client: TestClient) -> None:

@@ -235,3 +235,15 @@ def test_it_answers_503_naming_the_layers_no_online_node_serves(store):
 def test_it_refuses_to_choose_among_no_candidates(store):
     with pytest.raises(ValueError, match="at least one candidate"):
         draw(store, plans=[], n=1)
+
+
+def test_a_very_large_alpha_sends_all_exploit_traffic_to_the_fastest_route(store):
+    learn(store, FAST, 600.0)
+    learn(store, SLOW, 400.0)
+    config = RoutingConfig(explore_share=0.0, weight_alpha=400.0)
+
+    shares = policy_shares(arms=store.views(plans=[FAST, SLOW], epoch=1), config=config)
+    decisions = draw(store, plans=[FAST, SLOW], config=config, n=50)
+
+    assert shares == pytest.approx([1.0, 0.0])
+    assert {d.plan.signature for d in decisions} == {FAST.signature}

@@ -227,6 +227,11 @@ def test_bad_requests_get_their_status_and_the_openai_error_shape(network: Netwo
         503,
         "no_route",
     )
+    assert "context" in error_of(
+        httpx.post(url, json={**good, "max_tokens": 4096}, headers=network.headers()),
+        400,
+        "context_length_exceeded",
+    )
     tail = network.nodes["tail"]
     assert error_of(
         httpx.post(url, json={**good, "route": [tail.node_id]}, headers=network.headers()),

@@ -8,6 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
+
 
 def _layers(value: str) -> tuple[int, int]:
     first, sep, last = value.partition("-")
@@ -35,7 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("--weights", help="local directory, .gguf file or hub id for KEY")
         parser.add_argument("--advertise", help="URL other nodes reach this one at")
         parser.add_argument("--max-sessions", type=int, default=8)
-        parser.add_argument("--idle-timeout", type=float, default=120.0)
+        parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         # torch is imported here, never when Django loads the app.
