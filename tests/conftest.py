@@ -206,19 +206,7 @@ def tracker_process(process_database_url: str, tmp_path: Path) -> Iterator[Track
 
 def start_worker(env: dict[str, str], log_path: Path) -> ManagedProcess:
     """A real Celery worker with the beat scheduler embedded (`worker -B`)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "meshnet_site",
-        "worker",
-        "-B",
-        "--pool",
-        "solo",
-        "--loglevel",
-        "INFO",
-        "--schedule",
-        str(log_path.parent / "celerybeat-schedule"),
-    ]
+    from tracker_app.launcher import worker_argv
+
+    argv = worker_argv("--pool", "solo", "--schedule", str(log_path.parent / "celerybeat-schedule"))
     return ManagedProcess(argv, env, log_path)

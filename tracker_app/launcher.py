@@ -97,22 +97,7 @@ class Network:
             ["runtracker", "--host", t.host, "--port", str(t.port)],
         )
         wait_until(lambda: _answers(f"{t.tracker_url}/healthz"), 60, "the tracker to answer")
-        self._spawn_raw(
-            "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "meshnet_site",
-                "worker",
-                "-B",
-                "--concurrency",
-                "1",
-                "--loglevel",
-                "INFO",
-            ],
-        )
+        self._spawn_raw("worker", worker_argv("--concurrency", "1"))
         for node in t.nodes:
             self._spawn(
                 f"node-{node.port}",
@@ -171,6 +156,14 @@ class Network:
         process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.processes.append((name, process))
         self.say(f"started {name} (pid {process.pid}), log {log.name}")
+
+
+def worker_argv(*extra: str) -> list[str]:
+    """The Celery worker with its beat scheduler embedded, as DESIGN.md starts it."""
+    return [
+        sys.executable, "-m", "celery", "-A", "meshnet_site", "worker", "-B",
+        "--loglevel", "INFO", *extra,
+    ]  # fmt: skip
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

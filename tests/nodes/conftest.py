@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -192,23 +193,34 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def tiny_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    """Tiny-model nodes: head 0-1, tail 2-3, whole 0-3, and a partial head 0-2."""
-    tmp = tmp_path_factory.mktemp("tiny-nodes")
+@contextlib.contextmanager
+def running_nodes(
+    tmp: Path, model: str, layouts: dict[str, tuple[int, int]], *, prefix: str, timeout: float
+) -> Iterator[dict[str, NodeProcess]]:
+    """Start one node per named layer range, wait until all serve, stop them all after."""
     nodes = {
-        "head": start_node(tmp, TINY, (0, 1), node_id="tiny-head"),
-        "tail": start_node(tmp, TINY, (2, 3), node_id="tiny-tail"),
-        "whole": start_node(tmp, TINY, (0, 3), node_id="tiny-whole"),
-        "partial": start_node(tmp, TINY, (0, 2), node_id="tiny-partial"),
+        name: start_node(tmp, model, layers, node_id=f"{prefix}-{name}")
+        for name, layers in layouts.items()
     }
     try:
         for node in nodes.values():
-            node.wait_serving()
+            node.wait_serving(timeout=timeout)
         yield nodes
     finally:
         for node in nodes.values():
             node.stop()
+
+
+# head + tail, the whole model, and a partial head (ADR-0020's topology).
+LAYOUTS = {"head": (0, 1), "tail": (2, 3), "whole": (0, 3), "partial": (0, 2)}
+
+
+@pytest.fixture(scope="module")
+def tiny_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    """Tiny-model nodes: head 0-1, tail 2-3, whole 0-3, and a partial head 0-2."""
+    tmp = tmp_path_factory.mktemp("tiny-nodes")
+    with running_nodes(tmp, TINY, LAYOUTS, prefix="tiny", timeout=120) as nodes:
+        yield nodes
 
 
 @dataclass

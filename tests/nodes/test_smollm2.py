@@ -12,7 +12,7 @@ from tests.nodes.conftest import (
     completion,
     generate_body,
     read_stream,
-    start_node,
+    running_nodes,
 )
 
 pytestmark = pytest.mark.model
@@ -23,20 +23,11 @@ NEW_TOKENS = 20
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
+    """head 0-14, tail 15-29, whole 0-29, partial head 0-21 (ADR-0020's topology)."""
     tmp = tmp_path_factory.mktemp("smollm2")
-    nodes = {
-        "head": start_node(tmp, SMOLLM2, (0, 14), node_id="smol-head"),
-        "tail": start_node(tmp, SMOLLM2, (15, 29), node_id="smol-tail"),
-        "whole": start_node(tmp, SMOLLM2, (0, 29), node_id="smol-whole"),
-        "partial": start_node(tmp, SMOLLM2, (0, 21), node_id="smol-partial"),
-    }
-    try:
-        for node in nodes.values():
-            node.wait_serving(timeout=240)
+    layouts = {"head": (0, 14), "tail": (15, 29), "whole": (0, 29), "partial": (0, 21)}
+    with running_nodes(tmp, SMOLLM2, layouts, prefix="smol", timeout=240) as nodes:
         yield nodes
-    finally:
-        for node in nodes.values():
-            node.stop()
 
 
 @pytest.fixture(scope="module")
