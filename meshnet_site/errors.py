@@ -1,11 +1,18 @@
-"""The one error type of the HTTP API and its OpenAI-shaped body.
+"""Domain errors and the one place that turns them into HTTP answers.
 
-Every API error, from any app, reaches the client as
-``{"error": {"message": ..., "type": ..., "code": ...}}`` with a fitting status.
+Services, the planner, the choice and the proxy raise :class:`DomainError`
+subclasses: a message for people, a machine-readable ``code`` and a
+:class:`ErrorKind` that says what sort of failure it is. They know nothing of
+HTTP. :func:`http_error` maps a kind to its status and OpenAI error ``type``,
+so every error, from any app and any entry point (DRF views, the chat
+consumer), reaches the client as
+``{"error": {"message": ..., "type": ..., "code": ...}}``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from rest_framework import exceptions, status
@@ -13,27 +20,81 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 
-class ApiError(Exception):
-    """A failure the client should see, with its HTTP status and machine-readable code."""
+class ErrorKind(StrEnum):
+    """What sort of failure an error is; :data:`HTTP_STATUS` says how HTTP shows it."""
+
+    INVALID = "invalid"
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    NOT_ALLOWED = "not_allowed"
+    CONFLICT = "conflict"
+    TOO_LARGE = "too_large"
+    RATE_LIMITED = "rate_limited"
+    INTERNAL = "internal"
+    UPSTREAM = "upstream"
+    UNAVAILABLE = "unavailable"
+
+
+# kind → (HTTP status, OpenAI error type). The only place that knows both.
+HTTP_STATUS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID: (status.HTTP_400_BAD_REQUEST, "invalid_request_error"),
+    ErrorKind.UNAUTHENTICATED: (status.HTTP_401_UNAUTHORIZED, "authentication_error"),
+    ErrorKind.FORBIDDEN: (status.HTTP_403_FORBIDDEN, "authentication_error"),
+    ErrorKind.NOT_FOUND: (status.HTTP_404_NOT_FOUND, "invalid_request_error"),
+    ErrorKind.NOT_ALLOWED: (status.HTTP_405_METHOD_NOT_ALLOWED, "invalid_request_error"),
+    ErrorKind.CONFLICT: (status.HTTP_409_CONFLICT, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: (status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "invalid_request_error"),
+    ErrorKind.RATE_LIMITED: (status.HTTP_429_TOO_MANY_REQUESTS, "rate_limit_error"),
+    ErrorKind.INTERNAL: (status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error"),
+    ErrorKind.UPSTREAM: (status.HTTP_502_BAD_GATEWAY, "upstream_error"),
+    ErrorKind.UNAVAILABLE: (status.HTTP_503_SERVICE_UNAVAILABLE, "server_error"),
+}
+
+
+class DomainError(Exception):
+    """A failure the caller should see: ``message``, machine-readable ``code``, ``kind``.
+
+    Subclasses fix the kind (and often the code) for one failure of their
+    domain, e.g. ``NoRouteAvailable``. ``retry_after`` (seconds) tells a
+    caller when trying again may succeed.
+    """
+
+    kind: ErrorKind = ErrorKind.INVALID
+    code: str = "invalid_request"
 
     def __init__(
         self,
         message: str,
         *,
-        code: str,
-        status_code: int = status.HTTP_400_BAD_REQUEST,
-        error_type: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
+        code: str | None = None,
+        kind: ErrorKind | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.code = code
-        self.status_code = status_code
-        self.error_type = error_type
-        self.headers = headers or {}
+        if code is not None:
+            self.code = code
+        if kind is not None:
+            self.kind = kind
+        self.retry_after = retry_after
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, code=self.code, error_type=self.error_type)
+
+@dataclass(frozen=True)
+class HttpError:
+    """A domain error as HTTP shows it: status, the OpenAI-shaped body, headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def http_error(error: DomainError) -> HttpError:
+    status_code, error_type = HTTP_STATUS[error.kind]
+    headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
+    return HttpError(
+        status_code, error_body(error.message, code=error.code, error_type=error_type), headers
+    )
 
 
 def error_body(message: str, *, code: str, error_type: str) -> dict[str, Any]:
@@ -55,14 +116,15 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
         return lines
     if isinstance(detail, list):
         return [line for item in detail for line in _flatten(item, prefix)]
-    field = prefix.rstrip(".")
-    return [f"{field}: {detail}" if field else str(detail)]
+    field_name = prefix.rstrip(".")
+    return [f"{field_name}: {detail}" if field_name else str(detail)]
 
 
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler that answers every error in OpenAI's shape."""
-    if isinstance(exc, ApiError):
-        return Response(exc.body(), status=exc.status_code, headers=exc.headers)
+    if isinstance(exc, DomainError):
+        answer = http_error(exc)
+        return Response(answer.body, status=answer.status, headers=answer.headers)
     response = exception_handler(exc, context)
     if response is None:
         return None
@@ -80,3 +142,27 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
         error_type = "authentication_error"
     response.data = error_body(message, code=str(code), error_type=error_type)
     return response
+
+
+class ApiError(DomainError):
+    """Transitional: an error that names its HTTP status. Being replaced by DomainError
+    subclasses; removed once nothing raises it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status_code: int = status.HTTP_400_BAD_REQUEST,
+        error_type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        kind = next(k for k, (s, _) in HTTP_STATUS.items() if s == status_code)
+        retry = (headers or {}).get("Retry-After")
+        super().__init__(message, code=code, kind=kind, retry_after=int(retry) if retry else None)
+        self.status_code = status_code
+        self.error_type = error_type
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return http_error(self).body
