@@ -29,12 +29,17 @@ class Session:
     end: int
     cache: Any
     position: int = 0
-    last_used: float = field(default_factory=time.monotonic)
     generator: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The store's clock, so that idle time is measured on the clock that reaps.
+    clock: Callable[[], float] = time.monotonic
+    last_used: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last_used = self.clock()
 
     def touch(self) -> None:
-        self.last_used = time.monotonic()
+        self.last_used = self.clock()
 
 
 class SessionStore:
@@ -69,7 +74,9 @@ class SessionStore:
                 status=503,
                 error_type="server_error",
             )
-        session = Session(session_id=session_id, start=start, end=end, cache=cache)
+        session = Session(
+            session_id=session_id, start=start, end=end, cache=cache, clock=self._clock
+        )
         self._sessions[session_id] = session
         return session
 
