@@ -8,7 +8,6 @@ aggregate tokens/s, against a baseline of the same requests sent one at a time.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.localnet import LocalNet
+from nodes_app.protocol import sse_data
 
 MODEL = "tiny-random-llama"
 CONCURRENT = 100
@@ -39,9 +39,9 @@ async def one(client: httpx.AsyncClient, url: str) -> tuple[str, float, int]:
     async with client.stream("POST", url, json=BODY) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
+            frame = sse_data(line)
+            if not isinstance(frame, dict):
                 continue
-            frame = json.loads(line[6:])
             if "error" in frame:
                 raise RuntimeError(frame["error"])
             content = frame["choices"][0]["delta"].get("content") or ""

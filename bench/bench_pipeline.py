@@ -11,7 +11,6 @@ the whole request (prefill included) on both sides; the better of two runs each.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -58,6 +57,8 @@ def wait_serving(process: subprocess.Popen[bytes], log: Path) -> None:
 def pipeline_run(head: str, tail: str, max_tokens: int) -> tuple[list[int], float]:
     import httpx
 
+    from nodes_app.protocol import sse_data
+
     body = {
         "request_id": f"bench-{time.monotonic_ns()}",
         "messages": [{"role": "user", "content": PROMPT}],
@@ -75,8 +76,7 @@ def pipeline_run(head: str, tail: str, max_tokens: int) -> tuple[list[int], floa
     began = time.perf_counter()
     with httpx.stream("POST", f"{head}/v1/generate", json=body, timeout=600) as response:
         for line in response.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
+            if isinstance(chunk := sse_data(line), dict):
                 if "error" in chunk:
                     raise RuntimeError(chunk["error"])
                 ids.extend(chunk.get("meshnet_token_ids", []))

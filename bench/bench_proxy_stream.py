@@ -8,7 +8,6 @@ Prints tokens/s of each and their ratio (target >= 0.95).
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.localnet import LocalNet
+from nodes_app.protocol import sse_data
 
 MODEL = "smollm2-135m"
 TOKENS = 64
@@ -34,8 +34,8 @@ def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tup
     with httpx.stream("POST", url, json=body, headers=headers, timeout=300) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if line.startswith("data: {"):
-                usage = json.loads(line[6:]).get("usage")
+            if isinstance(frame := sse_data(line), dict):
+                usage = frame.get("usage")
                 if usage:
                     tokens = int(usage["completion_tokens"])
     return tokens, time.perf_counter() - began

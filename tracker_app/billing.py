@@ -4,13 +4,16 @@ Pure functions over Decimal: no database, no floats. A request's charge is
 priced per 1k prompt and completion tokens; the network keeps a fee and the
 rest is split among work units (tokens × layers run) so that the node
 shares add up to the charge minus the fee exactly, to the last unit of the
-money precision.
+money precision. :func:`request_work` says which hops did how much work for
+a request that may have failed over between routes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+from typing import Protocol
 
 MONEY = Decimal("0.000001")  # six decimal places: fractions of a cent per request
 THOUSAND = Decimal(1000)
@@ -32,6 +35,53 @@ class HopWork:
     @property
     def units(self) -> int:
         return self.tokens * self.layers
+
+
+class LayerSpan(Protocol):
+    """A hop of a route: the node and the layers it ran."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def start_layer(self) -> int: ...
+
+    @property
+    def end_layer(self) -> int: ...
+
+
+class ServedRoute(Protocol):
+    """The part of one request one route served: its hops, the tokens it was
+    given again (replayed after a failover) and the new tokens it produced."""
+
+    @property
+    def hops(self) -> Sequence[LayerSpan]: ...
+
+    @property
+    def replayed(self) -> int: ...
+
+    @property
+    def produced(self) -> int: ...
+
+
+def request_work(*, prompt_tokens: int, routes: Sequence[ServedRoute]) -> list[HopWork]:
+    """One work unit per hop of every route that produced tokens, in order.
+
+    The last route (the one that finished the request) counts even if it
+    produced nothing new. A hop's tokens are the prompt, the replayed tokens
+    and the new tokens of its route: everything it ran its layers over.
+    """
+    return [
+        HopWork(
+            node_id=hop.node_id,
+            start_layer=hop.start_layer,
+            end_layer=hop.end_layer,
+            tokens=prompt_tokens + route.replayed + route.produced,
+        )
+        for index, route in enumerate(routes)
+        if route.produced or index == len(routes) - 1
+        for hop in route.hops
+    ]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The OpenAI chat request as Meshnet accepts it, and the chunks it answers with.
 
 ``chat_params_parse`` turns a raw request body into ``ChatParams`` or raises
-``ApiError`` (400) naming every bad field; the chunk builders give OpenAI's
-``chat.completion`` / ``chat.completion.chunk`` shapes.
+``InvalidChatRequest`` (400) naming every bad field; ``completion_chunk`` and
+``completion_reply`` give OpenAI's ``chat.completion.chunk`` /
+``chat.completion`` shapes (the chunk's is the protocol's, shared with the
+head). Limits that also bind the nodes (stop sequences) are the protocol's.
 """
 
 from __future__ import annotations
@@ -13,11 +15,25 @@ from typing import Any
 
 from rest_framework import serializers
 
-from meshnet_site.errors import ApiError, validation_message
+from meshnet_site.errors import DomainError, ErrorKind, validation_message
+from nodes_app.protocol import (
+    DEFAULT_MAX_TOKENS,
+    ProtocolError,
+    SamplingParams,
+    completion_chunk,
+    stop_sequences,
+)
 
-DEFAULT_MAX_TOKENS = 256
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "ChatParams",
+    "InvalidChatRequest",
+    "chat_params_parse",
+    "completion_chunk",
+    "completion_reply",
+]
+
 MAX_MAX_TOKENS = 4096
-MAX_STOP_LENGTH = 256
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
@@ -61,16 +77,17 @@ class _ChatRequest(serializers.Serializer[dict[str, Any]]):
     user = serializers.CharField(required=False, allow_blank=True)
 
     def validate_stop(self, value: Any) -> list[str]:
-        if value is None:
-            return []
-        stops = [value] if isinstance(value, str) else value
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise serializers.ValidationError("must be a non-empty string or a list of them")
-        if len(stops) > 4:
-            raise serializers.ValidationError("at most 4 stop sequences")
-        if any(len(stop) > MAX_STOP_LENGTH for stop in stops):
-            raise serializers.ValidationError(f"each at most {MAX_STOP_LENGTH} characters")
-        return stops
+        try:
+            return stop_sequences(value)
+        except ProtocolError as error:
+            raise serializers.ValidationError(error.message) from None
+
+
+class InvalidChatRequest(DomainError):
+    """The chat request body is not one Meshnet can serve; the message names why."""
+
+    kind = ErrorKind.INVALID
+    code = "invalid_request"
 
 
 @dataclass(frozen=True)
@@ -86,28 +103,27 @@ class ChatParams:
     stop: list[str]
     route: list[str] | None
 
-    def sampling(self) -> dict[str, Any]:
-        """The sampling fields the head node takes."""
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "stop": self.stop,
-        }
+    @property
+    def sampling(self) -> SamplingParams:
+        """The sampling parameters the head node takes."""
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed
+        )
 
 
 def chat_params_parse(body: bytes) -> ChatParams:
-    """Validate a raw chat request body; ApiError 400 names what is wrong."""
+    """Validate a raw chat request body; :class:`InvalidChatRequest` names what is wrong."""
     try:
         raw = json.loads(body or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise InvalidChatRequest(
+            f"Request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
     if not isinstance(raw, dict):
-        raise ApiError("Request body must be a JSON object", code="invalid_request")
+        raise InvalidChatRequest("Request body must be a JSON object")
     data = _ChatRequest(data=raw)
     if not data.is_valid():
-        raise ApiError(validation_message(data.errors), code="invalid_request")
+        raise InvalidChatRequest(validation_message(data.errors))
     v = data.validated_data
     return ChatParams(
         model=v["model"],
@@ -121,25 +137,6 @@ def chat_params_parse(body: bytes) -> ChatParams:
         stop=v["stop"],
         route=v.get("route"),
     )
-
-
-def completion_chunk(
-    *,
-    completion_id: str,
-    created: int,
-    model: str,
-    delta: dict[str, Any],
-    finish_reason: str | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-        **extra,
-    }
 
 
 def completion_reply(

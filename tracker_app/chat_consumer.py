@@ -23,7 +23,8 @@ from django.conf import settings
 from rest_framework import status
 
 from meshnet_site.bearer import bearer_token
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import ApiError, DomainError, ErrorKind, http_error
+from nodes_app.protocol import SSE_DONE, sse_event
 from routing_app.models import LanguageModel
 from tracker_app.chat import chat_params_parse, completion_reply
 from tracker_app.models import ApiKey
@@ -48,8 +49,26 @@ def _json(payload: Any) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-def _sse(payload: Any) -> bytes:
-    return b"data: " + _json(payload) + b"\n\n"
+class MethodNotAllowed(DomainError):
+    kind = ErrorKind.NOT_ALLOWED
+    code = "method_not_allowed"
+
+
+class RequestTooLarge(DomainError):
+    kind = ErrorKind.TOO_LARGE
+    code = "request_too_large"
+
+
+class InvalidApiKey(DomainError):
+    kind = ErrorKind.UNAUTHENTICATED
+    code = "invalid_api_key"
+
+
+class TrackerFailed(DomainError):
+    """A bug of ours: the request still ends in the documented error shape."""
+
+    kind = ErrorKind.INTERNAL
+    code = "internal_error"
 
 
 class ChatCompletionsConsumer(AsyncHttpConsumer):
@@ -68,10 +87,8 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             # Refuse before buffering more: the body is read before the key is checked.
             self._refused = True
             await self._send_error(
-                ApiError(
-                    f"Request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes",
-                    code="request_too_large",
-                    status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                RequestTooLarge(
+                    f"Request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
                 )
             )
             return
@@ -92,21 +109,16 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             logger.exception("chat request failed inside the tracker")
             if self.proxy is not None:
                 await asyncio.shield(self.proxy.fail("the tracker failed to serve this request"))
-            error = ApiError(
-                "The tracker failed to serve this request",
-                code="internal_error",
-                status_code=500,
-                error_type="server_error",
-            )
+            error = TrackerFailed("The tracker failed to serve this request")
             if self._streaming:
-                await self.send_body(_sse(error.body()) + b"data: [DONE]\n\n")
+                await self.send_body(sse_event(http_error(error).body) + sse_event(SSE_DONE))
             else:
                 await self._send_error(error)
 
     async def _serve(self, body: bytes) -> None:
         try:
             if self.scope["method"] != "POST":
-                raise ApiError("Use POST", code="method_not_allowed", status_code=405)
+                raise MethodNotAllowed("Use POST")
             api_key = await self._authenticate()
             params = chat_params_parse(body)
             model = await database_sync_to_async(_model_get)(params.model)
@@ -123,7 +135,7 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 fee_share=settings.MESHNET_NETWORK_FEE_SHARE,
             )
             await self.proxy.start()
-        except ApiError as error:
+        except DomainError as error:
             await self._send_error(error)
             return
         if params.stream:
@@ -147,8 +159,8 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             ],
         )
         async for chunk in proxy.run():
-            await self.send_body(_sse(chunk), more_body=True)
-        await self.send_body(b"data: [DONE]\n\n", more_body=False)
+            await self.send_body(sse_event(chunk), more_body=True)
+        await self.send_body(sse_event(SSE_DONE), more_body=False)
 
     async def _reply(self, proxy: ChatProxy) -> None:
         # Read the head's stream even here, so the Call wall shows live progress.
@@ -178,18 +190,14 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         if key is not None:
             api_key = await database_sync_to_async(api_key_lookup)(plain=key)
         if api_key is None:
-            raise ApiError(
-                "Missing or invalid API key: send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                status_code=status.HTTP_401_UNAUTHORIZED,
-                error_type="authentication_error",
-            )
+            raise InvalidApiKey("Missing or invalid API key: send 'Authorization: Bearer <key>'")
         return api_key
 
-    async def _send_error(self, error: ApiError) -> None:
+    async def _send_error(self, error: DomainError) -> None:
+        answer = http_error(error)
         headers = [(b"Content-Type", b"application/json")]
-        headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
-        await self.send_response(error.status_code, _json(error.body()), headers=headers)
+        headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+        await self.send_response(answer.status, _json(answer.body), headers=headers)
 
 
 def _model_get(key: str) -> LanguageModel:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nodes_app.protocol import ProtocolError
+
 
 class RuntimeRequestError(Exception):
     """A request the node refuses; rendered as ``{"error": {"message", "type", "code"}}``."""
@@ -19,6 +21,11 @@ class RuntimeRequestError(Exception):
         self.code = code
         self.status = status
         self.error_type = error_type
+
+    @classmethod
+    def refusing(cls, error: ProtocolError) -> RuntimeRequestError:
+        """The 400 a node answers to input that breaks the protocol."""
+        return cls(error.message, code=error.code)
 
     def as_json(self) -> dict[str, dict[str, str]]:
         return {"error": {"message": self.message, "type": self.error_type, "code": self.code}}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,9 +19,20 @@ from typing import Any
 
 import httpx
 
+from nodes_app.protocol import (
+    DTYPE,
+    HOP_BUSY,
+    HOP_FAILED,
+    SSE_DONE,
+    ChunkFrame,
+    ErrorFrame,
+    GenerateRequest,
+    PlanHop,
+    Usage,
+    sse_event,
+)
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.plan import GenerateRequest, Hop
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
 
@@ -32,7 +42,7 @@ HOP_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=60.0)
 class HopFailed(Exception):
     """A downstream hop did not answer a step; ``busy`` when it was at its session cap."""
 
-    def __init__(self, hop: Hop, message: str, *, busy: bool = False) -> None:
+    def __init__(self, hop: PlanHop, message: str, *, busy: bool = False) -> None:
         super().__init__(message)
         self.hop = hop
         self.message = message
@@ -81,10 +91,6 @@ def eos_token_ids(service: NodeService) -> set[int]:
     return ids
 
 
-def sse(payload: Any) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
 class Generation:
     """One ``/v1/generate`` call on the head; iterate :meth:`stream` for SSE frames."""
 
@@ -105,21 +111,14 @@ class Generation:
         head = request.hops[0]
         # Opened now, so a full node answers 503 before the stream starts.
         self.session = service.open_session(self.session_id, 0, head.end_layer)
-        self.contacted: list[Hop] = []
+        self.contacted: list[PlanHop] = []
 
-    def _chunk(
-        self, delta: dict[str, Any], token_ids: list[int], finish: str | None = None
-    ) -> dict[str, Any]:
-        chunk: dict[str, Any] = {
-            "id": self.completion_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.request.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        if token_ids:
-            chunk["meshnet_token_ids"] = token_ids
-        return chunk
+    def _event(self, frame: ChunkFrame) -> bytes:
+        return sse_event(
+            frame.to_json(
+                completion_id=self.completion_id, created=self.created, model=self.request.model
+            )
+        )
 
     async def stream(self) -> AsyncIterator[bytes]:
         self.service.streams += 1
@@ -137,25 +136,20 @@ class Generation:
         detokenizer = IncrementalDetokenizer(tokenizer, resumed)
         stopper = StopMatcher(request.stop)
         eos = eos_token_ids(self.service)
-        yield sse(self._chunk({"role": "assistant", "content": ""}, []))
+        yield self._event(ChunkFrame(role="assistant"))
         step_ids, produced, unsent = prompt + resumed, 0, []
         finish = "length" if budget <= 0 else None
         while finish is None:
             try:
                 token = await self._step(step_ids)
             except HopFailed as failure:
-                yield sse(
-                    {
-                        "error": {
-                            "message": f"hop {failure.hop.node_id} failed: {failure.message}",
-                            "type": "upstream_error",
-                            # A full hop is not a broken one: the tracker waits, not bans.
-                            "code": "hop_busy" if failure.busy else "hop_failed",
-                            "node_id": failure.hop.node_id,
-                        }
-                    }
+                error = ErrorFrame(
+                    message=f"hop {failure.hop.node_id} failed: {failure.message}",
+                    code=HOP_BUSY if failure.busy else HOP_FAILED,
+                    node_id=failure.hop.node_id,
                 )
-                yield b"data: [DONE]\n\n"
+                yield sse_event(error.to_json())
+                yield sse_event(SSE_DONE)
                 return
             produced += 1
             step_ids = [token]
@@ -169,18 +163,14 @@ class Generation:
             elif produced >= budget:
                 finish = "length"
             if text:
-                yield sse(self._chunk({"content": text}, unsent))
+                yield self._event(ChunkFrame(content=text, token_ids=tuple(unsent)))
                 unsent = []
         tail = "" if stopper.stopped else stopper.feed(detokenizer.flush()) + stopper.flush()
-        completion = len(resumed) + produced
-        last = self._chunk({"content": tail} if tail else {}, unsent, finish)
-        last["usage"] = {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": completion,
-            "total_tokens": len(prompt) + completion,
-        }
-        yield sse(last)
-        yield b"data: [DONE]\n\n"
+        usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed) + produced)
+        yield self._event(
+            ChunkFrame(content=tail, token_ids=tuple(unsent), finish_reason=finish, usage=usage)
+        )
+        yield sse_event(SSE_DONE)
 
     async def _step(self, token_ids: list[int]) -> int:
         service, session, sampling = self.service, self.session, self.request.sampling
@@ -225,7 +215,7 @@ class Generation:
                 except (ValueError, KeyError, TypeError) as error:
                     raise HopFailed(hop, "answered without a token id") from error
             payload = response.content
-            dtype = response.headers.get(wire.DTYPE, dtype)
+            dtype = response.headers.get(DTYPE, dtype)
         raise AssertionError("the plan's last hop ends at the last layer")
 
     def _release(self) -> None:
@@ -237,7 +227,7 @@ class Generation:
             _background.add(task)
             task.add_done_callback(_background.discard)
 
-    async def _cancel_hops(self, hops: list[Hop]) -> None:
+    async def _cancel_hops(self, hops: list[PlanHop]) -> None:
         for hop in hops:
             # On failure the hop's idle reaper frees the session.
             with contextlib.suppress(httpx.HTTPError):

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from nodes_app import protocol
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.generation import HOP_TIMEOUT, Generation, prompt_for
@@ -75,7 +76,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
             return _error(error)
         except Exception:
             logger.exception("step failed")
-            service.cancel(request.headers.get(wire.SESSION, ""))
+            service.cancel(request.headers.get(protocol.SESSION, ""))
             return _error(
                 RuntimeRequestError(
                     "the step failed on this node",
@@ -90,7 +91,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
         return Response(
             result,
             media_type="application/octet-stream",
-            headers={wire.DTYPE: service.dtype_name, wire.SHAPE: shape},
+            headers={protocol.DTYPE: service.dtype_name, protocol.SHAPE: shape},
         )
 
     async def cancel(request: Request) -> Response:
@@ -119,9 +120,9 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
                 body = await request.json()
             except ValueError:
                 raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
-            plan = parse_generate_request(body, head)
-            prompt = await prompt_for(service, plan)
-            generation = Generation(service, state["client"], plan, prompt)
+            generate_request = parse_generate_request(body, head)
+            prompt = await prompt_for(service, generate_request)
+            generation = Generation(service, state["client"], generate_request, prompt)
         except RuntimeRequestError as error:
             return _error(error)
         return _SSEResponse(generation.stream(), media_type="text/event-stream")

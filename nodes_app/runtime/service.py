@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from nodes_app import protocol
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.loading import LoadedShard
@@ -136,7 +137,7 @@ class NodeService:
             )
         if step.end == self.shard.num_layers - 1 and step.sampling is None:
             raise RuntimeRequestError(
-                f"the hop ending at the last layer needs {wire.SAMPLING}", code="missing_header"
+                f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_header"
             )
 
     async def forward(self, step: wire.ForwardStep, body: bytes) -> bytes | int:

@@ -1,5 +1,8 @@
 """The binary node-to-node format: ``X-Meshnet-*`` headers for metadata, raw tensor bytes as body.
 
+The header names and the session id limit are the protocol's
+(:mod:`nodes_app.protocol`); the tensor codec needs torch, so it lives here.
+
 Request ``POST /v1/forward``:
   X-Meshnet-Session      session id (one per generation)
   X-Meshnet-Start-Layer  first layer to run (may exceed this node's shard start)
@@ -21,8 +24,37 @@ from dataclasses import dataclass
 
 import torch
 
+from nodes_app.protocol import (
+    DTYPE,
+    END_LAYER,
+    MAX_SESSION_ID,
+    POSITION,
+    SAMPLING,
+    SESSION,
+    SHAPE,
+    START_LAYER,
+    ProtocolError,
+    SamplingParams,
+)
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.sampling import SamplingParams
+
+__all__ = [
+    "DTYPE",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "END_LAYER",
+    "POSITION",
+    "SAMPLING",
+    "SESSION",
+    "SHAPE",
+    "START_LAYER",
+    "ForwardStep",
+    "body_length",
+    "parse_step_headers",
+    "step_headers",
+    "tensor_from_bytes",
+    "tensor_to_bytes",
+]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -30,15 +62,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-SESSION = "X-Meshnet-Session"
-START_LAYER = "X-Meshnet-Start-Layer"
-END_LAYER = "X-Meshnet-End-Layer"
-POSITION = "X-Meshnet-Position"
-DTYPE = "X-Meshnet-Dtype"
-SHAPE = "X-Meshnet-Shape"
-SAMPLING = "X-Meshnet-Sampling"
-MAX_SESSION_ID = 128
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,10 @@ def parse_step_headers(headers: Mapping[str, str]) -> ForwardStep:
     if len(dims) != 3 or dims[0] != 1 or dims[1] < 1 or dims[2] < 1:
         raise RuntimeRequestError(f"{SHAPE} must be 1,T,H with T >= 1", code="bad_shape")
     sampling_header = headers.get(SAMPLING)
+    try:
+        sampling = SamplingParams.from_header(sampling_header) if sampling_header else None
+    except ProtocolError as error:
+        raise RuntimeRequestError.refusing(error) from None
     return ForwardStep(
         session_id=session_id,
         start=_int_header(headers, START_LAYER),
@@ -93,7 +120,7 @@ def parse_step_headers(headers: Mapping[str, str]) -> ForwardStep:
         position=_int_header(headers, POSITION),
         dtype=dtype,
         shape=(dims[0], dims[1], dims[2]),
-        sampling=SamplingParams.from_header(sampling_header) if sampling_header else None,
+        sampling=sampling,
     )
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracker_app.billing import MONEY, HopWork, invoice
+from tracker_app.billing import MONEY, HopWork, invoice, request_work
 
 
 def test_it_prices_prompt_and_completion_per_thousand_tokens() -> None:
@@ -79,3 +80,41 @@ def test_a_request_without_work_cannot_be_invoiced() -> None:
             fee_share=Decimal(0),
             work=[],
         )
+
+
+@dataclass
+class Served:
+    hops: tuple[HopWork, ...]
+    replayed: int
+    produced: int
+
+
+def hops(*spans: tuple[str, int, int]) -> tuple[HopWork, ...]:
+    return tuple(HopWork(node, start, end, 0) for node, start, end in spans)
+
+
+def test_each_hop_of_a_route_works_over_the_prompt_and_every_token_it_saw() -> None:
+    work = request_work(prompt_tokens=10, routes=[Served(hops(("h", 0, 14), ("t", 15, 29)), 0, 40)])
+
+    assert work == [HopWork("h", 0, 14, 50), HopWork("t", 15, 29, 50)]
+    assert [w.units for w in work] == [50 * 15, 50 * 15]
+
+
+def test_after_a_failover_both_routes_are_paid_and_the_replay_counts_for_the_second() -> None:
+    first = Served(hops(("h", 0, 14), ("dead", 15, 29)), replayed=0, produced=6)
+    idle = Served(hops(("busy", 0, 29)), replayed=6, produced=0)  # failed before a token
+    last = Served(hops(("whole", 0, 29)), replayed=6, produced=20)
+
+    work = request_work(prompt_tokens=10, routes=[first, idle, last])
+
+    assert work == [
+        HopWork("h", 0, 14, 16),
+        HopWork("dead", 15, 29, 16),
+        HopWork("whole", 0, 29, 36),
+    ]
+
+
+def test_the_route_that_finished_is_paid_even_without_new_tokens() -> None:
+    work = request_work(prompt_tokens=10, routes=[Served(hops(("w", 0, 29)), 8, 0)])
+
+    assert work == [HopWork("w", 0, 29, 18)]

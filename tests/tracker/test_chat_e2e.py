@@ -15,6 +15,7 @@ import openai
 import pytest
 import websockets
 
+from nodes_app.protocol import sse_data
 from tests.conftest import fresh_process_database
 from tests.tracker.network import (
     Network,
@@ -303,10 +304,10 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
     ) as response:
         killed = None
         for line in response.iter_lines():
-            if not line.startswith("data: "):
+            payload = sse_data(line)
+            if payload is None:
                 continue
-            payload = line.removeprefix("data: ")
-            frames.append(payload if payload == "[DONE]" else json.loads(payload))
+            frames.append(payload)
             content = [c for c in chunks_of(frames) if c["choices"][0]["delta"].get("content")]
             if killed is None and content:
                 last_hop = chunks_of(frames)[0]["meshnet"]["hops"][-1]["node_id"]

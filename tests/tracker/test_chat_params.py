@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import DomainError, http_error
 from tracker_app.chat import DEFAULT_MAX_TOKENS, chat_params_parse
 
 
@@ -19,10 +19,10 @@ def parse(**body: Any) -> Any:
     return chat_params_parse(json.dumps({**base, **body}).encode())
 
 
-def refused(body: bytes) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+def refused(body: bytes) -> DomainError:
+    with pytest.raises(DomainError) as caught:
         chat_params_parse(body)
-    assert caught.value.status_code == 400
+    assert http_error(caught.value).status == 400
     return caught.value
 
 

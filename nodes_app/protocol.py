@@ -1,0 +1,459 @@
+"""The tracker↔node protocol: everything that crosses between them, defined once.
+
+Both sides import this module (the tracker builds a :class:`GenerateRequest`
+and parses the head's frames; the head parses the request and encodes the
+frames), so the two can never disagree on a field, a header name or a limit.
+It needs nothing but the standard library: no Django, no torch.
+
+What it holds (docs/adr/0002-node-runtime.md has the prose contract):
+
+- ``POST {head}/v1/generate``: :class:`GenerateRequest` with its plan of
+  :class:`PlanHop`, sampling as :class:`SamplingParams`, the limits
+  (:data:`MAX_STOPS`, :data:`MAX_STOP_LENGTH`, :data:`MAX_REQUEST_ID`).
+- The head's answer: an SSE stream (:func:`sse_event`, :func:`sse_data`) of
+  :class:`ChunkFrame` (OpenAI ``chat.completion.chunk`` plus
+  ``meshnet_token_ids``, usage on the last) ending ``data: [DONE]``, or an
+  :class:`ErrorFrame` (``hop_failed`` / ``hop_busy``) before ``[DONE]``.
+- The ``X-Meshnet-*`` header names of the binary hop step
+  (``POST /v1/forward``; the tensor codec is torch's, in the node runtime).
+
+Anything malformed raises :class:`ProtocolError` with the machine-readable
+``code`` a node answers in its 400 and a message that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from typing import Any, TypeGuard
+
+# Header names of the hop step (POST /v1/forward).
+SESSION = "X-Meshnet-Session"
+START_LAYER = "X-Meshnet-Start-Layer"
+END_LAYER = "X-Meshnet-End-Layer"
+POSITION = "X-Meshnet-Position"
+DTYPE = "X-Meshnet-Dtype"
+SHAPE = "X-Meshnet-Shape"
+SAMPLING = "X-Meshnet-Sampling"
+
+# Limits both sides enforce. OpenAI allows 4 stop sequences; the tracker
+# refuses more before anything reaches a node, and the node refuses them too.
+MAX_STOPS = 4
+MAX_STOP_LENGTH = 256
+MAX_REQUEST_ID = 100
+# The head names a hop session ``<request_id>.<12 hex>``, so this leaves room.
+MAX_SESSION_ID = 128
+DEFAULT_MAX_TOKENS = 256
+
+# Error frame codes. A full hop is not a broken one: the tracker waits on
+# ``hop_busy`` and bans the named node on ``hop_failed``.
+HOP_FAILED = "hop_failed"
+HOP_BUSY = "hop_busy"
+
+SSE_DONE = "[DONE]"
+
+
+class ProtocolError(ValueError):
+    """Input that breaks the protocol; ``code`` is what a node's 400 would carry."""
+
+    def __init__(self, message: str, *, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> TypeGuard[int]:
+    """A non-negative integer (a token id, a token count)."""
+    return _is_int(value) and value >= 0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature`` 0 (or ``top_k`` 1) is greedy; ``seed`` None draws a fresh seed.
+
+    Travels as top-level fields of the generate request and as the JSON of
+    the ``X-Meshnet-Sampling`` header. Construction does not validate (the
+    tracker builds it from its own checked fields); :meth:`from_mapping` does.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_header(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> SamplingParams:
+        """Checked params from JSON fields (absent ones take the defaults).
+
+        Raises :class:`ProtocolError` ``bad_sampling`` unless temperature >= 0,
+        0 < top_p <= 1 and top_k >= 0.
+        """
+        if not isinstance(data, Mapping):
+            raise ProtocolError("sampling parameters must be an object", code="bad_sampling")
+        try:
+            params = cls(
+                temperature=float(data.get("temperature", 0.0)),
+                top_p=float(data.get("top_p", 1.0)),
+                top_k=int(data.get("top_k", 0)),
+                seed=None if data.get("seed") is None else int(data["seed"]),
+            )
+        except (TypeError, ValueError):
+            raise ProtocolError(
+                "sampling parameters must be numbers", code="bad_sampling"
+            ) from None
+        if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
+            raise ProtocolError(
+                "need temperature >= 0, 0 < top_p <= 1, top_k >= 0", code="bad_sampling"
+            )
+        return params
+
+    @classmethod
+    def from_header(cls, value: str) -> SamplingParams:
+        try:
+            data = json.loads(value)
+        except ValueError:
+            raise ProtocolError(f"{SAMPLING} is not JSON", code="bad_sampling") from None
+        return cls.from_mapping(data)
+
+
+def stop_sequences(value: Any) -> list[str]:
+    """``stop`` as a list: None → [], a string → [it]; the one rule both sides apply.
+
+    Raises :class:`ProtocolError` unless it is at most :data:`MAX_STOPS`
+    non-empty strings of at most :data:`MAX_STOP_LENGTH` characters.
+    """
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ProtocolError("stop must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOPS:
+        raise ProtocolError(f"stop takes at most {MAX_STOPS} sequences")
+    if any(len(stop) > MAX_STOP_LENGTH for stop in stops):
+        raise ProtocolError(f"each stop sequence is at most {MAX_STOP_LENGTH} characters")
+    return list(stops)
+
+
+@dataclass(frozen=True)
+class PlanHop:
+    """One hop of the signed plan: a node and the layers it runs for this request."""
+
+    node_id: str
+    endpoint: str
+    start_layer: int
+    end_layer: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, raw: Any, index: int) -> PlanHop:
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"plan.hops[{index}] must be an object", code="invalid_plan")
+        try:
+            node_id, endpoint = raw["node_id"], raw["endpoint"]
+            start, end = raw["start_layer"], raw["end_layer"]
+        except KeyError as missing:
+            raise ProtocolError(
+                f"plan.hops[{index}] lacks {missing}", code="invalid_plan"
+            ) from None
+        if not isinstance(node_id, str) or not node_id or not isinstance(endpoint, str):
+            raise ProtocolError(
+                f"plan.hops[{index}] needs a string node_id and endpoint", code="invalid_plan"
+            )
+        if not (_is_int(start) and _is_int(end)):
+            raise ProtocolError(f"plan.hops[{index}] layers must be integers", code="invalid_plan")
+        return cls(node_id=node_id, endpoint=endpoint.rstrip("/"), start_layer=start, end_layer=end)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """The body of ``POST {head}/v1/generate``.
+
+    ``max_tokens`` is the budget of the whole completion, resumed tokens
+    included: the head prefills the prompt plus ``resume_token_ids`` and
+    streams only new tokens. ``hops[0]`` is the head itself.
+    """
+
+    request_id: str
+    model: str
+    hops: tuple[PlanHop, ...]
+    messages: list[dict[str, str]]
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    resume_token_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object the tracker sends (sampling fields at the top level)."""
+        return {
+            "request_id": self.request_id,
+            "messages": self.messages,
+            "max_tokens": self.max_tokens,
+            **self.sampling.to_json(),
+            "stop": self.stop,
+            "resume_token_ids": self.resume_token_ids,
+            "plan": {"model": self.model, "hops": [hop.to_json() for hop in self.hops]},
+        }
+
+    @classmethod
+    def parse(cls, body: Any) -> GenerateRequest:
+        """Validate a decoded JSON body; :class:`ProtocolError` names the first bad field.
+
+        Checks everything that holds for any node: types, limits, and a plan
+        whose hops start at layer 0 and cover the layers contiguously. Whether
+        this node is hop 0, serves the model, and which layer is the last is
+        for the node to check against its own shard.
+        """
+        if not isinstance(body, dict):
+            raise ProtocolError("body must be a JSON object")
+        request_id = body.get("request_id")
+        if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID:
+            raise ProtocolError(
+                f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters"
+            )
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ProtocolError("messages must be a non-empty list")
+        for message in messages:
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ProtocolError("each message needs a string role and a string content")
+        max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        if not _is_int(max_tokens) or max_tokens < 1:
+            raise ProtocolError("max_tokens must be an integer of at least 1")
+        sampling = SamplingParams.from_mapping(
+            {key: body[key] for key in ("temperature", "top_p", "top_k", "seed") if key in body}
+        )
+        stop = stop_sequences(body.get("stop"))
+        resume = body.get("resume_token_ids") or []
+        if not isinstance(resume, list) or not all(_is_count(t) for t in resume):
+            raise ProtocolError("resume_token_ids must be a list of token ids")
+        plan = body.get("plan")
+        if not isinstance(plan, dict) or not isinstance(plan.get("hops"), list) or not plan["hops"]:
+            raise ProtocolError(
+                "plan must be an object with a non-empty hops list", code="invalid_plan"
+            )
+        model = plan.get("model")
+        if not isinstance(model, str) or not model:
+            raise ProtocolError("plan.model must name the model", code="invalid_plan")
+        hops = tuple(PlanHop.parse(raw, i) for i, raw in enumerate(plan["hops"]))
+        if hops[0].start_layer != 0:
+            raise ProtocolError("hop 0 must start at layer 0", code="invalid_plan")
+        for previous, hop in pairwise(hops):
+            if hop.start_layer != previous.end_layer + 1 or hop.end_layer < hop.start_layer:
+                raise ProtocolError(
+                    f"hop {hop.node_id} must start at layer {previous.end_layer + 1}: "
+                    "hops must cover the layers contiguously",
+                    code="invalid_plan",
+                )
+        return cls(
+            request_id=request_id,
+            model=model,
+            hops=hops,
+            messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            resume_token_ids=list(resume),
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of a completion; the JSON form adds ``total_tokens``."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    @classmethod
+    def parse(cls, raw: Any) -> Usage:
+        if not isinstance(raw, dict):
+            raise ProtocolError("usage must be an object")
+        prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
+        if not (_is_count(prompt) and _is_count(completion)):
+            raise ProtocolError("usage needs non-negative integer prompt and completion tokens")
+        return cls(prompt_tokens=prompt, completion_tokens=completion)
+
+
+def completion_chunk(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """OpenAI's ``chat.completion.chunk``: the head's frames and the tracker's client
+    chunks share this one shape; ``extra`` adds top-level fields (usage, meshnet…)."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class ChunkFrame:
+    """One chunk of the head's stream.
+
+    ``token_ids`` are the ids whose text this chunk completes (text is held
+    back while it could still be an incomplete character or the start of a
+    stop string). The first frame has ``role``; the last has
+    ``finish_reason`` (``stop`` or ``length``) and ``usage``, whose
+    ``completion_tokens`` counts resumed and new tokens.
+    """
+
+    content: str = ""
+    token_ids: tuple[int, ...] = ()
+    role: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+    def to_json(self, *, completion_id: str, created: int, model: str) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if self.role is not None:
+            delta["role"] = self.role
+        if self.content or self.role is not None:
+            delta["content"] = self.content
+        extra: dict[str, Any] = {}
+        if self.token_ids:
+            extra["meshnet_token_ids"] = list(self.token_ids)
+        if self.usage is not None:
+            extra["usage"] = self.usage.to_json()
+        return completion_chunk(
+            completion_id=completion_id,
+            created=created,
+            model=model,
+            delta=delta,
+            finish_reason=self.finish_reason,
+            **extra,
+        )
+
+
+@dataclass(frozen=True)
+class ErrorFrame:
+    """The head's last frame when a downstream hop failed (or was full: :data:`HOP_BUSY`).
+
+    ``node_id`` names the hop to blame; a tracker trusts it only for a node
+    of the route it sent.
+    """
+
+    message: str
+    code: str = HOP_FAILED
+    node_id: str | None = None
+    type: str = "upstream_error"
+
+    @property
+    def busy(self) -> bool:
+        return self.code == HOP_BUSY
+
+    def to_json(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.code}
+        if self.node_id is not None:
+            error["node_id"] = self.node_id
+        return {"error": error}
+
+
+def parse_frame(payload: Any) -> ChunkFrame | ErrorFrame:
+    """A head frame from its decoded JSON; :class:`ProtocolError` if it is malformed."""
+    if not isinstance(payload, dict):
+        raise ProtocolError("a frame must be a JSON object")
+    if "error" in payload:
+        error = payload["error"]
+        if not isinstance(error, dict):
+            raise ProtocolError("an error frame's error must be an object")
+        node_id = error.get("node_id")
+        return ErrorFrame(
+            message=str(error.get("message") or "hop failed"),
+            code=str(error.get("code") or HOP_FAILED),
+            node_id=None if node_id is None else str(node_id),
+            type=str(error.get("type") or "upstream_error"),
+        )
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        raise ProtocolError("a chunk has exactly one choice")
+    choice = choices[0]
+    delta = choice.get("delta") or {}
+    if not isinstance(delta, dict):
+        raise ProtocolError("a chunk's delta must be an object")
+    content, role, finish = (
+        delta.get("content") or "",
+        delta.get("role"),
+        choice.get("finish_reason"),
+    )
+    if not isinstance(content, str) or not isinstance(role, str | None):
+        raise ProtocolError("a chunk's delta has a string content and role")
+    if not isinstance(finish, str | None):
+        raise ProtocolError("finish_reason must be a string")
+    token_ids = payload.get("meshnet_token_ids", [])
+    if not isinstance(token_ids, list) or not all(_is_count(t) for t in token_ids):
+        raise ProtocolError("meshnet_token_ids must be a list of token ids")
+    usage = payload.get("usage")
+    return ChunkFrame(
+        content=content,
+        token_ids=tuple(token_ids),
+        role=role,
+        finish_reason=finish or None,
+        usage=None if usage is None else Usage.parse(usage),
+    )
+
+
+def sse_event(payload: Mapping[str, Any] | str) -> bytes:
+    """One server-sent event: ``data: <compact JSON>`` (or a bare string: :data:`SSE_DONE`)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return b"data: " + data.encode() + b"\n\n"
+
+
+def sse_data(line: str) -> Any:
+    """The payload of one SSE line: its decoded JSON, :data:`SSE_DONE` as the string, or None.
+
+    None for blank lines, comments and other fields. Raises
+    :class:`ProtocolError` when a ``data:`` line is not JSON.
+    """
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if not data:
+        return None
+    if data == SSE_DONE:
+        return SSE_DONE
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise ProtocolError(f"an event's data is not JSON: {error}") from None
+
+
+def sse_frames(lines: Iterable[str]) -> list[Any]:
+    """Every payload of a whole SSE body's lines, :data:`SSE_DONE` kept (tests, benchmarks)."""
+    return [payload for line in lines if (payload := sse_data(line)) is not None]

@@ -1,0 +1,488 @@
+"""ChatProxy against a fake head: what the client streams, what is recorded, billed and banned.
+
+The head is faked at the HTTP boundary (``httpx.MockTransport``) and speaks
+the real protocol: it parses the tracker's ``GenerateRequest`` and answers
+with the protocol's frames. Routing, quarantine, accounting and billing are
+the real ones, over the test database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from meshnet_site.errors import DomainError, http_error
+from nodes_app.models import Node
+from nodes_app.protocol import (
+    SSE_DONE,
+    ChunkFrame,
+    ErrorFrame,
+    GenerateRequest,
+    Usage,
+    sse_event,
+)
+from routing_app.bans import node_bans_reset
+from routing_app.models import LanguageModel, TopologyEpoch
+from routing_app.stats import RouteStatsStore
+from routing_app.tracker_store import route_stats_store_install
+from tracker_app import console
+from tracker_app.chat import chat_params_parse
+from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
+from tracker_app.proxy import ChatProxy
+from tracker_app.services import api_key_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROMPT_TOKENS = 7  # what the fake head reports for any prompt
+_models = itertools.count()
+
+
+def token_id(position: int) -> int:
+    """The fake model's token at completion position ``position``."""
+    return 100 + position
+
+
+def token_text(position: int) -> str:
+    return f"w{position} "
+
+
+def answer(max_tokens: int) -> str:
+    """The whole completion the fake model gives, whichever head runs it."""
+    return "".join(token_text(i) for i in range(max_tokens))
+
+
+# --- the fake head ------------------------------------------------------------
+
+
+class EventStream(httpx.AsyncByteStream):
+    """SSE bytes, then optionally a connection error, as a dying head would send."""
+
+    def __init__(self, events: list[bytes], error: Exception | None, closed: list[str], node: str):
+        self.events, self.error, self.closed, self.node = events, error, closed, node
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in self.events:
+            yield event
+        if self.error is not None:
+            raise self.error
+        if not self.events[-1].startswith(sse_event(SSE_DONE)):
+            await asyncio.Event().wait()  # a head still generating, as long as it takes
+
+    async def aclose(self) -> None:
+        self.closed.append(self.node)
+
+
+@dataclass
+class Behaviour:
+    """What a fake head does with one request (the default: answer it all)."""
+
+    status: int = 200
+    tokens: int | None = None  # stop after this many new tokens…
+    then: str = "done"  # …and then: "die", "blame:<node>", "busy", "garbage", "hang"
+    connect_error: bool = False
+    body: dict[str, Any] | None = None
+
+
+@dataclass
+class FakeHeads:
+    """Every head of the test network; ``plan(node, Behaviour, …)`` scripts its next calls."""
+
+    scripts: dict[str, list[Behaviour]] = field(default_factory=dict)
+    requests: list[GenerateRequest] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+
+    def plan(self, node_id: str, *behaviours: Behaviour) -> None:
+        self.scripts.setdefault(node_id, []).extend(behaviours)
+
+    def heads_asked(self) -> list[str]:
+        return [request.hops[0].node_id for request in self.requests]
+
+    async def __call__(self, http_request: httpx.Request) -> httpx.Response:
+        request = GenerateRequest.parse(json.loads(http_request.content))
+        self.requests.append(request)
+        node = request.hops[0].node_id
+        script = self.scripts.get(node) or [Behaviour()]
+        behaviour = script.pop(0) if len(script) > 1 else script[0]
+        if behaviour.connect_error:
+            raise httpx.ConnectError("connection refused", request=http_request)
+        if behaviour.status != 200:
+            return httpx.Response(behaviour.status, json=behaviour.body or {})
+        events, error = self._events(request, behaviour)
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            stream=EventStream(events, error, self.closed, node),
+        )
+
+    def _events(
+        self, request: GenerateRequest, behaviour: Behaviour
+    ) -> tuple[list[bytes], Exception | None]:
+        def encode(frame: ChunkFrame) -> bytes:
+            return sse_event(frame.to_json(completion_id="head-1", created=1, model=request.model))
+
+        first = len(request.resume_token_ids)
+        last = request.max_tokens - 1
+        stop = last if behaviour.tokens is None else first + behaviour.tokens - 1
+        events = [encode(ChunkFrame(role="assistant"))]
+        for position in range(first, min(stop, last) + 1):
+            done = position == last
+            events.append(
+                encode(
+                    ChunkFrame(
+                        content=token_text(position),
+                        token_ids=(token_id(position),),
+                        finish_reason="length" if done else None,
+                        usage=Usage(PROMPT_TOKENS, position + 1) if done else None,
+                    )
+                )
+            )
+        if behaviour.then.startswith("blame:"):
+            blamed = behaviour.then.removeprefix("blame:")
+            events.append(sse_event(ErrorFrame(f"hop {blamed} failed", node_id=blamed).to_json()))
+        elif behaviour.then == "busy":
+            events.append(sse_event(ErrorFrame("full", code="hop_busy", node_id="x").to_json()))
+        elif behaviour.then == "garbage":
+            events.append(b"data: {not json\n\n")
+        if behaviour.then == "die":
+            return events, httpx.ReadError("peer closed the connection")
+        if behaviour.then == "hang":
+            return events, None
+        return [*events, sse_event(SSE_DONE)], None
+
+
+# --- the network --------------------------------------------------------------
+
+
+@dataclass
+class Net:
+    model: LanguageModel
+    store: RouteStatsStore
+    heads: FakeHeads
+    events: list[tuple[str, dict[str, Any]]]
+
+    def node(self, node_id: str, start: int, end: int, tps: float = 100.0) -> Node:
+        now = timezone.now()
+        return Node.objects.create(
+            id=node_id,
+            wallet="ab" * 32,
+            endpoint=f"http://{node_id}.test:7000",
+            model=self.model,
+            shard_start=start,
+            shard_end=end,
+            hardware="cpu",
+            benchmark_tps=tps,
+            token_hash="0" * 64,
+            registered_at=now,
+            last_heartbeat_at=now,
+        )
+
+    def proxy(self, **body: Any) -> ChatProxy:
+        params = chat_params_parse(
+            json.dumps(
+                {
+                    "model": self.model.key,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 12,
+                    "temperature": 0,
+                    "stream": True,
+                    **body,
+                }
+            ).encode()
+        )
+
+        async def emit(kind: str, request_id: str, **data: Any) -> None:
+            self.events.append((kind, data))
+
+        return ChatProxy(
+            params=params,
+            api_key=api_key_create(name="client").api_key,
+            model=self.model,
+            client=httpx.AsyncClient(transport=httpx.MockTransport(self.heads)),
+            fee_share=Decimal("0.05"),
+            emit=emit,
+        )
+
+    def banned(self) -> set[str]:
+        return set(self.store.quarantined_nodes())
+
+    def event_kinds(self) -> list[str]:
+        return [kind for kind, _ in self.events]
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    model = LanguageModel.objects.create(
+        key=f"proxy-test-{next(_models)}",
+        display_name="proxy test model",
+        num_layers=4,
+        weight_source="builtin:test",
+        prompt_price_per_1k=Decimal("0.010000"),
+        completion_price_per_1k=Decimal("0.030000"),
+    )
+    TopologyEpoch.objects.create(model=model, number=1)
+    store = RouteStatsStore(half_life=600.0, min_sample_tokens=8)
+    previous = route_stats_store_install(store)
+    node_bans_reset()
+    yield Net(model=model, store=store, heads=FakeHeads(), events=[])
+    route_stats_store_install(previous)
+    node_bans_reset()
+
+
+def serve(proxy: ChatProxy) -> list[dict[str, Any]]:
+    """The client's chunks, as the consumer would relay them."""
+
+    async def run() -> list[dict[str, Any]]:
+        await proxy.start()
+        chunks = [chunk async for chunk in proxy.run()]
+        await proxy.client.aclose()
+        return chunks
+
+    return asyncio.run(run())
+
+
+def serve_until_first_token_then_disconnect(proxy: ChatProxy) -> list[dict[str, Any]]:
+    """What the consumer does when its client goes away mid-stream: cancel, then fail."""
+
+    async def run() -> list[dict[str, Any]]:
+        await proxy.start()
+        chunks: list[dict[str, Any]] = []
+
+        async def relay() -> None:
+            async for chunk in proxy.run():
+                chunks.append(chunk)
+
+        task = asyncio.create_task(relay())
+        while not text(chunks):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await proxy.fail("client disconnected", cancelled=True)
+        await proxy.client.aclose()
+        return chunks
+
+    return asyncio.run(run())
+
+
+def text(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if "choices" in c)
+
+
+def record(proxy: ChatProxy) -> ChatRequest:
+    return ChatRequest.objects.get(pk=proxy.request_uuid)
+
+
+def work(proxy: ChatProxy) -> list[tuple[str, int, int, int]]:
+    return [
+        (unit.node_id, unit.start_layer, unit.end_layer, unit.tokens)
+        for unit in WorkUnit.objects.filter(billing__request_id=proxy.request_uuid).order_by("id")
+    ]
+
+
+# --- the tests ----------------------------------------------------------------
+
+
+def test_a_completed_request_streams_every_token_then_usage_and_bills_each_hop(
+    net: Net,
+) -> None:
+    net.node("head", 0, 1)
+    net.node("tail", 2, 3)
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["meshnet"]["route"] == f"{net.model.key} | head[0-1] -> tail[2-3]"
+    assert text(chunks) == answer(12)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
+    assert all("meshnet_token_ids" not in chunk for chunk in chunks)
+    request = record(proxy)
+    assert (request.status, request.completion_tokens) == (RequestStatus.COMPLETED, 12)
+    bill = BillingRecord.objects.get(request=request)
+    # 7 prompt tokens at 0.01/1k and 12 completion tokens at 0.03/1k.
+    assert bill.charge == Decimal("0.000070") + Decimal("0.000360")
+    assert work(proxy) == [("head", 0, 1, 19), ("tail", 2, 3, 19)]
+    kinds = net.event_kinds()
+    assert kinds[:2] == [console.ROUTE_SELECTED, console.CONNECTED]
+    assert set(kinds[2:-1]) == {console.PROGRESS} and kinds[-1] == console.COMPLETE
+    assert net.heads.requests[0].resume_token_ids == []
+
+
+def test_a_full_head_is_waited_for_and_nobody_is_banned(net: Net) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(status=503), Behaviour(tokens=0, then="busy"), Behaviour())
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.heads.heads_asked() == ["whole", "whole", "whole"]
+    assert record(proxy).status == RequestStatus.COMPLETED
+    assert net.banned() == set()
+
+
+def test_a_head_that_dies_mid_stream_is_banned_and_another_route_resumes_without_gap(
+    net: Net,
+) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert net.heads.heads_asked() == ["fast", "slow"]
+    assert net.heads.requests[1].resume_token_ids == [token_id(i) for i in range(5)]
+    assert net.banned() == {"fast"}
+    request = record(proxy)
+    assert request.status == RequestStatus.COMPLETED
+    assert "slow" in request.route_signature
+    # Both routes ran their layers over the prompt and the tokens they saw.
+    assert work(proxy) == [("fast", 0, 3, 7 + 5), ("slow", 0, 3, 7 + 5 + 7)]
+    assert net.event_kinds().count(console.ROUTE_SELECTED) == 2
+
+
+@pytest.mark.parametrize(
+    ("blamed", "banned"),
+    [("tail", "tail"), ("someone-else", "head")],
+    ids=["a-hop-of-the-route", "a-node-outside-the-route-so-the-head"],
+)
+def test_an_error_frame_bans_the_hop_it_blames_if_that_hop_is_on_the_route(
+    net: Net, blamed: str, banned: str
+) -> None:
+    net.node("head", 0, 1, tps=300)
+    net.node("tail", 2, 3, tps=300)
+    net.node("whole", 0, 3, tps=50)
+    net.heads.plan("head", Behaviour(tokens=3, then=f"blame:{blamed}"), Behaviour())
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.banned() == {banned}
+    assert net.heads.requests[1].resume_token_ids == [token_id(i) for i in range(3)]
+    assert record(proxy).status == RequestStatus.COMPLETED
+
+
+def test_a_malformed_frame_is_the_heads_failure(net: Net) -> None:
+    net.node("garbled", 0, 3, tps=300)
+    net.node("sound", 0, 3, tps=100)
+    net.heads.plan("garbled", Behaviour(tokens=2, then="garbage"))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.banned() == {"garbled"}
+    assert net.heads.heads_asked() == ["garbled", "sound"]
+
+
+def test_a_cancelled_request_is_recorded_cancelled_not_charged_and_the_head_is_let_go(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=1, then="hang"))
+    proxy = net.proxy()
+
+    chunks = serve_until_first_token_then_disconnect(proxy)
+
+    assert text(chunks) == token_text(0)
+    request = record(proxy)
+    assert (request.status, request.error) == (RequestStatus.CANCELLED, "client disconnected")
+    assert not BillingRecord.objects.filter(request=request).exists()
+    assert net.heads.closed == ["whole"]
+    assert net.event_kinds()[-1] == console.ERROR
+    assert net.banned() == set()
+
+
+def test_when_failovers_run_out_the_stream_ends_with_an_error_and_nothing_is_charged(
+    net: Net,
+) -> None:
+    for i, node_id in enumerate(["a", "b", "c", "d", "e"]):
+        net.node(node_id, 0, 3, tps=500 - 100 * i)
+        net.heads.plan(node_id, Behaviour(connect_error=True))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    error = chunks[-1]["error"]
+    assert (error["code"], error["type"]) == ("upstream_failed", "upstream_error")
+    assert "too many failovers" in error["message"]
+    assert net.heads.heads_asked() == ["a", "b", "c", "d"]
+    assert net.banned() == {"a", "b", "c", "d"}
+    request = record(proxy)
+    assert request.status == RequestStatus.FAILED
+    assert not BillingRecord.objects.filter(request=request).exists()
+
+
+def test_a_pinned_route_never_fails_over(net: Net) -> None:
+    net.node("pinned", 0, 3, tps=100)
+    net.node("other", 0, 3, tps=300)
+    net.heads.plan("pinned", Behaviour(tokens=2, then="die"))
+    proxy = net.proxy(route=["pinned"])
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(2)
+    assert chunks[-1]["error"]["code"] == "upstream_failed"
+    assert "pinned route" in chunks[-1]["error"]["message"]
+    assert net.heads.heads_asked() == ["pinned"]
+    assert record(proxy).status == RequestStatus.FAILED
+
+
+def test_a_head_that_refuses_the_request_passes_its_400_on_and_bans_nobody(net: Net) -> None:
+    net.node("whole", 0, 3)
+    refusal = {"error": {"message": "too long", "type": "x", "code": "context_length_exceeded"}}
+    net.heads.plan("whole", Behaviour(status=400, body=refusal))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    error = chunks[-1]["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["type"] == "invalid_request_error"
+    assert "too long" in error["message"]
+    assert isinstance(proxy.outcome.error, DomainError)
+    assert http_error(proxy.outcome.error).status == 400
+    assert net.banned() == set()
+    assert record(proxy).status == RequestStatus.FAILED
+
+
+def test_a_route_busy_past_the_wait_limit_is_a_503_and_bans_nobody(net: Net) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(status=503))
+    proxy = net.proxy()
+    ticks = itertools.count(step=50.0)
+    proxy.clock = lambda: next(ticks)  # every look at the clock, 50 s pass
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == "route_busy"
+    assert http_error(proxy.outcome.error).status == 503  # type: ignore[arg-type]
+    assert net.banned() == set()
+    assert record(proxy).status == RequestStatus.FAILED
+
+
+def test_with_no_route_the_request_is_refused_before_anything_is_streamed(net: Net) -> None:
+    net.node("head-only", 0, 1)
+    proxy = net.proxy()
+
+    with pytest.raises(DomainError) as refused:
+        asyncio.run(proxy.start())
+
+    assert refused.value.code == "no_route"
+    assert http_error(refused.value).status == 503
+    assert not ChatRequest.objects.exists()
