@@ -23,8 +23,8 @@ from django.conf import settings
 from rest_framework import status
 
 from meshnet_site.bearer import bearer_token
-from meshnet_site.errors import ApiError
-from routing_app.models import LanguageModel
+from meshnet_site.errors import ApiError, DomainError, http_error
+from nodes_app.models import LanguageModel
 from tracker_app.chat import chat_params_parse, completion_reply
 from tracker_app.models import ApiKey
 from tracker_app.proxy import ChatProxy
@@ -123,7 +123,7 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 fee_share=settings.MESHNET_NETWORK_FEE_SHARE,
             )
             await self.proxy.start()
-        except ApiError as error:
+        except DomainError as error:
             await self._send_error(error)
             return
         if params.stream:
@@ -186,10 +186,11 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             )
         return api_key
 
-    async def _send_error(self, error: ApiError) -> None:
+    async def _send_error(self, error: DomainError) -> None:
+        answer = http_error(error)
         headers = [(b"Content-Type", b"application/json")]
-        headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
-        await self.send_response(error.status_code, _json(error.body()), headers=headers)
+        headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+        await self.send_response(answer.status, _json(answer.body), headers=headers)
 
 
 def _model_get(key: str) -> LanguageModel:

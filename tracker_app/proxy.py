@@ -30,9 +30,9 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 from rest_framework import status
 
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import ApiError, DomainError, http_error
+from nodes_app.models import LanguageModel
 from routing_app.choice import RouteDecision
-from routing_app.models import LanguageModel
 from routing_app.services import route_quarantine_node, route_sample_record, route_select
 from tracker_app import accounting, console
 from tracker_app.billing import HopWork
@@ -105,7 +105,7 @@ class Outcome:
     finish_reason: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    error: ApiError | None = None
+    error: DomainError | None = None
     segments: list[Segment] = field(default_factory=list)
 
     @property
@@ -160,7 +160,7 @@ class ChatProxy:
     async def start(self) -> None:
         """Choose the first route and open the request record.
 
-        Raises ``ApiError`` (no route, bad pinned route) before anything is
+        Raises a ``DomainError`` (no route, bad pinned route) before anything is
         streamed, so the client gets a plain error response.
         """
         decision = await database_sync_to_async(route_select)(
@@ -201,10 +201,10 @@ class ChatProxy:
                 except HopFailure as failure:
                     failovers += 1
                     await self._fail_over(failure, exhausted=failovers > MAX_FAILOVERS)
-        except ApiError as error:
+        except DomainError as error:
             self.outcome.error = error
             await self.fail(error.message)
-            yield {"error": error.body()["error"]}
+            yield {"error": http_error(error).body["error"]}
             return
         await self._finish_completed()
         yield completion_chunk(
