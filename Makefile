@@ -28,6 +28,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy meshnet_site nodes_app routing_app tracker_app
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	@for b in bench/bench_*.py bench/*_sim.py; do echo "== $$b"; $(PY) $$b || exit 1; done

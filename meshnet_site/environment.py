@@ -4,6 +4,11 @@ Every reader takes the environment mapping explicitly, so settings can be
 built and tested from any mapping, and raises ``ImproperlyConfigured`` with
 the variable's name and the offending value when a value does not parse or
 is out of range.
+
+Numeric settings that other code also receives (``RoutingConfig`` built in
+code, ``runtracker`` flags) are defined once as ``NumberSetting`` values at
+the end of this module: name, default and range, so every entry point
+refuses the same values. This module imports no app, so every app can use it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -227,3 +233,48 @@ def secret_key(env: Mapping[str, str], base_dir: Path) -> str:
         finally:
             draft.unlink()
     return path.read_text().strip()
+
+
+@dataclass(frozen=True)
+class NumberSetting:
+    """One numeric setting's single definition: environment variable, default and range.
+
+    ``read`` takes it from the environment; ``check`` holds a value that
+    arrived another way (a flag, a constructor argument) to the same range,
+    raising ``ImproperlyConfigured`` that names ``label`` (default: the
+    variable). ``integer`` settings refuse non-integral values when read.
+    """
+
+    name: str
+    default: float
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    integer: bool = False
+
+    def read(self, env: Mapping[str, str]) -> float:
+        if self.integer:
+            return self.check(env_int(env, self.name, int(self.default)))
+        return self.check(env_float(env, self.name, self.default))
+
+    def check(self, value: float, *, label: str | None = None) -> float:
+        return check_range(
+            label or self.name,
+            value,
+            minimum=self.minimum,
+            maximum=self.maximum,
+            exclusive_minimum=self.exclusive_minimum,
+        )
+
+
+# The routing policy (ADR-0021).
+ROUTE_EXPLORE_SHARE = NumberSetting("MESHNET_ROUTE_EXPLORE_SHARE", 0.3, minimum=0.0, maximum=1.0)
+ROUTE_WEIGHT_ALPHA = NumberSetting(
+    "MESHNET_ROUTE_WEIGHT_ALPHA", 1.0, minimum=0.0, exclusive_minimum=True
+)
+ROUTE_STATS_HALF_LIFE = NumberSetting(
+    "MESHNET_ROUTE_STATS_HALF_LIFE", 600.0, minimum=0.0, exclusive_minimum=True
+)
+ROUTE_MIN_SAMPLE_TOKENS = NumberSetting(
+    "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1, integer=True
+)

@@ -142,27 +142,3 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
         error_type = "authentication_error"
     response.data = error_body(message, code=str(code), error_type=error_type)
     return response
-
-
-class ApiError(DomainError):
-    """Transitional: an error that names its HTTP status. Being replaced by DomainError
-    subclasses; removed once nothing raises it."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str,
-        status_code: int = status.HTTP_400_BAD_REQUEST,
-        error_type: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        kind = next(k for k, (s, _) in HTTP_STATUS.items() if s == status_code)
-        retry = (headers or {}).get("Retry-After")
-        super().__init__(message, code=code, kind=kind, retry_after=int(retry) if retry else None)
-        self.status_code = status_code
-        self.error_type = error_type
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return http_error(self).body

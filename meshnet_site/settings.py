@@ -138,17 +138,12 @@ if not DEBUG:
 
 # --- Meshnet ---------------------------------------------------------------
 
-# Routing (ADR-0021). `runtracker` flags override these after validation.
-MESHNET_ROUTE_EXPLORE_SHARE = env_.env_float(
-    ENV, "MESHNET_ROUTE_EXPLORE_SHARE", 0.3, minimum=0.0, maximum=1.0
-)
-MESHNET_ROUTE_WEIGHT_ALPHA = env_.env_float(
-    ENV, "MESHNET_ROUTE_WEIGHT_ALPHA", 1.0, minimum=0.0, exclusive_minimum=True
-)
-MESHNET_ROUTE_STATS_HALF_LIFE = env_.env_float(
-    ENV, "MESHNET_ROUTE_STATS_HALF_LIFE", 600.0, minimum=0.0, exclusive_minimum=True
-)
-MESHNET_ROUTE_MIN_SAMPLE_TOKENS = env_.env_int(ENV, "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1)
+# Routing (ADR-0021). `runtracker` flags override these after validation; the
+# defaults and ranges are defined once, in meshnet_site.environment.
+MESHNET_ROUTE_EXPLORE_SHARE = env_.ROUTE_EXPLORE_SHARE.read(ENV)
+MESHNET_ROUTE_WEIGHT_ALPHA = env_.ROUTE_WEIGHT_ALPHA.read(ENV)
+MESHNET_ROUTE_STATS_HALF_LIFE = env_.ROUTE_STATS_HALF_LIFE.read(ENV)
+MESHNET_ROUTE_MIN_SAMPLE_TOKENS = int(env_.ROUTE_MIN_SAMPLE_TOKENS.read(ENV))
 
 # Node liveness: a node silent for this long is marked offline by the sweep.
 MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(

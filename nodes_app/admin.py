@@ -1,4 +1,5 @@
-"""Admin for the node registry, with the operator's drain/ban/unban actions."""
+"""Admin for the node registry (with the operator's drain/ban/unban actions), the model
+catalogue and topology epochs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from nodes_app.models import Node, NodeStatus
+from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.services import node_set_status
 
 
@@ -57,3 +58,28 @@ class NodeAdmin(admin.ModelAdmin[Node]):
         _set_status(
             request, queryset.filter(status=NodeStatus.BANNED), NodeStatus.OFFLINE, "Unbanned"
         )
+
+
+@admin.register(LanguageModel)
+class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
+    list_display = [
+        "key",
+        "display_name",
+        "num_layers",
+        "weight_source",
+        "prompt_price_per_1k",
+        "completion_price_per_1k",
+    ]
+    search_fields = ["key", "display_name", "weight_source"]
+
+
+@admin.register(TopologyEpoch)
+class TopologyEpochAdmin(admin.ModelAdmin[TopologyEpoch]):
+    list_display = ["model", "number", "reason", "changed_at"]
+    list_filter = ["model"]
+    # Epochs change only through node events; editing them by hand would
+    # silently un-stale route statistics.
+    readonly_fields = ["model", "number", "reason", "changed_at"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False

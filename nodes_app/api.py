@@ -13,10 +13,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from meshnet_site.bearer import bearer_token
-from meshnet_site.errors import ApiError
 from nodes_app import services
-from nodes_app.models import Node
-from routing_app.models import LanguageModel
+from nodes_app.models import LanguageModel, Node
 
 HARDWARE = ("cpu", "cuda", "mps")
 
@@ -24,11 +22,9 @@ HARDWARE = ("cpu", "cuda", "mps")
 def _bearer_token(request: Request) -> str:
     token = bearer_token(request.headers.get("Authorization", ""))
     if token is None:
-        raise ApiError(
+        raise services.NodeTokenInvalid(
             "Missing node token: send 'Authorization: Bearer <node token>'",
             code="missing_node_token",
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            error_type="authentication_error",
         )
     return token
 
@@ -94,13 +90,21 @@ class RegisterNodeApi(APIView):
     def post(self, request: Request) -> Response:
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = dict(data.validated_data)
-        signature = fields.pop("signature")
+        fields = data.validated_data
         registration = services.node_register(
-            fields=fields,
+            wallet=fields["wallet"],
+            endpoint=fields["endpoint"],
+            model_key=fields["model"],
+            shard_start=fields["shard_start"],
+            shard_end=fields["shard_end"],
+            num_layers=fields["num_layers"],
+            hardware=fields["hardware"],
+            device_name=fields["device_name"],
+            benchmark_tps=fields["benchmark_tps"],
+            timestamp=fields["timestamp"],
             # The signature covers the fields exactly as the node sent them.
             signed_fields={k: v for k, v in request.data.items() if k != "signature"},
-            signature=signature,
+            signature=fields["signature"],
             now=timezone.now(),
             max_skew=settings.MESHNET_REGISTRATION_MAX_SKEW,
         )

@@ -1,7 +1,9 @@
-"""Node registry writes: register, heartbeat, deregister, liveness sweep, admin actions.
+"""Node registry writes: register, heartbeat, deregister, liveness sweep, admin actions,
+and the topology epochs those changes bump.
 
 Every change of who serves which layers goes through here and bumps the
-model's topology epoch exactly once.
+model's topology epoch exactly once. Failures raise the ``DomainError``
+subclasses below; ``meshnet_site.errors`` turns them into HTTP answers.
 """
 
 from __future__ import annotations
@@ -15,15 +17,59 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import QuerySet
-from rest_framework import status
+from django.db.models import F, QuerySet
 
-from meshnet_site.errors import ApiError
-from nodes_app.models import Node, NodeStatus
+from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
+from nodes_app.selectors import (
+    ModelNotFound,
+    language_model_get,
+    language_model_keys,
+    topology_epoch_current,
+)
 from nodes_app.signing import verify_registration
-from routing_app.models import LanguageModel
-from routing_app.selectors import topology_epoch_current
-from routing_app.services import topology_epoch_bump
+
+
+class RegistrationNotTrusted(DomainError):
+    """A registration whose signature, timestamp or freshness the tracker cannot trust.
+
+    ``code`` says which: ``invalid_signature``, ``stale_registration`` or
+    ``replayed_registration``.
+    """
+
+    kind = ErrorKind.UNAUTHENTICATED
+
+
+class NodeTokenInvalid(DomainError):
+    """A node call without a valid node token (unknown node and wrong token alike)."""
+
+    kind = ErrorKind.UNAUTHENTICATED
+    code = "invalid_node_token"
+
+
+class NodeBanned(DomainError):
+    """The operator banned this node: it may neither register nor heartbeat."""
+
+    kind = ErrorKind.FORBIDDEN
+    code = "node_banned"
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"Node {node_id} is banned by the tracker's operator")
+
+
+class UnknownModel(DomainError):
+    """A node announced a model the tracker's catalogue does not hold."""
+
+    kind = ErrorKind.INVALID
+    code = "unknown_model"
+
+
+class ShardRefused(DomainError):
+    """A node's shard does not fit its model: ``layer_count_mismatch`` or
+    ``layers_out_of_range``."""
+
+    kind = ErrorKind.INVALID
+
 
 # Statuses of a node that still runs. Only ONLINE nodes take part in routing,
 # so only an ONLINE node's departure changes the topology (a draining node
@@ -38,6 +84,21 @@ class Registration:
     epoch: int
 
 
+def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
+    """Advance ``model``'s topology epoch and return the new number.
+
+    The one place epochs change: every join, leave and shard change calls it.
+    The increment is a single UPDATE, so concurrent bumps never lose a count.
+    """
+    with transaction.atomic():
+        epoch, _ = TopologyEpoch.objects.get_or_create(model=model)
+        TopologyEpoch.objects.filter(pk=epoch.pk).update(
+            number=F("number") + 1, reason=reason[:200]
+        )
+        epoch.refresh_from_db(fields=["number"])
+    return epoch.number
+
+
 def node_id_for(*, wallet: str, model_key: str, shard_start: int, shard_end: int) -> str:
     """Stable id from wallet and shard: the same shard keeps its id across restarts."""
     digest = hashlib.sha256(f"{wallet}|{model_key}|{shard_start}-{shard_end}".encode())
@@ -50,56 +111,56 @@ def token_hash(token: str) -> str:
 
 def node_register(
     *,
-    fields: dict[str, Any],
+    wallet: str,
+    endpoint: str,
+    model_key: str,
+    shard_start: int,
+    shard_end: int,
+    num_layers: int,
+    hardware: str,
+    device_name: str,
+    benchmark_tps: float,
+    timestamp: float,
     signed_fields: Mapping[str, Any],
     signature: str,
     now: datetime,
     max_skew: float,
 ) -> Registration:
-    """Register (or re-register) the node described by ``fields``.
+    """Register (or re-register) the node serving ``model_key`` layers ``shard_start..shard_end``.
 
-    ``fields`` holds the validated wallet, endpoint, model, shard_start,
-    shard_end, num_layers, hardware, device_name, benchmark_tps and
-    timestamp; ``signed_fields`` is what the node sent and signed (the same
-    fields, as JSON values). A signature is accepted once: a replayed
-    registration is refused. A new node, a node coming back online and a
-    shard change each bump the model's topology epoch once; a node that
-    re-registers while online (a restart that kept its shard) does not.
+    ``signed_fields`` is what the node sent and signed (the other arguments,
+    as JSON values, under their wire names); ``timestamp`` is the signing
+    time it declared. A signature is accepted once: a replayed registration
+    is refused. A new node, a node coming back online and a shard change each
+    bump the model's topology epoch once; a node that re-registers while
+    online (a restart that kept its shard) does not.
+
+    Raises ``RegistrationNotTrusted``, ``UnknownModel``, ``ShardRefused`` or
+    ``NodeBanned``.
     """
-    wallet: str = fields["wallet"]
     if not verify_registration(wallet, signed_fields, signature):
-        raise ApiError(
-            "Signature does not match the wallet's public key",
-            code="invalid_signature",
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            error_type="authentication_error",
+        raise RegistrationNotTrusted(
+            "Signature does not match the wallet's public key", code="invalid_signature"
         )
-    skew = abs(now.timestamp() - float(fields["timestamp"]))
+    skew = abs(now.timestamp() - timestamp)
     if skew > max_skew:
-        raise ApiError(
+        raise RegistrationNotTrusted(
             f"Registration timestamp is {skew:.0f} s away from the tracker's clock "
             f"(at most {max_skew:.0f} s allowed); check the node's clock",
             code="stale_registration",
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            error_type="authentication_error",
         )
-    model = _catalogue_model(fields["model"])
-    _check_shard(model, fields["shard_start"], fields["shard_end"], fields["num_layers"])
+    model = _catalogue_model(model_key)
+    _check_shard(model, shard_start, shard_end, num_layers)
     # The timestamp bounds how long a captured registration could be replayed;
     # remembering each accepted signature for that long closes the window.
     if not cache.add(f"node-registration:{signature}", True, timeout=int(2 * max_skew) + 1):
-        raise ApiError(
+        raise RegistrationNotTrusted(
             "This signed registration was already used; sign a new one",
             code="replayed_registration",
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            error_type="authentication_error",
         )
 
     node_id = node_id_for(
-        wallet=wallet,
-        model_key=model.key,
-        shard_start=fields["shard_start"],
-        shard_end=fields["shard_end"],
+        wallet=wallet, model_key=model.key, shard_start=shard_start, shard_end=shard_end
     )
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
@@ -107,28 +168,23 @@ def node_register(
         # restarted the node with a different range: that one has left.
         replaced = (
             Node.objects.select_for_update()
-            .filter(wallet=wallet, endpoint=fields["endpoint"], status__in=_SERVING)
+            .filter(wallet=wallet, endpoint=endpoint, status__in=_SERVING)
             .exclude(pk=node_id)
         )
         shard_changed = replaced.update(status=NodeStatus.OFFLINE) > 0
         existing = Node.objects.select_for_update().filter(pk=node_id).first()
         if existing is not None and existing.status == NodeStatus.BANNED:
-            raise ApiError(
-                f"Node {node_id} is banned by the tracker's operator",
-                code="node_banned",
-                status_code=status.HTTP_403_FORBIDDEN,
-                error_type="permission_error",
-            )
+            raise NodeBanned(node_id)
         was_routable = existing is not None and existing.status == NodeStatus.ONLINE
         state = {
             "wallet": wallet,
-            "endpoint": fields["endpoint"],
+            "endpoint": endpoint,
             "model": model,
-            "shard_start": fields["shard_start"],
-            "shard_end": fields["shard_end"],
-            "hardware": fields["hardware"],
-            "device_name": fields["device_name"],
-            "benchmark_tps": fields["benchmark_tps"],
+            "shard_start": shard_start,
+            "shard_end": shard_end,
+            "hardware": hardware,
+            "device_name": device_name,
+            "benchmark_tps": benchmark_tps,
             "queue_depth": 0,
             "active_sessions": 0,
             "status": NodeStatus.ONLINE,
@@ -148,15 +204,11 @@ def node_register(
 
 
 def node_authenticate(*, node_id: str, token: str) -> Node:
-    """The node whose token this is, or a 401 (unknown node and wrong token alike)."""
+    """The node whose token this is; raises ``NodeTokenInvalid`` (unknown node and wrong
+    token alike)."""
     node = Node.objects.select_related("model").filter(pk=node_id).first()
     if node is None or not secrets.compare_digest(node.token_hash, token_hash(token)):
-        raise ApiError(
-            "Unknown node or wrong node token",
-            code="invalid_node_token",
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            error_type="authentication_error",
-        )
+        raise NodeTokenInvalid("Unknown node or wrong node token")
     return node
 
 
@@ -168,14 +220,12 @@ def node_heartbeat(
     measured_tps: float,
     now: datetime,
 ) -> Node:
-    """Record live load. A node the sweep marked offline comes back online (a join)."""
+    """Record live load. A node the sweep marked offline comes back online (a join).
+
+    Raises ``NodeBanned`` for a banned node.
+    """
     if node.status == NodeStatus.BANNED:
-        raise ApiError(
-            f"Node {node.id} is banned by the tracker's operator",
-            code="node_banned",
-            status_code=status.HTTP_403_FORBIDDEN,
-            error_type="permission_error",
-        )
+        raise NodeBanned(node.id)
     with transaction.atomic():
         rejoined = (
             Node.objects.filter(pk=node.pk, status=NodeStatus.OFFLINE).update(
@@ -257,26 +307,24 @@ def node_set_status(*, node: Node, new_status: NodeStatus) -> bool:
 
 
 def _catalogue_model(key: str) -> LanguageModel:
-    model = LanguageModel.objects.filter(key=key).first()
-    if model is None:
-        known = ", ".join(LanguageModel.objects.values_list("key", flat=True)) or "none"
-        raise ApiError(
-            f"Model {key!r} is not in the tracker's catalogue (known: {known})",
-            code="unknown_model",
-            status_code=status.HTTP_400_BAD_REQUEST,
-        )
-    return model
+    try:
+        return language_model_get(key=key)
+    except ModelNotFound:
+        known = ", ".join(language_model_keys()) or "none"
+        raise UnknownModel(
+            f"Model {key!r} is not in the tracker's catalogue (known: {known})"
+        ) from None
 
 
 def _check_shard(model: LanguageModel, start: int, end: int, num_layers: int) -> None:
     if num_layers != model.num_layers:
-        raise ApiError(
+        raise ShardRefused(
             f"Node declares {num_layers} layers for {model.key}, "
             f"but the catalogue says {model.num_layers}",
             code="layer_count_mismatch",
         )
     if not 0 <= start <= end <= model.last_layer:
-        raise ApiError(
+        raise ShardRefused(
             f"Layers {start}-{end} are outside {model.key}'s layers 0-{model.last_layer}",
             code="layers_out_of_range",
         )

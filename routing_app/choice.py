@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rest_framework import status
-
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import DomainError, ErrorKind
 from routing_app.config import RoutingConfig
 from routing_app.planner import RoutePlan
 from routing_app.stats import ArmStatus, ArmView, RouteStatsStore
@@ -47,14 +45,14 @@ class RouteDecision:
         return {"route": self.plan.signature, "mode": str(self.mode), "hops": self.plan.to_dict()}
 
 
-class NoRouteAvailable(ApiError):
+class NoRouteAvailable(DomainError):
+    """No route can serve the model now; ``reason`` says why (for the client to read)."""
+
+    kind = ErrorKind.UNAVAILABLE
+    code = "no_route"
+
     def __init__(self, model_key: str, reason: str) -> None:
-        super().__init__(
-            f"No route can serve {model_key} right now: {reason}",
-            code="no_route",
-            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-            error_type="server_error",
-        )
+        super().__init__(f"No route can serve {model_key} right now: {reason}")
 
 
 def _scout_target(arms: Sequence[ArmView]) -> int | None:
@@ -143,7 +141,7 @@ def choose_route(
 ) -> RouteDecision:
     """Pick one of ``plans`` (best prior first, at least one) for a request.
 
-    Raises ``NoRouteAvailable`` (503) when every plan is quarantined.
+    Raises ``NoRouteAvailable`` when every plan is quarantined.
     """
     if not plans:
         raise ValueError("choose_route needs at least one candidate plan")

@@ -13,7 +13,12 @@ from typing import Any
 
 from django.conf import settings
 
-from meshnet_site.environment import check_range
+from meshnet_site.environment import (
+    ROUTE_EXPLORE_SHARE,
+    ROUTE_MIN_SAMPLE_TOKENS,
+    ROUTE_STATS_HALF_LIFE,
+    ROUTE_WEIGHT_ALPHA,
+)
 
 # At most this many candidate routes per model take part in the choice.
 MAX_CANDIDATES = 8
@@ -22,25 +27,21 @@ MAX_CANDIDATES = 8
 @dataclass(frozen=True)
 class RoutingConfig:
     """The active routing policy. Constructing one with an out-of-range value raises
-    ``ImproperlyConfigured`` naming the setting, so a bad flag stops start-up."""
+    ``ImproperlyConfigured`` naming the setting, so a bad flag stops start-up.
 
-    explore_share: float = 0.3
-    weight_alpha: float = 1.0
-    stats_half_life: float = 600.0
-    min_sample_tokens: int = 8
+    Defaults and ranges are the settings' own (``meshnet_site.environment``).
+    """
+
+    explore_share: float = ROUTE_EXPLORE_SHARE.default
+    weight_alpha: float = ROUTE_WEIGHT_ALPHA.default
+    stats_half_life: float = ROUTE_STATS_HALF_LIFE.default
+    min_sample_tokens: int = int(ROUTE_MIN_SAMPLE_TOKENS.default)
 
     def __post_init__(self) -> None:
-        check_range("MESHNET_ROUTE_EXPLORE_SHARE", self.explore_share, minimum=0.0, maximum=1.0)
-        check_range(
-            "MESHNET_ROUTE_WEIGHT_ALPHA", self.weight_alpha, minimum=0.0, exclusive_minimum=True
-        )
-        check_range(
-            "MESHNET_ROUTE_STATS_HALF_LIFE",
-            self.stats_half_life,
-            minimum=0.0,
-            exclusive_minimum=True,
-        )
-        check_range("MESHNET_ROUTE_MIN_SAMPLE_TOKENS", self.min_sample_tokens, minimum=1)
+        ROUTE_EXPLORE_SHARE.check(self.explore_share)
+        ROUTE_WEIGHT_ALPHA.check(self.weight_alpha)
+        ROUTE_STATS_HALF_LIFE.check(self.stats_half_life)
+        ROUTE_MIN_SAMPLE_TOKENS.check(self.min_sample_tokens)
 
     @classmethod
     def from_settings(cls) -> RoutingConfig:

@@ -17,10 +17,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rest_framework import status
-
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import DomainError, ErrorKind
 from routing_app.config import MAX_CANDIDATES
+
+
+class InvalidPinnedRoute(DomainError):
+    """The client pinned a route that cannot serve the model (the message says why)."""
+
+    kind = ErrorKind.INVALID
+    code = "invalid_route"
+
+
+class PinnedNodeUnavailable(DomainError):
+    """The client pinned a node of the model that is not online now."""
+
+    kind = ErrorKind.UNAVAILABLE
+    code = "route_node_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,55 +237,47 @@ def plan_pinned_route(
     online: Mapping[str, NodeRecord],
     known: Iterable[str] = (),
 ) -> RoutePlan:
-    """The plan for a client-pinned list of node ids, or an ``ApiError`` saying why not.
+    """The plan for a client-pinned list of node ids, or a ``DomainError`` saying why not.
 
     ``online`` holds the model's online nodes by id; ``known`` the ids of the
-    model's nodes in any status (so an offline node answers 503, an id the
-    registry never saw answers 400). Hop 0 must start at layer 0; each later
-    hop runs from the previous end + 1 to its own shard end and must hold
-    that layer; the last hop must reach the model's last layer.
+    model's nodes in any status (so an offline node raises
+    ``PinnedNodeUnavailable``, an id the registry never saw
+    ``InvalidPinnedRoute``). Hop 0 must start at layer 0; each later hop runs
+    from the previous end + 1 to its own shard end and must hold that layer;
+    the last hop must reach the model's last layer.
     """
     if not node_ids:
-        raise _pin_error("The pinned route is empty: list at least one node id")
+        raise InvalidPinnedRoute("The pinned route is empty: list at least one node id")
     if len(set(node_ids)) != len(node_ids):
-        raise _pin_error("The pinned route lists a node more than once")
+        raise InvalidPinnedRoute("The pinned route lists a node more than once")
     known_ids = set(known) | set(online)
     chain: list[NodeRecord] = []
     for node_id in node_ids:
         node = online.get(node_id)
         if node is None:
             if node_id in known_ids:
-                raise ApiError(
-                    f"Pinned node {node_id} is not online for {model_key}",
-                    code="route_node_unavailable",
-                    status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-                    error_type="server_error",
-                )
-            raise _pin_error(f"Pinned node {node_id} is not a node of {model_key}")
+                raise PinnedNodeUnavailable(f"Pinned node {node_id} is not online for {model_key}")
+            raise InvalidPinnedRoute(f"Pinned node {node_id} is not a node of {model_key}")
         chain.append(node)
     last_layer = num_layers - 1
     start = 0
     for node in chain:
         if start > last_layer:
-            raise _pin_error(
+            raise InvalidPinnedRoute(
                 f"Pinned node {node.node_id} comes after the route already reached the "
                 f"last layer {last_layer}"
             )
         if not node.shard_start <= start <= node.shard_end:
-            raise _pin_error(
+            raise InvalidPinnedRoute(
                 f"Pinned node {node.node_id} holds layers {node.shard_start}-"
                 f"{node.shard_end} and cannot run from layer {start}"
             )
         start = min(node.shard_end, last_layer) + 1
     if start - 1 != last_layer:
-        raise _pin_error(
+        raise InvalidPinnedRoute(
             f"The pinned route ends at layer {start - 1}; {model_key} needs layers 0-{last_layer}"
         )
     return _plan(model_key, last_layer, chain)
-
-
-def _pin_error(message: str) -> ApiError:
-    return ApiError(message, code="invalid_route")
 
 
 def uncovered_layers(nodes: Sequence[NodeRecord], num_layers: int) -> list[tuple[int, int]]:

@@ -1,18 +1,14 @@
-"""Reads of the model catalogue, topology epochs and the nodes that routing may use."""
+"""Reads of the registry that routing needs: the nodes it may use, the models they serve.
+
+The catalogue and topology epochs themselves are read through ``nodes_app.selectors``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nodes_app.models import Node, NodeStatus
-from routing_app.models import LanguageModel, TopologyEpoch
+from nodes_app.models import LanguageModel, Node, NodeStatus
 from routing_app.planner import NodeRecord, enumerate_routes
-
-
-def topology_epoch_current(*, model: LanguageModel) -> int:
-    """The model's current topology epoch (0 before any node ever joined)."""
-    number = TopologyEpoch.objects.filter(model=model).values_list("number", flat=True).first()
-    return number or 0
 
 
 def routing_nodes(*, model: LanguageModel) -> list[NodeRecord]:
@@ -37,10 +33,6 @@ def routing_nodes(*, model: LanguageModel) -> list[NodeRecord]:
 def node_ids_known(*, model: LanguageModel, node_ids: Iterable[str]) -> set[str]:
     """Which of ``node_ids`` the registry holds for ``model``, in any status."""
     return set(Node.objects.filter(model=model, pk__in=list(node_ids)).values_list("id", flat=True))
-
-
-def language_model_get(*, key: str) -> LanguageModel | None:
-    return LanguageModel.objects.filter(key=key).first()
 
 
 def language_models_served() -> list[LanguageModel]:

@@ -1,4 +1,4 @@
-"""Routing writes and decisions: topology epochs, route choice, samples, quarantine.
+"""Routing writes and decisions: route choice, samples, quarantine.
 
 The chat proxy needs three calls: ``route_select`` before it opens the
 stream, ``route_sample_record`` when the stream completes, and
@@ -12,13 +12,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from django.db import transaction
-from django.db.models import F
-
+from nodes_app.models import LanguageModel
+from nodes_app.selectors import topology_epoch_current
 from routing_app import selectors
 from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision, choose_route
 from routing_app.config import RoutingConfig
-from routing_app.models import LanguageModel, TopologyEpoch
 from routing_app.planner import (
     RoutePlan,
     enumerate_routes,
@@ -30,21 +28,6 @@ from routing_app.tracker_store import route_stats_store
 
 # The tracker's own source of routing randomness; tests pass a seeded one.
 _route_rng = random.Random()
-
-
-def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
-    """Advance ``model``'s topology epoch and return the new number.
-
-    The one place epochs change: every join, leave and shard change calls it.
-    The increment is a single UPDATE, so concurrent bumps never lose a count.
-    """
-    with transaction.atomic():
-        epoch, _ = TopologyEpoch.objects.get_or_create(model=model)
-        TopologyEpoch.objects.filter(pk=epoch.pk).update(
-            number=F("number") + 1, reason=reason[:200]
-        )
-        epoch.refresh_from_db(fields=["number"])
-    return epoch.number
 
 
 def route_candidates(*, model: LanguageModel, store: RouteStatsStore) -> list[RoutePlan]:
@@ -82,12 +65,13 @@ def route_select(
 ) -> RouteDecision:
     """The route for one chat request: the pinned node ids' plan, or the bandit's choice.
 
-    Raises ``ApiError``: 400 for an invalid pinned route, 503 when a pinned
-    node is not online or no route can serve the model. Send the request to
-    ``decision.plan.head.endpoint`` with ``decision.plan.to_dict()`` as hops.
+    Raises ``InvalidPinnedRoute`` for a pinned route that cannot serve the
+    model, ``PinnedNodeUnavailable`` when a pinned node is not online and
+    ``NoRouteAvailable`` when no route can serve the model. Send the request
+    to ``decision.plan.head.endpoint`` with ``decision.plan.to_dict()`` as hops.
     """
     store = store or route_stats_store()
-    epoch = selectors.topology_epoch_current(model=model)
+    epoch = topology_epoch_current(model=model)
     if pinned is not None:
         nodes = selectors.routing_nodes(model=model)
         plan = plan_pinned_route(

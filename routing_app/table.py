@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import status
-
-from meshnet_site.errors import ApiError
-from routing_app import selectors
+from nodes_app.models import LanguageModel
+from nodes_app.selectors import language_model_get, topology_epoch_current
 from routing_app.choice import policy_shares
 from routing_app.config import RoutingConfig
-from routing_app.models import LanguageModel
 from routing_app.services import route_candidates
 from routing_app.stats import ArmStatus, RouteStatsStore
 
@@ -23,18 +20,11 @@ from routing_app.stats import ArmStatus, RouteStatsStore
 def routing_table(
     *, model_key: str | None, store: RouteStatsStore, config: RoutingConfig
 ) -> dict[str, Any]:
-    """The table for one model (404 ``ApiError`` if unknown) or for the whole catalogue."""
+    """The table for one model (``ModelNotFound`` if unknown) or for the whole catalogue."""
     if model_key is None:
         models = list(LanguageModel.objects.order_by("key"))
     else:
-        model = selectors.language_model_get(key=model_key)
-        if model is None:
-            raise ApiError(
-                f"The model {model_key!r} does not exist",
-                code="model_not_found",
-                status_code=status.HTTP_404_NOT_FOUND,
-            )
-        models = [model]
+        models = [language_model_get(key=model_key)]
     return {
         "config": config.to_dict(),
         "models": [_model_table(model, store, config) for model in models],
@@ -44,7 +34,7 @@ def routing_table(
 def _model_table(
     model: LanguageModel, store: RouteStatsStore, config: RoutingConfig
 ) -> dict[str, Any]:
-    epoch = selectors.topology_epoch_current(model=model)
+    epoch = topology_epoch_current(model=model)
     plans = route_candidates(model=model, store=store)
     arms = store.views(plans=plans, epoch=epoch)
     shares = policy_shares(arms=arms, config=config)

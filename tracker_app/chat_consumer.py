@@ -20,12 +20,11 @@ import httpx
 from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
-from rest_framework import status
 
 from meshnet_site.bearer import bearer_token
-from meshnet_site.errors import ApiError, DomainError, ErrorKind, http_error
+from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.protocol import SSE_DONE, sse_event
-from routing_app.models import LanguageModel
+from nodes_app.selectors import language_model_get
 from tracker_app.chat import chat_params_parse, completion_reply
 from tracker_app.models import ApiKey
 from tracker_app.proxy import ChatProxy
@@ -121,7 +120,7 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 raise MethodNotAllowed("Use POST")
             api_key = await self._authenticate()
             params = chat_params_parse(body)
-            model = await database_sync_to_async(_model_get)(params.model)
+            model = await database_sync_to_async(language_model_get)(key=params.model)
             await database_sync_to_async(rate_limit_check)(
                 key_hash=api_key.key_hash,
                 limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE,
@@ -198,14 +197,3 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         headers = [(b"Content-Type", b"application/json")]
         headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
         await self.send_response(answer.status, _json(answer.body), headers=headers)
-
-
-def _model_get(key: str) -> LanguageModel:
-    model = LanguageModel.objects.filter(key=key).first()
-    if model is None:
-        raise ApiError(
-            f"The model {key!r} does not exist; GET /v1/models lists the served ones",
-            code="model_not_found",
-            status_code=status.HTTP_404_NOT_FOUND,
-        )
-    return model

@@ -37,7 +37,7 @@ class ChatRequest(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="requests")
     model = models.ForeignKey(
-        "routing_app.LanguageModel", on_delete=models.PROTECT, related_name="requests"
+        "nodes_app.LanguageModel", on_delete=models.PROTECT, related_name="requests"
     )
     route_signature = models.CharField(max_length=2000, blank=True)
     mode = models.CharField(max_length=20, blank=True, help_text="How the route was chosen")

@@ -32,10 +32,10 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from meshnet_site.errors import DomainError, ErrorKind, http_error
+from nodes_app.models import LanguageModel
 from nodes_app.protocol import ChunkFrame, GenerateRequest, PlanHop, Usage
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
-from routing_app.models import LanguageModel
 from routing_app.planner import Hop
 from routing_app.services import route_sample_record, route_select
 from tracker_app import accounting, console

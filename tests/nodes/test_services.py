@@ -7,10 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from nodes_app.models import Node, NodeStatus
+from nodes_app.models import LanguageModel, Node, NodeStatus
+from nodes_app.selectors import topology_epoch_current
 from nodes_app.services import node_heartbeat, node_set_status, nodes_sweep_stale
-from routing_app.models import LanguageModel
-from routing_app.selectors import topology_epoch_current
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.utils import timezone
 
-from nodes_app.models import Node, NodeStatus
-from routing_app.models import LanguageModel, TopologyEpoch
+from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from routing_app.planner import NodeRecord
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install

@@ -9,7 +9,8 @@ from django.test import override_settings
 from rest_framework import status
 from rest_framework.test import APIClient
 
-from routing_app.services import route_sample_record, route_select, topology_epoch_bump
+from nodes_app.services import topology_epoch_bump
+from routing_app.services import route_sample_record, route_select
 from tests.routing.conftest import make_model, make_node
 
 pytestmark = pytest.mark.django_db
@@ -124,7 +125,8 @@ def test_it_answers_an_unknown_model_with_an_openai_style_404(store):
     assert response.status_code == status.HTTP_404_NOT_FOUND
     assert response.json() == {
         "error": {
-            "message": "The model 'no-such-model' does not exist",
+            "message": "The model 'no-such-model' does not exist; "
+            "GET /v1/models lists the served ones",
             "type": "invalid_request_error",
             "code": "model_not_found",
         }

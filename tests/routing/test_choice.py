@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from rest_framework import status
 
+from meshnet_site.errors import http_error
 from routing_app.choice import DecisionMode, NoRouteAvailable, choose_route, policy_shares
 from routing_app.config import RoutingConfig
 from routing_app.planner import enumerate_routes
@@ -142,7 +143,7 @@ def test_it_answers_503_when_every_candidate_is_quarantined(store):
     with pytest.raises(NoRouteAvailable) as caught:
         draw(store, n=1)
 
-    assert caught.value.status_code == status.HTTP_503_SERVICE_UNAVAILABLE
+    assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE
 
 
 def test_it_repeats_its_choices_for_the_same_seed(store):
@@ -228,7 +229,7 @@ def test_it_answers_503_naming_the_layers_no_online_node_serves(store):
     with pytest.raises(NoRouteAvailable) as caught:
         route_select(model=model, rng=random.Random(3))
 
-    assert caught.value.status_code == 503
+    assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE
     assert "no online node serves layers 10-11, 21-29 (of 0-29)" in caught.value.message
 
 

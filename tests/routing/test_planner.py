@@ -7,10 +7,17 @@ import random
 import pytest
 from rest_framework import status
 
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import http_error
 from nodes_app.models import NodeStatus
 from routing_app.choice import DecisionMode
-from routing_app.planner import Hop, RoutePlan, enumerate_routes, plan_pinned_route
+from routing_app.planner import (
+    Hop,
+    InvalidPinnedRoute,
+    PinnedNodeUnavailable,
+    RoutePlan,
+    enumerate_routes,
+    plan_pinned_route,
+)
 from routing_app.selectors import routing_nodes
 from routing_app.services import route_candidates, route_select
 from tests.routing.conftest import make_model, make_node, record
@@ -202,17 +209,17 @@ def test_it_plans_a_pinned_hybrid_route_from_layer_22_on_the_full_node():
     ],
 )
 def test_it_rejects_an_invalid_pinned_route_with_a_400(node_ids, message):
-    with pytest.raises(ApiError, match=message) as caught:
+    with pytest.raises(InvalidPinnedRoute, match=message) as caught:
         pin(node_ids)
 
-    assert caught.value.status_code == status.HTTP_400_BAD_REQUEST
+    assert http_error(caught.value).status == status.HTTP_400_BAD_REQUEST
     assert caught.value.code == "invalid_route"
 
 
 def test_it_rejects_a_pinned_hop_that_does_not_hold_the_next_layer():
     nodes = [record("a", 0, 9), record("b", 12, 29)]
 
-    with pytest.raises(ApiError, match="holds layers 12-29 and cannot run from layer 10"):
+    with pytest.raises(InvalidPinnedRoute, match="holds layers 12-29 and cannot run from layer 10"):
         plan_pinned_route(
             model_key="qwen",
             num_layers=30,
@@ -222,10 +229,10 @@ def test_it_rejects_a_pinned_hop_that_does_not_hold_the_next_layer():
 
 
 def test_it_answers_503_for_a_pinned_node_that_is_not_online():
-    with pytest.raises(ApiError, match="not online") as caught:
+    with pytest.raises(PinnedNodeUnavailable, match="not online") as caught:
         pin(["gone"], known=["gone"])
 
-    assert caught.value.status_code == status.HTTP_503_SERVICE_UNAVAILABLE
+    assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE
 
 
 # --- registry rows -----------------------------------------------------------------------
@@ -274,7 +281,7 @@ def test_it_answers_503_when_a_pinned_node_of_the_registry_is_offline(store):
     model = make_model(num_layers=30)
     make_node(model, "gone", 0, 29, status=NodeStatus.OFFLINE)
 
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(PinnedNodeUnavailable) as caught:
         route_select(model=model, pinned=["gone"], rng=random.Random(1))
 
-    assert caught.value.status_code == status.HTTP_503_SERVICE_UNAVAILABLE
+    assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE

@@ -9,8 +9,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from nodes_app.models import Node
-from routing_app.models import LanguageModel
+from nodes_app.models import LanguageModel, Node
 from tracker_app.accounting import (
     chat_request_complete,
     chat_request_fail,

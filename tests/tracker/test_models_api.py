@@ -7,8 +7,7 @@ from django.utils import timezone
 from rest_framework import status
 from rest_framework.test import APIClient
 
-from nodes_app.models import Node, NodeStatus
-from routing_app.models import LanguageModel
+from nodes_app.models import LanguageModel, Node, NodeStatus
 
 pytestmark = pytest.mark.django_db
 

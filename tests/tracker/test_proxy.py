@@ -22,7 +22,7 @@ import pytest
 from django.utils import timezone
 
 from meshnet_site.errors import DomainError, http_error
-from nodes_app.models import Node
+from nodes_app.models import LanguageModel, Node, TopologyEpoch
 from nodes_app.protocol import (
     SSE_DONE,
     ChunkFrame,
@@ -32,7 +32,6 @@ from nodes_app.protocol import (
     sse_event,
 )
 from routing_app.bans import node_bans_reset
-from routing_app.models import LanguageModel, TopologyEpoch
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console

@@ -12,19 +12,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from meshnet_site.environment import check_range
+from meshnet_site.environment import (
+    ROUTE_EXPLORE_SHARE,
+    ROUTE_STATS_HALF_LIFE,
+    ROUTE_WEIGHT_ALPHA,
+    NumberSetting,
+)
 
-# flag dest -> (setting name, range check keyword arguments)
-ROUTE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "route_explore_share": ("MESHNET_ROUTE_EXPLORE_SHARE", {"minimum": 0.0, "maximum": 1.0}),
-    "route_weight_alpha": (
-        "MESHNET_ROUTE_WEIGHT_ALPHA",
-        {"minimum": 0.0, "exclusive_minimum": True},
-    ),
-    "route_stats_half_life": (
-        "MESHNET_ROUTE_STATS_HALF_LIFE",
-        {"minimum": 0.0, "exclusive_minimum": True},
-    ),
+# flag dest -> the setting it overrides (whose range it must respect)
+ROUTE_FLAGS: dict[str, NumberSetting] = {
+    "route_explore_share": ROUTE_EXPLORE_SHARE,
+    "route_weight_alpha": ROUTE_WEIGHT_ALPHA,
+    "route_stats_half_life": ROUTE_STATS_HALF_LIFE,
 }
 
 
@@ -66,13 +65,13 @@ class Command(BaseCommand):
 
     def apply_route_overrides(self, options: dict[str, Any]) -> None:
         """Validate the routing flags like their env vars, then let them win."""
-        for dest, (setting, limits) in ROUTE_FLAGS.items():
+        for dest, setting in ROUTE_FLAGS.items():
             value = options.get(dest)
             if value is None:
                 continue
             flag = "--" + dest.replace("_", "-")
             try:
-                check_range(flag, value, **limits)
+                setting.check(value, label=flag)
             except ImproperlyConfigured as exc:
                 raise CommandError(str(exc)) from None
-            setattr(settings, setting, value)
+            setattr(settings, setting.name, value)
