@@ -8,7 +8,6 @@ aggregate tokens/s, against a baseline of the same requests sent one at a time.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -18,7 +17,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.localnet import LocalNet
+from tests.support.sse import sse_data
+from tracker_app.localnet import LocalNetwork
 
 MODEL = "tiny-random-llama"
 CONCURRENT = 100
@@ -39,9 +39,9 @@ async def one(client: httpx.AsyncClient, url: str) -> tuple[str, float, int]:
     async with client.stream("POST", url, json=BODY) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
+            frame = sse_data(line)
+            if not isinstance(frame, dict):
                 continue
-            frame = json.loads(line[6:])
             if "error" in frame:
                 raise RuntimeError(frame["error"])
             content = frame["choices"][0]["delta"].get("content") or ""
@@ -84,11 +84,16 @@ async def run(url: str, key: str) -> None:
 
 
 def main() -> None:
-    with LocalNet() as net:
-        net.node(MODEL, "0-1")
-        net.node(MODEL, "2-3")
-        net.wait_for_model(MODEL)
-        asyncio.run(run(f"{net.url}/v1/chat/completions", net.api_key))
+    # One machine, so the embedded mode; no rate limit on the benchmark's key.
+    settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
+    with LocalNetwork.throwaway(env=settings) as net:
+        net.start_tracker()
+        key = net.create_api_key("bench")
+        net.add_node("head", MODEL, (0, 1), wait=False)
+        net.add_node("tail", MODEL, (2, 3), wait=False)
+        net.wait_for_nodes()
+        net.wait_for_route(MODEL)
+        asyncio.run(run(f"{net.url}/v1/chat/completions", key))
 
 
 if __name__ == "__main__":

@@ -178,13 +178,15 @@ def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, An
     url = redis_url(env)
     if url is not None:
         return {"broker_url": url, "broker_transport_options": {}}
-    queue = base_dir / "var" / "celery" / "queue"
+    folder = base_dir / "var" / "celery"
     return {
         "broker_url": "filesystem://",
         "broker_transport_options": {
-            "data_folder_in": str(queue),
-            "data_folder_out": str(queue),
-            "processed_folder": str(base_dir / "var" / "celery" / "processed"),
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            # kombu's default is "control" in the working directory.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         },
     }

@@ -36,6 +36,10 @@ from nodes_app.runtime.tracker_client import (
     TrackerClient,
 )
 
+# Anchored at the checkout, not the working directory: a node started from
+# elsewhere finds the same wallet, so it keeps its node id.
+DEFAULT_WALLET_DIR = Path(__file__).resolve().parents[2] / "var" / "wallets"
+
 
 @dataclass(frozen=True)
 class NodeOptions:
@@ -146,7 +150,7 @@ async def _serve(
         if options.tracker:
             from nodes_app.signing import load_or_create_wallet
 
-            wallet = options.wallet_key or Path("var/wallets") / f"node-{options.port}.key"
+            wallet = options.wallet_key or DEFAULT_WALLET_DIR / f"node-{options.port}.key"
             tracker = TrackerClient(options.tracker, load_or_create_wallet(wallet), client)
             announcement = NodeAnnouncement(
                 endpoint=options.endpoint,

@@ -14,7 +14,7 @@ from nodes_app.models import Node, NodeStatus
 from nodes_app.signing import sign_registration
 from routing_app.models import LanguageModel
 from routing_app.selectors import topology_epoch_current
-from tests.nodes.registration import signed_registration
+from tests.support.registration import signed_registration
 
 pytestmark = pytest.mark.django_db
 

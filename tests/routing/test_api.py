@@ -10,7 +10,7 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from routing_app.services import route_sample_record, route_select, topology_epoch_bump
-from tests.routing.conftest import make_model, make_node
+from tests.support.routing import make_model, make_node
 
 pytestmark = pytest.mark.django_db
 
