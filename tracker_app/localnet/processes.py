@@ -112,9 +112,9 @@ def run_checked(argv: Sequence[str], *, env: Mapping[str, str], timeout: float =
 class ManagedProcess:
     """A long-running process in a process group of its own, its output in a log file.
 
-    Being a group leader, it and whatever it starts (Celery's embedded beat)
-    are ended together, and a Ctrl-C at the terminal of whoever started it
-    does not reach it: its owner decides when it stops.
+    Being a group leader, whatever it starts (Celery's pool and beat) ends
+    with it, and a Ctrl-C at the terminal of whoever started it does not
+    reach it: its owner decides when it stops.
     """
 
     def __init__(
@@ -186,13 +186,15 @@ class ManagedProcess:
         return self._popen.wait()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM to the group, then SIGKILL after ``timeout`` seconds; returns the status.
+        """SIGTERM, then SIGKILL to the whole group after ``timeout`` seconds; the status.
 
-        Whatever the process left running in its group is killed too. Calling
-        it again, or after the process ended by itself, is harmless.
+        SIGTERM goes to the process alone, so that it shuts down its own
+        way (Celery's warm shutdown lets its pool finish the running task);
+        whatever it leaves running in its group is killed once it has ended.
+        Calling it again, or after the process ended by itself, is harmless.
         """
         if self._popen.poll() is None:
-            self._signal_group(signal.SIGTERM)
+            self._popen.send_signal(signal.SIGTERM)
             try:
                 self._popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

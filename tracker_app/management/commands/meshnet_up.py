@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,10 @@ class Command(BaseCommand):
         except TopologyError as exc:
             raise CommandError(str(exc)) from None
         log_dir = Path(settings.BASE_DIR) / "var" / "logs"
+        # The parts run in process groups of their own: a terminal's Ctrl-C
+        # reaches only this command, and a SIGTERM (a service manager's stop)
+        # must stop them as Ctrl-C does, not orphan them.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             network = LocalNetwork.operator(
                 log_dir=log_dir, say=self.stdout.write, host=topology.host
@@ -81,3 +86,7 @@ class Command(BaseCommand):
                 ]
             )
         )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
