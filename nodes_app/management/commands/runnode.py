@@ -33,7 +33,9 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
         parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-        parser.add_argument("--wallet-key", type=Path, help="default <project>/var/wallets/node-<port>.key")
+        parser.add_argument(
+            "--wallet-key", type=Path, help="default <project>/var/wallets/node-<port>.key"
+        )
         parser.add_argument("--weights", help="local directory, .gguf file or hub id for KEY")
         parser.add_argument("--advertise", help="URL other nodes reach this one at")
         parser.add_argument("--max-sessions", type=int, default=8)
