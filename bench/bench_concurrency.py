@@ -91,7 +91,6 @@ def main() -> None:
         key = net.create_api_key("bench")
         net.add_node("head", MODEL, (0, 1), wait=False)
         net.add_node("tail", MODEL, (2, 3), wait=False)
-        net.wait_for_nodes()
         net.wait_for_route(MODEL)
         asyncio.run(run(f"{net.url}/v1/chat/completions", key))
 

@@ -48,7 +48,6 @@ def main() -> None:
         key = net.create_api_key("bench")
         head = net.add_node("head", MODEL, (0, 14), wait=False)
         tail = net.add_node("tail", MODEL, (15, 29), wait=False)
-        net.wait_for_nodes()
         net.wait_for_route(MODEL)
         hops = [head.hop(), tail.hop()]
         common = {"messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0}

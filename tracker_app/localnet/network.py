@@ -355,7 +355,9 @@ class LocalNetwork:
             node.wait_serving(timeout)
 
     def wait_for_route(self, model: str, timeout: float = 300.0) -> None:
-        """Wait until the tracker lists ``model`` in ``/v1/models`` (a complete route exists)."""
+        """Wait until every node serves and the tracker lists ``model`` in ``/v1/models``
+        (a complete route exists); raises ProcessExited or TimeoutError."""
+        self.wait_for_nodes(timeout)
 
         def listed() -> bool:
             try:
