@@ -17,8 +17,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.localnet import LocalNet
 from nodes_app.protocol import sse_data
+from tracker_app.localnet import LocalNetwork
 
 MODEL = "tiny-random-llama"
 CONCURRENT = 100
@@ -84,11 +84,15 @@ async def run(url: str, key: str) -> None:
 
 
 def main() -> None:
-    with LocalNet() as net:
-        net.node(MODEL, "0-1")
-        net.node(MODEL, "2-3")
-        net.wait_for_model(MODEL)
-        asyncio.run(run(f"{net.url}/v1/chat/completions", net.api_key))
+    # One machine, so the embedded mode; no rate limit on the benchmark's key.
+    settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
+    with LocalNetwork.throwaway(env=settings) as net:
+        net.start_tracker()
+        key = net.create_api_key("bench")
+        net.add_node("head", MODEL, (0, 1), wait=False)
+        net.add_node("tail", MODEL, (2, 3), wait=False)
+        net.wait_for_route(MODEL)
+        asyncio.run(run(f"{net.url}/v1/chat/completions", key))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ already imported).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
 MODEL = "smollm2-135m"
 TARGET = 0.70
 
@@ -41,12 +41,11 @@ def measure_child(start: int, end: int) -> None:
 
 
 def measure(start: int, end: int) -> dict[str, int]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(start), str(end)],
-        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    from tracker_app.localnet import process_env, run_checked
+
+    argv = [sys.executable, __file__, "--child", str(start), str(end)]
+    out = run_checked(argv, env=process_env(PYTHONPATH=str(ROOT)))
+    return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def main() -> int:

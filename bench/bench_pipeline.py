@@ -12,15 +12,15 @@ the whole request (prefill included) on both sides; the better of two runs each.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nodes_app.protocol import sse_data
+from tracker_app.localnet import NodeProcess, process_env, start_node
 
 MODEL = "smollm2-135m"
 NEW_TOKENS = 128
@@ -29,35 +29,16 @@ TARGET = 0.90
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_node(layers: str, node_id: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nodes_app.runtime", "--model", MODEL, "--layers", layers,
-         "--port", str(port), "--threads", "1", "--node-id", node_id],
-        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+def node(layers: tuple[int, int], node_id: str, log_dir: Path) -> NodeProcess:
+    """A node without a tracker, one torch thread, serving as ``node_id``."""
+    return start_node(
+        name=node_id, model=MODEL, layers=layers, env=process_env(), log_dir=log_dir,
+        node_id=node_id,
     )  # fmt: skip
-    return process, f"http://127.0.0.1:{port}"
-
-
-def wait_serving(process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while " serving " not in log.read_text(errors="replace"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(log.read_text(errors="replace"))
-        time.sleep(0.2)
 
 
 def pipeline_run(head: str, tail: str, max_tokens: int) -> tuple[list[int], float]:
     import httpx
-
-    from nodes_app.protocol import sse_data
 
     body = {
         "request_id": f"bench-{time.monotonic_ns()}",
@@ -97,16 +78,15 @@ def main() -> int:
     from nodes_app.runtime.sources import resolve_source
 
     torch.set_num_threads(1)
-    logs = Path(os.environ.get("TMPDIR", "/tmp"))
-    head_log, tail_log = logs / "bench-head.log", logs / "bench-tail.log"
-    head_process, head = start_node("0-14", "bench-head", head_log)
-    tail_process, tail = start_node("15-29", "bench-tail", tail_log)
+    logs = Path(tempfile.mkdtemp(prefix="meshnet-bench-"))
+    head_node, tail_node = node((0, 14), "bench-head", logs), node((15, 29), "bench-tail", logs)
+    head, tail = head_node.endpoint, tail_node.endpoint
     try:
         source = resolve_source(MODEL)
         model = load_causal_lm(source)
         prompt = prompt_token_ids(load_tokenizer(source), [{"role": "user", "content": PROMPT}])
-        wait_serving(head_process, head_log)
-        wait_serving(tail_process, tail_log)
+        head_node.wait_serving(timeout=300)
+        tail_node.wait_serving(timeout=300)
 
         def baseline() -> tuple[list[int], float]:
             began = time.perf_counter()
@@ -135,8 +115,8 @@ def main() -> int:
                 pin(os.getpid(), model_cpus)
                 base_ids, seconds = baseline()
                 baseline_best = max(baseline_best, len(base_ids) / seconds)
-                for process in (head_process, tail_process):
-                    pin(process.pid, model_cpus)
+                for started in (head_node, tail_node):
+                    pin(started.process.pid, model_cpus)
                 pin(os.getpid(), client_cpus)
                 pipe_ids, seconds = pipeline_run(head, tail, NEW_TOKENS)
                 pipeline_best = max(pipeline_best, len(pipe_ids) / seconds)
@@ -154,9 +134,8 @@ def main() -> int:
         print(f"ratio pipeline / generate = {headline:.3f} (target >= {TARGET}); "
               f"unpinned {ratios['unpinned (OS scheduling)']:.3f}")  # fmt: skip
     finally:
-        for process in (head_process, tail_process):
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+        head_node.stop()
+        tail_node.stop()
     return 0
 
 

@@ -18,8 +18,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.localnet import LocalNet
 from nodes_app.protocol import sse_data
+from tracker_app.localnet import LocalNetwork
 
 MODEL = "smollm2-135m"
 TOKENS = 64
@@ -42,15 +42,19 @@ def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tup
 
 
 def main() -> None:
-    with LocalNet() as net:
-        net.node(MODEL, "0-14")
-        net.node(MODEL, "15-29")
-        hops = net.wait_for_model(MODEL)
-        assert [h["start_layer"] for h in hops] == [0, 15], hops
+    # One machine, so the embedded mode; no rate limit on the benchmark's key.
+    settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
+    with LocalNetwork.throwaway(env=settings) as net:
+        net.start_tracker()
+        key = net.create_api_key("bench")
+        head = net.add_node("head", MODEL, (0, 14), wait=False)
+        tail = net.add_node("tail", MODEL, (15, 29), wait=False)
+        net.wait_for_route(MODEL)
+        hops = [head.hop(), tail.hop()]
         common = {"messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0}
         via_tracker = {"model": MODEL, "stream": True, "route": [h["node_id"] for h in hops]}
         direct = {"request_id": "bench", "plan": {"model": MODEL, "hops": hops}}
-        auth = {"Authorization": f"Bearer {net.api_key}"}
+        auth = {"Authorization": f"Bearer {key}"}
         timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)  # warm
         tracker_tps, direct_tps = [], []
         for _ in range(ROUNDS):

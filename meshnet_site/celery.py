@@ -18,6 +18,6 @@ app.autodiscover_tasks()
 def _make_embedded_broker_folders(**_: Any) -> None:
     """The serverless (filesystem) broker needs its folders before the worker polls them."""
     options = app.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         if key in options:
             Path(options[key]).mkdir(parents=True, exist_ok=True)

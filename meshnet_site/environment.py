@@ -128,13 +128,29 @@ def check_range(
     return value
 
 
-def database_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
+def var_dir(env: Mapping[str, str], base_dir: Path) -> Path:
+    """MESHNET_VAR_DIR: where this installation keeps its state (embedded database,
+    broker folders, secret key, beat schedule, wallets, logs); default ``<project>/var``.
+
+    Anchored at the project, never at the working directory; a throwaway
+    network (tests, benchmarks) points it at a folder of its own.
+    """
+    value = env.get("MESHNET_VAR_DIR", "").strip()
+    if not value:
+        return base_dir / "var"
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise ImproperlyConfigured(f"MESHNET_VAR_DIR must be an absolute path, got {value!r}")
+    return path
+
+
+def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
     """PostgreSQL (or any dj-database-url URL) from DATABASE_URL, else a SQLite file."""
     url = env.get("DATABASE_URL", "").strip()
     if not url:
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(base_dir / "var" / "meshnet.sqlite3"),
+            "NAME": str(var_dir / "meshnet.sqlite3"),
             # Several processes (tracker, worker, nodes' registrations) share
             # the file in the embedded mode: wait for a lock instead of failing.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
@@ -173,7 +189,7 @@ def cache_config(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, Any]:
+def celery_broker_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
     """Celery on Redis when REDIS_URL is set, else a broker that needs no server.
 
     Task results go to the database (django-celery-results), not the broker.
@@ -185,13 +201,15 @@ def celery_broker_config(env: Mapping[str, str], base_dir: Path) -> dict[str, An
     url = redis_url(env)
     if url is not None:
         return {"broker_url": url, "broker_transport_options": {}}
-    queue = base_dir / "var" / "celery" / "queue"
+    folder = var_dir / "celery"
     return {
         "broker_url": "filesystem://",
         "broker_transport_options": {
-            "data_folder_in": str(queue),
-            "data_folder_out": str(queue),
-            "processed_folder": str(base_dir / "var" / "celery" / "processed"),
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            # kombu's default is "control" in the working directory.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         },
     }
@@ -208,7 +226,7 @@ def redis_url(env: Mapping[str, str]) -> str | None:
     return url
 
 
-def secret_key(env: Mapping[str, str], base_dir: Path) -> str:
+def secret_key(env: Mapping[str, str], var_dir: Path) -> str:
     """DJANGO_SECRET_KEY, or in the embedded mode a random key kept in var/.
 
     With DATABASE_URL set the deployment is shared, so the key must be given.
@@ -218,7 +236,7 @@ def secret_key(env: Mapping[str, str], base_dir: Path) -> str:
         return key
     if env.get("DATABASE_URL", "").strip():
         raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DATABASE_URL is set")
-    path = base_dir / "var" / "secret_key"
+    path = var_dir / "secret_key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         # Written whole under a private name, then linked into place: another

@@ -25,6 +25,7 @@ django_stubs_ext.monkeypatch(extra_classes=[serializers.Serializer, serializers.
 
 ENV = os.environ
 BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = env_.var_dir(ENV, BASE_DIR)
 
 DEBUG = env_.env_bool(ENV, "DJANGO_DEBUG", default=False)
 
@@ -32,7 +33,7 @@ DEBUG = env_.env_bool(ENV, "DJANGO_DEBUG", default=False)
 # must share one explicit key. The embedded single-machine mode keeps a random
 # key of its own in var/ so that `make demo` needs no configuration and no key
 # is ever hard-coded.
-SECRET_KEY = env_.secret_key(ENV, BASE_DIR)
+SECRET_KEY = env_.secret_key(ENV, VAR_DIR)
 
 ALLOWED_HOSTS = env_.env_list(ENV, "DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 
@@ -87,14 +88,14 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env_.database_config(ENV, BASE_DIR)}
+DATABASES = {"default": env_.database_config(ENV, VAR_DIR)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = env_.channel_layers_config(ENV)
 CACHES = env_.cache_config(ENV)
 REDIS_URL = env_.redis_url(ENV)
 
-_broker = env_.celery_broker_config(ENV, BASE_DIR)
+_broker = env_.celery_broker_config(ENV, VAR_DIR)
 CELERY_BROKER_URL = _broker["broker_url"]
 CELERY_BROKER_TRANSPORT_OPTIONS = _broker["broker_transport_options"]
 # Results are kept (django-celery-results, in the admin) only for the tasks

@@ -36,6 +36,9 @@ from nodes_app.runtime.tracker_client import (
     TrackerClient,
 )
 
+# Anchored at the checkout, not the working directory: a node started from
+# elsewhere finds the same wallet, so it keeps its node id.
+
 
 @dataclass(frozen=True)
 class NodeOptions:
@@ -156,8 +159,11 @@ async def _serve(
         if options.tracker:
             from nodes_app.signing import load_or_create_wallet
 
-            wallet = options.wallet_key or Path("var/wallets") / f"node-{options.port}.key"
-            tracker = TrackerClient(options.tracker, load_or_create_wallet(wallet), client)
+            if options.wallet_key is None:
+                raise ValueError("a node that registers needs its wallet key file")
+            tracker = TrackerClient(
+                options.tracker, load_or_create_wallet(options.wallet_key), client
+            )
             announcement = NodeAnnouncement(
                 endpoint=options.endpoint,
                 model=options.model,

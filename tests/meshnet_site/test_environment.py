@@ -105,7 +105,7 @@ def test_the_embedded_secret_key_is_generated_once_and_kept(tmp_path: Path) -> N
     second = env_.secret_key({}, tmp_path)
 
     assert first == second and len(first) > 40
-    assert (tmp_path / "var" / "secret_key").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0
 
 
 def test_an_unparseable_database_url_is_refused() -> None:
@@ -147,3 +147,13 @@ def test_the_environment_and_the_routing_config_accept_the_edge_of_each_route_ra
 def test_a_routing_config_built_in_code_has_the_settings_defaults() -> None:
     # The test run sets no MESHNET_ROUTE_* variable, so the settings hold their defaults.
     assert RoutingConfig() == RoutingConfig.from_settings()
+
+
+def test_the_state_folder_is_the_projects_var_unless_set(tmp_path: Path) -> None:
+    assert env_.var_dir({}, tmp_path) == tmp_path / "var"
+    assert env_.var_dir({"MESHNET_VAR_DIR": "/srv/meshnet"}, tmp_path) == Path("/srv/meshnet")
+
+
+def test_a_relative_state_folder_is_refused_not_resolved_against_the_cwd(tmp_path: Path) -> None:
+    with pytest.raises(ImproperlyConfigured, match="MESHNET_VAR_DIR"):
+        env_.var_dir({"MESHNET_VAR_DIR": "var"}, tmp_path)

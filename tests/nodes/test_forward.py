@@ -13,7 +13,7 @@ from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
-from tests.nodes.conftest import HIDDEN, forward_headers
+from tests.support.nodes import HIDDEN, forward_headers
 
 
 def hidden_bytes(rows: int, seed: int = 0) -> bytes:

@@ -7,17 +7,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.nodes.conftest import (
+from tests.support.nodes import (
     TINY,
-    NodeProcess,
-    completion,
     forward_headers,
     generate_body,
     read_stream,
     start_node,
-    wait_until,
 )
+from tests.support.sse import completion
+from tracker_app.localnet import NodeProcess, free_port, wait_until
 
 
 def test_split_route_streams_the_same_tokens_as_the_whole_model(

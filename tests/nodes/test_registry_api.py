@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from nodes_app.models import LanguageModel, Node, NodeStatus
 from nodes_app.selectors import topology_epoch_current
 from nodes_app.signing import sign_registration
-from tests.nodes.registration import signed_registration
+from tests.support.registration import signed_registration
 
 pytestmark = pytest.mark.django_db
 

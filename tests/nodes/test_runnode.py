@@ -3,47 +3,15 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, free_port
-from tests.nodes.conftest import (
-    TINY,
-    NodeProcess,
-    Tracker,
-    completion,
-    generate_body,
-    node_env,
-    read_stream,
-    wait_until,
-)
-
-
-def runnode(
-    tmp: Path, tracker: Tracker, layers: tuple[int, int], *extra: str, model: str = TINY
-) -> NodeProcess:
-    port = free_port()
-    log_path = tmp / f"runnode-{port}.log"
-    args = [
-        sys.executable, "manage.py", "runnode", "--model", model,
-        "--layers", f"{layers[0]}-{layers[1]}", "--port", str(port),
-        "--tracker", tracker.url, "--threads", "1",
-        "--wallet-key", str(tmp / f"wallet-{port}.key"), *extra,
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            args, cwd=ROOT, env=node_env(), stdout=log, stderr=subprocess.STDOUT
-        )
-    return NodeProcess(port, "", layers, process, log_path)
-
-
-def registered_id(node: NodeProcess) -> str:
-    node.wait_serving()
-    return node.log.split("node ", 1)[1].split(" serving", 1)[0]
+from tests.support.network import Tracker
+from tests.support.nodes import generate_body, read_stream, runnode
+from tests.support.sse import completion
+from tracker_app.localnet import wait_until
 
 
 def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
@@ -52,7 +20,7 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
     head = runnode(tmp_path, tracker, (0, 1))
     tail = runnode(tmp_path, tracker, (2, 3))
     try:
-        head.node_id, tail.node_id = registered_id(head), registered_id(tail)
+        head.node_id, tail.node_id = head.wait_serving(), tail.wait_serving()
         rows = tracker.query(
             "SELECT id, endpoint, shard_start, shard_end, status, benchmark_tps "
             "FROM nodes_app_node ORDER BY shard_start"
@@ -62,7 +30,7 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
             (tail.node_id, tail.endpoint, 2, 3),
         ]
         assert all(r[4] == "online" and r[5] > 0 for r in rows)
-        assert "Bearer" not in head.log and "node_token" not in head.log
+        assert "Bearer" not in head.output() and "node_token" not in head.output()
 
         first_beat = tracker.query(
             "SELECT last_heartbeat_at FROM nodes_app_node WHERE id = %s", head.node_id
@@ -89,9 +57,9 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
             )
         )
 
-        head.process.send_signal(signal.SIGTERM)
+        head.process.signal(signal.SIGTERM)
         assert head.process.wait(timeout=20) == 0
-        assert "deregistered" in head.log
+        assert "deregistered" in head.output()
         status = tracker.query("SELECT status FROM nodes_app_node WHERE id = %s", head.node_id)
         assert status[0][0] != "online"
     finally:
@@ -102,8 +70,8 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
 def test_ctrl_c_also_deregisters(tmp_path: Path, tracker: Tracker) -> None:
     node = runnode(tmp_path, tracker, (0, 3))
     try:
-        node_id = registered_id(node)
-        node.process.send_signal(signal.SIGINT)
+        node_id = node.wait_serving()
+        node.process.signal(signal.SIGINT)
         assert node.process.wait(timeout=20) == 0
         status = tracker.query("SELECT status FROM nodes_app_node WHERE id = %s", node_id)
         assert status[0][0] != "online"
@@ -121,7 +89,7 @@ def test_the_tracker_refuses_a_layer_count_that_disagrees_with_the_catalogue(
     )  # fmt: skip
     try:
         assert node.process.wait(timeout=60) != 0
-        assert "refused registration" in node.log
+        assert "refused registration" in node.output()
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
             try:

@@ -6,14 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.nodes.conftest import (
-    SMOLLM2,
-    NodeProcess,
-    completion,
-    generate_body,
-    read_stream,
-    running_nodes,
-)
+from tests.support.nodes import SMOLLM2, generate_body, read_stream, running_nodes
+from tests.support.sse import completion
+from tracker_app.localnet import NodeProcess
 
 pytestmark = pytest.mark.model
 

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from nodes_app.services import topology_epoch_bump
 from routing_app.services import route_sample_record, route_select
-from tests.routing.conftest import make_model, make_node
+from tests.support.routing import make_model, make_node
 
 pytestmark = pytest.mark.django_db
 

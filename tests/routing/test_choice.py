@@ -13,7 +13,7 @@ from routing_app.choice import DecisionMode, NoRouteAvailable, choose_route, pol
 from routing_app.config import RoutingConfig
 from routing_app.planner import enumerate_routes
 from routing_app.services import route_sample_record, route_select
-from tests.routing.conftest import make_model, make_node, record
+from tests.support.routing import make_model, make_node, record
 
 NODES = [
     record("fast", 0, 29, tps=300.0),

@@ -20,7 +20,7 @@ from routing_app.planner import (
 )
 from routing_app.selectors import routing_nodes
 from routing_app.services import route_candidates, route_select
-from tests.routing.conftest import make_model, make_node, record
+from tests.support.routing import make_model, make_node, record
 
 MIXED = [record("gpu-abc", 0, 21, tps=11164.0), record("cpu-def", 0, 39, tps=425.0)]
 

@@ -19,7 +19,7 @@ from routing_app.tracker_store import (
     route_stats_store,
     route_stats_store_install,
 )
-from tests.routing.conftest import ManualClock
+from tests.support.routing import ManualClock
 
 SIG = "m | full[0-29]"
 

@@ -9,7 +9,7 @@ import pytest
 from routing_app.config import RoutingConfig
 from routing_app.planner import Hop, RoutePlan
 from routing_app.stats import ArmState, ArmStatus, RouteStatsStore
-from tests.routing.conftest import ManualClock
+from tests.support.routing import ManualClock
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
 SPLIT = RoutePlan("m", 29, (Hop("a", "http://a", 0, 14), Hop("b", "http://b", 15, 29)))

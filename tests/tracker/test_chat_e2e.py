@@ -15,16 +15,10 @@ import openai
 import pytest
 import websockets
 
-from nodes_app.protocol import sse_data
-from tests.conftest import fresh_process_database
-from tests.tracker.network import (
-    Network,
-    chunks_of,
-    create_api_key,
-    head_generate,
-    start_network,
-    text_of,
-)
+from tests.support.databases import fresh_process_database
+from tests.support.network import Network, head_generate, start_network
+from tests.support.sse import chunks_of, text_of
+from tracker_app.localnet import manage_argv, run_checked
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
@@ -114,17 +108,12 @@ def test_a_non_streamed_answer_is_recorded_and_billed_to_the_cent(network: Netwo
 
 
 def staff_cookie(network: Network) -> str:
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput",
-         "--username", "staff", "--email", "staff@example.com"],
-        cwd=ROOT, env={**network.env, "DJANGO_SUPERUSER_PASSWORD": "pw-e2e"}, check=True,
-        capture_output=True,
-    )  # fmt: skip
+    run_checked(
+        manage_argv(
+            "createsuperuser", "--noinput", "--username", "staff", "--email", "staff@example.com"
+        ),
+        env={**network.env, "DJANGO_SUPERUSER_PASSWORD": "pw-e2e"},
+    )
     with httpx.Client(base_url=network.url) as client:
         page = client.get("/admin/login/")
         token = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
@@ -263,7 +252,7 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after(limited: Network) -
         if int(time.time() // 60) == minute:
             break
         time.sleep(1)
-        limited.api_key = create_api_key(limited.env, "fresh-window")
+        limited.api_key = limited.create_api_key("fresh-window")
 
     assert [a.status_code for a in answers[:2]] == [503, 503]  # counted, but no nodes yet
     assert "Rate limit of 2" in error_of(answers[2], 429, "rate_limit_exceeded")
@@ -289,30 +278,14 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
         whole, [whole.hop()], model=TINY, messages=PROMPT, max_tokens=400, temperature=0.0
     )
     frames: list[Any] = []
-    with httpx.stream(
-        "POST",
-        f"{redundant.url}/v1/chat/completions",
-        json={
-            "model": TINY,
-            "messages": PROMPT,
-            "max_tokens": 400,
-            "stream": True,
-            "temperature": 0,
-        },
-        headers=redundant.headers(),
-        timeout=120,
-    ) as response:
-        killed = None
-        for line in response.iter_lines():
-            payload = sse_data(line)
-            if payload is None:
-                continue
-            frames.append(payload)
-            content = [c for c in chunks_of(frames) if c["choices"][0]["delta"].get("content")]
-            if killed is None and content:
-                last_hop = chunks_of(frames)[0]["meshnet"]["hops"][-1]["node_id"]
-                killed = next(n for n in redundant.nodes.values() if n.node_id == last_hop)
-                killed.managed.process.kill()
+    killed = None
+    for frame in redundant.iter_stream(model=TINY, messages=PROMPT, max_tokens=400, temperature=0):
+        frames.append(frame)
+        content = [c for c in chunks_of(frames) if c["choices"][0]["delta"].get("content")]
+        if killed is None and content:
+            last_hop = chunks_of(frames)[0]["meshnet"]["hops"][-1]["node_id"]
+            killed = next(n for n in redundant.nodes.values() if n.node_id == last_hop)
+            killed.kill()
 
     assert killed is not None
     assert frames[-1] == "[DONE]"
@@ -335,8 +308,7 @@ def test_a_pinned_route_through_a_dead_node_is_a_502_and_is_not_charged(
     redundant: Network,
 ) -> None:
     whole = redundant.nodes["whole"]
-    whole.managed.process.kill()
-    whole.managed.process.wait()
+    whole.kill()
 
     response = redundant.chat(model=TINY, messages=PROMPT, max_tokens=8, route=[whole.node_id])
 
@@ -388,8 +360,7 @@ def lonely(tmp_path: Path) -> Iterator[Network]:
 def test_when_no_route_is_left_the_stream_ends_with_an_error_and_no_charge(
     lonely: Network,
 ) -> None:
-    lonely.nodes["only"].managed.process.kill()
-    lonely.nodes["only"].managed.process.wait()
+    lonely.nodes["only"].kill()
 
     frames = lonely.stream(model=TINY, messages=PROMPT, max_tokens=8, temperature=0)
 

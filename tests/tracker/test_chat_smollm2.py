@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fresh_process_database
-from tests.tracker.network import Network, chunks_of, head_generate, start_network, text_of
+from tests.support.databases import fresh_process_database
+from tests.support.network import Network, head_generate, start_network
+from tests.support.sse import chunks_of, text_of
 
 pytestmark = pytest.mark.model
 

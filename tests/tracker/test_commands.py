@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from tests.conftest import ROOT
+from tracker_app.localnet import manage_argv, run_command
 from tracker_app.management.commands.runtracker import Command as RunTracker
 from tracker_app.models import ApiKey
 from tracker_app.services import api_key_lookup
@@ -70,10 +68,7 @@ def test_runtracker_flags_override_the_environment_settings() -> None:
 def test_runtracker_refuses_a_database_that_is_not_migrated(tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path}/empty.sqlite3"}
     env["DJANGO_SECRET_KEY"] = "k"
-    result = subprocess.run(
-        [sys.executable, "manage.py", "runtracker", "--port", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = run_command(manage_argv("runtracker", "--port", "1"), env=env, timeout=60)
 
     assert result.returncode != 0
     assert "run `manage.py migrate`" in result.stderr

@@ -10,8 +10,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, process_env, start_manage_command
-from tracker_app.launcher import TopologyError, topology_load
+from tracker_app.localnet import (
+    ManagedProcess,
+    TopologyError,
+    free_port,
+    manage_argv,
+    process_env,
+    topology_load,
+)
 
 
 def test_a_malformed_topology_is_refused_with_its_reason(tmp_path: Path) -> None:
@@ -37,15 +43,16 @@ def test_it_starts_tracker_and_worker_prints_where_and_stops_on_ctrl_c(
     port = free_port()
     topology = tmp_path / "topology.json"
     topology.write_text(json.dumps({"tracker": {"host": "127.0.0.1", "port": port}, "nodes": []}))
-    up = start_manage_command(
-        ["meshnet_up", "--topology", str(topology)],
-        process_env(process_database_url),
-        tmp_path / "up.log",
+    up = ManagedProcess(
+        "meshnet_up",
+        manage_argv("meshnet_up", "--topology", str(topology)),
+        env=process_env(process_database_url),
+        log_path=tmp_path / "up.log",
     )
     try:
         deadline = time.monotonic() + 90
         while "Meshnet is up." not in up.output():
-            assert up.process.poll() is None, up.output()
+            assert up.alive(), up.output()
             assert time.monotonic() < deadline, up.output()
             time.sleep(0.3)
         out = up.output()
@@ -55,8 +62,8 @@ def test_it_starts_tracker_and_worker_prints_where_and_stops_on_ctrl_c(
         assert key_line.split()[-1].startswith("mk-")
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
 
-        up.process.send_signal(signal.SIGINT)
-        assert up.process.wait(timeout=40) == 0, up.output()
+        up.signal(signal.SIGINT)
+        assert up.wait(timeout=40) == 0, up.output()
     finally:
         up.stop()
     with pytest.raises(httpx.ConnectError):

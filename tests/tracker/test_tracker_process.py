@@ -8,8 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import TrackerProcess, process_env, query_process_database, start_worker
-from tests.nodes.registration import signed_registration
+from tests.support.databases import query_process_database
+from tests.support.network import Tracker, start_worker
+from tests.support.registration import signed_registration
+from tracker_app.localnet import process_env
 
 
 def node_status(database_url: str, node_id: str) -> str:
@@ -19,7 +21,7 @@ def node_status(database_url: str, node_id: str) -> str:
     return str(rows[0][0])
 
 
-def test_the_tracker_serves_health_schema_and_admin(tracker_process: TrackerProcess) -> None:
+def test_the_tracker_serves_health_schema_and_admin(tracker_process: Tracker) -> None:
     health = httpx.get(f"{tracker_process.url}/healthz")
     schema = httpx.get(f"{tracker_process.url}/api/schema/")
     admin = httpx.get(f"{tracker_process.url}/admin/login/")
@@ -31,17 +33,17 @@ def test_the_tracker_serves_health_schema_and_admin(tracker_process: TrackerProc
     assert metrics.status_code == 200 and "django_http_requests" in metrics.text
 
 
-def test_the_tracker_process_never_loads_torch(tracker_process: TrackerProcess) -> None:
+def test_the_tracker_process_never_loads_torch(tracker_process: Tracker) -> None:
     # Exercise the registry so every tracker code path a node touches is loaded.
     httpx.post(f"{tracker_process.url}/api/nodes/register", json=signed_registration())
     httpx.get(f"{tracker_process.url}/api/schema/")
 
-    maps = Path(f"/proc/{tracker_process.managed.process.pid}/maps").read_text()
+    maps = Path(f"/proc/{tracker_process.process.pid}/maps").read_text()
     assert "libtorch" not in maps
 
 
 def test_a_node_that_stops_heartbeating_is_swept_offline_by_the_celery_worker(
-    tracker_process: TrackerProcess, tmp_path: Path
+    tracker_process: Tracker, tmp_path: Path
 ) -> None:
     registered = httpx.post(
         f"{tracker_process.url}/api/nodes/register", json=signed_registration()
@@ -54,7 +56,7 @@ def test_a_node_that_stops_heartbeating_is_swept_offline_by_the_celery_worker(
             MESHNET_NODE_HEARTBEAT_TIMEOUT="1",
             MESHNET_NODE_SWEEP_INTERVAL="0.5",
         ),
-        tmp_path / "worker.log",
+        tmp_path,
     )
     try:
         deadline = time.monotonic() + 60

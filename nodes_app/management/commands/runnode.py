@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
@@ -33,7 +34,9 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
         parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-        parser.add_argument("--wallet-key", type=Path, help="default var/wallets/node-<port>.key")
+        parser.add_argument(
+            "--wallet-key", type=Path, help="default $MESHNET_VAR_DIR/wallets/node-<port>.key"
+        )
         parser.add_argument("--weights", help="local directory, .gguf file or hub id for KEY")
         parser.add_argument("--advertise", help="URL other nodes reach this one at")
         parser.add_argument("--max-sessions", type=int, default=8)
@@ -63,7 +66,8 @@ class Command(BaseCommand):
             threads=options["threads"],
             weights=options["weights"],
             tracker=options["tracker"],
-            wallet_key=options["wallet_key"],
+            wallet_key=options["wallet_key"]
+            or Path(settings.VAR_DIR) / "wallets" / f"node-{options['port']}.key",
             advertise=options["advertise"],
             max_sessions=options["max_sessions"],
             idle_timeout=options["idle_timeout"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from nodes_app.models import Node, NodeStatus
-from tracker_app.launcher import Network, TopologyError, topology_load
+from tracker_app.localnet import LocalNetwork, ProcessExited, Topology, TopologyError, topology_load
 from tracker_app.services import api_key_create
 
 
@@ -27,29 +27,43 @@ class Command(BaseCommand):
             topology = topology_load(options["topology"])
         except TopologyError as exc:
             raise CommandError(str(exc)) from None
-        network = Network(
-            topology, log_dir=Path(settings.BASE_DIR) / "var" / "logs", say=self.stdout.write
-        )
+        log_dir = Path(settings.VAR_DIR) / "logs"
+        # The parts run in process groups of their own: a terminal's Ctrl-C
+        # reaches only this command, and a SIGTERM (a service manager's stop)
+        # must stop them as Ctrl-C does, not orphan them.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
-            network.start()
-            self.stdout.write("waiting for the nodes to load their shards and register…")
-            # Only this topology's endpoints: rows of an earlier run do not count.
-            network.wait_for_nodes(
-                lambda: Node.objects.filter(
-                    status=NodeStatus.ONLINE, endpoint__in=topology.node_endpoints
-                ).count(),
-                timeout=300,
+            network = LocalNetwork.operator(
+                log_dir=log_dir, say=self.stdout.write, host=topology.host
             )
-            self.print_welcome(topology.tracker_url)
-            while True:
-                network.check_alive()
-                time.sleep(1)
+            with network:
+                self.start(network, topology)
+                self.print_welcome(topology.tracker_url)
+                while True:
+                    network.check_alive()
+                    time.sleep(1)
         except KeyboardInterrupt:
-            self.stdout.write("\nstopping…")
-        except (RuntimeError, TimeoutError) as exc:
+            self.stdout.write("\nstopped.")
+        except (ProcessExited, TimeoutError) as exc:
             raise CommandError(str(exc)) from None
-        finally:
-            network.stop()
+
+    def start(self, network: LocalNetwork, topology: Topology) -> None:
+        """Tracker, worker, then every node; returns once every node registered."""
+        network.start_tracker(port=topology.port)
+        network.start_worker("--concurrency", "1")
+        for node in topology.nodes:
+            network.add_node(
+                str(node.port),
+                model=node.model,
+                layers=node.layer_range,
+                port=node.port,
+                threads=node.threads,
+                device=node.device,
+                wait=False,
+            )
+        if topology.nodes:
+            self.stdout.write("waiting for the nodes to load their shards and register…")
+        network.wait_for_nodes(timeout=300)
 
     def print_welcome(self, tracker_url: str) -> None:
         login = "your existing superuser"
@@ -72,3 +86,7 @@ class Command(BaseCommand):
                 ]
             )
         )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -13,6 +13,7 @@ from nodes_app.signing import sign_registration, wallet_of
 def signed_registration(
     key: Ed25519PrivateKey | None = None, *, timestamp: float | None = None, **overrides: Any
 ) -> dict[str, Any]:
+    """A registration body for the tiny model, signed by ``key`` (a new wallet by default)."""
     key = key or Ed25519PrivateKey.generate()
     fields: dict[str, Any] = {
         "wallet": wallet_of(key),

@@ -1,0 +1,103 @@
+"""Trackers, workers and whole networks under test, built on the harness (tracker_app.localnet)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.databases import query_process_database
+from tests.support.sse import iter_sse, read_sse, text_of
+from tracker_app.localnet import (
+    LocalNetwork,
+    ManagedProcess,
+    NodeProcess,
+    process_env,
+    start_tracker,
+)
+from tracker_app.localnet import start_worker as start_localnet_worker
+
+
+@dataclass
+class Tracker:
+    """A real ``runtracker`` at ``url`` over ``database_url``."""
+
+    url: str
+    database_url: str
+    process: ManagedProcess
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Rows the tracker wrote (``%s`` placeholders, SQLite or PostgreSQL)."""
+        return query_process_database(self.database_url, sql, *params)
+
+
+@contextlib.contextmanager
+def running_tracker(database_url: str, log_dir: Path, **settings: str) -> Iterator[Tracker]:
+    """A tracker on a free port over ``database_url`` (``settings`` as env), stopped after."""
+    started = start_tracker(env=process_env(database_url, **settings), log_dir=log_dir)
+    with started.process:
+        started.wait_healthy()
+        yield Tracker(started.url, database_url, started.process)
+
+
+def start_worker(env: dict[str, str], log_dir: Path) -> ManagedProcess:
+    """A real Celery worker and beat in one process (solo pool), its schedule in ``log_dir``."""
+    return start_localnet_worker(
+        env=env,
+        log_dir=log_dir,
+        extra=("--pool", "solo", "--schedule", str(log_dir / "celerybeat-schedule")),
+    )
+
+
+class Network(LocalNetwork):
+    """A throwaway network with a client API key, and the chat calls tests make."""
+
+    api_key = ""
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Rows the tracker wrote (``%s`` placeholders, SQLite or PostgreSQL)."""
+        assert self.database_url is not None
+        return query_process_database(self.database_url, sql, *params)
+
+    def headers(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.api_key}"}
+
+    def chat(self, **body: Any) -> httpx.Response:
+        return httpx.post(
+            f"{self.url}/v1/chat/completions", json=body, headers=self.headers(), timeout=180
+        )
+
+    def stream(self, **body: Any) -> list[Any]:
+        """Every SSE payload of a streamed chat ("[DONE]" kept as the string)."""
+        return read_sse(
+            f"{self.url}/v1/chat/completions", {**body, "stream": True}, headers=self.headers()
+        )
+
+    def iter_stream(self, **body: Any) -> Iterator[Any]:
+        """The payloads of a streamed chat as they arrive (see :func:`iter_sse`)."""
+        return iter_sse(
+            f"{self.url}/v1/chat/completions", {**body, "stream": True}, headers=self.headers()
+        )
+
+
+def start_network(database_url: str, tmp: Path, **settings: str) -> Iterator[Network]:
+    """A tracker (with ``settings`` as MESHNET_* env) and an API key; add nodes after."""
+    with Network.throwaway(workdir=tmp, database_url=database_url, env=settings) as network:
+        network.start_tracker()
+        network.api_key = network.create_api_key("e2e")
+        yield network
+
+
+def head_generate(head: NodeProcess, hops: list[dict[str, Any]], **body: Any) -> str:
+    """The head node's own answer for a plan, straight from ``/v1/generate``."""
+    payload = {
+        "request_id": f"direct-{time.monotonic_ns()}",
+        "plan": {"model": body.pop("model"), "hops": hops},
+        **body,
+    }
+    return text_of(read_sse(f"{head.endpoint}/v1/generate", payload))

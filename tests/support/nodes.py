@@ -1,0 +1,130 @@
+"""Node processes under test (with or without a tracker) and the requests tests send them."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.sampling import SamplingParams
+from tests.support.network import Tracker
+from tests.support.sse import read_sse
+from tracker_app.localnet import NodeProcess, free_port, process_env
+from tracker_app.localnet import start_node as start_localnet_node
+
+TINY = "tiny-random-llama"
+SMOLLM2 = "smollm2-135m"
+HIDDEN = 64  # the tiny model's hidden size
+
+# head + tail, the whole model, and a partial head (ADR-0020's topology).
+LAYOUTS = {"head": (0, 1), "tail": (2, 3), "whole": (0, 3), "partial": (0, 2)}
+
+
+def start_node(
+    tmp: Path,
+    model: str,
+    layers: tuple[int, int],
+    *,
+    node_id: str,
+    extra_args: list[str] | None = None,
+) -> NodeProcess:
+    """``python -m nodes_app.runtime`` (no tracker) serving as ``node_id``, one torch thread."""
+    return start_localnet_node(
+        name=node_id,
+        model=model,
+        layers=layers,
+        env=process_env(),
+        log_dir=tmp,
+        node_id=node_id,
+        extra=extra_args or (),
+    )
+
+
+def runnode(
+    tmp: Path, tracker: Tracker, layers: tuple[int, int], *extra: str, model: str = TINY
+) -> NodeProcess:
+    """``manage.py runnode`` joining ``tracker``, its wallet in ``tmp``; not waited for."""
+    port = free_port()
+    return start_localnet_node(
+        name=str(port),
+        model=model,
+        layers=layers,
+        env=process_env(),
+        log_dir=tmp,
+        port=port,
+        tracker=tracker.url,
+        wallet_key=tmp / f"wallet-{port}.key",
+        extra=extra,
+    )
+
+
+@contextlib.contextmanager
+def running_nodes(
+    tmp: Path, model: str, layouts: dict[str, tuple[int, int]], *, prefix: str, timeout: float
+) -> Iterator[dict[str, NodeProcess]]:
+    """Start one node per named layer range, wait until all serve, stop them all after."""
+    nodes: dict[str, NodeProcess] = {}
+    try:
+        for name, layers in layouts.items():
+            nodes[name] = start_node(tmp, model, layers, node_id=f"{prefix}-{name}")
+        for node in nodes.values():
+            node.wait_serving(timeout=timeout)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
+def forward_headers(
+    session: str,
+    rows: int,
+    *,
+    start: int = 2,
+    end: int = 3,
+    position: int = 0,
+    dtype: str = "float32",
+    shape: str | None = None,
+) -> dict[str, str]:
+    """The headers of one binary hop step of the tiny model (``shape`` overrides the header)."""
+    headers = wire.step_headers(
+        session_id=session,
+        start=start,
+        end=end,
+        position=position,
+        dtype=dtype,
+        shape=(1, rows, HIDDEN),
+        sampling=SamplingParams() if end == 3 else None,
+    )
+    if shape is not None:
+        headers[wire.SHAPE] = shape
+    return headers
+
+
+def generate_body(
+    nodes_and_ranges: list[tuple[NodeProcess, int, int]],
+    *,
+    model: str = TINY,
+    content: str = "Hello there",
+    max_tokens: int = 16,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A greedy ``/v1/generate`` body whose plan runs each node over its given layers."""
+    return {
+        "request_id": f"req-{time.monotonic_ns()}",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "plan": {
+            "model": model,
+            "hops": [node.hop(start, end) for node, start, end in nodes_and_ranges],
+        },
+        **extra,
+    }
+
+
+def read_stream(endpoint: str, body: dict[str, Any], timeout: float = 120.0) -> list[Any]:
+    """Every SSE ``data:`` payload of a ``/v1/generate`` call, parsed ("[DONE]" kept as is)."""
+    return read_sse(f"{endpoint}/v1/generate", body, timeout=timeout)

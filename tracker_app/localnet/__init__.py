@@ -1,0 +1,67 @@
+"""The one harness for local networks of Meshnet processes.
+
+``meshnet_up``, the test fixtures and the benchmarks start trackers, workers
+and nodes only through this package, and stop them only through
+:class:`ManagedProcess`. ``processes`` holds the command lines and the
+managed process; ``network`` the network built from them; ``topology`` what
+``meshnet_up`` reads. Nothing here imports Django or torch.
+"""
+
+from tracker_app.localnet.network import (
+    THROWAWAY_ENV,
+    LocalNetwork,
+    NodeProcess,
+    TrackerProcess,
+    fresh_sqlite_database,
+    migrate,
+    process_env,
+    start_node,
+    start_tracker,
+    start_worker,
+)
+from tracker_app.localnet.processes import (
+    LOOPBACK,
+    ROOT,
+    ManagedProcess,
+    ProcessExited,
+    free_port,
+    manage_argv,
+    node_argv,
+    run_checked,
+    run_command,
+    tracker_argv,
+    wait_for_port,
+    wait_until,
+    worker_argv,
+)
+from tracker_app.localnet.topology import NodeSpec, Topology, TopologyError, topology_load
+
+__all__ = [
+    "LOOPBACK",
+    "ROOT",
+    "THROWAWAY_ENV",
+    "LocalNetwork",
+    "ManagedProcess",
+    "NodeProcess",
+    "NodeSpec",
+    "ProcessExited",
+    "Topology",
+    "TopologyError",
+    "TrackerProcess",
+    "free_port",
+    "fresh_sqlite_database",
+    "manage_argv",
+    "migrate",
+    "node_argv",
+    "process_env",
+    "run_checked",
+    "run_command",
+    "start_node",
+    "start_tracker",
+    "start_worker",
+    "topology_load",
+    "tracker_argv",
+    "wait_for_port",
+    "wait_until",
+    "worker_argv",
+]
