@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.db.models import Max
 
 from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot, RouteQuarantine
@@ -55,7 +55,6 @@ class DatabaseArmArchive:
 
     def restore(self) -> list[tuple[ArmKey, ArmState]]:
         """This tracker's arms as last written; prunes before now are already applied."""
-        close_old_connections()
         self._pruned_cursor = PrunedArm.objects.aggregate(last=Max("id"))["last"] or 0
         return [
             (
@@ -67,7 +66,6 @@ class DatabaseArmArchive:
 
     def exchange(self, changed: Sequence[tuple[ArmKey, ArmState]]) -> ArchiveNews:
         """Upsert ``changed``, snapshot what is due; return new prunes and active quarantines."""
-        close_old_connections()
         if changed:
             self._write(changed)
         return ArchiveNews(pruned=self._new_prunes(), quarantined=self._quarantined())

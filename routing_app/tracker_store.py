@@ -18,6 +18,7 @@ import threading
 
 import redis
 from django.conf import settings
+from django.db import close_old_connections
 
 from routing_app.config import RoutingConfig
 from routing_app.durable import DatabaseArmArchive
@@ -50,10 +51,15 @@ class StatsSyncThread(threading.Thread):
 
     def run(self) -> None:
         while not self._stopped.wait(self.interval):
+            # Each sync is a unit of work, like a request: a connection the
+            # database dropped or that outlived its age is replaced first.
+            close_old_connections()
             try:
                 self.store.sync()
             except Exception:  # keep routing on local statistics; retry next tick
                 logger.warning("route statistics sync failed", exc_info=True)
+            finally:
+                close_old_connections()
 
     def stop(self) -> None:
         self._stopped.set()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from celery import Celery
 
 from tests.support.databases import fresh_process_database
 from tests.support.network import running_tracker, start_network
+from tests.support.redis_db import private_redis
 from tracker_app.localnet import wait_until
 
 TINY = "tiny-random-llama"
@@ -75,7 +75,7 @@ def test_a_restarted_tracker_routes_on_the_arms_it_had_learned(tmp_path: Path) -
 def test_an_arm_the_worker_pruned_is_gone_from_the_routing_table_of_both_trackers(
     tmp_path: Path, redis_url: str
 ) -> None:
-    redis = f"{redis_url.rsplit('/', 1)[0]}/{random.randint(1, 15)}"
+    redis = private_redis(redis_url)
     with (
         fresh_process_database() as database_url,
         network(database_url, tmp_path, REDIS_URL=redis, **SETTINGS) as net,

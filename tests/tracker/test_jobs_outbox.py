@@ -38,6 +38,7 @@ def test_a_message_nobody_forwarded_in_time_is_dropped():
     assert not OutboxMessage.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)  # the relay's database calls run in a thread
 def test_the_relay_pushes_each_message_to_the_dashboard_group():
     async def listen_and_relay():
         layer = get_channel_layer()

@@ -9,7 +9,6 @@ audits race over the same records.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -21,18 +20,13 @@ from celery import Celery
 
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
+from tests.support.redis_db import private_redis
 from tracker_app.localnet import wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
 CORRUPT_ROUTE = 4
 FAILED_CHARGED = 4
-
-
-def private_redis(url: str) -> str:
-    """The same Redis server, a database of the test's own (CI's Redis is shared)."""
-    base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
-    return f"{base}/{random.randint(1, 15)}"
 
 
 def routing_status(network: Network, signature: str) -> str | None:
