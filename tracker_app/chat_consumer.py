@@ -23,9 +23,10 @@ from django.conf import settings
 from rest_framework import status
 
 from meshnet_site.bearer import bearer_token
-from meshnet_site.errors import ApiError
+from meshnet_site.errors import ApiError, DomainError, http_error
 from routing_app.models import LanguageModel
 from tracker_app.chat import chat_params_parse, completion_reply
+from tracker_app.dashboard_chat import dashboard_chat_api_key
 from tracker_app.models import ApiKey
 from tracker_app.proxy import ChatProxy
 from tracker_app.ratelimit import rate_limit_check
@@ -123,7 +124,7 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 fee_share=settings.MESHNET_NETWORK_FEE_SHARE,
             )
             await self.proxy.start()
-        except ApiError as error:
+        except DomainError as error:
             await self._send_error(error)
             return
         if params.stream:
@@ -177,6 +178,9 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         api_key = None
         if key is not None:
             api_key = await database_sync_to_async(api_key_lookup)(plain=key)
+        else:
+            # No key: the dashboard chats as its logged-in staff user.
+            api_key = await database_sync_to_async(dashboard_chat_api_key)(scope=self.scope)
         if api_key is None:
             raise ApiError(
                 "Missing or invalid API key: send 'Authorization: Bearer <key>'",
@@ -186,10 +190,11 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             )
         return api_key
 
-    async def _send_error(self, error: ApiError) -> None:
+    async def _send_error(self, error: DomainError) -> None:
+        answer = http_error(error)
         headers = [(b"Content-Type", b"application/json")]
-        headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
-        await self.send_response(error.status_code, _json(error.body()), headers=headers)
+        headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+        await self.send_response(answer.status, _json(answer.body), headers=headers)
 
 
 def _model_get(key: str) -> LanguageModel:
