@@ -137,7 +137,7 @@ def call_record(*, request_id: str) -> dict[str, Any] | None:
 
 def _call_of(row: ChatRequest) -> dict[str, Any]:
     billing: BillingRecord | None = getattr(row, "billing", None)
-    return {
+    call = {
         "request_id": str(row.pk),
         "state": row.status,
         "model": row.model.key,
@@ -145,15 +145,21 @@ def _call_of(row: ChatRequest) -> dict[str, Any]:
         "mode": row.mode or None,
         "api_key": row.api_key.name,
         "stream": row.stream,
-        "prompt_tokens": row.prompt_tokens,
-        "tokens": row.completion_tokens,
-        "tokens_per_second": row.tokens_per_second,
         "finish_reason": row.finish_reason or None,
         "error": row.error or None,
         "cost": _money(billing.charge) if billing else None,
         "started_at": row.started_at.timestamp(),
         "finished_at": row.finished_at.timestamp() if row.finished_at else None,
     }
+    if row.status == RequestStatus.COMPLETED:
+        # Only a completion records its token counts; a failed or cancelled
+        # request keeps what the console counted while it ran.
+        call.update(
+            prompt_tokens=row.prompt_tokens,
+            tokens=row.completion_tokens,
+            tokens_per_second=row.tokens_per_second,
+        )
+    return call
 
 
 # --- Billing -----------------------------------------------------------------

@@ -226,10 +226,13 @@ def test_the_recent_calls_come_from_the_request_records_with_their_cost() -> Non
         "scout",
     )
     assert (finished["tokens"], finished["cost"]) == (500, "0.020000")
-    assert (calls[str(cancelled.pk)]["state"], calls[str(cancelled.pk)]["cost"]) == (
+    stopped = calls[str(cancelled.pk)]
+    assert (stopped["state"], stopped["cost"], stopped["error"]) == (
         "cancelled",
         None,
+        "hop x failed",
     )
+    assert "tokens" not in stopped  # the console's live count stays on the wall
     assert dashboard.call_record(request_id=str(done.pk)) == finished
     assert dashboard.call_record(request_id="not-a-uuid") is None
 

@@ -7,7 +7,7 @@
 // text. Conversations live in localStorage; a reload mid-answer keeps what had
 // arrived and never leaves a cursor blinking.
 
-import { $, h, num } from "./dom.js";
+import { $, h, num, routeText } from "./dom.js";
 
 const STORE_KEY = "meshnet.dashboard.chat.v1";
 const SAVE_EVERY_MS = 1000;
@@ -35,6 +35,7 @@ class Chat {
     this.modelSelect = $("chat-model");
     this.conversationSelect = $("chat-conversation");
     this.maxTokens = $("chat-max-tokens");
+    this.temperature = $("chat-temperature");
     this.status = $("chat-status");
   }
 
@@ -221,6 +222,7 @@ class Chat {
           messages: [...history, { role: "user", content }],
           stream: true,
           max_tokens: Number(this.maxTokens.value) || 200,
+          temperature: Number.isFinite(this.temperature.valueAsNumber) ? this.temperature.valueAsNumber : 0.7,
         }),
         signal: this.controller.signal,
       });
@@ -311,7 +313,7 @@ class Chat {
 function metaText(message) {
   if (message.role !== "assistant") return "";
   const parts = [];
-  if (message.route) parts.push(`route ${message.route}`);
+  if (message.route) parts.push(`route ${routeText(message.route)}`);
   if (message.mode) parts.push(`mode ${message.mode}`);
   if (message.tokens) parts.push(`${message.tokens} tokens`);
   if (message.tokensPerSecond && !message.streaming) parts.push(`${num(message.tokensPerSecond)} tok/s`);

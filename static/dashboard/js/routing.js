@@ -106,7 +106,7 @@ function modelCard(model, chart) {
           ),
         )
       : h("p", { class: "muted empty" }, "No complete route: some layers have no online node."),
-    chart.element,
+    model.routes.length || Object.keys(model.series || {}).length ? chart.element : null,
   );
 }
 
@@ -154,7 +154,8 @@ class RouteChart {
     return {
       width: Math.max(this.element.clientWidth, 240),
       height: CHART_HEIGHT,
-      scales: { x: { time: true } },
+      // At least a minute wide, so one or two points do not fill the chart.
+      scales: { x: { time: true, range: (_, min, max) => [Math.min(min, max - 60), max + 1] } },
       legend: { live: false },
       series: [
         {},
