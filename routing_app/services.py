@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.db.models import F
 
+from nodes_app.events import epoch_announce
 from routing_app import selectors
 from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision, choose_route
 from routing_app.config import RoutingConfig
@@ -44,6 +45,7 @@ def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
             number=F("number") + 1, reason=reason[:200]
         )
         epoch.refresh_from_db(fields=["number"])
+        epoch_announce(model_key=model.key, epoch=epoch.number, reason=reason[:200])
     return epoch.number
 
 

@@ -7,6 +7,8 @@ the page logged a console error.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -229,4 +231,20 @@ def test_the_routing_sample_count_rises_without_a_reload(page: Page) -> None:
             return total > before;
         }""",
         arg=[TINY, before],
+    )
+
+
+def test_a_node_that_stops_goes_offline_on_the_overview_without_a_reload(
+    page: Page, network: Network
+) -> None:
+    half = network.nodes["half"]
+    row = page.locator(f'tr[data-node-id="{half.node_id}"]')
+    assert row.get_attribute("data-state") == "online"
+
+    os.kill(half.managed.process.pid, signal.SIGTERM)
+
+    page.wait_for_selector(f'tr[data-node-id="{half.node_id}"][data-state="offline"]')
+    whole = network.nodes["whole"]
+    assert page.locator(f'tr[data-node-id="{whole.node_id}"]').get_attribute("data-state") == (
+        "online"
     )

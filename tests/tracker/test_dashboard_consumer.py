@@ -19,10 +19,12 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.test import Client
+from django.utils import timezone
 
 from meshnet_site.asgi import application
 from nodes_app.events import epoch_announce, nodes_announce
 from nodes_app.models import Node, NodeStatus
+from nodes_app.services import node_deregister, node_heartbeat
 from tests.tracker.dashboard_factories import TINY, make_node, staff_user, tiny_model
 from tracker_app import console, dashboard_live
 from tracker_app.dashboard_chat import KEY_NAME_PREFIX
@@ -231,6 +233,60 @@ def test_a_node_that_changes_is_pushed_as_its_row() -> None:
         2,
         TINY,
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_leaving_the_registry_is_pushed_with_the_epoch_it_bumped() -> None:
+    node = make_node("leaver", 0, 3)
+    cookie = session_cookie()
+
+    async def scenario() -> list[dict[str, Any]]:
+        socket = dashboard_socket(cookie)
+        await socket.connect()
+        try:
+            await socket.receive_json_from(timeout=5)
+            await database_sync_to_async(node_deregister)(node=node)
+            return await receive_until(socket, lambda m: m["type"] == "routing")
+        finally:
+            await socket.disconnect()
+
+    messages = run(scenario)
+
+    by_type = {m["type"]: m for m in messages}
+    assert by_type["node"]["node"]["status"] == "offline"
+    assert (by_type["epoch"]["model"], by_type["epoch"]["reason"]) == (TINY, "leave: leaver")
+    assert by_type["routing"]["model"]["routes"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeats_that_change_nothing_visible_are_pushed_at_most_every_few_seconds() -> None:
+    node = make_node("beating", 0, 3)
+    cookie = session_cookie()
+
+    def heartbeat(sessions: int) -> None:
+        node_heartbeat(
+            node=Node.objects.select_related("model").get(pk=node.pk),
+            active_sessions=sessions,
+            queue_depth=0,
+            measured_tps=50.0,
+            now=timezone.now(),
+        )
+
+    async def scenario() -> list[dict[str, Any]]:
+        socket = dashboard_socket(cookie)
+        await socket.connect()
+        try:
+            await socket.receive_json_from(timeout=5)
+            for sessions in (0, 0, 0, 2):
+                await database_sync_to_async(heartbeat)(sessions)
+            return await drain(socket, 0.5)
+        finally:
+            await socket.disconnect()
+
+    messages = run(scenario)
+
+    rows = [m["node"] for m in messages if m["type"] == "node"]
+    assert [row["active_sessions"] for row in rows] == [0, 2]
 
 
 def _go_offline(node_id: str) -> None:
