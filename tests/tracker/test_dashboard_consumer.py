@@ -18,9 +18,12 @@ from typing import Any, TypeVar
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import HttpCommunicator, WebsocketCommunicator
+from channels_redis.core import RedisChannelLayer
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
+from meshnet_site import events
 from meshnet_site.asgi import application
 from nodes_app.events import epoch_announce, nodes_announce
 from nodes_app.models import Node, NodeStatus
@@ -62,7 +65,15 @@ def dashboard_socket(cookie: str | None) -> WebsocketCommunicator:
 
 
 def run(scenario: Callable[[], Awaitable[T]]) -> T:
-    return asyncio.run(scenario())
+    async def then_close() -> T:
+        try:
+            return await scenario()
+        finally:
+            # The consumer's database thread outlives the test; with persistent
+            # connections (PostgreSQL) it would keep the test database open.
+            await database_sync_to_async(connections.close_all)()
+
+    return asyncio.run(then_close())
 
 
 async def receive_until(
@@ -287,6 +298,36 @@ def test_heartbeats_that_change_nothing_visible_are_pushed_at_most_every_few_sec
 
     rows = [m["node"] for m in messages if m["type"] == "node"]
     assert [row["active_sessions"] for row in rows] == [0, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_update_another_tracker_publishes_reaches_this_trackers_dashboards(
+    redis_url: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"meshnet-test-{uuid.uuid4().hex[:8]}"  # CI's Redis is shared
+    config = {"hosts": [redis_url], "prefix": prefix}
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": config}
+    }
+    tiny_model()
+    cookie = session_cookie()
+
+    async def scenario() -> list[dict[str, Any]]:
+        socket = dashboard_socket(cookie)
+        await socket.connect()
+        try:
+            await socket.receive_json_from(timeout=5)
+            # What another tracker process does: the same bus, over its own connection.
+            other_tracker = RedisChannelLayer(**config)
+            monkeypatch.setattr(events, "get_channel_layer", lambda: other_tracker)
+            await events.publish_async("epoch", {"model": TINY, "epoch": 9, "reason": "elsewhere"})
+            return await receive_until(socket, lambda m: m["type"] == "epoch")
+        finally:
+            await socket.disconnect()
+
+    messages = run(scenario)
+
+    assert messages[-1] == {"type": "epoch", "model": TINY, "epoch": 9, "reason": "elsewhere"}
 
 
 def _go_offline(node_id: str) -> None:
