@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.conftest import ROOT, fresh_process_database
 from tests.tracker.network import Network, start_network
@@ -80,10 +81,16 @@ def signed_in(browser: Browser, network: Network) -> Iterator[BrowserContext]:
 
 
 @pytest.fixture
-def page(signed_in: BrowserContext) -> Iterator[Page]:
+def console_errors() -> list[str]:
+    """What the test's page logged as errors (a test may remove the ones it caused)."""
+    return []
+
+
+@pytest.fixture
+def page(signed_in: BrowserContext, console_errors: list[str]) -> Iterator[Page]:
     """The dashboard, live; the test fails if the page logs an error."""
     page = signed_in.new_page()
-    errors: list[str] = []
+    errors = console_errors
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto("/dashboard/")
@@ -102,6 +109,7 @@ def send_chat(page: Page, text: str, *, max_tokens: int) -> None:
     """Send ``text`` in a new conversation (so the answer does not depend on earlier ones)."""
     open_tab(page, "chat")
     page.click('[data-role="chat-new"]')
+    page.select_option('[data-role="chat-model"]', TINY)
     page.fill('[data-role="chat-temperature"]', "0")  # greedy: the tiny model runs to the limit
     page.fill('[data-role="chat-max-tokens"]', str(max_tokens))
     page.fill('[data-role="chat-input"]', text)
@@ -192,6 +200,41 @@ def test_stop_keeps_the_partial_answer_and_frees_the_nodes_sessions(
     assert last_answer(page) == kept
 
 
+def test_a_reload_mid_answer_keeps_the_text_and_leaves_no_cursor(page: Page) -> None:
+    send_chat(page, "Write a long story.", max_tokens=4000)
+    page.wait_for_function(
+        """(answers) => {
+            const texts = document.querySelectorAll(answers);
+            return texts.length && texts[texts.length - 1].textContent.length > 40;
+        }""",
+        arg=ANSWERS,
+    )
+
+    page.reload()
+    page.wait_for_selector('[data-role="live-status"][data-state="live"]')
+    open_tab(page, "chat")
+
+    assert page.locator(".bubble[data-streaming]").count() == 0
+    assert len(last_answer(page)) > 0
+    assert "interrupted" in page.locator(".bubble-meta").last.inner_text()
+    assert page.locator('[data-role="chat-send"]').get_attribute("data-state") == "idle"
+
+
+def test_an_error_answer_becomes_an_error_bubble(page: Page, console_errors: list[str]) -> None:
+    open_tab(page, "chat")
+    page.click('[data-role="chat-new"]')
+    page.select_option('[data-role="chat-model"]', "smollm2-135m")  # no node serves it here
+    page.fill('[data-role="chat-input"]', "Hello?")
+    page.click('[data-role="chat-send"]')
+    wait_idle(page)
+
+    bubble = page.locator(".bubble[data-error]").last
+    assert "No route can serve smollm2-135m" in bubble.inner_text()
+    # The browser logs the 503 itself; nothing else may be logged.
+    assert [e for e in console_errors if "503" not in e] == []
+    console_errors.clear()
+
+
 def test_the_call_wall_shows_a_request_processing_then_completed(page: Page) -> None:
     send_chat(page, "Count to a thousand.", max_tokens=1500)
     open_tab(page, "calls")
@@ -222,16 +265,21 @@ def test_the_routing_sample_count_rises_without_a_reload(page: Page) -> None:
     wait_idle(page)
     open_tab(page, "routing")
 
-    page.wait_for_function(
-        """([model, before]) => {
-            const cells = document.querySelectorAll(
-                `[data-routing-model="${model}"] [data-field="samples"]`);
-            const total = [...cells].reduce(
-                (sum, cell) => sum + Number(cell.textContent.replaceAll(",", "")), 0);
-            return total > before;
-        }""",
-        arg=[TINY, before],
-    )
+    try:
+        page.wait_for_function(
+            """([model, before]) => {
+                const cells = document.querySelectorAll(
+                    `[data-routing-model="${model}"] [data-field="samples"]`);
+                const total = [...cells].reduce(
+                    (sum, cell) => sum + Number(cell.textContent.replaceAll(",", "")), 0);
+                return total > before;
+            }""",
+            arg=[TINY, before],
+        )
+    except PlaywrightTimeoutError:
+        table = page.locator(f'[data-routing-model="{TINY}"]').inner_text()
+        meta = page.locator(".bubble-meta").last.inner_text()
+        raise AssertionError(f"{before} samples before; answer: {meta}; now:\n{table}") from None
 
 
 def test_a_node_that_stops_goes_offline_on_the_overview_without_a_reload(

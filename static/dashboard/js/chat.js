@@ -27,6 +27,7 @@ class Chat {
     this.controller = null; // AbortController of the answer being generated
     this.live = null; // {message, textNode, metaNode, bubble} of that answer
     this.lastSave = 0;
+    this.leaving = false; // the page is being unloaded
 
     this.log = $("chat-log");
     this.form = $("chat-form");
@@ -67,6 +68,15 @@ class Chat {
     });
     $("chat-delete").addEventListener("click", () => this.deleteConversation());
     this.state.on("models", () => this.renderModels());
+    // Saving is throttled while tokens stream: keep the latest text when the page
+    // goes. A request cut by the page going away is interrupted, not failed.
+    window.addEventListener("pagehide", () => {
+      this.leaving = true;
+      this.save(true);
+    });
+    window.addEventListener("pageshow", () => {
+      this.leaving = false;
+    });
     if (!this.store.conversations.length) this.newConversation();
     this.render();
   }
@@ -256,7 +266,8 @@ class Chat {
         }
       }
     } catch (error) {
-      if (error.name === "AbortError") answer.stopped = true;
+      if (this.leaving) answer.interrupted = true;
+      else if (error.name === "AbortError") answer.stopped = true;
       else answer.error = `The request failed: ${error.message}`;
     } finally {
       answer.seconds = (performance.now() - started) / 1000;
