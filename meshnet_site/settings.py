@@ -116,11 +116,17 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# The dashboard's own assets (and vendored libraries, see static/vendor/).
+STATICFILES_DIRS = [BASE_DIR / "static"]
 # The admin's and dashboard's assets are served by the tracker itself, straight
-# from the apps' static folders: no collectstatic step, no separate web server.
+# from the static folders: no collectstatic step, no separate web server. (So
+# no STATIC_ROOT either: WhiteNoise would scan it and warn while it is absent;
+# set one only to collect the files for another web server.)
 WHITENOISE_USE_FINDERS = True
 
-LOGIN_URL = "/admin/login/"
+# Staff sign in to the dashboard here; anonymous visitors are sent to it.
+LOGIN_URL = "dashboard-login"
+LOGIN_REDIRECT_URL = "dashboard"
 
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

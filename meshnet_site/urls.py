@@ -1,13 +1,24 @@
-"""Tracker URLs: admin, node registry API, OpenAPI schema, health and metrics."""
+"""Tracker URLs: dashboard, admin, node registry API, OpenAPI schema, health and metrics."""
 
 from django.contrib import admin
+from django.contrib.auth.views import LogoutView
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from tracker_app import api as tracker_api
+from tracker_app import dashboard_views
 from tracker_app import views as tracker_views
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="dashboard"), name="home"),
+    path("dashboard/", dashboard_views.dashboard_page, name="dashboard"),
+    path("dashboard/login/", dashboard_views.DashboardLoginView.as_view(), name="dashboard-login"),
+    path(
+        "dashboard/logout/",
+        LogoutView.as_view(next_page="dashboard-login"),
+        name="dashboard-logout",
+    ),
     path("admin/", admin.site.urls),
     path("api/nodes/", include("nodes_app.urls")),
     path("v1/", include("routing_app.urls")),

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 
 from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.events import epoch_announce, node_heartbeat_announce, nodes_announce
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.selectors import (
     ModelNotFound,
@@ -99,6 +100,7 @@ def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
             number=F("number") + 1, reason=reason[:200]
         )
         epoch.refresh_from_db(fields=["number"])
+        epoch_announce(model_key=model.key, epoch=epoch.number, reason=reason[:200])
         transaction.on_commit(
             partial(
                 topology_changed.send_robust,
@@ -182,6 +184,7 @@ def node_register(
             .filter(wallet=wallet, endpoint=endpoint, status__in=_SERVING)
             .exclude(pk=node_id)
         )
+        replaced_ids = list(replaced.values_list("pk", flat=True))
         shard_changed = replaced.update(status=NodeStatus.OFFLINE) > 0
         existing = Node.objects.select_for_update().filter(pk=node_id).first()
         if existing is not None and existing.status == NodeStatus.BANNED:
@@ -211,6 +214,7 @@ def node_register(
             epoch = topology_epoch_bump(model=model, reason=f"join: {node_id}")
         else:
             epoch = topology_epoch_current(model=model)
+        nodes_announce([node_id, *replaced_ids])
     return Registration(node=node, token=token, epoch=epoch)
 
 
@@ -252,7 +256,12 @@ def node_heartbeat(
         )
         if rejoined:
             topology_epoch_bump(model=node.model, reason=f"join: {node.id}")
+    visible = rejoined or (node.active_sessions, node.queue_depth) != (
+        active_sessions,
+        queue_depth,
+    )
     node.refresh_from_db()
+    node_heartbeat_announce(node, visible_change=visible)
     return node
 
 
@@ -262,6 +271,7 @@ def node_deregister(*, node: Node) -> None:
         _, left_routing = _take_offline(Node.objects.filter(pk=node.pk))
         if left_routing:
             topology_epoch_bump(model=node.model, reason=f"leave: {node.id}")
+        nodes_announce([node.pk])
 
 
 def nodes_sweep_stale(*, now: datetime, timeout_seconds: float) -> list[str]:
@@ -285,6 +295,7 @@ def nodes_sweep_stale(*, now: datetime, timeout_seconds: float) -> list[str]:
             if left_routing and node.model_id not in bumped:
                 topology_epoch_bump(model=node.model, reason=f"liveness sweep: {node.id}")
                 bumped.add(node.model_id)
+    nodes_announce(swept)
     return swept
 
 
@@ -314,6 +325,7 @@ def node_set_status(*, node: Node, new_status: NodeStatus) -> bool:
         current.save(update_fields=["status"])
         if was_routable != (new_status == NodeStatus.ONLINE):
             topology_epoch_bump(model=current.model, reason=f"{new_status}: {node.id}")
+        nodes_announce([node.pk])
     return True
 
 

@@ -68,7 +68,7 @@ class DatabaseArmArchive:
         """Upsert ``changed``, snapshot what is due; return new prunes and active quarantines."""
         if changed:
             self._write(changed)
-        return ArchiveNews(pruned=self._new_prunes(), quarantined=self._quarantined())
+        return ArchiveNews(pruned=self._new_prunes(), quarantined=route_quarantines_active())
 
     def _write(self, changed: Sequence[tuple[ArmKey, ArmState]]) -> None:
         rows = [
@@ -131,7 +131,8 @@ class DatabaseArmArchive:
             )
         return pruned
 
-    @staticmethod
-    def _quarantined() -> frozenset[ArmKey]:
-        active = RouteQuarantine.objects.filter(released_at__isnull=True)
-        return frozenset(active.values_list("model_key", "signature"))
+
+def route_quarantines_active() -> frozenset[ArmKey]:
+    """The (model key, signature) of every route the probe holds in quarantine now."""
+    active = RouteQuarantine.objects.filter(released_at__isnull=True)
+    return frozenset(active.values_list("model_key", "signature"))

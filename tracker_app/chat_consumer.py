@@ -26,6 +26,7 @@ from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.protocol import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
 from tracker_app.chat import chat_params_parse, completion_reply
+from tracker_app.dashboard_chat import dashboard_chat_api_key
 from tracker_app.models import ApiKey
 from tracker_app.proxy import ChatProxy
 from tracker_app.ratelimit import rate_limit_check
@@ -188,6 +189,9 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         api_key = None
         if key is not None:
             api_key = await database_sync_to_async(api_key_lookup)(plain=key)
+        else:
+            # No key: the dashboard chats as its logged-in staff user.
+            api_key = await database_sync_to_async(dashboard_chat_api_key)(scope=self.scope)
         if api_key is None:
             raise InvalidApiKey("Missing or invalid API key: send 'Authorization: Bearer <key>'")
         return api_key

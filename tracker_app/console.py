@@ -1,9 +1,18 @@
-"""The tracker's console: a bounded ring of proxy events, pushed live to the dashboard.
+"""The tracker's console: what the chat proxy reports, kept in memory and pushed live.
 
-Each event is kept in an in-memory ring (the Call wall's source) and sent to
-the ``dashboard`` channel group. ``proxy progress`` events are updated in
-place: a request has at most one progress entry, rewritten as tokens arrive,
-so a long generation never floods the ring.
+The proxy calls :func:`console_emit` at each step of a request (route
+selected, connected, progress, complete or error). Each event is
+
+- kept in a bounded ring (``proxy progress`` updated in place, so a long
+  generation never floods it);
+- folded into the request's *call*: one summary per request (route, mode,
+  tokens so far, tokens/s, state) that the Call wall shows;
+- on completion, added to the route's tokens/s series (the Routing chart);
+- pushed to every dashboard as a ``call`` message (``meshnet_site.events``).
+
+When a request finishes, :data:`call_finished` is sent (``tracker_app.dashboard_live``
+listens: it pushes the request's cost and the model's new routing table).
+Everything here is per tracker process and in memory.
 """
 
 from __future__ import annotations
@@ -11,16 +20,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from channels.layers import get_channel_layer
+from django.dispatch import Signal
+
+from meshnet_site.events import publish_async
+from routing_app.config import RoutingConfig
 
 logger = logging.getLogger(__name__)
 
-DASHBOARD_GROUP = "dashboard"
 RING_SIZE = 500
+CALLS_KEPT = 200
+SERIES_WINDOW_SECONDS = 600.0
+SERIES_MAX_POINTS = 240
 
 ROUTE_SELECTED = "proxy route selected"
 CONNECTED = "proxy connected"
@@ -28,6 +42,16 @@ PROGRESS = "proxy progress"
 COMPLETE = "proxy complete"
 ERROR = "proxy error"
 FINISHED = frozenset({COMPLETE, ERROR})
+
+# The dashboard message kind of a console event.
+CALL = "call"
+
+PROCESSING = "processing"
+COMPLETED = "completed"
+FAILED = "failed"
+
+# Sent (``asend``) after a request's last event, with ``call`` (its summary).
+call_finished = Signal()
 
 
 @dataclass
@@ -69,53 +93,172 @@ class ConsoleRing:
             return list(self._events.values())
 
 
+class CallBook:
+    """One summary per request, folded from its events as they arrive.
+
+    A summary holds ``request_id``, ``state`` (processing, completed,
+    failed), ``model``, ``route``, ``mode``, ``tokens``,
+    ``tokens_per_second``, ``queue``, ``started_at``, ``updated_at`` and,
+    once finished, ``finished_at`` with ``finish_reason`` or ``error``. A
+    finished request never goes back to processing. At most ``size``
+    requests are kept; the oldest finished ones go first.
+    """
+
+    def __init__(self, size: int = CALLS_KEPT) -> None:
+        self.size = size
+        self._calls: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def apply(self, event: ConsoleEvent) -> dict[str, Any]:
+        """Fold ``event`` into its request's summary; returns a copy of the summary."""
+        with self._lock:
+            call = self._calls.get(event.request_id)
+            if call is None:
+                call = self._calls[event.request_id] = {
+                    "request_id": event.request_id,
+                    "state": PROCESSING,
+                    "model": None,
+                    "route": None,
+                    "mode": None,
+                    "tokens": 0,
+                    "tokens_per_second": None,
+                    "queue": None,
+                    "started_at": event.at,
+                }
+                self._trim()
+            _fold(call, event)
+            return dict(call)
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Requests still processing, oldest first."""
+        with self._lock:
+            return [dict(c) for c in self._calls.values() if c["state"] == PROCESSING]
+
+    def finished(self, *, limit: int) -> list[dict[str, Any]]:
+        """The latest finished requests, newest first."""
+        with self._lock:
+            done = [dict(c) for c in self._calls.values() if c["state"] != PROCESSING]
+        done.sort(key=lambda c: c["updated_at"], reverse=True)
+        return done[:limit]
+
+    def _trim(self) -> None:
+        while len(self._calls) > self.size:
+            oldest_finished = next(
+                (rid for rid, c in self._calls.items() if c["state"] != PROCESSING), None
+            )
+            if oldest_finished is None:
+                self._calls.popitem(last=False)
+            else:
+                del self._calls[oldest_finished]
+
+
+def _fold(call: dict[str, Any], event: ConsoleEvent) -> None:
+    data = event.data
+    finished = call["state"] != PROCESSING
+    call["updated_at"] = event.at
+    if event.kind == ROUTE_SELECTED and not finished:
+        call.update(model=data.get("model"), route=data.get("signature"), mode=data.get("mode"))
+    elif event.kind == PROGRESS and not finished:
+        call.update(
+            tokens=data.get("tokens", call["tokens"]),
+            tokens_per_second=data.get("tokens_per_second"),
+            queue=data.get("queue"),
+        )
+    elif event.kind == COMPLETE and not finished:
+        call.update(
+            state=COMPLETED,
+            route=data.get("signature", call["route"]),
+            tokens=data.get("completion_tokens", call["tokens"]),
+            tokens_per_second=data.get("tokens_per_second"),
+            finish_reason=data.get("finish_reason"),
+            finished_at=event.at,
+        )
+    elif event.kind == ERROR and not finished:
+        call.update(state=FAILED, error=data.get("message"), finished_at=event.at)
+
+
+class RouteSeries:
+    """Observed tokens/s of completed requests per (model, route) over the last minutes.
+
+    Each point is ``[unix time, tokens/s]``; points older than ``window``
+    seconds are dropped, and a route keeps at most ``max_points``.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: float = SERIES_WINDOW_SECONDS,
+        max_points: int = SERIES_MAX_POINTS,
+    ) -> None:
+        self.window = window
+        self.max_points = max_points
+        self._points: dict[tuple[str, str], deque[tuple[float, float]]] = {}
+        self._lock = threading.Lock()
+
+    def record(
+        self, *, model_key: str, signature: str, tokens_per_second: float, at: float
+    ) -> None:
+        with self._lock:
+            points = self._points.setdefault((model_key, signature), deque(maxlen=self.max_points))
+            points.append((at, tokens_per_second))
+
+    def for_model(
+        self, model_key: str, *, now: float | None = None
+    ) -> dict[str, list[list[float]]]:
+        """``{signature: [[time, tokens/s], …]}`` for the model's routes, oldest point first."""
+        cutoff = (time.time() if now is None else now) - self.window
+        with self._lock:
+            for key in [key for key, points in self._points.items() if points[-1][0] < cutoff]:
+                del self._points[key]
+            return {
+                signature: [[at, tps] for at, tps in points if at >= cutoff]
+                for (model, signature), points in self._points.items()
+                if model == model_key
+            }
+
+
 _ring = ConsoleRing()
+_calls = CallBook()
+route_series = RouteSeries()
 
 
 async def console_emit(kind: str, request_id: str, **data: Any) -> ConsoleEvent:
-    """Record an event and push it to every dashboard connected to any tracker.
+    """Record an event and push the request's call to every dashboard of every tracker.
 
     Best effort: a channel layer that is down (Redis away) costs the dashboards
     this event, never the request that emitted it.
     """
     event = ConsoleEvent(kind=kind, request_id=request_id, data=data)
     _ring.add(event)
-    layer = get_channel_layer()
-    if layer is not None:
-        try:
-            await layer.group_send(
-                DASHBOARD_GROUP, {"type": "console.event", "event": event.to_dict()}
-            )
-        except Exception:
-            logger.warning("could not push %r to the dashboards", kind, exc_info=True)
+    call = _calls.apply(event)
+    if kind == COMPLETE:
+        _record_speed(call)
+    await publish_async(CALL, {"event": event.to_dict(), "call": call})
+    if kind in FINISHED:
+        for receiver, outcome in await call_finished.asend_robust(sender=ConsoleEvent, call=call):
+            if isinstance(outcome, Exception):
+                logger.warning("%r failed on a finished call", receiver, exc_info=outcome)
     return event
 
 
-def call_wall(ring: ConsoleRing | None = None, *, recent: int = 20) -> dict[str, Any]:
-    """The Call wall: in-flight requests with live progress, then the latest finished.
+def _record_speed(call: dict[str, Any]) -> None:
+    # Near-empty answers teach the router nothing (ADR-0020), so the chart skips them too.
+    tps, model, route = call.get("tokens_per_second"), call.get("model"), call.get("route")
+    if not tps or model is None or route is None:
+        return
+    if (call.get("tokens") or 0) < RoutingConfig.from_settings().min_sample_tokens:
+        return
+    route_series.record(
+        model_key=model, signature=route, tokens_per_second=float(tps), at=call["updated_at"]
+    )
 
-    Each request is summarised from its events: route and mode from
-    ``proxy route selected``, tokens and tokens/s from the latest progress,
-    the outcome from ``proxy complete`` or ``proxy error``.
-    """
-    calls: dict[str, dict[str, Any]] = {}
-    for event in (ring or _ring).events():
-        call = calls.setdefault(
-            event.request_id,
-            {"request_id": event.request_id, "state": "processing", "started_at": event.at},
-        )
-        call["updated_at"] = event.at
-        if event.kind == ROUTE_SELECTED:
-            call.update(route=event.data.get("signature"), mode=event.data.get("mode"))
-            call.update(model=event.data.get("model"))
-        elif event.kind == PROGRESS:
-            for name in ("tokens", "tokens_per_second", "queue"):
-                call[name] = event.data.get(name)
-        elif event.kind == COMPLETE:
-            call.update(state="complete", **event.data)
-        elif event.kind == ERROR:
-            call.update(state="error", error=event.data.get("message"))
-    in_flight = [c for c in calls.values() if c["state"] == "processing"]
-    finished = [c for c in calls.values() if c["state"] != "processing"]
-    finished.sort(key=lambda c: c["updated_at"], reverse=True)
-    return {"in_flight": in_flight, "recent": finished[:recent]}
+
+def calls_in_flight() -> list[dict[str, Any]]:
+    """This tracker's requests still processing, with their live progress."""
+    return _calls.in_flight()
+
+
+def call_wall(book: CallBook | None = None, *, recent: int = 20) -> dict[str, Any]:
+    """The Call wall as this process saw it: in-flight requests, then the latest finished."""
+    book = book or _calls
+    return {"in_flight": book.in_flight(), "recent": book.finished(limit=recent)}

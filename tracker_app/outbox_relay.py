@@ -14,9 +14,13 @@ import logging
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
+from meshnet_site.events import publish_async
 from meshnet_site.outbox.models import OutboxMessage
 from meshnet_site.outbox.services import outbox_claim
-from tracker_app import console
+from routing_app.durable import route_quarantines_active
+from routing_app.probing import ROUTE_QUARANTINED, ROUTE_RELEASED
+from routing_app.tracker_store import route_stats_store
+from tracker_app.dashboard_live import routing_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +30,16 @@ _relay: asyncio.Task[None] | None = None
 
 
 async def outbox_forward(message: OutboxMessage) -> None:
-    """Push one outbox message to the dashboards: the one call to the dashboard bus."""
-    await console.console_emit(message.kind, message.subject, **message.payload)
+    """Push one outbox message to the dashboards: the one call to the dashboard bus.
+
+    A route the probe quarantined or released is taken into this tracker's
+    routing at once (not at its next sync), so the table pushed with it shows it.
+    """
+    if message.kind in (ROUTE_QUARANTINED, ROUTE_RELEASED):
+        held = await database_sync_to_async(route_quarantines_active)()
+        route_stats_store().hold_probed(held)
+        routing_refresh(str(message.payload.get("model", "")))
+    await publish_async(message.kind, message.payload)
 
 
 async def outbox_relay_once(*, limit: int = 100) -> int:

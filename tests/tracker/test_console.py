@@ -1,20 +1,18 @@
-"""The console ring, the Call wall and their live push to the dashboard websocket."""
+"""The console ring, the per-request call summaries (the Call wall) and the route series.
+
+The live push of these to dashboards is tested in test_dashboard_consumer.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
 from typing import Any
 
-from channels.testing import WebsocketCommunicator
-
 from tracker_app import console
-from tracker_app.console import ConsoleEvent, ConsoleRing, call_wall
-from tracker_app.consumers import DashboardConsumer
+from tracker_app.console import CallBook, ConsoleEvent, ConsoleRing, RouteSeries, call_wall
 
 
-def event(kind: str, request_id: str, **data: Any) -> ConsoleEvent:
-    return ConsoleEvent(kind=kind, request_id=request_id, data=data)
+def event(kind: str, request_id: str, at: float = 0.0, **data: Any) -> ConsoleEvent:
+    return ConsoleEvent(kind=kind, request_id=request_id, data=data, at=at or 1000.0)
 
 
 def test_progress_is_updated_in_place_and_the_ring_stays_bounded() -> None:
@@ -32,57 +30,53 @@ def test_progress_is_updated_in_place_and_the_ring_stays_bounded() -> None:
 
 
 def test_the_call_wall_shows_in_flight_requests_live_and_the_finished_ones() -> None:
-    ring = ConsoleRing()
-    ring.add(event(console.ROUTE_SELECTED, "busy", mode="exploit", signature="m | a[0-3]"))
-    ring.add(event(console.CONNECTED, "busy"))
-    ring.add(event(console.PROGRESS, "busy", tokens=12, tokens_per_second=15.0, queue=0))
-    ring.add(event(console.ROUTE_SELECTED, "done", mode="scout", signature="m | b[0-3]"))
-    ring.add(event(console.COMPLETE, "done", completion_tokens=30))
-    ring.add(event(console.ROUTE_SELECTED, "broken", mode="pinned", signature="m | c[0-3]"))
-    ring.add(event(console.ERROR, "broken", message="hop c failed"))
+    book = CallBook()
+    book.apply(event(console.ROUTE_SELECTED, "busy", 1, mode="exploit", signature="m | a[0-3]"))
+    book.apply(event(console.CONNECTED, "busy", 2))
+    book.apply(event(console.PROGRESS, "busy", 3, tokens=12, tokens_per_second=15.0, queue=0))
+    book.apply(event(console.ROUTE_SELECTED, "done", 4, mode="scout", signature="m | b[0-3]"))
+    book.apply(event(console.COMPLETE, "done", 5, completion_tokens=30, tokens_per_second=9.0))
+    book.apply(event(console.ROUTE_SELECTED, "broken", 6, mode="pinned", signature="m | c[0-3]"))
+    book.apply(event(console.ERROR, "broken", 7, message="hop c failed"))
 
-    wall = call_wall(ring)
+    wall = call_wall(book)
 
     [busy] = wall["in_flight"]
     assert busy["request_id"] == "busy" and busy["state"] == "processing"
     assert (busy["tokens"], busy["tokens_per_second"], busy["mode"]) == (12, 15.0, "exploit")
     assert [c["request_id"] for c in wall["recent"]] == ["broken", "done"]
-    assert wall["recent"][0]["error"] == "hop c failed"
-    assert wall["recent"][1]["completion_tokens"] == 30
+    assert (wall["recent"][0]["state"], wall["recent"][0]["error"]) == ("failed", "hop c failed")
+    assert (wall["recent"][1]["state"], wall["recent"][1]["tokens"]) == ("completed", 30)
+    assert wall["recent"][1]["route"] == "m | b[0-3]"
 
 
-def staff_scope() -> dict[str, Any]:
-    return {"user": SimpleNamespace(is_staff=True)}
+def test_a_finished_request_never_goes_back_to_processing() -> None:
+    book = CallBook()
+    book.apply(event(console.COMPLETE, "r", 1, completion_tokens=5))
+
+    call = book.apply(event(console.PROGRESS, "r", 2, tokens=1))
+
+    assert (call["state"], call["tokens"]) == ("completed", 5)
 
 
-def test_a_staff_dashboard_gets_the_call_wall_then_live_events() -> None:
-    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
-        communicator = WebsocketCommunicator(DashboardConsumer.as_asgi(), "/ws/dashboard/")
-        communicator.scope.update(staff_scope())
-        connected, _ = await communicator.connect()
-        assert connected
-        try:
-            first = await communicator.receive_json_from(timeout=5)
-            await console.console_emit(console.PROGRESS, "req-9", tokens=3, tokens_per_second=9.5)
-            second = await communicator.receive_json_from(timeout=5)
-        finally:
-            await communicator.disconnect()
-        return first, second
+def test_the_call_book_forgets_the_oldest_finished_requests_first() -> None:
+    book = CallBook(size=3)
+    book.apply(event(console.ROUTE_SELECTED, "still-running", 1))
+    for n in range(4):
+        book.apply(event(console.COMPLETE, f"done-{n}", 2 + n))
 
-    first, second = asyncio.run(scenario())
+    wall = call_wall(book)
 
-    assert first["type"] == "call_wall" and "in_flight" in first
-    assert second["type"] == "event"
-    assert second["event"]["kind"] == "proxy progress"
-    assert second["event"]["data"] == {"tokens": 3, "tokens_per_second": 9.5}
+    assert [c["request_id"] for c in wall["in_flight"]] == ["still-running"]
+    assert [c["request_id"] for c in wall["recent"]] == ["done-3", "done-2"]
 
 
-def test_an_anonymous_websocket_is_refused() -> None:
-    async def scenario() -> bool:
-        communicator = WebsocketCommunicator(DashboardConsumer.as_asgi(), "/ws/dashboard/")
-        communicator.scope["user"] = SimpleNamespace(is_staff=False)
-        connected, _ = await communicator.connect()
-        await communicator.disconnect()
-        return bool(connected)
+def test_the_route_series_keeps_the_last_minutes_of_each_routes_speed() -> None:
+    series = RouteSeries(window=60, max_points=3)
+    for n in range(5):
+        series.record(model_key="m", signature="m | a", tokens_per_second=float(n), at=100.0 + n)
+    series.record(model_key="m", signature="m | old", tokens_per_second=1.0, at=10.0)
+    series.record(model_key="other", signature="other | x", tokens_per_second=1.0, at=100.0)
 
-    assert asyncio.run(scenario()) is False
+    assert series.for_model("m", now=130.0) == {"m | a": [[102.0, 2.0], [103.0, 3.0], [104.0, 4.0]]}
+    assert series.for_model("m", now=1000.0) == {}

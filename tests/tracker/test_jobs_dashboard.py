@@ -8,6 +8,7 @@ show on an open dashboard, without a reload.
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,9 +57,9 @@ def test_a_node_the_worker_sweeps_offline_shows_on_an_open_dashboard(tmp_path: P
                 net.env["MESHNET_NODE_SWEEP_INTERVAL"] = "1"
                 net.start_worker("--pool", "solo")
                 while True:
-                    text = str(await asyncio.wait_for(socket.recv(), 90))
-                    if node_id in text and "offline" in text:
-                        return text
+                    message = json.loads(await asyncio.wait_for(socket.recv(), 90))
+                    if message["type"] == "node" and message["node"]["id"] == node_id:
+                        return str(message["node"]["status"])
 
-        assert "node offline" in asyncio.run(watch())
+        assert asyncio.run(watch()) == "offline"
         assert net.query("SELECT COUNT(*) FROM outbox_outboxmessage") == [(0,)]

@@ -9,12 +9,13 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
+from meshnet_site.events import DASHBOARD_GROUP
 from meshnet_site.outbox.models import OutboxMessage
 from meshnet_site.outbox.services import STALE_AFTER, outbox_claim, outbox_put
+from nodes_app.events import NODE
 from nodes_app.models import Node, NodeStatus
-from nodes_app.tasks import NODE_OFFLINE, sweep_stale_nodes
+from nodes_app.tasks import sweep_stale_nodes
 from tests.support.routing import make_model, make_node
-from tracker_app.console import DASHBOARD_GROUP
 from tracker_app.outbox_relay import outbox_relay_once
 
 pytestmark = pytest.mark.django_db
@@ -49,16 +50,14 @@ def test_the_relay_pushes_each_message_to_the_dashboard_group():
         await layer.group_discard(DASHBOARD_GROUP, channel)
         return forwarded, event
 
-    outbox_put(kind="route quarantined", subject="m | c[0-1]", payload={"nodes": ["c"]})
+    outbox_put(kind="refund", subject="r1", payload={"request_id": "r1", "amount": "0.1"})
 
     forwarded, message = async_to_sync(listen_and_relay)()
 
     assert forwarded == 1
-    event = message["event"]
-    assert (event["kind"], event["request_id"], event["data"]["nodes"]) == (
-        "route quarantined",
-        "m | c[0-1]",
-        ["c"],
+    assert (message["kind"], message["payload"]) == (
+        "refund",
+        {"request_id": "r1", "amount": "0.1"},
     )
 
 
@@ -73,8 +72,8 @@ def test_the_sweep_tells_the_dashboards_of_each_node_it_took_offline(settings):
 
     assert Node.objects.get(pk="silent").status == NodeStatus.OFFLINE
     message = OutboxMessage.objects.get()
-    assert (message.kind, message.subject, message.payload["status"]) == (
-        NODE_OFFLINE,
+    assert (message.kind, message.payload["node"]["id"], message.payload["node"]["status"]) == (
+        NODE,
         "silent",
         "offline",
     )

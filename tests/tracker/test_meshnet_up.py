@@ -56,6 +56,7 @@ def test_it_starts_tracker_and_worker_prints_where_and_stops_on_ctrl_c(
             assert time.monotonic() < deadline, up.output()
             time.sleep(0.3)
         out = up.output()
+        assert f"Meshnet is up. Dashboard: http://127.0.0.1:{port}/dashboard/" in out
         assert f"http://127.0.0.1:{port}/admin/" in out
         assert "started tracker" in out and "started worker" in out
         key_line = next(line for line in out.splitlines() if "API key:" in line)

@@ -379,6 +379,16 @@ class LocalNetwork:
         out = run_checked(manage_argv("create_api_key", name), env=self.env)
         return out.strip().splitlines()[-1]
 
+    def create_staff_user(self, username: str, password: str) -> None:
+        """A superuser for the admin and the dashboard (``manage.py createsuperuser``)."""
+        run_checked(
+            manage_argv(
+                "createsuperuser", "--noinput", "--username", username,
+                "--email", f"{username}@localhost",
+            ),
+            env={**self.env, "DJANGO_SUPERUSER_PASSWORD": password},
+        )  # fmt: skip
+
     def check_alive(self) -> None:
         """Raise ProcessExited, naming its log, if any process of the network has ended."""
         for process in self._processes:

@@ -77,8 +77,8 @@ class Command(BaseCommand):
             "\n".join(
                 [
                     "",
-                    "Meshnet is up.",
-                    f"  admin:     {tracker_url}/admin/  ({login})",
+                    f"Meshnet is up. Dashboard: {tracker_url}/dashboard/  ({login})",
+                    f"  admin:     {tracker_url}/admin/",
                     f"  routing:   {tracker_url}/v1/routing",
                     f"  API key:   {key}",
                     "Press Ctrl-C to stop everything.",
