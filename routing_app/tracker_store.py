@@ -51,15 +51,14 @@ class StatsSyncThread(threading.Thread):
 
     def run(self) -> None:
         while not self._stopped.wait(self.interval):
-            # Each sync is a unit of work, like a request: a connection the
-            # database dropped or that outlived its age is replaced first.
-            close_old_connections()
             try:
+                # Each sync is a unit of work, like a request: a connection the
+                # database dropped or that outlived its age is replaced first.
+                close_old_connections()
                 self.store.sync()
+                close_old_connections()
             except Exception:  # keep routing on local statistics; retry next tick
                 logger.warning("route statistics sync failed", exc_info=True)
-            finally:
-                close_old_connections()
 
     def stop(self) -> None:
         self._stopped.set()
