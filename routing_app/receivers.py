@@ -27,6 +27,8 @@ def probe_on_topology_change(sender: Any, *, model_key: str, epoch: int, **_: An
             kwargs={"model_key": model_key, "epoch": epoch},
             expires=PROBE_EXPIRES_SECONDS,
             retry=False,
+            # The sender waits for nothing; the result is the worker's to keep.
+            ignore_result=True,
         )
     except Exception:
         logger.warning("could not queue the route probe of %s", model_key, exc_info=True)

@@ -147,6 +147,6 @@ def route_probe_done(*, model: LanguageModel, epoch: int) -> bool:
 def audit_queue() -> None:
     """Queue a billing audit now (a route was just quarantined: refund its charges)."""
     try:
-        celery_app.send_task(AUDIT_TASK)
+        celery_app.send_task(AUDIT_TASK, ignore_result=True)
     except Exception:  # the hourly audit will find it
         logger.warning("could not queue the billing audit", exc_info=True)

@@ -31,6 +31,10 @@ def outbox_claim(*, now: datetime, limit: int = 100) -> list[OutboxMessage]:
     write lock), so no message is forwarded twice. Messages older than
     ``STALE_AFTER`` are deleted without being returned.
     """
+    # A plain read first: an idle relay never takes the write lock (SQLite
+    # has one for the whole database, which registrations and syncs need).
+    if not OutboxMessage.objects.exists():
+        return []
     with transaction.atomic():
         OutboxMessage.objects.filter(created_at__lt=now - STALE_AFTER).delete()
         claimed = list(
