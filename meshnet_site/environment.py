@@ -13,6 +13,7 @@ refuses the same values. This module imports no app, so every app can use it.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections.abc import Mapping
@@ -191,7 +192,7 @@ def cache_config(env: Mapping[str, str]) -> dict[str, Any]:
 def celery_broker_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
     """Celery on Redis when REDIS_URL is set, else a broker that needs no server.
 
-    Task results are not kept: every task records its effect in the database.
+    Task results go to the database (django-celery-results), not the broker.
 
     The embedded broker is kombu's filesystem transport: the tracker and the
     worker are separate processes on one machine, so an in-memory broker
@@ -296,3 +297,83 @@ ROUTE_STATS_HALF_LIFE = NumberSetting(
 ROUTE_MIN_SAMPLE_TOKENS = NumberSetting(
     "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1, integer=True
 )
+
+# Durable route learning and its pruning (ADR-0003).
+ROUTE_ARM_TTL = NumberSetting("MESHNET_ROUTE_ARM_TTL", 24 * 3600.0, minimum=1.0)
+ROUTE_SNAPSHOT_RETENTION = NumberSetting(
+    "MESHNET_ROUTE_SNAPSHOT_RETENTION", 7 * 24 * 3600.0, minimum=1.0
+)
+
+# Background jobs (ADR-0007). Each interval is the default a migration writes
+# into the database schedule (django-celery-beat, edited in the admin); set in
+# the worker's environment, it pins that job's interval at every worker start.
+NODE_SWEEP_INTERVAL = NumberSetting("MESHNET_NODE_SWEEP_INTERVAL", 10.0, minimum=0.5)
+ROUTE_PRUNE_INTERVAL = NumberSetting("MESHNET_ROUTE_PRUNE_INTERVAL", 3600.0, minimum=1.0)
+ROUTE_PROBE_INTERVAL = NumberSetting("MESHNET_ROUTE_PROBE_INTERVAL", 300.0, minimum=1.0)
+ROUTE_REPROBE_INTERVAL = NumberSetting("MESHNET_ROUTE_REPROBE_INTERVAL", 60.0, minimum=1.0)
+AUDIT_INTERVAL = NumberSetting("MESHNET_AUDIT_INTERVAL", 3600.0, minimum=1.0)
+ABANDONED_SWEEP_INTERVAL = NumberSetting("MESHNET_ABANDONED_SWEEP_INTERVAL", 600.0, minimum=1.0)
+
+# What the billing audit looks at and flags (ADR-0007).
+AUDIT_WINDOW = NumberSetting("MESHNET_AUDIT_WINDOW", 24 * 3600.0, minimum=60.0)
+AUDIT_SHORT_COMPLETION_TOKENS = NumberSetting(
+    "MESHNET_AUDIT_SHORT_COMPLETION_TOKENS", 4, minimum=1, integer=True
+)
+
+
+@dataclass(frozen=True)
+class BeatJob:
+    """One periodic job: its schedule entry's name, the Celery task, its interval setting."""
+
+    name: str
+    task: str
+    interval: NumberSetting
+    kwargs: Mapping[str, Any] | None = None
+
+    def seconds(self, env: Mapping[str, str]) -> int:
+        """The interval in whole seconds (the database schedule counts whole seconds)."""
+        return max(1, math.ceil(self.interval.read(env)))
+
+
+BEAT_JOBS: tuple[BeatJob, ...] = (
+    BeatJob("nodes-sweep-stale", "nodes.sweep_stale", NODE_SWEEP_INTERVAL),
+    BeatJob("requests-fail-abandoned", "requests.fail_abandoned", ABANDONED_SWEEP_INTERVAL),
+    BeatJob("routing-prune-arms", "routing.prune_arms", ROUTE_PRUNE_INTERVAL),
+    BeatJob("routing-probe-routes", "routing.probe_routes", ROUTE_PROBE_INTERVAL),
+    BeatJob(
+        "routing-reprobe-quarantined",
+        "routing.probe_routes",
+        ROUTE_REPROBE_INTERVAL,
+        kwargs={"due_only": True},
+    ),
+    BeatJob("billing-audit", "billing.audit", AUDIT_INTERVAL),
+)
+
+
+def beat_schedule_pins(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The schedule entries whose interval the environment sets explicitly.
+
+    django-celery-beat writes these over the database's rows when the worker
+    starts, so an interval set in the environment wins; every other job keeps
+    the interval an operator gave it in the admin (or the migration's default).
+    """
+    pins: dict[str, dict[str, Any]] = {}
+    for job in BEAT_JOBS:
+        if env.get(job.interval.name, "").strip():
+            entry: dict[str, Any] = {"task": job.task, "schedule": float(job.seconds(env))}
+            if job.kwargs:
+                entry["kwargs"] = dict(job.kwargs)
+            pins[job.name] = entry
+    return pins
+
+
+def tracker_id(env: Mapping[str, str]) -> str:
+    """MESHNET_TRACKER_ID: names this tracker's durable route statistics ("" = derive).
+
+    Empty means ``runtracker`` derives it from the host name and its port, which
+    stays the same across restarts of the same tracker.
+    """
+    value = env.get("MESHNET_TRACKER_ID", "").strip()
+    if len(value) > 100:
+        raise ImproperlyConfigured("MESHNET_TRACKER_ID must be at most 100 characters")
+    return value

@@ -49,6 +49,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "django_prometheus",
+    "django_celery_beat",
+    "django_celery_results",
+    "meshnet_site.outbox",
     "nodes_app",
     "routing_app",
     "tracker_app",
@@ -95,16 +98,17 @@ REDIS_URL = env_.redis_url(ENV)
 _broker = env_.celery_broker_config(ENV, VAR_DIR)
 CELERY_BROKER_URL = _broker["broker_url"]
 CELERY_BROKER_TRANSPORT_OPTIONS = _broker["broker_transport_options"]
+# Results are kept (django-celery-results, in the admin) only for the tasks
+# that ask for them: the prune, probe and audit runs, not every liveness sweep.
 CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = True
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE = {
-    "nodes-sweep-stale": {
-        "task": "nodes.sweep_stale",
-        "schedule": env_.env_float(ENV, "MESHNET_NODE_SWEEP_INTERVAL", 10.0, minimum=0.5),
-    },
-    "requests-fail-abandoned": {"task": "requests.fail_abandoned", "schedule": 600.0},
-}
+# Schedules live in the database (django-celery-beat): an operator edits the
+# intervals in the admin; a migration writes the defaults (ADR-0007). Only
+# intervals set explicitly in the environment are written over them at start.
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = env_.beat_schedule_pins(ENV)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -151,6 +155,18 @@ MESHNET_ROUTE_EXPLORE_SHARE = env_.ROUTE_EXPLORE_SHARE.read(ENV)
 MESHNET_ROUTE_WEIGHT_ALPHA = env_.ROUTE_WEIGHT_ALPHA.read(ENV)
 MESHNET_ROUTE_STATS_HALF_LIFE = env_.ROUTE_STATS_HALF_LIFE.read(ENV)
 MESHNET_ROUTE_MIN_SAMPLE_TOKENS = int(env_.ROUTE_MIN_SAMPLE_TOKENS.read(ENV))
+
+# Durable route statistics (ADR-0003): this tracker's name in the database
+# ("" until `runtracker` derives it from host and port), how long an arm
+# without a sample is kept, and how long its snapshots are.
+MESHNET_TRACKER_ID = env_.tracker_id(ENV)
+MESHNET_ROUTE_ARM_TTL = env_.ROUTE_ARM_TTL.read(ENV)
+MESHNET_ROUTE_SNAPSHOT_RETENTION = env_.ROUTE_SNAPSHOT_RETENTION.read(ENV)
+
+# Billing audits (ADR-0007): the window each run reads, and how few output
+# tokens make a multi-hop completion that did not stop naturally suspicious.
+MESHNET_AUDIT_WINDOW = env_.AUDIT_WINDOW.read(ENV)
+MESHNET_AUDIT_SHORT_COMPLETION_TOKENS = int(env_.AUDIT_SHORT_COMPLETION_TOKENS.read(ENV))
 
 # Node liveness: a node silent for this long is marked offline by the sweep.
 MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(

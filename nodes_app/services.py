@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.core.cache import cache
@@ -28,6 +29,7 @@ from nodes_app.selectors import (
     language_model_keys,
     topology_epoch_current,
 )
+from nodes_app.signals import topology_changed
 from nodes_app.signing import verify_registration
 
 
@@ -90,6 +92,7 @@ def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
 
     The one place epochs change: every join, leave and shard change calls it.
     The increment is a single UPDATE, so concurrent bumps never lose a count.
+    ``topology_changed`` is sent once the caller's transaction commits.
     """
     with transaction.atomic():
         epoch, _ = TopologyEpoch.objects.get_or_create(model=model)
@@ -98,6 +101,14 @@ def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
         )
         epoch.refresh_from_db(fields=["number"])
         epoch_announce(model_key=model.key, epoch=epoch.number, reason=reason[:200])
+        transaction.on_commit(
+            partial(
+                topology_changed.send_robust,
+                sender=TopologyEpoch,
+                model_key=model.key,
+                epoch=epoch.number,
+            )
+        )
     return epoch.number
 
 

@@ -8,7 +8,10 @@ the same arm combine by decayed weight, which is how trackers merge what
 they learned (``routing_app.redis_merge``) without a consensus protocol.
 
 The store is thread-safe: the chat proxy records samples and the choice
-reads arms while a background thread syncs with Redis.
+reads arms while a background thread syncs with the database and Redis.
+It never touches a database or a network itself: an ``ArmArchive`` (the
+durable copy, ``routing_app.durable``) and an ``ArmExchange`` (the Redis
+merge) are plugged in, and ``sync()`` is the only call that uses them.
 """
 
 from __future__ import annotations
@@ -29,8 +32,12 @@ Clock = Callable[[], float]
 
 # Decayed mass an arm needs to be exploited; below it the arm is re-scouted.
 PROVEN_MASS = 0.5
-# Arms without a sample for this long are forgotten.
-PRUNE_AFTER_SECONDS = 24 * 3600.0
+# A pruned arm's tombstone is kept this long, so a peer's publication that
+# still carries the arm (it has not synced since the prune) does not bring it
+# back; by then every live peer has republished without it.
+TOMBSTONE_SECONDS = 600.0
+# Times travel through the database as datetimes: allow their rounding.
+SAME_TIME = 1e-3
 # The least weight a new sample gets in the EWMA. Without a floor an arm that
 # collected hundreds of samples within a half-life would need about a
 # half-life to follow a real change of speed (a node slowing down); with it a
@@ -120,6 +127,39 @@ class ArmExchange(Protocol):
     def exchange(self, payload: dict[str, Any]) -> list[dict[str, Any]]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class PrunedState:
+    """The prune job deleted this arm's durable copy, measured up to ``last_sample_at``.
+
+    ``own``: the copy was this tracker's; otherwise it was a peer's.
+    """
+
+    key: ArmKey
+    last_sample_at: float
+    own: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveNews:
+    """What the durable copy tells a tracker at a sync: prunes and probe quarantines."""
+
+    pruned: Sequence[PrunedState] = ()
+    quarantined: frozenset[ArmKey] = frozenset()
+
+
+class ArmArchive(Protocol):
+    """This store's durable copy (see ``routing_app.durable``)."""
+
+    def restore(self) -> list[tuple[ArmKey, ArmState]]:
+        """The arms this tracker had written before it (re)started."""
+        ...
+
+    def exchange(self, changed: Sequence[tuple[ArmKey, ArmState]]) -> ArchiveNews:
+        """Write ``changed`` (this tracker's arms that took samples since the last
+        call); return what was pruned since the last call and what is quarantined."""
+        ...
+
+
 class RouteStatsStore:
     """Learned route speeds of one tracker process, optionally merged with its peers'."""
 
@@ -130,7 +170,7 @@ class RouteStatsStore:
         min_sample_tokens: int = 8,
         clock: Clock = time.time,
         exchange: ArmExchange | None = None,
-        prune_after: float = PRUNE_AFTER_SECONDS,
+        archive: ArmArchive | None = None,
     ) -> None:
         if half_life <= 0:
             raise ValueError("half_life must be positive")
@@ -138,7 +178,7 @@ class RouteStatsStore:
         self.min_sample_tokens = min_sample_tokens
         self.clock = clock
         self.exchange = exchange
-        self.prune_after = prune_after
+        self.archive = archive
         self._lock = threading.Lock()
         self._arms: dict[ArmKey, ArmState] = {}
         self._routes_held: dict[ArmKey, float] = {}
@@ -147,6 +187,12 @@ class RouteStatsStore:
         self._remote_arms: dict[ArmKey, ArmState] = {}
         self._remote_routes_held: dict[ArmKey, float] = {}
         self._remote_nodes_held: dict[str, float] = {}
+        # Own arms that took samples since the archive last wrote them.
+        self._dirty: set[ArmKey] = set()
+        # Routes the probe quarantined, as the archive said at the last sync.
+        self._probe_held: frozenset[ArmKey] = frozenset()
+        # key -> (last sample time of the pruned state, when the prune was learned)
+        self._tombstones: dict[ArmKey, tuple[float, float]] = {}
 
     @classmethod
     def from_config(cls, config: RoutingConfig, **kwargs: Any) -> RouteStatsStore:
@@ -184,6 +230,7 @@ class RouteStatsStore:
             arm = self._arms.get(key)
             if arm is None or arm.epoch < epoch:
                 self._arms[key] = ArmState(tokens_per_second, 1.0, now, epoch, 1)
+                self._dirty.add(key)
                 return True
             if arm.epoch > epoch:
                 return False
@@ -191,6 +238,7 @@ class RouteStatsStore:
             weight = max(1.0 / (mass + 1.0), SAMPLE_WEIGHT_FLOOR)
             value = arm.value + weight * (tokens_per_second - arm.value)
             self._arms[key] = ArmState(value, mass + 1.0, max(now, arm.at), epoch, arm.samples + 1)
+            self._dirty.add(key)
         return True
 
     def arm(self, *, model_key: str, signature: str) -> ArmState | None:
@@ -224,8 +272,11 @@ class RouteStatsStore:
         now: float,
         held_nodes: frozenset[str],
     ) -> ArmView:
-        held = self._route_held_until((plan.model_key, plan.signature)) > now or any(
-            node_id in held_nodes for node_id in plan.node_ids
+        key = (plan.model_key, plan.signature)
+        held = (
+            key in self._probe_held
+            or self._route_held_until(key) > now
+            or any(node_id in held_nodes for node_id in plan.node_ids)
         )
         if state is None or state.samples == 0:
             status = ArmStatus.UNSAMPLED
@@ -283,24 +334,84 @@ class RouteStatsStore:
     def _route_held_until(self, key: ArmKey) -> float:
         return max(self._routes_held.get(key, 0.0), self._remote_routes_held.get(key, 0.0))
 
-    # --- housekeeping and merging ---------------------------------------------
+    # --- durability, housekeeping and merging ---------------------------------
 
-    def prune(self) -> int:
-        """Forget arms without a sample for ``prune_after`` seconds and lapsed holds.
+    def restore(self) -> int:
+        """Take back the arms this tracker wrote to its archive before it restarted.
 
-        Returns how many of this tracker's own arms were dropped.
+        Arms it already holds are kept as they are. Returns how many were
+        restored; without an archive, 0.
+        """
+        if self.archive is None:
+            return 0
+        restored = self.archive.restore()
+        with self._lock:
+            fresh = [(key, state) for key, state in restored if key not in self._arms]
+            self._arms.update(fresh)
+        return len(fresh)
+
+    def forget_pruned(self, pruned: Iterable[PrunedState]) -> int:
+        """Drop the arms the prune job deleted, unless sampled since; returns how many
+        of this tracker's own arms were dropped.
+
+        A peer's pruned state is dropped from the merged-in picture and kept out
+        of it for ``TOMBSTONE_SECONDS`` (its publication may still carry it).
         """
         now = self.clock()
-        cutoff = now - self.prune_after
+        dropped = 0
         with self._lock:
-            dropped = [key for key, arm in self._arms.items() if arm.at < cutoff]
-            for key in dropped:
-                del self._arms[key]
-            for key in [k for k, arm in self._remote_arms.items() if arm.at < cutoff]:
-                del self._remote_arms[key]
+            for record in pruned:
+                if record.own:
+                    arm = self._arms.get(record.key)
+                    if arm is not None and arm.at <= record.last_sample_at + SAME_TIME:
+                        del self._arms[record.key]
+                        self._dirty.discard(record.key)
+                        dropped += 1
+                remote = self._remote_arms.get(record.key)
+                if remote is not None and remote.at <= record.last_sample_at + SAME_TIME:
+                    del self._remote_arms[record.key]
+                known = self._tombstones.get(record.key)
+                if known is None or known[0] < record.last_sample_at:
+                    self._tombstones[record.key] = (record.last_sample_at, now)
+        return dropped
+
+    def hold_probed(self, routes: Iterable[ArmKey]) -> None:
+        """Replace the set of routes the probe holds in quarantine (read from the archive).
+
+        They stay listed with status quarantined and are never chosen until a
+        later call leaves them out (the probe released them).
+        """
+        held = frozenset(routes)
+        with self._lock:
+            self._probe_held = held
+
+    def _housekeep(self) -> None:
+        """Drop lapsed holds and old tombstones (the arms are pruned by the prune job)."""
+        now = self.clock()
+        with self._lock:
             _drop_lapsed(self._routes_held, now)
             _drop_lapsed(self._nodes_held, now)
-        return len(dropped)
+            for key in [
+                k for k, (_, at) in self._tombstones.items() if at + TOMBSTONE_SECONDS < now
+            ]:
+                del self._tombstones[key]
+
+    def _take_dirty(self) -> list[tuple[ArmKey, ArmState]]:
+        with self._lock:
+            changed = [(key, self._arms[key]) for key in self._dirty if key in self._arms]
+            self._dirty.clear()
+        return changed
+
+    def _archive_sync(self, archive: ArmArchive) -> None:
+        changed = self._take_dirty()
+        try:
+            news = archive.exchange(changed)
+        except Exception:
+            with self._lock:  # written next time, unless pruned meanwhile
+                self._dirty.update(key for key, _ in changed if key in self._arms)
+            raise
+        self.forget_pruned(news.pruned)
+        self.hold_probed(news.quarantined)
 
     def export(self) -> dict[str, Any]:
         """This tracker's own state (never what it merged in), for its peers."""
@@ -312,15 +423,20 @@ class RouteStatsStore:
             }
 
     def absorb(self, payloads: Iterable[dict[str, Any]]) -> None:
-        """Replace the peers' part of the picture with ``payloads`` (their exports)."""
-        cutoff = self.clock() - self.prune_after
+        """Replace the peers' part of the picture with ``payloads`` (their exports).
+
+        States the prune job deleted (see ``forget_pruned``) are left out.
+        """
+        with self._lock:
+            tombstones = dict(self._tombstones)
         arms: dict[ArmKey, ArmState] = {}
         routes_held: dict[ArmKey, float] = {}
         nodes_held: dict[str, float] = {}
         for payload in payloads:
             for row in payload.get("arms", []):
                 key, state = ArmState.from_row(row)
-                if state.at < cutoff:
+                tomb = tombstones.get(key)
+                if tomb is not None and state.at <= tomb[0] + SAME_TIME:
                     continue
                 known = arms.get(key)
                 arms[key] = state if known is None else known.merged(state, self.half_life)
@@ -335,16 +451,25 @@ class RouteStatsStore:
             self._remote_nodes_held = nodes_held
 
     def sync(self) -> None:
-        """Prune, publish this tracker's state and take in the peers' (no-op without Redis).
+        """Write this tracker's changed arms to the archive and take in its news (prunes,
+        probe quarantines), then publish to and merge with the peers (with Redis).
 
-        Blocking (network I/O when an exchange is set): call it from a thread,
-        e.g. ``await asyncio.to_thread(store.sync)``; ``routing_app.tracker_store``
-        runs it periodically in a daemon thread.
+        Blocking (database and network I/O): call it from a thread, e.g.
+        ``await asyncio.to_thread(store.sync)``; ``routing_app.tracker_store``
+        runs it periodically in a daemon thread. A failing archive does not stop
+        the Redis merge; the first error is raised after both were tried.
         """
-        self.prune()
-        if self.exchange is None:
-            return
-        self.absorb(self.exchange.exchange(self.export()))
+        self._housekeep()
+        failure: Exception | None = None
+        if self.archive is not None:
+            try:
+                self._archive_sync(self.archive)
+            except Exception as error:
+                failure = error
+        if self.exchange is not None:
+            self.absorb(self.exchange.exchange(self.export()))
+        if failure is not None:
+            raise failure
 
     async def sync_async(self) -> None:
         """``sync()`` in a worker thread, for a caller on an asyncio loop."""

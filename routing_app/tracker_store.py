@@ -1,29 +1,33 @@
 """The tracker process's one ``RouteStatsStore``, kept in sync by a daemon thread.
 
 ``route_stats_store()`` builds the store on first use from the settings as
-they are then (so ``runtracker`` flag overrides apply). With ``REDIS_URL``
-set it is wired to a ``RedisArmExchange`` and a daemon thread publishes and
-merges every ``SYNC_INTERVAL_SECONDS``; without Redis the same thread only
-prunes, and the store behaves exactly as ADR-0021's single tracker.
+they are then (so ``runtracker`` flag overrides apply). It is wired to the
+database archive under this tracker's id (``tracker_id()``) and restores
+what that tracker had learned before it restarted; with ``REDIS_URL`` set it
+is also wired to a ``RedisArmExchange``. A daemon thread syncs every
+``SYNC_INTERVAL_SECONDS``: writes the arms that took samples, drops the arms
+the prune job deleted, takes in the probe's quarantines and, with Redis,
+publishes and merges with the other trackers.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 
 import redis
 from django.conf import settings
+from django.db import close_old_connections
 
 from routing_app.config import RoutingConfig
+from routing_app.durable import DatabaseArmArchive
 from routing_app.redis_merge import RedisArmExchange
 from routing_app.stats import RouteStatsStore
 
 logger = logging.getLogger(__name__)
 
 SYNC_INTERVAL_SECONDS = 5.0
-# Without peers there is nothing to exchange, only arms to prune.
-PRUNE_INTERVAL_SECONDS = 60.0
 # A peer that has not published for this long drops out of the picture.
 PEER_TTL_SECONDS = 60.0
 
@@ -35,8 +39,8 @@ _thread: StatsSyncThread | None = None
 class StatsSyncThread(threading.Thread):
     """Calls ``store.sync()`` every ``interval`` seconds until stopped.
 
-    A failing sync (Redis away) is logged and retried on the next tick: the
-    local store keeps routing on what this tracker measured itself.
+    A failing sync (database or Redis away) is logged and retried on the next
+    tick: the local store keeps routing on what this tracker measured itself.
     """
 
     def __init__(self, store: RouteStatsStore, interval: float) -> None:
@@ -48,7 +52,11 @@ class StatsSyncThread(threading.Thread):
     def run(self) -> None:
         while not self._stopped.wait(self.interval):
             try:
+                # Each sync is a unit of work, like a request: a connection the
+                # database dropped or that outlived its age is replaced first.
+                close_old_connections()
                 self.store.sync()
+                close_old_connections()
             except Exception:  # keep routing on local statistics; retry next tick
                 logger.warning("route statistics sync failed", exc_info=True)
 
@@ -56,25 +64,47 @@ class StatsSyncThread(threading.Thread):
         self._stopped.set()
 
 
+def tracker_id() -> str:
+    """This tracker's name for its durable statistics and its Redis publication.
+
+    ``MESHNET_TRACKER_ID`` when set; ``runtracker`` sets it to ``host:port``
+    otherwise, which a restarted tracker keeps. Any other process (tests, a
+    shell) falls back to the host name.
+    """
+    return str(getattr(settings, "MESHNET_TRACKER_ID", "") or socket.gethostname())
+
+
 def route_stats_store() -> RouteStatsStore:
     """The store every part of this tracker process records to and chooses from."""
     global _store, _thread
     with _lock:
         if _store is None:
-            _store, interval = _build()
-            _thread = StatsSyncThread(_store, interval)
+            _store = _build()
+            _thread = StatsSyncThread(_store, SYNC_INTERVAL_SECONDS)
             _thread.start()
         return _store
 
 
-def _build() -> tuple[RouteStatsStore, float]:
+def _build() -> RouteStatsStore:
     config = RoutingConfig.from_settings()
+    name = tracker_id()
+    archive = DatabaseArmArchive(tracker_id=name)
+    exchange = None
     url = getattr(settings, "REDIS_URL", None)
-    if not url:
-        return RouteStatsStore.from_config(config), PRUNE_INTERVAL_SECONDS
-    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    exchange = RedisArmExchange(client=client, ttl=PEER_TTL_SECONDS)
-    return RouteStatsStore.from_config(config, exchange=exchange), SYNC_INTERVAL_SECONDS
+    if url:
+        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        # Publishing under the tracker's stable id, a restarted tracker replaces
+        # its old publication instead of meeting its own past as a peer.
+        exchange = RedisArmExchange(client=client, ttl=PEER_TTL_SECONDS, process_id=name)
+    store = RouteStatsStore.from_config(config, exchange=exchange, archive=archive)
+    try:
+        restored = store.restore()
+    except Exception:  # no database yet: learn from scratch, the sync retries writing
+        logger.warning("could not restore the durable route statistics", exc_info=True)
+    else:
+        if restored:
+            logger.info("restored %d learned route arms of tracker %s", restored, name)
+    return store
 
 
 def route_stats_store_install(store: RouteStatsStore | None) -> RouteStatsStore | None:

@@ -1,12 +1,23 @@
-"""Admin for client API keys (created with `create_api_key`, revoked here)."""
+"""Admin for client API keys (created with `create_api_key`, revoked here), request and
+billing records, and what billing audits flagged and refunded (filterable)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from tracker_app.models import ApiKey, BillingRecord, ChatRequest, WorkUnit
+from tracker_app.models import (
+    ApiKey,
+    AuditFlag,
+    AuditRun,
+    BillingRecord,
+    ChatRequest,
+    Refund,
+    WorkUnit,
+)
 
 
 @admin.register(ApiKey)
@@ -46,7 +57,7 @@ class ChatRequestAdmin(admin.ModelAdmin[ChatRequest]):
         "finish_reason",
         "api_key",
     ]
-    list_filter = ["status", "mode", "model", "stream"]
+    list_filter = ["status", "mode", "model", "stream", "flags__reason", "billing__refund__reason"]
     search_fields = ["id", "route_signature", "api_key__name"]
     date_hierarchy = "started_at"
 
@@ -56,9 +67,54 @@ class ChatRequestAdmin(admin.ModelAdmin[ChatRequest]):
 
 @admin.register(BillingRecord)
 class BillingRecordAdmin(admin.ModelAdmin[BillingRecord]):
-    list_display = ["created_at", "request", "charge", "network_fee"]
+    list_display = ["created_at", "request", "charge", "network_fee", "refunded"]
+    list_filter = [("refund", admin.EmptyFieldListFilter), "refund__reason"]
     search_fields = ["request__id"]
     inlines = [WorkUnitInline]
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    @admin.display(boolean=True, description="refunded")
+    def refunded(self, obj: BillingRecord) -> bool:
+        return hasattr(obj, "refund")
+
+
+class ReadOnlyRecordAdmin(admin.ModelAdmin[Any]):
+    """Audit results: written by the audit only."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(AuditRun)
+class AuditRunAdmin(ReadOnlyRecordAdmin):
+    list_display = [
+        "started_at",
+        "status",
+        "requests_checked",
+        "flagged",
+        "refunds",
+        "refunded_amount",
+        "payout_violations",
+        "charged_failures",
+    ]
+    list_filter = ["status"]
+    date_hierarchy = "started_at"
+
+
+@admin.register(AuditFlag)
+class AuditFlagAdmin(ReadOnlyRecordAdmin):
+    list_display = ["created_at", "request", "reason", "detail", "audit_run"]
+    list_filter = ["reason"]
+    search_fields = ["request__id"]
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyRecordAdmin):
+    list_display = ["created_at", "billing", "amount", "reason", "audit_run"]
+    list_filter = ["reason"]
+    search_fields = ["billing__request__id"]

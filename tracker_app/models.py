@@ -1,8 +1,10 @@
-"""Client API keys. Keys are stored hashed; the plain key is shown once."""
+"""Client API keys (stored hashed; the plain key is shown once), request records, billing,
+and what billing audits flag and refund."""
 
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.db import models
 
@@ -95,3 +97,84 @@ class WorkUnit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}[{self.start_layer}-{self.end_layer}] {self.amount}"
+
+
+class AuditStatus(models.TextChoices):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class AuditRun(models.Model):
+    """One run of the billing audit and what it found (ADR-0007)."""
+
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(
+        max_length=16, choices=AuditStatus.choices, default=AuditStatus.RUNNING
+    )
+    window_start = models.DateTimeField(help_text="Requests started since then were audited")
+    requests_checked = models.PositiveIntegerField(default=0)
+    flagged = models.PositiveIntegerField(default=0, help_text="New flags this run")
+    refunds = models.PositiveIntegerField(default=0, help_text="New refunds this run")
+    refunded_amount = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal("0"))
+    payout_violations = models.PositiveIntegerField(
+        default=0, help_text="Bills whose payouts and fee exceed the charge"
+    )
+    charged_failures = models.PositiveIntegerField(
+        default=0, help_text="Failed or cancelled requests found charged"
+    )
+    findings = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"audit {self.pk} at {self.started_at:%Y-%m-%d %H:%M} ({self.status})"
+
+
+class FlagReason(models.TextChoices):
+    SHORT_MULTI_HOP = "short_multi_hop", "short multi-hop completion"
+
+
+class AuditFlag(models.Model):
+    """A request an audit found suspicious; at most one flag per request and reason."""
+
+    request = models.ForeignKey(ChatRequest, on_delete=models.CASCADE, related_name="flags")
+    reason = models.CharField(max_length=32, choices=FlagReason.choices)
+    detail = models.TextField(blank=True)
+    audit_run = models.ForeignKey(AuditRun, on_delete=models.PROTECT, related_name="flags")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "reason"], name="audit_flag_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.reason}"
+
+
+class RefundReason(models.TextChoices):
+    CORRUPT_ROUTE = "corrupt_route", "served by a route the probe found corrupt"
+    CHARGED_FAILURE = "charged_failure", "a failed or cancelled request was charged"
+
+
+class Refund(models.Model):
+    """Money given back for one bill. One per bill (the unique key makes refunds
+    idempotent: two audits racing over the same bill refund it once)."""
+
+    billing = models.OneToOneField(BillingRecord, on_delete=models.PROTECT, related_name="refund")
+    amount = models.DecimalField(max_digits=18, decimal_places=6)
+    reason = models.CharField(max_length=32, choices=RefundReason.choices)
+    detail = models.TextField(blank=True)
+    audit_run = models.ForeignKey(AuditRun, on_delete=models.PROTECT, related_name="refund_set")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"refund {self.amount} of {self.billing.request_id} ({self.reason})"

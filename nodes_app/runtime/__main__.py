@@ -24,6 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-id")
     parser.add_argument("--max-sessions", type=int, default=8)
     parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
+    parser.add_argument(
+        "--corrupt-hidden-states",
+        type=float,
+        default=0.0,
+        metavar="SCALE",
+        help="TEST ONLY: add noise of this scale to every hidden state the node outputs",
+    )
     args = parser.parse_args(argv)
     start, end = args.layers
     options = NodeOptions(
@@ -38,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         node_id=args.node_id,
         max_sessions=args.max_sessions,
         idle_timeout=args.idle_timeout,
+        corrupt_hidden_states=args.corrupt_hidden_states,
     )
     return run_node(options)
 

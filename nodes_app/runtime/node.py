@@ -56,6 +56,8 @@ class NodeOptions:
     advertise: str | None = None
     max_sessions: int = 8
     idle_timeout: float = IDLE_TIMEOUT_SECONDS
+    # TEST ONLY: noise added to every hidden state this node outputs (0: none).
+    corrupt_hidden_states: float = 0.0
 
     @property
     def endpoint(self) -> str:
@@ -100,7 +102,15 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
         node_id=options.node_id or f"local-{options.port}",
         max_sessions=options.max_sessions,
         idle_timeout=options.idle_timeout,
+        corrupt_hidden_states=options.corrupt_hidden_states,
     )
+    if options.corrupt_hidden_states:
+        print(
+            f"WARNING: test-only corruption: noise of scale {options.corrupt_hidden_states} "
+            "is added to every hidden state this node outputs",
+            file=out,
+            flush=True,
+        )
     service.benchmark_tps = measure_decode_tps(service.executor)
     print(
         f"benchmark: {service.benchmark_tps:.1f} decode steps/s over layers "

@@ -50,6 +50,7 @@ class NodeService:
         max_sessions: int = 8,
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         benchmark_tps: float = 0.0,
+        corrupt_hidden_states: float = 0.0,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
@@ -61,6 +62,9 @@ class NodeService:
         self.streams = 0
         self.meter = ThroughputMeter()
         self.benchmark_tps = benchmark_tps
+        # TEST ONLY (``runnode --corrupt-hidden-states``): a node that silently
+        # computes wrong, which the tracker's route probe must catch.
+        self.corrupt_hidden_states = corrupt_hidden_states
 
     async def compute(self, work: Callable[[], T]) -> T:
         """Run ``work`` on the torch thread; ``queued`` counts waiting and running jobs."""
@@ -178,12 +182,14 @@ class NodeService:
     ) -> bytes | int:
         began = time.perf_counter()
         hidden = hidden.to(device=self.shard.device, dtype=self.shard.dtype)
-        out = self.executor.run_layers(
-            hidden,
-            cache=session.cache,
-            start=session.start,
-            end=session.end,
-            position=session.position,
+        out = self._corrupt(
+            self.executor.run_layers(
+                hidden,
+                cache=session.cache,
+                start=session.start,
+                end=session.end,
+                position=session.position,
+            )
         )
         result: bytes | int
         if session.end == self.shard.num_layers - 1:
@@ -199,12 +205,14 @@ class NodeService:
     ) -> bytes | int:
         """The head's layers for ``token_ids``: hidden bytes, or a token if it ends the model."""
         began = time.perf_counter()
-        hidden = self.executor.run_layers(
-            self.executor.embed(token_ids),
-            cache=session.cache,
-            start=0,
-            end=session.end,
-            position=session.position,
+        hidden = self._corrupt(
+            self.executor.run_layers(
+                self.executor.embed(token_ids),
+                cache=session.cache,
+                start=0,
+                end=session.end,
+                position=session.position,
+            )
         )
         result: bytes | int
         if session.end == self.shard.num_layers - 1:
@@ -215,6 +223,12 @@ class NodeService:
             result = wire.tensor_to_bytes(hidden)
         self.meter.record(len(token_ids), time.perf_counter() - began)
         return result
+
+    def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The hidden states this node outputs, plus noise when the test-only option is set."""
+        if not self.corrupt_hidden_states:
+            return hidden
+        return hidden + torch.randn_like(hidden) * self.corrupt_hidden_states
 
     def reap_idle(self) -> list[str]:
         return self.store.reap_idle()

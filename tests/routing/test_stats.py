@@ -1,4 +1,4 @@
-"""RouteStatsStore: EWMA, decay, epochs, sample hygiene, pruning, merging, quarantine."""
+"""RouteStatsStore: EWMA, decay, epochs, sample hygiene, merging, quarantine."""
 
 from __future__ import annotations
 
@@ -141,15 +141,13 @@ def test_it_shows_a_route_without_samples_as_unsampled(store):
     assert (arm.tps, arm.weight, arm.samples, arm.status) == (None, 0.0, 0, ArmStatus.UNSAMPLED)
 
 
-def test_it_prunes_arms_without_samples_for_a_day(store, clock):
+def test_it_keeps_an_arm_however_old_until_the_prune_job_deletes_it(store, clock):
     sample(store, 40.0, plan=FULL)
-    clock.advance(23 * 3600.0)
-    sample(store, 30.0, plan=SPLIT)
-    clock.advance(3600.0 + 1)
+    clock.advance(30 * 24 * 3600.0)
 
-    assert store.prune() == 1
-    assert view(store, FULL).status is ArmStatus.UNSAMPLED
-    assert view(store, SPLIT).samples == 1
+    store.sync()
+
+    assert view(store, FULL).samples == 1
 
 
 def test_it_merges_two_states_by_decayed_weight():
@@ -196,12 +194,12 @@ def test_it_quarantines_every_route_through_a_held_node(store):
     assert store.quarantined_nodes() == frozenset({"b"})
 
 
-def test_it_forgets_lapsed_quarantines_when_pruning(clock):
+def test_it_forgets_lapsed_quarantines_when_syncing(clock):
     store = RouteStatsStore(clock=clock)
     store.quarantine_node(node_id="b", seconds=5.0)
     clock.advance(6.0)
 
-    store.prune()
+    store.sync()
 
     assert store.export()["nodes_held"] == []
 

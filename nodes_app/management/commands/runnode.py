@@ -41,6 +41,14 @@ class Command(BaseCommand):
         parser.add_argument("--advertise", help="URL other nodes reach this one at")
         parser.add_argument("--max-sessions", type=int, default=8)
         parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
+        parser.add_argument(
+            "--corrupt-hidden-states",
+            type=float,
+            default=0.0,
+            metavar="SCALE",
+            help="TEST ONLY: add Gaussian noise of this scale to every hidden state the node "
+            "outputs, so it computes wrong answers (what the tracker's route probe must catch)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # torch is imported here, never when Django loads the app.
@@ -63,6 +71,7 @@ class Command(BaseCommand):
             advertise=options["advertise"],
             max_sessions=options["max_sessions"],
             idle_timeout=options["idle_timeout"],
+            corrupt_hidden_states=options["corrupt_hidden_states"],
         )
         try:
             status = run_node(node)

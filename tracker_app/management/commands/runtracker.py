@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from typing import Any
 
 from daphne.endpoints import build_endpoint_description_strings
@@ -39,6 +41,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.apply_route_overrides(options)
+        if not settings.MESHNET_TRACKER_ID:
+            # Stable across restarts of this tracker, distinct between trackers.
+            settings.MESHNET_TRACKER_ID = f"{socket.gethostname()}:{options['port']}"
         self.check_migrated()
         from meshnet_site.asgi import application
 
@@ -49,7 +54,20 @@ class Command(BaseCommand):
             f"alpha {settings.MESHNET_ROUTE_WEIGHT_ALPHA}, "
             f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
         )
-        Server(application=application, endpoints=endpoints, verbosity=0).run()
+        Server(
+            application=application,
+            endpoints=endpoints,
+            verbosity=0,
+            ready_callable=self.start_background,
+        ).run()
+
+    def start_background(self) -> None:
+        """Before serving: restore the learned routes, and relay the workers' events."""
+        from routing_app.tracker_store import route_stats_store
+        from tracker_app.outbox_relay import outbox_relay_start
+
+        route_stats_store()
+        outbox_relay_start(asyncio.get_event_loop())
 
     def check_migrated(self) -> None:
         """Refuse to serve a database the code's models do not match yet."""

@@ -1,0 +1,115 @@
+"""Durable route learning with real processes: restarts and the worker's prune (ADR-0003)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from celery import Celery
+
+from tests.support.databases import fresh_process_database
+from tests.support.network import running_tracker, start_network
+from tests.support.redis_db import private_redis
+from tracker_app.localnet import wait_until
+
+TINY = "tiny-random-llama"
+PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
+# start_network yields its network once: as a context manager here.
+network = contextmanager(start_network)
+SETTINGS = {"MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1", "MESHNET_RATE_LIMIT_PER_MINUTE": "1000"}
+
+
+def routes(url: str) -> list[dict[str, Any]]:
+    table = httpx.get(f"{url}/v1/routing", params={"model": TINY}, timeout=10).json()
+    return list(table["models"][0]["routes"])
+
+
+def chat(url: str, api_key: str) -> dict[str, Any]:
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": TINY, "messages": PROMPT, "max_tokens": 16},
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_a_restarted_tracker_routes_on_the_arms_it_had_learned(tmp_path: Path) -> None:
+    with (
+        fresh_process_database() as database_url,
+        network(
+            database_url, tmp_path, REDIS_URL=None, MESHNET_ROUTE_EXPLORE_SHARE="0", **SETTINGS
+        ) as net,
+    ):
+        net.add_node("full", TINY, (0, 3))
+        net.wait_for_route(TINY)
+        assert chat(net.url, net.api_key)["meshnet"]["mode"] == "greedy-fallback"
+        for _ in range(3):
+            chat(net.url, net.api_key)
+        [learned] = routes(net.url)
+        assert learned["status"] == "proven"
+        wait_until(
+            lambda: (
+                net.query("SELECT samples FROM routing_app_routearm") == [(learned["samples"],)]
+            ),
+            timeout=30,
+            what="the tracker to write its arm",
+        )
+
+        assert net.tracker is not None
+        port = int(net.url.rsplit(":", 1)[1])
+        net.tracker.process.stop()
+        net.start_tracker(port=port)
+
+        [restored] = routes(net.url)
+        assert (restored["status"], restored["samples"]) == ("proven", learned["samples"])
+        assert restored["tps"] == pytest.approx(learned["tps"])
+        assert chat(net.url, net.api_key)["meshnet"]["mode"] == "exploit"
+
+
+def test_an_arm_the_worker_pruned_is_gone_from_the_routing_table_of_both_trackers(
+    tmp_path: Path, redis_url: str
+) -> None:
+    redis = private_redis(redis_url)
+    with (
+        fresh_process_database() as database_url,
+        network(database_url, tmp_path, REDIS_URL=redis, **SETTINGS) as net,
+    ):
+        net.add_node("full", TINY, (0, 3))
+        net.wait_for_route(TINY)
+        with running_tracker(
+            database_url, tmp_path / "second", REDIS_URL=redis, **SETTINGS
+        ) as second:
+            trackers = [net.url, second.url]
+            for url in trackers:
+                chat(url, net.api_key)
+            wait_until(
+                lambda: len(net.query("SELECT tracker_id FROM routing_app_routearm")) == 2,
+                timeout=30,
+                what="both trackers to write their arm",
+            )
+            wait_until(  # each its own sample and its peer's, merged through Redis
+                lambda: all(routes(url)[0]["samples"] == 2 for url in trackers),
+                timeout=30,
+                what="both trackers to merge their samples",
+            )
+            time.sleep(1.5)  # older than the worker's TTL below
+
+            net.env["MESHNET_ROUTE_ARM_TTL"] = "1"
+            worker = net.start_worker("--pool", "solo")
+            Celery(broker=redis).send_task("routing.prune_arms")
+
+            def pruned_everywhere() -> bool:
+                return all(routes(url)[0]["status"] == "unsampled" for url in trackers)
+
+            wait_until(
+                pruned_everywhere, timeout=90, what="both trackers to drop the arm",
+                process=worker,
+            )  # fmt: skip
+            assert net.query("SELECT COUNT(*) FROM routing_app_routearm") == [(0,)]
+            assert net.query("SELECT COUNT(*) FROM routing_app_prunedarm") == [(2,)]

@@ -1,0 +1,135 @@
+"""Running the route probe over the registry's routes (the sender faked), and its task."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from nodes_app.services import topology_epoch_bump
+from routing_app import receivers
+from routing_app.models import RouteProbe, RouteQuarantine
+from routing_app.planner import Hop, RoutePlan
+from routing_app.probing import ProbeAnswer
+from tests.support.routing import make_model, make_node
+from tracker_app import probes, tasks
+from tracker_app.probes import probe_request, route_probe_done, route_probes_run
+
+pytestmark = pytest.mark.django_db
+
+RIGHT = (1, 2, 3, 4)
+WRONG = (1, 2, 9, 9)
+
+
+class FakeSender:
+    """Answers like the nodes would: wrongly for every route through ``corrupt``."""
+
+    def __init__(self, corrupt: str = "c") -> None:
+        self.corrupt = corrupt
+        self.sent: list[str] = []
+
+    def __call__(self, plan: RoutePlan) -> ProbeAnswer:
+        self.sent.append(plan.signature)
+        return ProbeAnswer(token_ids=WRONG if self.corrupt in plan.node_ids else RIGHT)
+
+
+@pytest.fixture
+def model():
+    model = make_model(num_layers=4)
+    make_node(model, "full", 0, 3)
+    make_node(model, "c", 0, 1)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def no_audit_queue(monkeypatch):
+    queued = []
+    monkeypatch.setattr(probes, "audit_queue", lambda: queued.append(True))
+    return queued
+
+
+def test_the_probe_is_a_plain_greedy_request_for_the_route(model):
+    plan = RoutePlan(model.key, 3, (Hop("full", "http://full", 0, 3),))
+    request = probe_request(plan)
+
+    assert request.sampling.greedy
+    assert request.messages == probes.PROBE_MESSAGES
+    assert request.hops[0].node_id == "full"
+    assert "probe" not in request.request_id  # a node cannot tell a probe from traffic
+
+
+def test_it_probes_every_candidate_route_and_quarantines_the_corrupt_one(model):
+    sender = FakeSender()
+
+    summary = route_probes_run(
+        model=model, now=timezone.now(), lookback=timedelta(days=1), send=sender
+    )
+
+    assert len(sender.sent) == 2
+    assert summary is not None and len(summary.quarantined) == 1
+    assert RouteQuarantine.objects.get().suspects == ["c"]
+
+
+def test_a_quarantined_route_is_not_probed_again_before_its_reprobe_is_due(model):
+    now = timezone.now()
+    route_probes_run(model=model, now=now, lookback=timedelta(days=1), send=FakeSender())
+    sender = FakeSender()
+
+    route_probes_run(
+        model=model, now=now + timedelta(seconds=30), lookback=timedelta(days=1), send=sender
+    )
+    assert len(sender.sent) == 1
+    assert route_probes_run(
+        model=model, now=now + timedelta(seconds=30), lookback=timedelta(days=1),
+        due_only=True, send=sender,
+    ) is None  # fmt: skip
+
+    healed = FakeSender(corrupt="nobody")
+    summary = route_probes_run(
+        model=model, now=now + timedelta(seconds=61), lookback=timedelta(days=1),
+        due_only=True, send=healed,
+    )  # fmt: skip
+    assert summary is not None and len(summary.released) == 1
+    assert len(healed.sent) == 2
+
+
+def test_a_probe_queued_by_an_epoch_change_runs_once_per_epoch(model, monkeypatch):
+    sender = FakeSender()
+    monkeypatch.setattr(probes, "probe_send", sender)
+    monkeypatch.setattr(tasks, "route_probes_run", lambda **kw: route_probes_run(**kw, send=sender))
+
+    first = tasks.probe_routes(model_key=model.key, epoch=1)
+    again = tasks.probe_routes(model_key=model.key, epoch=1)
+
+    assert [run["epoch"] for run in first] == [1]
+    assert again == []
+    assert route_probe_done(model=model, epoch=1)
+
+
+def test_a_probe_queued_for_an_older_epoch_is_skipped(model):
+    topology_epoch_bump(model=model, reason="join")
+
+    assert route_probe_done(model=model, epoch=1)
+    assert tasks.probe_routes(model_key=model.key, epoch=1) == []
+    assert not RouteProbe.objects.exists()
+
+
+def test_the_probe_task_tolerates_a_model_that_is_gone():
+    assert tasks.probe_routes(model_key="no-such-model") == []
+
+
+def test_an_epoch_change_queues_a_probe_after_commit(
+    model, monkeypatch, django_capture_on_commit_callbacks
+):
+    sent = []
+    monkeypatch.setattr(
+        receivers.celery_app, "send_task", lambda name, **options: sent.append((name, options))
+    )
+
+    with django_capture_on_commit_callbacks(execute=True):
+        epoch = topology_epoch_bump(model=model, reason="join: c")
+
+    assert [(name, options["kwargs"]) for name, options in sent] == [
+        ("routing.probe_routes", {"model_key": model.key, "epoch": epoch})
+    ]

@@ -1,0 +1,152 @@
+"""Sending the route-equivalence probe: the tracker side of ADR-0007's verification.
+
+A probe is a fixed greedy chat request sent straight to a route's head with
+the protocol's ``GenerateRequest``, exactly as the chat proxy sends a
+client's: a node cannot tell a probe from traffic, so it cannot answer
+probes honestly and clients dishonestly. It is a probe only on the
+tracker's side: it never passes the proxy, so it opens no request record,
+is never billed and never becomes a route sample; its answer is kept in a
+``RouteProbe`` row. Verdicts and quarantines: ``routing_app.probing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import aclosing
+from datetime import datetime, timedelta
+
+import httpx
+
+from meshnet_site.celery import app as celery_app
+from nodes_app.models import LanguageModel
+from nodes_app.protocol import GenerateRequest, PlanHop, SamplingParams
+from nodes_app.selectors import topology_epoch_current
+from routing_app.models import RouteProbe
+from routing_app.planner import RoutePlan, enumerate_routes
+from routing_app.probing import (
+    ProbeAnswer,
+    ProbeRunSummary,
+    probe_results_record,
+    probe_verdicts,
+    quarantines_due,
+    quarantines_held,
+)
+from routing_app.selectors import routing_nodes
+from tracker_app.head_stream import HeadRefused, HopFailure, RouteBusy, head_stream
+
+logger = logging.getLogger(__name__)
+
+# Fixed, so every route answers the same question; greedy, so the same
+# weights give the same tokens. Long enough for a corrupt hop to show, short
+# enough to probe eight SmolLM2 routes in seconds.
+PROBE_MESSAGES = [{"role": "user", "content": "List the first five prime numbers."}]
+PROBE_MAX_TOKENS = 12
+PROBE_TIMEOUT_SECONDS = 120.0
+
+AUDIT_TASK = "billing.audit"
+
+ProbeSender = Callable[[RoutePlan], ProbeAnswer]
+
+
+def probe_request(plan: RoutePlan) -> GenerateRequest:
+    """The probe for ``plan``: indistinguishable on the wire from a client's greedy request."""
+    return GenerateRequest(
+        request_id=str(uuid.uuid4()),
+        model=plan.model_key,
+        hops=tuple(
+            PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer) for hop in plan.hops
+        ),
+        messages=PROBE_MESSAGES,
+        max_tokens=PROBE_MAX_TOKENS,
+        sampling=SamplingParams(temperature=0.0),
+    )
+
+
+async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeAnswer:
+    """Run the probe along ``plan``; any failure becomes the answer's ``error``."""
+    began = time.perf_counter()
+    token_ids: list[int] = []
+
+    async def read() -> None:
+        frames = head_stream(client=client, request=probe_request(plan))
+        async with aclosing(frames):
+            async for frame in frames:
+                token_ids.extend(frame.token_ids)
+
+    try:
+        await asyncio.wait_for(read(), PROBE_TIMEOUT_SECONDS)
+    except HopFailure as failure:
+        return ProbeAnswer(error=f"node {failure.node_id} failed: {failure.message}")
+    except RouteBusy:
+        return ProbeAnswer(error="the route's nodes were at their session cap")
+    except HeadRefused as refused:
+        return ProbeAnswer(error=refused.message)
+    except TimeoutError:
+        return ProbeAnswer(error=f"no answer within {PROBE_TIMEOUT_SECONDS:.0f} s")
+    return ProbeAnswer(token_ids=tuple(token_ids), elapsed_ms=(time.perf_counter() - began) * 1000)
+
+
+def probe_send(plan: RoutePlan) -> ProbeAnswer:
+    """:func:`probe_send_async` for a synchronous caller (the Celery task)."""
+
+    async def send() -> ProbeAnswer:
+        async with httpx.AsyncClient() as client:
+            return await probe_send_async(plan, client)
+
+    return asyncio.run(send())
+
+
+def route_probes_run(
+    *,
+    model: LanguageModel,
+    now: datetime,
+    lookback: timedelta,
+    due_only: bool = False,
+    send: ProbeSender = probe_send,
+) -> ProbeRunSummary | None:
+    """Probe the model's candidate routes and apply the verdicts; None if nothing to probe.
+
+    Every candidate is probed, except quarantined routes whose re-probe is
+    not due yet. With ``due_only`` the run happens only when some
+    quarantined route is due (the back-off re-probe). Routes are probed one
+    after the other, so a probe never competes with itself for a node.
+    """
+    epoch = topology_epoch_current(model=model)
+    plans = enumerate_routes(
+        model_key=model.key, num_layers=model.num_layers, nodes=routing_nodes(model=model)
+    )
+    due = quarantines_due(model_key=model.key, now=now)
+    if not plans or (due_only and not due.intersection(plan.signature for plan in plans)):
+        return None
+    held = quarantines_held(model_key=model.key) - due
+    answers = [(plan, send(plan)) for plan in plans if plan.signature not in held]
+    summary = probe_results_record(
+        model_key=model.key,
+        epoch=epoch,
+        verdicts=probe_verdicts(answers),
+        now=now,
+        lookback=lookback,
+        on_quarantine=audit_queue,
+    )
+    for signature in summary.quarantined:
+        logger.warning("probe quarantined %s", signature)
+    return summary
+
+
+def route_probe_done(*, model: LanguageModel, epoch: int) -> bool:
+    """Whether the model's routes were already probed under ``epoch`` (or it has moved on)."""
+    if topology_epoch_current(model=model) != epoch:
+        return True  # a newer change queued a probe of its own
+    return RouteProbe.objects.filter(model_key=model.key, epoch=epoch).exists()
+
+
+def audit_queue() -> None:
+    """Queue a billing audit now (a route was just quarantined: refund its charges)."""
+    try:
+        celery_app.send_task(AUDIT_TASK, ignore_result=True)
+    except Exception:  # the hourly audit will find it
+        logger.warning("could not queue the billing audit", exc_info=True)
