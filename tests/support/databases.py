@@ -41,11 +41,15 @@ def fresh_process_database() -> Iterator[str]:
 
 
 def query_process_database(database_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Read what tracker processes wrote (``%s`` placeholders, either database)."""
+    """Run ``sql`` on the processes' database (``%s`` placeholders, either database).
+
+    Returns the rows of a query, ``[]`` for a statement (writes are committed).
+    """
     if database_url.startswith("sqlite:///"):
         with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
             return list(conn.execute(sql.replace("%s", "?"), params))
     import psycopg
 
     with psycopg.connect(database_url) as conn:
-        return list(conn.execute(sql, params))
+        cursor = conn.execute(sql, params)
+        return list(cursor) if cursor.description is not None else []
