@@ -43,13 +43,20 @@ class Command(BaseCommand):
         from meshnet_site.asgi import application
 
         endpoints = build_endpoint_description_strings(host=options["host"], port=options["port"])
-        self.stdout.write(
-            f"Meshnet tracker on http://{options['host']}:{options['port']}/ "
-            f"(explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
+        base = f"http://{options['host']}:{options['port']}"
+        ready_line = (
+            f"Meshnet tracker ready: dashboard {base}/dashboard/  API {base}/v1/  "
+            f"admin {base}/admin/  (route explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
             f"alpha {settings.MESHNET_ROUTE_WEIGHT_ALPHA}, "
             f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
         )
-        Server(application=application, endpoints=endpoints, verbosity=0).run()
+        # Daphne calls this once its sockets listen, just before it serves.
+        Server(
+            application=application,
+            endpoints=endpoints,
+            verbosity=0,
+            ready_callable=lambda: self.stdout.write(ready_line),
+        ).run()
 
     def check_migrated(self) -> None:
         """Refuse to serve a database the code's models do not match yet."""
