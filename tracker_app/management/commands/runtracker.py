@@ -31,11 +31,30 @@ class Command(BaseCommand):
     help = "Serve the Meshnet tracker (API, admin, dashboard, websockets) under daphne."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--route-explore-share", type=float, default=None)
-        parser.add_argument("--route-weight-alpha", type=float, default=None)
-        parser.add_argument("--route-stats-half-life", type=float, default=None)
+        parser.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (0.0.0.0: every interface); default 127.0.0.1",
+        )
+        parser.add_argument("--port", type=int, default=8000, help="default 8000")
+        parser.add_argument(
+            "--route-explore-share",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_EXPLORE_SHARE (0-1)",
+        )
+        parser.add_argument(
+            "--route-weight-alpha",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_WEIGHT_ALPHA (> 0)",
+        )
+        parser.add_argument(
+            "--route-stats-half-life",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_STATS_HALF_LIFE (seconds, > 0)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.apply_route_overrides(options)
