@@ -106,6 +106,29 @@ def test_the_ready_block_puts_the_dashboard_and_login_first_then_key_curl_and_py
     assert "s3cret" not in again and "stored in x" in again
 
 
+@pytest.mark.django_db
+def test_the_demo_login_and_key_are_created_once_then_reused(tmp_path: Path) -> None:
+    from django.contrib.auth import authenticate
+
+    from tracker_app.management.commands.meshnet_up import Command
+    from tracker_app.services import api_key_lookup
+
+    first, first_is_new = Command().credentials(tmp_path)
+    again, again_is_new = Command().credentials(tmp_path)
+
+    assert first_is_new and not again_is_new
+    assert again == first
+    assert authenticate(username=first.username, password=first.password) is not None
+    assert api_key_lookup(plain=first.api_key) is not None
+
+    # demo.json lost: the same admin gets a new password (printed again) and a new key.
+    (tmp_path / "demo.json").unlink()
+    renewed, renewed_is_new = Command().credentials(tmp_path)
+    assert renewed_is_new and renewed.username == first.username
+    assert authenticate(username=renewed.username, password=renewed.password) is not None
+    assert credentials_load(tmp_path) == renewed
+
+
 # --- the command, as a process ----------------------------------------------------------
 
 
