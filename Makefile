@@ -25,8 +25,9 @@ $(CHROMIUM):
 	apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
+# make demo TOPOLOGY=tiny (a name in topologies/ or a TOML file); mixed by default.
 demo: setup
-	$(PY) manage.py meshnet_up
+	$(PY) manage.py meshnet_up $(if $(TOPOLOGY),--topology $(TOPOLOGY))
 
 test: setup
 	$(PY) -m pytest

@@ -91,9 +91,16 @@ def load_shard(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
     with_tokenizer: bool | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> LoadedShard:
-    """Load layers ``start..end`` of ``source``; the tokenizer comes along when ``start`` is 0."""
+    """Load layers ``start..end`` of ``source``; the tokenizer comes along when ``start`` is 0.
+
+    ``progress`` draws a tqdm bar of the tensors read on stderr; None (the
+    default) draws it only when stderr is a terminal, so logs stay one line
+    per event.
+    """
+    if progress is None:
+        progress = sys.stderr.isatty()
     began = time.perf_counter()
     rss_before = psutil.Process().memory_info().rss
     config = load_config(source)

@@ -183,9 +183,13 @@ async def _serve(
             else:
                 service.node_id = registration.node_id
         if not stop.is_set():
+            # The one ready line; the harness (tracker_app.localnet) waits for its
+            # "node <id> serving " prefix.
             print(
                 f"node {service.node_id} serving {shard.model_key} layers "
-                f"{shard.start}-{shard.end} at {options.endpoint}",
+                f"{shard.start}-{shard.end} at {options.endpoint} on {shard.device.type} "
+                f"(+{shard.rss_added_bytes / 2**20:.0f} MiB, benchmark "
+                f"{service.benchmark_tps:.1f} tok/s)",
                 file=out,
                 flush=True,
             )

@@ -4,7 +4,7 @@
 and nodes only through this package, and stop them only through
 :class:`ManagedProcess`. ``processes`` holds the command lines and the
 managed process; ``network`` the network built from them; ``topology`` what
-``meshnet_up`` reads. Nothing here imports Django or torch.
+``meshnet_up`` reads and ``demo`` the steps it takes. Nothing here imports Django or torch.
 """
 
 from tracker_app.localnet.network import (

@@ -1,91 +1,112 @@
-"""Start a whole network on this machine (what `make demo` runs)."""
+"""Start the whole demo network on this machine (what `make demo` runs); the steps live in
+tracker_app.localnet.demo."""
 
 from __future__ import annotations
 
 import secrets
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tracker_app.localnet import LocalNetwork, ProcessExited, Topology, TopologyError, topology_load
-from tracker_app.services import api_key_create
+from tracker_app.localnet import LocalNetwork, ProcessExited, TopologyError, demo, topology_load
+from tracker_app.services import api_key_create, api_key_lookup
+
+DEMO_USERNAME = "admin"
 
 
 class Command(BaseCommand):
-    help = "Start tracker, worker and nodes on this machine; Ctrl-C stops everything."
+    help = (
+        "Start a tracker, a worker with beat and a topology's nodes on this machine, warm up "
+        "every route and print the dashboard URL, login and API key; Ctrl-C stops everything."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--topology", type=Path, default=None, help="JSON topology file")
+        parser.add_argument(
+            "--topology",
+            default=None,
+            help="a shipped topology name (mixed, split, tiny) or a TOML file; default mixed",
+        )
+        parser.add_argument(
+            "--port-base",
+            type=int,
+            default=None,
+            help="put the tracker on this port and the nodes on the next ones, in file order",
+        )
+        parser.add_argument(
+            "--no-warm-up", action="store_true", help="skip the one request per candidate route"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             topology = topology_load(options["topology"])
         except TopologyError as exc:
             raise CommandError(str(exc)) from None
-        log_dir = Path(settings.VAR_DIR) / "logs"
+        if options["port_base"] is not None:
+            topology = topology.with_port_base(options["port_base"])
+        var_dir = Path(settings.VAR_DIR)
+        say = self.stdout.write
         # The parts run in process groups of their own: a terminal's Ctrl-C
         # reaches only this command, and a SIGTERM (a service manager's stop)
         # must stop them as Ctrl-C does, not orphan them.
         signal.signal(signal.SIGTERM, _interrupt)
         try:
-            network = LocalNetwork.operator(
-                log_dir=log_dir, say=self.stdout.write, host=topology.host
-            )
-            with network:
-                self.start(network, topology)
-                self.print_welcome(topology.tracker_url)
-                while True:
-                    network.check_alive()
-                    time.sleep(1)
+            with demo.demo_lock(var_dir):
+                demo.check_ports_free(topology)
+                say(f"topology {topology.source}; state in {var_dir}")
+                call_command("migrate", interactive=False, verbosity=0)
+                credentials, is_new = self.credentials(var_dir)
+                network = LocalNetwork.operator(
+                    log_dir=var_dir / "logs", say=say, host=topology.host
+                )
+                with network:
+                    demo.start_network(network, topology, say=say)
+                    demo.wait_for_nodes(network, say=say)
+                    demo.wait_for_routes(network, topology, say=say)
+                    if not options["no_warm_up"]:
+                        demo.warm_up(network, topology, credentials.api_key, say=say)
+                    say(
+                        demo.ready_block(
+                            network.url, topology, credentials, password_shown=is_new,
+                            credentials_path=var_dir / demo.CREDENTIALS_FILE,
+                        )
+                    )  # fmt: skip
+                    demo.run_until_stopped(network)
         except KeyboardInterrupt:
-            self.stdout.write("\nstopped.")
-        except (ProcessExited, TimeoutError) as exc:
+            say("\nstopped.")
+        except (demo.DemoAlreadyRunning, ProcessExited, TimeoutError) as exc:
             raise CommandError(str(exc)) from None
 
-    def start(self, network: LocalNetwork, topology: Topology) -> None:
-        """Tracker, worker, then every node; returns once every node registered."""
-        network.start_tracker(port=topology.port)
-        network.start_worker("--concurrency", "1")
-        for node in topology.nodes:
-            network.add_node(
-                str(node.port),
-                model=node.model,
-                layers=node.layer_range,
-                port=node.port,
-                threads=node.threads,
-                device=node.device,
-                wait=False,
-            )
-        if topology.nodes:
-            self.stdout.write("waiting for the nodes to load their shards and register…")
-        network.wait_for_nodes(timeout=300)
-
-    def print_welcome(self, tracker_url: str) -> None:
-        login = "your existing superuser"
-        user_model = get_user_model()
-        if not user_model.objects.filter(is_superuser=True).exists():
-            password = secrets.token_urlsafe(12)
-            user_model.objects.create_superuser("admin", password=password)
-            login = f"user admin, password {password}"
-        key = api_key_create(name="demo").plain
-        self.stdout.write(
-            "\n".join(
-                [
-                    "",
-                    f"Meshnet is up. Dashboard: {tracker_url}/dashboard/  ({login})",
-                    f"  admin:     {tracker_url}/admin/",
-                    f"  routing:   {tracker_url}/v1/routing",
-                    f"  API key:   {key}",
-                    "Press Ctrl-C to stop everything.",
-                    "",
-                ]
-            )
+    def credentials(self, var_dir: Path) -> tuple[demo.DemoCredentials, bool]:
+        """The stored demo login and key when both still work here, else new ones (stored);
+        and whether they are new (the password is printed only then)."""
+        stored = demo.credentials_load(var_dir)
+        users = get_user_model().objects
+        if (
+            stored is not None
+            and users.filter(username=stored.username, is_staff=True).exists()
+            and api_key_lookup(plain=stored.api_key) is not None
+        ):
+            return stored, False
+        password = secrets.token_urlsafe(12)
+        user = users.filter(username=DEMO_USERNAME).first()
+        if user is None:
+            users.create_superuser(DEMO_USERNAME, password=password)
+        else:
+            # demo.json was lost or belongs to another database: the demo's own admin
+            # gets a new password, printed below and stored like the first.
+            user.set_password(password)
+            user.is_staff = user.is_superuser = True
+            user.save()
+        created = demo.DemoCredentials(
+            username=DEMO_USERNAME, password=password, api_key=api_key_create(name="demo").plain
         )
+        demo.credentials_save(var_dir, created)
+        return created, True
 
 
 def _interrupt(signum: int, frame: object) -> None:

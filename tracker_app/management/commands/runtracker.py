@@ -33,11 +33,30 @@ class Command(BaseCommand):
     help = "Serve the Meshnet tracker (API, admin, dashboard, websockets) under daphne."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--route-explore-share", type=float, default=None)
-        parser.add_argument("--route-weight-alpha", type=float, default=None)
-        parser.add_argument("--route-stats-half-life", type=float, default=None)
+        parser.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (0.0.0.0: every interface); default 127.0.0.1",
+        )
+        parser.add_argument("--port", type=int, default=8000, help="default 8000")
+        parser.add_argument(
+            "--route-explore-share",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_EXPLORE_SHARE (0-1)",
+        )
+        parser.add_argument(
+            "--route-weight-alpha",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_WEIGHT_ALPHA (> 0)",
+        )
+        parser.add_argument(
+            "--route-stats-half-life",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_STATS_HALF_LIFE (seconds, > 0)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.apply_route_overrides(options)
@@ -48,26 +67,29 @@ class Command(BaseCommand):
         from meshnet_site.asgi import application
 
         endpoints = build_endpoint_description_strings(host=options["host"], port=options["port"])
-        self.stdout.write(
-            f"Meshnet tracker on http://{options['host']}:{options['port']}/ "
-            f"(explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
+        base = f"http://{options['host']}:{options['port']}"
+        ready_line = (
+            f"Meshnet tracker ready: dashboard {base}/dashboard/  API {base}/v1/  "
+            f"admin {base}/admin/  (route explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
             f"alpha {settings.MESHNET_ROUTE_WEIGHT_ALPHA}, "
             f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
         )
+        # Daphne calls this once its sockets listen, just before it serves.
         Server(
             application=application,
             endpoints=endpoints,
             verbosity=0,
-            ready_callable=self.start_background,
+            ready_callable=lambda: self.start_background(ready_line),
         ).run()
 
-    def start_background(self) -> None:
-        """Before serving: restore the learned routes, and relay the workers' events."""
+    def start_background(self, ready_line: str) -> None:
+        """Before serving: restore the learned routes, relay the workers' events, say so."""
         from routing_app.tracker_store import route_stats_store
         from tracker_app.outbox_relay import outbox_relay_start
 
         route_stats_store()
         outbox_relay_start(asyncio.get_event_loop())
+        self.stdout.write(ready_line)
 
     def check_migrated(self) -> None:
         """Refuse to serve a database the code's models do not match yet."""
