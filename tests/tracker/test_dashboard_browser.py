@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
+from tests.support.browser import chromium, open_tab, sign_in
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tracker_app.localnet import wait_until
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
 TINY = "tiny-random-llama"
 USER, PASSWORD = "browser-staff", "browser-staff-password"
 TIMEOUT_MS = 20_000
@@ -47,13 +46,8 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    assert CHROMIUM.exists(), "the browser tests drive Debian's chromium: apt-get install chromium"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-        )
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +55,7 @@ def signed_in(browser: Browser, network: Network) -> Iterator[BrowserContext]:
     context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=network.url)
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
-    page.goto("/dashboard/")
-    assert "/dashboard/login/" in page.url
-    page.fill("#id_username", USER)
-    page.fill("#id_password", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/dashboard/")
+    sign_in(page, f"{network.url}/dashboard/", USER, PASSWORD)
     page.close()
     yield context
     context.close()
@@ -90,11 +79,6 @@ def page(signed_in: BrowserContext, console_errors: list[str]) -> Iterator[Page]
     yield page
     page.close()
     assert errors == []
-
-
-def open_tab(page: Page, tab: str) -> None:
-    page.click(f"#tab-{tab}")
-    page.wait_for_selector(f'[data-panel="{tab}"]:not([hidden])')
 
 
 def send_chat(page: Page, text: str, *, max_tokens: int) -> None:

@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.browser import chromium, sign_in
 from tracker_app.localnet import LOOPBACK, ManagedProcess, manage_argv, process_env
 from tracker_app.localnet.demo import (
     READY_HEADLINE,
@@ -36,7 +37,6 @@ from tracker_app.localnet.demo import (
 )
 from tracker_app.localnet.topology import topology_load
 
-CHROMIUM = Path("/usr/bin/chromium")
 TINY_NODES = 4  # nodes in topologies/tiny.toml
 
 
@@ -243,26 +243,12 @@ def test_a_second_run_says_one_is_running_and_exits_non_zero(demo: Demo, tmp_pat
 
 @pytest.mark.browser
 def test_the_printed_dashboard_url_and_login_open_the_dashboard(demo: Demo) -> None:
-    from playwright.sync_api import sync_playwright
-
-    assert CHROMIUM.exists(), "the browser tests drive Debian's chromium: apt-get install chromium"
     dashboard_url = demo.process.output().split("Dashboard:", 1)[1].split()[0]
     username, _, password = demo.printed("login").partition(" / ")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(20_000)
-            page.goto(dashboard_url)
-            page.fill("#id_username", username)
-            page.fill("#id_password", password)
-            page.click("button[type=submit]")
-            page.wait_for_url("**/dashboard/")
-            page.wait_for_selector('[data-role="live-status"][data-state="live"]')
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page()
+        page.set_default_timeout(20_000)
+        sign_in(page, dashboard_url, username, password)
 
 
 def test_each_part_logs_one_ready_line_and_no_progress_bar_off_a_terminal(demo: Demo) -> None:
