@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test lint bench clean
 
 CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(STAMP) $(CHROMIUM)
 	$(PY) manage.py migrate --noinput -v 0
@@ -22,8 +23,8 @@ $(STAMP): pyproject.toml
 
 # The dashboard's browser tests drive Debian's chromium (never a downloaded browser).
 $(CHROMIUM):
-	apt-get update -q
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 # make demo TOPOLOGY=tiny (a name in topologies/ or a TOML file); mixed by default.
 demo: setup

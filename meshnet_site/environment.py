@@ -130,7 +130,7 @@ def check_range(
 
 def var_dir(env: Mapping[str, str], base_dir: Path) -> Path:
     """MESHNET_VAR_DIR: where this installation keeps its state (embedded database,
-    broker folders, secret key, beat schedule, wallets, logs); default ``<project>/var``.
+    broker folders, secret key, wallets, logs); default ``<project>/var``.
 
     Anchored at the project, never at the working directory; a throwaway
     network (tests, benchmarks) points it at a folder of its own.

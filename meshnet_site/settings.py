@@ -36,6 +36,12 @@ DEBUG = env_.env_bool(ENV, "DJANGO_DEBUG", default=False)
 SECRET_KEY = env_.secret_key(ENV, VAR_DIR)
 
 ALLOWED_HOSTS = env_.env_list(ENV, "DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# Behind a load balancer that ends TLS, the browser's origin is https://… while
+# the tracker sees http: name the public origins, and trust the balancer's
+# X-Forwarded-Proto, or every login and dashboard chat fails the CSRF check.
+CSRF_TRUSTED_ORIGINS = env_.env_list(ENV, "DJANGO_CSRF_TRUSTED_ORIGINS", [])
+if env_.env_bool(ENV, "DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "daphne",

@@ -5,8 +5,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from meshnet_site.outbox.services import outbox_put
-from nodes_app.events import NODE, node_row
+from nodes_app.events import EPOCH, NODE, node_row
 from nodes_app.models import Node
+from nodes_app.selectors import topology_epoch_current
 from nodes_app.services import nodes_sweep_stale
 
 
@@ -18,6 +19,15 @@ def sweep_stale_nodes() -> list[str]:
     )
     # The sweep's own announcement goes out on the worker's channel layer,
     # which reaches no tracker in the embedded mode: the outbox does, in both.
-    for node in Node.objects.select_related("model").filter(pk__in=swept):
+    offline = list(Node.objects.select_related("model").filter(pk__in=swept))
+    for node in offline:
         outbox_put(kind=NODE, subject=node.pk, payload={"node": node_row(node)})
+    # Their models' epochs moved: each tracker rebuilds and pushes the routing table.
+    for model in {node.model for node in offline}:
+        epoch = topology_epoch_current(model=model)
+        outbox_put(
+            kind=EPOCH,
+            subject=model.key,
+            payload={"model": model.key, "epoch": epoch, "reason": "liveness sweep"},
+        )
     return swept

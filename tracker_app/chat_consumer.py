@@ -106,7 +106,8 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         except Exception:
             # A bug of ours must still end the request in the documented shape, and
             # its record must not stay "processing".
-            logger.exception("chat request failed inside the tracker")
+            request_id = self.proxy.request_id if self.proxy is not None else "(not started)"
+            logger.exception("request %s: failed inside the tracker", request_id)
             if self.proxy is not None:
                 await asyncio.shield(self.proxy.fail("the tracker failed to serve this request"))
             error = TrackerFailed("The tracker failed to serve this request")

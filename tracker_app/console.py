@@ -229,6 +229,8 @@ async def console_emit(kind: str, request_id: str, **data: Any) -> ConsoleEvent:
     this event, never the request that emitted it.
     """
     event = ConsoleEvent(kind=kind, request_id=request_id, data=data)
+    if kind != PROGRESS:  # the operator's log: one line per event, not per token
+        logger.info("request %s: %s%s", request_id, kind, _log_fields(data))
     _ring.add(event)
     call = _calls.apply(event)
     if kind == COMPLETE:
@@ -239,6 +241,15 @@ async def console_emit(kind: str, request_id: str, **data: Any) -> ConsoleEvent:
             if isinstance(outcome, Exception):
                 logger.warning("%r failed on a finished call", receiver, exc_info=outcome)
     return event
+
+
+def _log_fields(data: dict[str, Any]) -> str:
+    """`` key=value`` for an event's scalar fields (the hops are in the signature)."""
+    return "".join(
+        f" {key}={value}"
+        for key, value in data.items()
+        if value is not None and not isinstance(value, list | dict)
+    )
 
 
 def _record_speed(call: dict[str, Any]) -> None:

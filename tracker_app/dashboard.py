@@ -170,6 +170,7 @@ def billing_summary(*, recent: int = RECENT_BILLS) -> dict[str, Any]:
         ApiKey.objects.annotate(
             billed=Count("requests__billing"),
             charged=Sum("requests__billing__charge"),
+            refunded=Sum("requests__billing__refund__amount"),
             prompt_tokens=Sum("requests__prompt_tokens", filter=Q(requests__billing__isnull=False)),
             completion_tokens=Sum(
                 "requests__completion_tokens", filter=Q(requests__billing__isnull=False)
@@ -193,11 +194,14 @@ def billing_summary(*, recent: int = RECENT_BILLS) -> dict[str, Any]:
         .prefetch_related("work_units")
         .order_by("-created_at")[:recent]
     )
-    totals = BillingRecord.objects.aggregate(charged=Sum("charge"), fees=Sum("network_fee"))
+    totals = BillingRecord.objects.aggregate(
+        charged=Sum("charge"), fees=Sum("network_fee"), refunded=Sum("refund__amount")
+    )
     return {
         "totals": {
             "charged": _money(totals["charged"] or Decimal(0)),
             "network_fees": _money(totals["fees"] or Decimal(0)),
+            "refunded": _money(totals["refunded"] or Decimal(0)),
         },
         "api_keys": [
             {
@@ -208,6 +212,7 @@ def billing_summary(*, recent: int = RECENT_BILLS) -> dict[str, Any]:
                 "prompt_tokens": key.prompt_tokens or 0,
                 "completion_tokens": key.completion_tokens or 0,
                 "charged": _money(key.charged or Decimal(0)),
+                "refunded": _money(key.refunded or Decimal(0)),
             }
             for key in keys
         ],

@@ -20,7 +20,8 @@ from meshnet_site.outbox.services import outbox_claim
 from routing_app.durable import route_quarantines_active
 from routing_app.probing import ROUTE_QUARANTINED, ROUTE_RELEASED
 from routing_app.tracker_store import route_stats_store
-from tracker_app.dashboard_live import routing_refresh
+from tracker_app.audits import REFUND
+from tracker_app.dashboard_live import billing_pushes, routing_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ async def outbox_forward(message: OutboxMessage) -> None:
         held = await database_sync_to_async(route_quarantines_active)()
         route_stats_store().hold_probed(held)
         routing_refresh(str(message.payload.get("model", "")))
+    if message.kind == REFUND:
+        billing_pushes.request("all")
     await publish_async(message.kind, message.payload)
 
 

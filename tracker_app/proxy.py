@@ -320,7 +320,11 @@ class ChatProxy:
         self._busy_since, self._busy_delay = None, BUSY_RETRY_FIRST_SECONDS
         ban = node_ban(node_id=failure.node_id)
         logger.warning(
-            "hop %s failed (%s); banned for %.0f s", failure.node_id, failure.message, ban
+            "request %s: hop %s failed (%s); banned for %.0f s",
+            self.request_id,
+            failure.node_id,
+            failure.message,
+            ban,
         )
         if exhausted or self.params.route is not None:
             why = "pinned route" if self.params.route is not None else "too many failovers"

@@ -36,9 +36,6 @@ from nodes_app.runtime.tracker_client import (
     TrackerClient,
 )
 
-# Anchored at the checkout, not the working directory: a node started from
-# elsewhere finds the same wallet, so it keeps its node id.
-
 
 @dataclass(frozen=True)
 class NodeOptions:

@@ -46,12 +46,8 @@ def running_tracker(database_url: str, log_dir: Path, **settings: str) -> Iterat
 
 
 def start_worker(env: dict[str, str], log_dir: Path) -> ManagedProcess:
-    """A real Celery worker and beat in one process (solo pool), its schedule in ``log_dir``."""
-    return start_localnet_worker(
-        env=env,
-        log_dir=log_dir,
-        extra=("--pool", "solo", "--schedule", str(log_dir / "celerybeat-schedule")),
-    )
+    """A real Celery worker and beat in one process (solo pool), its log in ``log_dir``."""
+    return start_localnet_worker(env=env, log_dir=log_dir, extra=("--pool", "solo"))
 
 
 class Network(LocalNetwork):

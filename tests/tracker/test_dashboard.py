@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework import status
 
 from nodes_app.models import NodeStatus
@@ -25,6 +27,7 @@ from tests.support.dashboard import (
     tiny_model,
 )
 from tracker_app import console, dashboard
+from tracker_app.models import AuditRun, Refund, RefundReason
 
 ROOT = Path(settings.BASE_DIR)
 TABS = ["Overview", "Routing (learned)", "Call wall", "Chat", "Billing"]
@@ -244,15 +247,31 @@ def test_billing_shows_charges_per_key_earnings_per_wallet_and_the_work_units() 
     alice, bob = api_key("alice"), api_key("bob")
     completed_request(key=alice, hops=[head, tail])
     completed_request(key=alice, hops=[head, tail])
-    completed_request(key=bob, hops=[head, tail], prompt_tokens=500, completion_tokens=250)
+    refunded = completed_request(
+        key=bob, hops=[head, tail], prompt_tokens=500, completion_tokens=250
+    )
     failed_request(key=bob, model=tiny_model())
+    now = timezone.now()
+    audit = AuditRun.objects.create(started_at=now, window_start=now)
+    Refund.objects.create(
+        billing=refunded.billing,
+        amount=Decimal("0.010000"),
+        reason=RefundReason.CORRUPT_ROUTE,
+        audit_run=audit,
+    )
 
     billing = dashboard.billing_summary()
 
-    assert billing["totals"] == {"charged": "0.050000", "network_fees": "0.002500"}
-    assert [(k["name"], k["requests"], k["charged"]) for k in billing["api_keys"]] == [
-        ("alice", 2, "0.040000"),
-        ("bob", 1, "0.010000"),
+    assert billing["totals"] == {
+        "charged": "0.050000",
+        "network_fees": "0.002500",
+        "refunded": "0.010000",
+    }
+    assert [
+        (k["name"], k["requests"], k["charged"], k["refunded"]) for k in billing["api_keys"]
+    ] == [
+        ("alice", 2, "0.040000", "0.000000"),
+        ("bob", 1, "0.010000", "0.010000"),
     ]
     earned = {w["wallet"]: w["earned"] for w in billing["wallets"]}
     assert earned == {"aa" * 32: "0.023750", "bb" * 32: "0.023750"}

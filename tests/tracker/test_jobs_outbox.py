@@ -12,8 +12,9 @@ from django.utils import timezone
 from meshnet_site.events import DASHBOARD_GROUP
 from meshnet_site.outbox.models import OutboxMessage
 from meshnet_site.outbox.services import STALE_AFTER, outbox_claim, outbox_put
-from nodes_app.events import NODE
+from nodes_app.events import EPOCH, NODE
 from nodes_app.models import Node, NodeStatus
+from nodes_app.selectors import topology_epoch_current
 from nodes_app.tasks import sweep_stale_nodes
 from tests.support.routing import make_model, make_node
 from tracker_app.outbox_relay import outbox_relay_once
@@ -71,9 +72,15 @@ def test_the_sweep_tells_the_dashboards_of_each_node_it_took_offline(settings):
     assert sweep_stale_nodes() == ["silent"]
 
     assert Node.objects.get(pk="silent").status == NodeStatus.OFFLINE
-    message = OutboxMessage.objects.get()
-    assert (message.kind, message.payload["node"]["id"], message.payload["node"]["status"]) == (
+    node, epoch = OutboxMessage.objects.order_by("id")
+    assert (node.kind, node.payload["node"]["id"], node.payload["node"]["status"]) == (
         NODE,
         "silent",
         "offline",
+    )
+    # The model's epoch moved: every tracker rebuilds its routing table for the dashboards.
+    assert (epoch.kind, epoch.payload["model"], epoch.payload["epoch"]) == (
+        EPOCH,
+        model.key,
+        topology_epoch_current(model=model),
     )

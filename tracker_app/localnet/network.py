@@ -253,13 +253,13 @@ class LocalNetwork:
     ) -> Self:
         """A network nobody keeps, on free ports.
 
-        Logs, wallets and the beat schedule go to ``workdir`` (a new temporary
+        Logs, wallets and the state folder (MESHNET_VAR_DIR) go to ``workdir`` (a new temporary
         directory when None, left behind for its logs); the database is a
         fresh SQLite file there unless ``database_url`` (already migrated) is
         given; the environment is :func:`process_env` with ``env`` as overrides.
         """
         workdir = workdir or Path(tempfile.mkdtemp(prefix="meshnet-localnet-"))
-        # Its own state folder: broker queues, secret key and schedule shared with
+        # Its own state folder: broker queues and secret key shared with
         # no other network (nor with the operator's var/).
         overrides = {"MESHNET_VAR_DIR": str(workdir / "var"), **(env or {})}
         return cls(
@@ -317,10 +317,8 @@ class LocalNetwork:
         return self.tracker.url
 
     def start_worker(self, *extra: str) -> ManagedProcess:
-        """Start the Celery worker (``extra`` are its flags); a throwaway network's beat
-        schedule stays in its work directory."""
-        if self.is_throwaway:
-            extra = ("--schedule", str(self.workdir / "celerybeat-schedule"), *extra)
+        """Start the Celery worker with its beat (``extra`` are its flags); the schedule
+        is in the network's database (django-celery-beat)."""
         self.worker = start_worker(env=self.env, log_dir=self.workdir, extra=extra)
         self._started(self.worker)
         return self.worker

@@ -7,7 +7,7 @@ export function mountBilling(state) {
     const billing = state.billing;
     if (!billing) return;
     $("billing-totals").textContent =
-      `Charged in all: ${money(billing.totals.charged)} · network fees: ${money(billing.totals.network_fees)}`;
+      `Charged in all: ${money(billing.totals.charged)} · refunded by audits: ${money(billing.totals.refunded)} · network fees: ${money(billing.totals.network_fees)}`;
     fillRows(
       $("billing-keys").tBodies[0],
       billing.api_keys.map((key) =>
@@ -19,6 +19,7 @@ export function mountBilling(state) {
           h("td", { class: "num" }, int(key.prompt_tokens)),
           h("td", { class: "num" }, int(key.completion_tokens)),
           h("td", { class: "num" }, money(key.charged)),
+          h("td", { class: "num" }, money(key.refunded)),
         ),
       ),
     );
