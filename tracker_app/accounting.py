@@ -93,6 +93,7 @@ def chat_request_complete(
                 tokens=share.work.tokens,
                 units=share.work.units,
                 amount=share.amount,
+                route_signature=share.work.route_signature,
             )
             for share in bill.shares
         )

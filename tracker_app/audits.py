@@ -4,9 +4,10 @@ One run looks at the requests started within the audit window and:
 
 - flags completed multi-hop requests with fewer output tokens than the
   setting whose finish was not a natural stop (``AuditFlag``);
-- refunds every charge of a request served by a route while the probe had
-  it, or later found it, corrupt: from its last agreeing probe to its
-  release (``Refund``, reason ``corrupt_route``);
+- refunds the whole charge of every request that had any work unit on a
+  route while the probe had it, or later found it, corrupt: from its last
+  agreeing probe to its release (``Refund``, reason ``corrupt_route``),
+  including a request only partly served by it before or after a failover;
 - refunds any failed or cancelled request found charged (``charged_failure``);
 - counts bills whose node payouts and network fee exceed the charge.
 
@@ -38,6 +39,7 @@ from tracker_app.models import (
     Refund,
     RefundReason,
     RequestStatus,
+    WorkUnit,
 )
 
 REFUND = "refund"
@@ -117,18 +119,31 @@ def _flag_short_multi_hop(
 
 
 def _refund_corrupt_routes(run: AuditRun, now: datetime) -> list[Refund]:
-    """Refund the bills of requests each quarantined route served while corrupt."""
+    """Refund the bills of requests each quarantined route served while corrupt.
+
+    A request counts if any of its work units is on the route (not its
+    ``route_signature``, which is only the last route it failed over to) and
+    it ran at some point in the corrupt span: started before the release and
+    finished after ``corrupt_since``.
+    """
     quarantines = RouteQuarantine.objects.filter(
         Q(released_at__isnull=True) | Q(released_at__gte=run.window_start)
     )
     refunds: list[Refund] = []
     for quarantine in quarantines:
-        bills = BillingRecord.objects.select_related("request").filter(
-            request__model__key=quarantine.model_key,
-            request__route_signature=quarantine.signature,
-            request__started_at__gte=quarantine.corrupt_since,
-            request__started_at__lte=quarantine.released_at or now,
-            refund__isnull=True,
+        bills = (
+            BillingRecord.objects.select_related("request")
+            .filter(
+                request__model__key=quarantine.model_key,
+                request__started_at__lte=quarantine.released_at or now,
+                request__finished_at__gte=quarantine.corrupt_since,
+                refund__isnull=True,
+            )
+            .filter(
+                pk__in=WorkUnit.objects.filter(route_signature=quarantine.signature).values(
+                    "billing_id"
+                )
+            )
         )
         detail = (
             f"route quarantined at {quarantine.quarantined_at:%Y-%m-%d %H:%M:%S}: "

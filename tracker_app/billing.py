@@ -27,6 +27,9 @@ class HopWork:
     start_layer: int
     end_layer: int
     tokens: int
+    # The route this hop was part of: a failed-over request has work on
+    # several, and the billing audit refunds a request that used a corrupt one.
+    route_signature: str = ""
 
     @property
     def layers(self) -> int:
@@ -55,6 +58,9 @@ class ServedRoute(Protocol):
     given again (replayed after a failover) and the new tokens it produced."""
 
     @property
+    def signature(self) -> str: ...
+
+    @property
     def hops(self) -> Sequence[LayerSpan]: ...
 
     @property
@@ -70,6 +76,7 @@ def request_work(*, prompt_tokens: int, routes: Sequence[ServedRoute]) -> list[H
     The last route (the one that finished the request) counts even if it
     produced nothing new. A hop's tokens are the prompt, the replayed tokens
     and the new tokens of its route: everything it ran its layers over.
+    Each unit carries its route's signature.
     """
     return [
         HopWork(
@@ -77,6 +84,7 @@ def request_work(*, prompt_tokens: int, routes: Sequence[ServedRoute]) -> list[H
             start_layer=hop.start_layer,
             end_layer=hop.end_layer,
             tokens=prompt_tokens + route.replayed + route.produced,
+            route_signature=route.signature,
         )
         for index, route in enumerate(routes)
         if route.produced or index == len(routes) - 1

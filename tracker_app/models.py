@@ -91,6 +91,11 @@ class WorkUnit(models.Model):
     tokens = models.PositiveIntegerField(help_text="Positions this hop processed")
     units = models.PositiveBigIntegerField(help_text="tokens × layers run")
     amount = models.DecimalField(max_digits=18, decimal_places=6)
+    # ChatRequest.route_signature keeps only the last route of a failed-over
+    # request; the audit needs every route that did work for it.
+    route_signature = models.CharField(
+        max_length=2000, blank=True, help_text="The route this hop was part of"
+    )
 
     class Meta:
         ordering = ["billing", "start_layer"]

@@ -84,6 +84,10 @@ class Segment:
     produced: int = 0
 
     @property
+    def signature(self) -> str:
+        return self.decision.plan.signature
+
+    @property
     def hops(self) -> tuple[Hop, ...]:
         return self.decision.plan.hops
 

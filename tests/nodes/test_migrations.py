@@ -85,6 +85,7 @@ def fill_before_the_move(apps: Any) -> None:
     request = ChatRequest.objects.create(
         api_key=key,
         model=model,
+        route_signature="legacy-model | legacy-node[0-11]",
         status="completed",
         prompt_tokens=10,
         completion_tokens=20,
@@ -138,7 +139,9 @@ def test_moving_the_catalogue_to_nodes_app_keeps_every_row(
     assert node.model == model
     request = apps.get_model("tracker_app", "ChatRequest").objects.get(model=model)
     assert request.billing.charge == Decimal("0.014321")
-    assert [unit.node_id for unit in request.billing.work_units.all()] == ["legacy-node"]
+    assert [(unit.node_id, unit.route_signature) for unit in request.billing.work_units.all()] == [
+        ("legacy-node", "legacy-model | legacy-node[0-11]")
+    ]  # backfilled by tracker 0006
     editor = apps.get_model("auth", "User").objects.get(username="catalogue-editor")
     [permission] = editor.user_permissions.all()
     assert (permission.content_type.app_label, permission.codename) == (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -57,17 +58,25 @@ def served(
     completion_tokens: int = 40,
     finish_reason: str = "stop",
     at: datetime | None = None,
+    finished: datetime | None = None,
+    failed_over_from: Sequence[str] = (),
 ) -> ChatRequest:
-    """A completed, billed request served by ``signature``."""
+    """A completed, billed request served by ``signature``, after failing over
+    from the routes ``failed_over_from`` (each of which produced tokens)."""
     at = at or timezone.now()
     key = api_key_create(name="client").api_key
     request = chat_request_open(
         request_id=uuid.uuid4(), api_key=key, model=model, stream=False, now=at
     )
-    signature = signature.format(model=model.key)
-    chat_request_route(request_id=request.pk, signature=signature, mode="exploit")
-    hops = [part.split("[")[0] for part in signature.split(" | ")[1].split(" -> ")]
-    work = [HopWork(node_id=node, start_layer=0, end_layer=1, tokens=50) for node in hops]
+    work = []
+    for route in [*failed_over_from, signature]:
+        route = route.format(model=model.key)
+        chat_request_route(request_id=request.pk, signature=route, mode="exploit")
+        hops = [part.split("[")[0] for part in route.split(" | ")[1].split(" -> ")]
+        work += [
+            HopWork(node_id=node, start_layer=0, end_layer=1, tokens=50, route_signature=route)
+            for node in hops
+        ]
     chat_request_complete(
         request_id=request.pk,
         model=model,
@@ -78,7 +87,7 @@ def served(
         tokens_per_second=None,
         work=work,
         fee_share=Decimal("0.05"),
-        now=at,
+        now=finished or at,
     )
     return request
 
@@ -135,6 +144,56 @@ def test_it_refunds_the_charges_of_a_corrupt_route_since_it_was_last_known_good(
     assert run.refunded_amount == sum(r.amount for r in Refund.objects.all())
     assert isinstance(run.refunded_amount, Decimal)
     assert OutboxMessage.objects.filter(kind=REFUND).count() == 2
+
+
+def test_a_request_that_failed_over_away_from_a_corrupt_route_is_refunded_in_full(model):
+    now = timezone.now()
+    request = served(
+        model, signature=FULL, failed_over_from=[SPLIT], at=now - timedelta(minutes=20)
+    )
+    good_failover = served(
+        model, signature=FULL, failed_over_from=[FULL], at=now - timedelta(minutes=20)
+    )
+    quarantine(model, since=now - timedelta(hours=1), at=now - timedelta(minutes=5))
+
+    run = audit(now)
+
+    refund = Refund.objects.get()
+    assert refund.billing.request_id == request.pk
+    assert refund.amount == refund.billing.charge
+    assert refund.reason == RefundReason.CORRUPT_ROUTE
+    assert run.findings["refunded_requests"] == [str(request.pk)]
+    assert not Refund.objects.filter(billing__request=good_failover).exists()
+
+
+def test_a_request_that_failed_over_onto_a_corrupt_route_is_refunded_in_full(model):
+    now = timezone.now()
+    request = served(
+        model, signature=SPLIT, failed_over_from=[FULL], at=now - timedelta(minutes=20)
+    )
+    quarantine(model, since=now - timedelta(hours=1), at=now - timedelta(minutes=5))
+
+    audit(now)
+
+    refund = Refund.objects.get()
+    assert refund.billing.request_id == request.pk
+    assert refund.amount == refund.billing.charge
+
+
+def test_a_request_started_before_the_corruption_but_finished_during_it_is_refunded(model):
+    now = timezone.now()
+    request = served(
+        model,
+        signature=SPLIT,
+        failed_over_from=[FULL],
+        at=now - timedelta(minutes=70),
+        finished=now - timedelta(minutes=50),
+    )
+    quarantine(model, since=now - timedelta(hours=1), at=now - timedelta(minutes=5))
+
+    audit(now)
+
+    assert Refund.objects.get().billing.request_id == request.pk
 
 
 def test_a_second_audit_changes_nothing(model):

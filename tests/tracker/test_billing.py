@@ -87,6 +87,7 @@ class Served:
     hops: tuple[HopWork, ...]
     replayed: int
     produced: int
+    signature: str = ""
 
 
 def hops(*spans: tuple[str, int, int]) -> tuple[HopWork, ...]:
@@ -118,3 +119,14 @@ def test_the_route_that_finished_is_paid_even_without_new_tokens() -> None:
     work = request_work(prompt_tokens=10, routes=[Served(hops(("w", 0, 29)), 8, 0)])
 
     assert work == [HopWork("w", 0, 29, 18)]
+
+
+def test_each_unit_of_work_names_the_route_it_was_part_of() -> None:
+    first = Served(
+        hops(("h", 0, 14), ("t", 15, 29)), replayed=0, produced=6, signature="m | h -> t"
+    )
+    last = Served(hops(("w", 0, 29)), replayed=6, produced=20, signature="m | w")
+
+    work = request_work(prompt_tokens=10, routes=[first, last])
+
+    assert [unit.route_signature for unit in work] == ["m | h -> t", "m | h -> t", "m | w"]
