@@ -335,6 +335,8 @@ class BeatJob:
         return max(1, math.ceil(self.interval.read(env)))
 
 
+# The database's schedule rows come from frozen migrations (tracker_app 0005), not
+# from this list: a job added here needs a new migration that creates its row.
 BEAT_JOBS: tuple[BeatJob, ...] = (
     BeatJob("nodes-sweep-stale", "nodes.sweep_stale", NODE_SWEEP_INTERVAL),
     BeatJob("requests-fail-abandoned", "requests.fail_abandoned", ABANDONED_SWEEP_INTERVAL),

@@ -44,7 +44,7 @@ TINY_NODES = 4  # nodes in topologies/tiny.toml
 
 
 def test_credentials_are_stored_for_this_user_only_and_read_back(tmp_path: Path) -> None:
-    saved = DemoCredentials(username="admin", password="pw", api_key="mk-1")
+    saved = DemoCredentials(username="meshnet-demo", password="pw", api_key="mk-1")
 
     path = credentials_save(tmp_path, saved)
 
@@ -87,7 +87,7 @@ def test_a_busy_port_is_named_with_the_way_out() -> None:
 
 
 def test_the_ready_block_puts_the_dashboard_and_login_first_then_key_curl_and_python() -> None:
-    credentials = DemoCredentials(username="admin", password="s3cret", api_key="mk-abc")
+    credentials = DemoCredentials(username="meshnet-demo", password="s3cret", api_key="mk-abc")
     topology = topology_load("tiny")
 
     block = ready_block(
@@ -96,7 +96,7 @@ def test_the_ready_block_puts_the_dashboard_and_login_first_then_key_curl_and_py
     lines = [line for line in block.splitlines() if line]
 
     assert lines[0] == f"{READY_HEADLINE} Dashboard: http://h:1/dashboard/"
-    assert lines[1].split() == ["login:", "admin", "/", "s3cret"]
+    assert lines[1].split() == ["login:", "meshnet-demo", "/", "s3cret"]
     assert "mk-abc" in lines[2]
     assert "curl -sN http://h:1/v1/chat/completions" in block
     assert 'OpenAI(base_url="http://h:1/v1", api_key="mk-abc")' in block
@@ -121,12 +121,49 @@ def test_the_demo_login_and_key_are_created_once_then_reused(tmp_path: Path) -> 
     assert authenticate(username=first.username, password=first.password) is not None
     assert api_key_lookup(plain=first.api_key) is not None
 
-    # demo.json lost: the same admin gets a new password (printed again) and a new key.
+    # demo.json lost: the same demo user gets a new password (printed again) and a new key;
+    # the lost file's key stops working.
     (tmp_path / "demo.json").unlink()
     renewed, renewed_is_new = Command().credentials(tmp_path)
     assert renewed_is_new and renewed.username == first.username
     assert authenticate(username=renewed.username, password=renewed.password) is not None
     assert credentials_load(tmp_path) == renewed
+    assert api_key_lookup(plain=renewed.api_key) is not None
+    assert api_key_lookup(plain=first.api_key) is None
+
+
+@pytest.mark.django_db
+def test_the_demo_never_touches_an_operators_admin_account(tmp_path: Path) -> None:
+    from django.contrib.auth import authenticate, get_user_model
+
+    from tracker_app.management.commands.meshnet_up import Command
+
+    get_user_model().objects.create_superuser("admin", password="operators-own")
+
+    credentials, _ = Command().credentials(tmp_path)
+
+    assert credentials.username != "admin"
+    assert authenticate(username="admin", password="operators-own") is not None
+
+
+@pytest.mark.django_db
+def test_a_same_named_user_the_demo_did_not_create_is_refused_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    from django.contrib.auth import authenticate, get_user_model
+    from django.core.management.base import CommandError
+
+    from tracker_app.management.commands.meshnet_up import DEMO_USERNAME, Command
+    from tracker_app.models import ApiKey
+
+    get_user_model().objects.create_user(DEMO_USERNAME, password="someone-elses")
+
+    with pytest.raises(CommandError, match="did not create"):
+        Command().credentials(tmp_path)
+
+    assert authenticate(username=DEMO_USERNAME, password="someone-elses") is not None
+    assert credentials_load(tmp_path) is None
+    assert not ApiKey.objects.exists()
 
 
 # --- the command, as a process ----------------------------------------------------------

@@ -1,36 +1,62 @@
 """The background jobs' default schedules, in django-celery-beat's tables (ADR-0007).
 
-Each job's interval comes from its setting's definition in
-``meshnet_site.environment`` (the environment at migrate time, else the
-default). Afterwards an operator edits them in the admin; a job that already
-has a row (edited, or created by an earlier run) is left as it is.
+The job list and default intervals are frozen here, as they stood when this
+migration was written: a migration is history and must not read the
+environment or import application code that may change later. A job added to
+``meshnet_site.environment.BEAT_JOBS`` afterwards gets its row from a new
+migration. An interval set in the environment is not applied here: the worker
+writes it over the row at start (``beat_schedule_pins`` in settings).
+
+This file was edited in place (it used to import ``BEAT_JOBS`` and read
+``os.environ``). Databases that already ran it are in the same state either
+way: the rows carry the same names, tasks, kwargs and default intervals, and
+an environment override was, and still is, written over the row at worker
+start. Afterwards an operator edits the rows in the admin; a job that already
+has a row is left as it is.
 """
 
 import json
-import os
 
 from django.db import migrations
 from django.utils import timezone
 
-from meshnet_site.environment import BEAT_JOBS
+# (schedule entry name, Celery task, kwargs, default interval in seconds, setting that pins it)
+JOBS = (
+    ("nodes-sweep-stale", "nodes.sweep_stale", {}, 10, "MESHNET_NODE_SWEEP_INTERVAL"),
+    (
+        "requests-fail-abandoned",
+        "requests.fail_abandoned",
+        {},
+        600,
+        "MESHNET_ABANDONED_SWEEP_INTERVAL",
+    ),
+    ("routing-prune-arms", "routing.prune_arms", {}, 3600, "MESHNET_ROUTE_PRUNE_INTERVAL"),
+    ("routing-probe-routes", "routing.probe_routes", {}, 300, "MESHNET_ROUTE_PROBE_INTERVAL"),
+    (
+        "routing-reprobe-quarantined",
+        "routing.probe_routes",
+        {"due_only": True},
+        60,
+        "MESHNET_ROUTE_REPROBE_INTERVAL",
+    ),
+    ("billing-audit", "billing.audit", {}, 3600, "MESHNET_AUDIT_INTERVAL"),
+)
 
 
 def create_schedules(apps, schema_editor):
     IntervalSchedule = apps.get_model("django_celery_beat", "IntervalSchedule")
     PeriodicTask = apps.get_model("django_celery_beat", "PeriodicTask")
     PeriodicTasks = apps.get_model("django_celery_beat", "PeriodicTasks")
-    for job in BEAT_JOBS:
-        if PeriodicTask.objects.filter(name=job.name).exists():
+    for name, task, kwargs, seconds, setting in JOBS:
+        if PeriodicTask.objects.filter(name=name).exists():
             continue
-        interval, _ = IntervalSchedule.objects.get_or_create(
-            every=job.seconds(os.environ), period="seconds"
-        )
+        interval, _ = IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")
         PeriodicTask.objects.create(
-            name=job.name,
-            task=job.task,
+            name=name,
+            task=task,
             interval=interval,
-            kwargs=json.dumps(dict(job.kwargs or {})),
-            description=f"default schedule; setting {job.interval.name} pins it at worker start",
+            kwargs=json.dumps(kwargs),
+            description=f"default schedule; setting {setting} pins it at worker start",
         )
     # Tells a running beat to reload its schedule.
     PeriodicTasks.objects.update_or_create(ident=1, defaults={"last_update": timezone.now()})
@@ -38,7 +64,7 @@ def create_schedules(apps, schema_editor):
 
 def remove_schedules(apps, schema_editor):
     PeriodicTask = apps.get_model("django_celery_beat", "PeriodicTask")
-    PeriodicTask.objects.filter(name__in=[job.name for job in BEAT_JOBS]).delete()
+    PeriodicTask.objects.filter(name__in=[name for name, *_ in JOBS]).delete()
 
 
 class Migration(migrations.Migration):

@@ -14,9 +14,14 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tracker_app.localnet import LocalNetwork, ProcessExited, TopologyError, demo, topology_load
+from tracker_app.models import ApiKey
 from tracker_app.services import api_key_create, api_key_lookup
 
-DEMO_USERNAME = "admin"
+# The demo's own login and key. The marker (in the user's last name, shown in the
+# admin) is how the demo tells its user from an operator's of the same name.
+DEMO_USERNAME = "meshnet-demo"
+DEMO_MARKER = "created by meshnet_up"
+DEMO_KEY_NAME = "meshnet-demo"
 
 
 class Command(BaseCommand):
@@ -83,7 +88,12 @@ class Command(BaseCommand):
 
     def credentials(self, var_dir: Path) -> tuple[demo.DemoCredentials, bool]:
         """The stored demo login and key when both still work here, else new ones (stored);
-        and whether they are new (the password is printed only then)."""
+        and whether they are new (the password is printed only then).
+
+        Only the demo's own user (``DEMO_USERNAME``, carrying ``DEMO_MARKER``) is ever
+        created or given a new password; a user of that name the demo did not create is
+        refused (CommandError), never touched. A new key revokes the demo's earlier ones.
+        """
         stored = demo.credentials_load(var_dir)
         users = get_user_model().objects
         if (
@@ -95,15 +105,26 @@ class Command(BaseCommand):
         password = secrets.token_urlsafe(12)
         user = users.filter(username=DEMO_USERNAME).first()
         if user is None:
-            users.create_superuser(DEMO_USERNAME, password=password)
+            users.create_superuser(DEMO_USERNAME, password=password, last_name=DEMO_MARKER)
+        elif user.last_name != DEMO_MARKER:
+            # The database is shared and this account is someone's own: resetting its
+            # password would lock its owner out.
+            raise CommandError(
+                f"a user named {DEMO_USERNAME!r} exists that meshnet_up did not create; "
+                "rename or delete it, or run the demo on its own database"
+            )
         else:
-            # demo.json was lost or belongs to another database: the demo's own admin
+            # demo.json was lost or belongs to another database: the demo's own user
             # gets a new password, printed below and stored like the first.
             user.set_password(password)
             user.is_staff = user.is_superuser = True
             user.save()
+        # The lost demo.json's key must not stay live with no one knowing it.
+        ApiKey.objects.filter(name=DEMO_KEY_NAME, revoked=False).update(revoked=True)
         created = demo.DemoCredentials(
-            username=DEMO_USERNAME, password=password, api_key=api_key_create(name="demo").plain
+            username=DEMO_USERNAME,
+            password=password,
+            api_key=api_key_create(name=DEMO_KEY_NAME).plain,
         )
         demo.credentials_save(var_dir, created)
         return created, True
