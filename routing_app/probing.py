@@ -206,15 +206,20 @@ def probe_results_record(
     return summary
 
 
+def _active_quarantine_locked(model_key: str, signature: str) -> RouteQuarantine | None:
+    """The route's unreleased quarantine, row-locked until the transaction ends."""
+    return (
+        RouteQuarantine.objects.select_for_update()
+        .filter(model_key=model_key, signature=signature, released_at__isnull=True)
+        .first()
+    )
+
+
 def _quarantine(verdict: Verdict, model_key: str, now: datetime, lookback: timedelta) -> bool:
     """Quarantine the route, or count one more strike; True when it is newly quarantined."""
     signature = verdict.plan.signature
     with transaction.atomic():
-        active = (
-            RouteQuarantine.objects.select_for_update()
-            .filter(model_key=model_key, signature=signature, released_at__isnull=True)
-            .first()
-        )
+        active = _active_quarantine_locked(model_key, signature)
         if active is not None:
             active.strikes += 1
             active.next_probe_at = now + reprobe_delay(active.strikes)
@@ -268,11 +273,7 @@ def _release(verdict: Verdict, model_key: str, now: datetime) -> bool:
     """Release the route's active quarantine, if any; True when one was released."""
     signature = verdict.plan.signature
     with transaction.atomic():
-        active = (
-            RouteQuarantine.objects.select_for_update()
-            .filter(model_key=model_key, signature=signature, released_at__isnull=True)
-            .first()
-        )
+        active = _active_quarantine_locked(model_key, signature)
         if active is None:
             return False
         active.released_at = now
