@@ -73,7 +73,7 @@ def pin(pid: int, cpus: set[int]) -> None:
 def main() -> int:
     import torch
 
-    from nodes_app.runtime.generation import prompt_token_ids
+    from nodes_app.prompting import prompt_token_ids
     from nodes_app.runtime.loading import load_causal_lm, load_tokenizer
     from nodes_app.runtime.sources import resolve_source
 

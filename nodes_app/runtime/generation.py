@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from nodes_app.prompting import TemplateRefused, prompt_token_ids
 from nodes_app.protocol import (
     DTYPE,
     HOP_BUSY,
@@ -49,12 +50,6 @@ class HopFailed(Exception):
         self.busy = busy
 
 
-def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The chat template applied to ``messages``, ready for the assistant's turn."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int]:
     """The request's prompt token ids, checked to fit the model's context with its budget.
 
@@ -64,10 +59,8 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
     tokenizer = service.shard.tokenizer
     try:
         prompt = await service.compute(lambda: prompt_token_ids(tokenizer, request.messages))
-    except Exception as error:  # the chat template's own complaint, e.g. role order
-        raise RuntimeRequestError(
-            f"the model's chat template refused the messages: {error}", code="invalid_request"
-        ) from error
+    except TemplateRefused as error:  # the chat template's own complaint, e.g. role order
+        raise RuntimeRequestError(error.message, code="invalid_request") from error
     needed = len(prompt) + request.max_tokens
     if needed > service.context_length:
         raise RuntimeRequestError(

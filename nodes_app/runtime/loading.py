@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 
 from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
 from nodes_app.runtime.sources import ModelSource
+from nodes_app.tokenization import TokenizerUnavailable, model_text_of
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -208,14 +209,16 @@ def _needed(name: str, *, start: int, end: int, is_last: bool, tied: bool) -> bo
 
 
 def load_tokenizer(source: ModelSource) -> Any:
-    if source.kind == "builtin":
-        from nodes_app.runtime import tiny
+    """The tokenizer the tracker loads too (``nodes_app.tokenization``), so both count alike.
 
-        return tiny.tiny_tokenizer()
-    if source.kind == "gguf":
-        path = Path(source.location)
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(_local_directory(source))
+    A source the torch-free loader cannot read (a hub id, a directory without
+    ``tokenizer.json``) falls back to transformers' ``AutoTokenizer``; the
+    tracker then caps a head's prompt count instead of counting it.
+    """
+    try:
+        return model_text_of(source).tokenizer
+    except TokenizerUnavailable:
+        return AutoTokenizer.from_pretrained(_local_directory(source))
 
 
 def _check_supported(config: PretrainedConfig) -> None:

@@ -3,24 +3,21 @@
 Every process that builds it holds identical weights, so split-versus-whole
 comparisons across node processes are exact. Its tokenizer is byte-level
 (one token per UTF-8 byte, plus three ChatML specials) and built without any
-download, so multi-byte characters really do span several tokens.
+download, so multi-byte characters really do span several tokens; it lives in
+the torch-free ``nodes_app.tokenization``, which the tracker loads too.
 """
 
 from __future__ import annotations
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from nodes_app.tokenization import TINY_CONTEXT_LENGTH, TINY_VOCAB_SIZE, tiny_tokenizer
+
+__all__ = ["SEED", "VOCAB_SIZE", "tiny_config", "tiny_state_dict", "tiny_tokenizer"]
 
 SEED = 20260101
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+VOCAB_SIZE = TINY_VOCAB_SIZE
 
 
 def tiny_config() -> LlamaConfig:
@@ -31,7 +28,7 @@ def tiny_config() -> LlamaConfig:
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=TINY_CONTEXT_LENGTH,
         rms_norm_eps=1e-6,
         initializer_range=0.1,
         tie_word_embeddings=False,
@@ -55,36 +52,3 @@ def tiny_state_dict() -> dict[str, torch.Tensor]:
     keep[VOCAB_SIZE - 1] = True
     weights["lm_head.weight"][~keep] *= 0.01
     return weights
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's printable stand-in for each byte, which the ByteLevel decoder undoes.
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    codes = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {byte: chr(code) for byte, code in zip(printable, codes, strict=True)}
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
-    for offset, token in enumerate(SPECIAL_TOKENS):
-        vocab[token] = 256 + offset
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(token, special=True) for token in SPECIAL_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
-    )
