@@ -62,13 +62,12 @@ def model_text_load(weight_source: str) -> ModelText:
     """The tokenizer and context length of the model at ``weight_source`` (a source string).
 
     Raises :class:`TokenizerUnavailable` when this process cannot load it
-    without a download or torch.
+    without a download or torch, or the source is missing or unreadable.
     """
     try:
-        source = parse_source(weight_source)
-    except ModelSourceError as error:
+        return model_text_of(parse_source(weight_source))
+    except ModelSourceError as error:  # no such file or package, not a GGUF
         raise TokenizerUnavailable(str(error)) from error
-    return model_text_of(source)
 
 
 def model_text_of(source: ModelSource) -> ModelText:

@@ -7,7 +7,10 @@ one of three things, each asking the caller for a different response:
 
 - :class:`HeadRefused` (a domain error, 400): the head refused the request
   itself (too long for the context, a template that rejects the messages):
-  the client's to fix, no node to ban.
+  the client's to fix, no node to ban. Only when the tracker could not check
+  the prompt itself (``prompt_checked`` false): a head that refuses a prompt
+  the tracker counted and found fitting is lying or broken, a
+  :class:`HopFailure`.
 - :class:`RouteBusy`: a node of the route is at its session cap (the head's
   503, or a ``hop_busy`` frame): wait for a slot, ban nobody.
 - :class:`HopFailure`: a node of the route failed (connection error, any
@@ -61,11 +64,14 @@ async def head_stream(
     client: httpx.AsyncClient,
     request: GenerateRequest,
     on_connected: Callable[[], Awaitable[None]] | None = None,
+    prompt_checked: bool = False,
 ) -> AsyncGenerator[ChunkFrame, None]:
     """The head's frames for ``request``, up to and including the one that finishes it.
 
     ``on_connected`` runs once the head has accepted the request (200),
-    before its first frame. Raises :class:`HeadRefused`, :class:`RouteBusy`
+    before its first frame. ``prompt_checked``: the tracker tokenised the
+    prompt with the model's tokenizer and found it fits, so the head has no
+    reason to refuse it. Raises :class:`HeadRefused`, :class:`RouteBusy`
     or :class:`HopFailure` as the module docstring says; a head that sends
     more tokens than ``max_tokens`` allows, or blames a node outside the
     plan, is itself the one that failed.
@@ -83,7 +89,7 @@ async def head_stream(
         ) as response:
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 raise RouteBusy()
-            if response.status_code == status.HTTP_400_BAD_REQUEST:
+            if response.status_code == status.HTTP_400_BAD_REQUEST and not prompt_checked:
                 raise _refusal(await response.aread())
             if response.status_code != status.HTTP_200_OK:
                 text = (await response.aread()).decode(errors="replace")[:300]

@@ -43,6 +43,7 @@ from tracker_app.billing import request_work
 from tracker_app.chat import ChatParams, completion_chunk
 from tracker_app.head_stream import HopFailure, RouteBusy, head_stream
 from tracker_app.models import ApiKey
+from tracker_app.prompt_tokens import PromptCount, prompt_tokens_count
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class ChatProxy:
         self.created = int(time.time())
         self.outcome = Outcome()
         self.token_ids: list[int] = []
+        self.prompt = PromptCount(tokens=0, exact=False)
         self._started = clock()
         self._first_token_at: float | None = None
         self._last_progress = 0.0
@@ -147,11 +149,19 @@ class ChatProxy:
         return self.outcome.segments[-1].decision.to_dict() if self.outcome.segments else {}
 
     async def start(self) -> None:
-        """Choose the first route and open the request record.
+        """Count the prompt, choose the first route and open the request record.
 
-        Raises a ``DomainError`` (no route, bad pinned route) before anything
-        is streamed, so the client gets a plain error response.
+        Raises a ``DomainError`` (a prompt the model refuses, no route, bad
+        pinned route) before anything is streamed, so the client gets a plain
+        error response.
         """
+        # Tokenising takes a fraction of a millisecond to a few; never on the event loop.
+        self.prompt = await asyncio.to_thread(
+            prompt_tokens_count,
+            weight_source=self.model.weight_source,
+            messages=self.params.messages,
+            max_tokens=self.params.max_tokens,
+        )
         decision = await database_sync_to_async(route_select)(
             model=self.model, pinned=self.params.route
         )
@@ -274,7 +284,12 @@ class ChatProxy:
 
         _in_flight[plan.head.endpoint] += 1
         try:
-            frames = head_stream(client=self.client, request=request, on_connected=connected)
+            frames = head_stream(
+                client=self.client,
+                request=request,
+                on_connected=connected,
+                prompt_checked=self.prompt.exact,
+            )
             async with aclosing(frames):
                 async for frame in frames:
                     chunk = self._absorb(frame, segment)
@@ -289,8 +304,9 @@ class ChatProxy:
         self.token_ids += frame.token_ids
         segment.produced += len(frame.token_ids)
         if frame.usage is not None:
-            self.outcome.prompt_tokens = frame.usage.prompt_tokens
-            # The tracker counts completion tokens itself; nodes report, not bill.
+            # The tracker counts prompt and completion tokens itself; nodes report, not bill.
+            self._check_usage(frame.usage, segment)
+            self.outcome.prompt_tokens = self.prompt.billable(frame.usage.prompt_tokens)
             self.outcome.completion_tokens = len(self.token_ids)
         if frame.finish_reason:
             self.outcome.finish_reason = frame.finish_reason
@@ -304,6 +320,23 @@ class ChatProxy:
             created=self.created,
             model=self.params.model,
             delta={"content": frame.content},
+        )
+
+    def _check_usage(self, usage: Usage, segment: Segment) -> None:
+        """Log a head whose usage is not what the tracker counted (it is not billed)."""
+        produced = len(self.token_ids)
+        if self.prompt.agrees(usage.prompt_tokens) and usage.completion_tokens == produced:
+            return
+        logger.warning(
+            "request %s: head %s reported %d prompt and %d completion tokens; the tracker "
+            "counted %s%d prompt and %d completion tokens and bills its own count",
+            self.request_id,
+            segment.decision.plan.head.node_id,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            "" if self.prompt.exact else "at most ",
+            self.prompt.tokens,
+            produced,
         )
 
     async def _progress(self) -> None:

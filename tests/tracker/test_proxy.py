@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.models import LanguageModel, Node, TopologyEpoch
+from nodes_app.prompting import prompt_token_ids
 from nodes_app.protocol import (
     SSE_DONE,
     ChunkFrame,
@@ -31,6 +32,7 @@ from nodes_app.protocol import (
     Usage,
     sse_event,
 )
+from nodes_app.tokenization import tiny_tokenizer
 from routing_app.bans import node_bans_reset
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
@@ -458,6 +460,56 @@ def test_a_head_that_refuses_the_request_passes_its_400_on_and_bans_nobody(net: 
     assert http_error(proxy.outcome.error).status == 400
     assert net.banned() == set()
     assert record(proxy).status == RequestStatus.FAILED
+
+
+def test_a_head_that_refuses_a_prompt_the_tracker_counted_is_banned_and_failed_over(
+    net: Net,
+) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"  # a tokenizer the tracker loads
+    net.node("liar", 0, 3, tps=1e12)
+    net.node("honest", 0, 3)
+    refusal = {"error": {"message": "too long", "type": "x", "code": "context_length_exceeded"}}
+    net.heads.plan("liar", Behaviour(status=400, body=refusal))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.heads.heads_asked() == ["liar", "honest"]
+    assert net.banned() == {"liar"}
+    assert record(proxy).status == RequestStatus.COMPLETED
+
+
+def test_usage_a_head_inflates_is_logged_and_billed_at_the_trackers_count(
+    net: Net, caplog: pytest.LogCaptureFixture
+) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+    counted = len(prompt_token_ids(tiny_tokenizer(), [{"role": "user", "content": "hi"}]))
+    assert counted != PROMPT_TOKENS  # the fake head always reports 7
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["usage"]["prompt_tokens"] == counted
+    assert record(proxy).prompt_tokens == counted
+    assert work(proxy) == [("whole", 0, 3, counted + 12)]
+    (line,) = [r.getMessage() for r in caplog.records if "reported" in r.getMessage()]
+    assert f"head whole reported {PROMPT_TOKENS} prompt" in line
+    assert f"counted {counted} prompt" in line and proxy.request_id in line
+
+
+def test_a_prompt_past_the_context_is_refused_before_any_route_is_chosen(net: Net) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"  # 4096 positions
+    net.node("whole", 0, 3)
+    proxy = net.proxy(messages=[{"role": "user", "content": "x" * 4000}], max_tokens=200)
+
+    with pytest.raises(DomainError) as refused:
+        asyncio.run(proxy.start())
+
+    assert refused.value.code == "context_length_exceeded"
+    assert http_error(refused.value).status == 400
+    assert net.heads.requests == [] and not ChatRequest.objects.exists()
 
 
 def test_a_route_busy_past_the_wait_limit_is_a_503_and_bans_nobody(net: Net) -> None:

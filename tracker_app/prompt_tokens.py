@@ -1,0 +1,112 @@
+"""The tracker's own count of a chat request's prompt tokens, and the refusals it implies.
+
+A head reports the prompt tokens it ran, but a head is a node operator's
+process, trusted to run its layers and nothing more: the tracker bills from
+its own count. It loads the model's tokenizer without torch
+(:mod:`nodes_app.tokenization`, once per process per weight source) and
+tokenises exactly as the head does (:func:`nodes_app.prompting.prompt_token_ids`),
+so an honest head always agrees. With the count in hand the tracker refuses,
+before routing, what the head would refuse (a template that rejects the
+messages, a prompt plus ``max_tokens`` past the context), so a head's own
+refusal afterwards is the head's fault.
+
+A model whose tokenizer this process cannot load (a hub id: nothing is
+downloaded) gets an upper bound from the body instead — every token of a
+byte-level or byte-fallback vocabulary covers at least one UTF-8 byte, plus
+an allowance per message and for the template's own text — and a head's
+count is billed only up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.prompting import TemplateRefused, prompt_token_ids
+from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
+
+logger = logging.getLogger(__name__)
+
+# The upper bound for a model without a tokenizer here: role markers, the role and
+# separators of one message; a template's own text (a default system prompt).
+MESSAGE_ALLOWANCE = 16
+TEMPLATE_ALLOWANCE = 256
+
+
+class PromptRefused(DomainError):
+    """The model's chat template rejects the messages."""
+
+    kind = ErrorKind.INVALID
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(DomainError):
+    """The prompt plus ``max_tokens`` does not fit the model's context."""
+
+    kind = ErrorKind.INVALID
+    code = "context_length_exceeded"
+
+
+@dataclass(frozen=True)
+class PromptCount:
+    """The tracker's count of a prompt: ``exact``, or an upper bound from the body."""
+
+    tokens: int
+    exact: bool
+
+    def billable(self, reported: int) -> int:
+        """The prompt tokens to bill when the head reported ``reported``."""
+        return self.tokens if self.exact else min(reported, self.tokens)
+
+    def agrees(self, reported: int) -> bool:
+        """Whether a head's report is what an honest head would say."""
+        return reported == self.tokens if self.exact else reported <= self.tokens
+
+
+def prompt_tokens_count(
+    *, weight_source: str, messages: Sequence[dict[str, str]], max_tokens: int
+) -> PromptCount:
+    """Count the prompt of ``messages`` for the model at ``weight_source``.
+
+    Raises :class:`PromptRefused` or :class:`ContextLengthExceeded` (400s)
+    where the head would refuse. Tokenises on the calling thread: call it
+    off the event loop.
+    """
+    text = model_text(weight_source)
+    if text is None:
+        return PromptCount(tokens=prompt_tokens_bound(messages), exact=False)
+    try:
+        prompt = prompt_token_ids(text.tokenizer, messages)
+    except TemplateRefused as error:
+        raise PromptRefused(error.message) from error
+    if text.context_length is not None and len(prompt) + max_tokens > text.context_length:
+        raise ContextLengthExceeded(
+            f"The prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+            f"model's context of {text.context_length} tokens"
+        )
+    return PromptCount(tokens=len(prompt), exact=True)
+
+
+def prompt_tokens_bound(messages: Sequence[dict[str, str]]) -> int:
+    """An upper bound of any tokenisation of ``messages`` under a chat template."""
+    text = sum(len(m["role"].encode()) + len(m["content"].encode()) for m in messages)
+    return text + MESSAGE_ALLOWANCE * len(messages) + TEMPLATE_ALLOWANCE
+
+
+@lru_cache(maxsize=32)
+def model_text(weight_source: str) -> ModelText | None:
+    """The tokenizer of the model at ``weight_source``, loaded once per process; None if
+    this process cannot load it."""
+    try:
+        return model_text_load(weight_source)
+    except (TokenizerUnavailable, OSError, ValueError) as error:
+        logger.warning(
+            "no tokenizer for weight source %r here (%s): prompt counts are bounded from "
+            "the request body",
+            weight_source,
+            error,
+        )
+        return None
