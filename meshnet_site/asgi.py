@@ -1,4 +1,7 @@
-"""ASGI entry point: Django for HTTP, Channels for websockets."""
+"""ASGI entry point: Django for HTTP, Channels for the chat stream and websockets.
+
+Every protocol passes the Host check first (``meshnet_site.asgi_guards``).
+"""
 
 import os
 
@@ -14,20 +17,23 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from meshnet_site.asgi_guards import AllowedHostsGuard  # noqa: E402
 from tracker_app.chat_consumer import ChatCompletionsConsumer  # noqa: E402
 from tracker_app.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        # The chat endpoint streams through a Channels consumer; the rest is Django.
-        "http": URLRouter(
-            [
-                path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
-                re_path(r"", django_asgi_app),  # type: ignore[arg-type]  # an ASGI app, as URLRouter allows
-            ]
-        ),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
-    }
+application = AllowedHostsGuard(
+    ProtocolTypeRouter(
+        {
+            # The chat endpoint streams through a Channels consumer; the rest is Django.
+            "http": URLRouter(
+                [
+                    path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
+                    re_path(r"", django_asgi_app),  # type: ignore[arg-type]  # an ASGI app, as URLRouter allows
+                ]
+            ),
+            "websocket": AllowedHostsOriginValidator(
+                AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            ),
+        }
+    )
 )

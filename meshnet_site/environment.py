@@ -379,3 +379,15 @@ def tracker_id(env: Mapping[str, str]) -> str:
     if len(value) > 100:
         raise ImproperlyConfigured("MESHNET_TRACKER_ID must be at most 100 characters")
     return value
+
+
+def metrics_token(env: Mapping[str, str]) -> str:
+    """MESHNET_METRICS_TOKEN: the Bearer token ``/metrics`` asks for ("" = none).
+
+    Without one, ``/metrics`` answers loopback and private addresses only.
+    A token of a few characters would be guessed: at least 16 are required.
+    """
+    value = env.get("MESHNET_METRICS_TOKEN", "").strip()
+    if value and len(value) < 16:
+        raise ImproperlyConfigured("MESHNET_METRICS_TOKEN must be at least 16 characters")
+    return value

@@ -189,6 +189,11 @@ MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
 
+# /metrics: a Bearer token it requires when set; unset, only loopback and private
+# client addresses (REMOTE_ADDR) get it. Behind a proxy every client looks private:
+# set a token there.
+MESHNET_METRICS_TOKEN = env_.metrics_token(ENV)
+
 # How far a signed registration's timestamp may be from the tracker's clock.
 MESHNET_REGISTRATION_MAX_SKEW = 300.0
 

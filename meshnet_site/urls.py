@@ -5,10 +5,16 @@ from django.contrib.auth.views import LogoutView
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
+from rest_framework.authentication import SessionAuthentication
 
+from routing_app.api import RoutingTableApi
 from tracker_app import api as tracker_api
 from tracker_app import dashboard_views
 from tracker_app import views as tracker_views
+from tracker_app.authentication import ApiKeyAuthentication
+
+# Clients read with the API key they chat with; staff with their dashboard session.
+CLIENT_OR_STAFF = [ApiKeyAuthentication, SessionAuthentication]
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard"), name="home"),
@@ -21,9 +27,13 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("api/nodes/", include("nodes_app.urls")),
-    path("v1/", include("routing_app.urls")),
+    path(
+        "v1/routing",
+        RoutingTableApi.as_view(authentication_classes=CLIENT_OR_STAFF),
+        name="routing-table",
+    ),
     path("v1/models", tracker_api.ModelsApi.as_view(), name="models"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", tracker_views.healthz, name="healthz"),
-    path("", include("django_prometheus.urls")),
+    path("metrics", tracker_views.metrics, name="prometheus-django-metrics"),
 ]

@@ -1,4 +1,11 @@
-"""``GET /v1/routing``: the learned routing table, read-only."""
+"""``GET /v1/routing``: the learned routing table, read-only, for clients and staff.
+
+Anonymous callers are refused (401). A client with an API key sees the table
+without node endpoints; staff (a dashboard session) see the endpoints too:
+addresses of node operators' machines are nobody else's business. Which
+credentials count is the composition root's choice (``meshnet_site.urls``
+passes the tracker's API-key authenticator and Django's session).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,12 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from meshnet_site.errors import DomainError, ErrorKind
 from routing_app.config import RoutingConfig
 from routing_app.stats import ArmStatus
 from routing_app.table import routing_table
@@ -18,7 +27,7 @@ from routing_app.tracker_store import route_stats_store
 
 class HopOutput(serializers.Serializer[dict[str, Any]]):
     node_id = serializers.CharField()
-    endpoint = serializers.CharField()
+    endpoint = serializers.CharField(required=False, help_text="Shown to staff only")
     start_layer = serializers.IntegerField()
     end_layer = serializers.IntegerField()
 
@@ -48,8 +57,38 @@ class ConfigOutput(serializers.Serializer[dict[str, Any]]):
     min_sample_tokens = serializers.IntegerField()
 
 
+class CredentialsRequired(DomainError):
+    kind = ErrorKind.UNAUTHENTICATED
+    code = "invalid_api_key"
+
+
+class StaffOnly(DomainError):
+    kind = ErrorKind.FORBIDDEN
+    code = "staff_only"
+
+
+def is_staff(request: Request) -> bool:
+    user = request.user
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+class ClientOrStaff(BasePermission):
+    """An authenticated client (``request.auth``: an API key) or a staff user."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.auth is not None or is_staff(request):
+            return True
+        if request.user is not None and request.user.is_authenticated:
+            raise StaffOnly("Only staff accounts or API keys may read the routing table")
+        raise CredentialsRequired(
+            "Missing API key: send 'Authorization: Bearer <key>' (or sign in as staff)"
+        )
+
+
 class RoutingTableApi(APIView):
     """Per model: topology epoch and every candidate route with what was learned about it."""
+
+    permission_classes = [ClientOrStaff]
 
     class Output(serializers.Serializer[dict[str, Any]]):
         config = ConfigOutput()
@@ -65,4 +104,9 @@ class RoutingTableApi(APIView):
             store=route_stats_store(),
             config=RoutingConfig.from_settings(),
         )
+        if not is_staff(request):
+            for model in table["models"]:
+                for route in model["routes"]:
+                    for hop in route["hops"]:
+                        hop.pop("endpoint", None)
         return Response(self.Output(table).data)

@@ -25,6 +25,7 @@ from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.protocol import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
+from tracker_app.authentication import InvalidApiKey
 from tracker_app.chat import chat_params_parse, completion_reply
 from tracker_app.dashboard_chat import dashboard_chat_api_key
 from tracker_app.models import ApiKey
@@ -57,11 +58,6 @@ class MethodNotAllowed(DomainError):
 class RequestTooLarge(DomainError):
     kind = ErrorKind.TOO_LARGE
     code = "request_too_large"
-
-
-class InvalidApiKey(DomainError):
-    kind = ErrorKind.UNAUTHENTICATED
-    code = "invalid_api_key"
 
 
 class TrackerFailed(DomainError):

@@ -1,11 +1,28 @@
-"""Plain tracker views: health."""
+"""Plain tracker views: health and Prometheus metrics."""
 
+import hmac
+import ipaddress
 import logging
 
+from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django_prometheus.exports import ExportToDjangoView
+
+from meshnet_site.bearer import bearer_token
+from meshnet_site.errors import DomainError, ErrorKind, http_error
 
 logger = logging.getLogger(__name__)
+
+
+class MetricsTokenRequired(DomainError):
+    kind = ErrorKind.UNAUTHENTICATED
+    code = "invalid_metrics_token"
+
+
+class MetricsPrivate(DomainError):
+    kind = ErrorKind.FORBIDDEN
+    code = "metrics_private"
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -18,3 +35,32 @@ def healthz(request: HttpRequest) -> JsonResponse:
         logger.exception("health check: the database did not answer")
         return JsonResponse({"status": "unavailable", "database": "unavailable"}, status=503)
     return JsonResponse({"status": "ok", "database": "ok"})
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus metrics, for ``Authorization: Bearer <MESHNET_METRICS_TOKEN>`` when a
+    token is set, else for loopback and private client addresses only."""
+    token: str = settings.MESHNET_METRICS_TOKEN
+    if token:
+        given = bearer_token(request.headers.get("Authorization", "")) or ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return _refusal(MetricsTokenRequired("Send 'Authorization: Bearer <metrics token>'"))
+    elif not _is_private(request.META.get("REMOTE_ADDR", "")):
+        return _refusal(
+            MetricsPrivate("Metrics are served to private addresses only (or with a token)")
+        )
+    response: HttpResponse = ExportToDjangoView(request)
+    return response
+
+
+def _is_private(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private
+
+
+def _refusal(error: DomainError) -> JsonResponse:
+    answer = http_error(error)
+    return JsonResponse(answer.body, status=answer.status, headers=answer.headers)

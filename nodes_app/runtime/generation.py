@@ -15,7 +15,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import uuid
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import override_settings
 from rest_framework import status
 from rest_framework.test import APIClient
@@ -12,6 +14,7 @@ from rest_framework.test import APIClient
 from nodes_app.services import topology_epoch_bump
 from routing_app.services import route_sample_record, route_select
 from tests.support.routing import make_model, make_node
+from tracker_app.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 
@@ -28,9 +31,23 @@ ROUTE_KEYS = {
 }
 
 
-def table(model_key=None):
+def staff_client():
+    client = APIClient()
+    client.force_login(
+        User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True)
+    )
+    return client
+
+
+def key_client():
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='client').plain}")
+    return client
+
+
+def table(model_key=None, client=None):
     query = {"model": model_key} if model_key else {}
-    response = APIClient().get("/v1/routing", query)
+    response = (client or staff_client()).get("/v1/routing", query)
     assert response.status_code == status.HTTP_200_OK
     return response.json()
 
@@ -120,7 +137,7 @@ def test_it_lists_every_catalogue_model_without_a_filter(mixed):
 
 
 def test_it_answers_an_unknown_model_with_an_openai_style_404(store):
-    response = APIClient().get("/v1/routing", {"model": "no-such-model"})
+    response = staff_client().get("/v1/routing", {"model": "no-such-model"})
 
     assert response.status_code == status.HTTP_404_NOT_FOUND
     assert response.json() == {
@@ -175,3 +192,48 @@ def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
     assert last["steady"]["expected_share"] == pytest.approx(1 / 3, abs=0.05)
     assert last["quick"]["samples"] + last["steady"]["samples"] == 300
     assert last["quick"]["samples"] > last["steady"]["samples"]
+
+
+def test_it_refuses_an_anonymous_caller_with_a_401_in_the_error_shape(mixed):
+    response = APIClient().get("/v1/routing", {"model": mixed.key})
+
+    assert response.status_code == status.HTTP_401_UNAUTHORIZED
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert "gpu-abc.test" not in response.content.decode()
+
+
+def test_it_refuses_a_wrong_api_key(mixed):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer mk-not-a-key")
+
+    response = client.get("/v1/routing", {"model": mixed.key})
+
+    assert response.status_code == status.HTTP_401_UNAUTHORIZED
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_it_refuses_a_signed_in_user_who_is_not_staff(mixed):
+    client = APIClient()
+    client.force_login(User.objects.create_user("plain-user", password="x"))
+
+    response = client.get("/v1/routing", {"model": mixed.key})
+
+    assert response.status_code == status.HTTP_403_FORBIDDEN
+    assert response.json()["error"]["code"] == "staff_only"
+
+
+def test_an_api_key_client_sees_the_routes_without_any_node_endpoint(mixed):
+    body = table(mixed.key, client=key_client())
+
+    hops = [hop for route in body["models"][0]["routes"] for hop in route["hops"]]
+    assert hops and all(set(hop) == {"node_id", "start_layer", "end_layer"} for hop in hops)
+    assert "gpu-abc.test" not in str(body)
+
+
+def test_staff_see_the_node_endpoints(mixed):
+    hops = [hop for route in table(mixed.key)["models"][0]["routes"] for hop in route["hops"]]
+
+    assert {hop["endpoint"] for hop in hops} == {
+        "http://gpu-abc.test:7000",
+        "http://cpu-def.test:7000",
+    }

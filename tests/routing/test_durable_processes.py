@@ -23,8 +23,13 @@ network = contextmanager(start_network)
 SETTINGS = {"MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1", "MESHNET_RATE_LIMIT_PER_MINUTE": "1000"}
 
 
-def routes(url: str) -> list[dict[str, Any]]:
-    table = httpx.get(f"{url}/v1/routing", params={"model": TINY}, timeout=10).json()
+def routes(url: str, api_key: str) -> list[dict[str, Any]]:
+    table = httpx.get(
+        f"{url}/v1/routing",
+        params={"model": TINY},
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=10,
+    ).json()
     return list(table["models"][0]["routes"])
 
 
@@ -51,7 +56,7 @@ def test_a_restarted_tracker_routes_on_the_arms_it_had_learned(tmp_path: Path) -
         assert chat(net.url, net.api_key)["meshnet"]["mode"] == "greedy-fallback"
         for _ in range(3):
             chat(net.url, net.api_key)
-        [learned] = routes(net.url)
+        [learned] = routes(net.url, net.api_key)
         assert learned["status"] == "proven"
         wait_until(
             lambda: (
@@ -66,7 +71,7 @@ def test_a_restarted_tracker_routes_on_the_arms_it_had_learned(tmp_path: Path) -
         net.tracker.process.stop()
         net.start_tracker(port=port)
 
-        [restored] = routes(net.url)
+        [restored] = routes(net.url, net.api_key)
         assert (restored["status"], restored["samples"]) == ("proven", learned["samples"])
         assert restored["tps"] == pytest.approx(learned["tps"])
         assert chat(net.url, net.api_key)["meshnet"]["mode"] == "exploit"
@@ -94,7 +99,7 @@ def test_an_arm_the_worker_pruned_is_gone_from_the_routing_table_of_both_tracker
                 what="both trackers to write their arm",
             )
             wait_until(  # each its own sample and its peer's, merged through Redis
-                lambda: all(routes(url)[0]["samples"] == 2 for url in trackers),
+                lambda: all(routes(url, net.api_key)[0]["samples"] == 2 for url in trackers),
                 timeout=30,
                 what="both trackers to merge their samples",
             )
@@ -105,7 +110,7 @@ def test_an_arm_the_worker_pruned_is_gone_from_the_routing_table_of_both_tracker
             Celery(broker=redis).send_task("routing.prune_arms")
 
             def pruned_everywhere() -> bool:
-                return all(routes(url)[0]["status"] == "unsampled" for url in trackers)
+                return all(routes(url, net.api_key)[0]["status"] == "unsampled" for url in trackers)
 
             wait_until(
                 pruned_everywhere, timeout=90, what="both trackers to drop the arm",

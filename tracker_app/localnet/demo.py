@@ -183,9 +183,14 @@ def wait_for_routes(network: LocalNetwork, topology: Topology, *, say: Say) -> N
         say(f"  {model}: a complete route is ready")
 
 
-def candidate_routes(tracker_url: str, model: str) -> list[list[str]]:
+def candidate_routes(tracker_url: str, model: str, api_key: str) -> list[list[str]]:
     """The node ids of each candidate route the tracker lists for ``model`` in ``/v1/routing``."""
-    table = httpx.get(f"{tracker_url}/v1/routing", params={"model": model}, timeout=10).json()
+    table = httpx.get(
+        f"{tracker_url}/v1/routing",
+        params={"model": model},
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=10,
+    ).json()
     routes: list[list[str]] = []
     for entry in table.get("models", []):
         if entry.get("model") == model:
@@ -206,7 +211,7 @@ def warm_up(network: LocalNetwork, topology: Topology, api_key: str, *, say: Say
         base_url=tracker_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120
     ) as client:
         for model in topology.models:
-            for route in candidate_routes(tracker_url, model):
+            for route in candidate_routes(tracker_url, model, api_key):
                 label = " -> ".join(names.get(node_id, node_id) for node_id in route)
                 started = time.monotonic()
                 reply = client.post(
