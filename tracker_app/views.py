@@ -53,12 +53,29 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return response
 
 
+# Loopback and the private ranges of RFC 1918 and RFC 4193 (Python's ``is_private``
+# also counts documentation and benchmark ranges, which are no one's LAN).
+PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(network)
+    for network in (
+        "127.0.0.0/8",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "::1/128",
+        "fc00::/7",
+    )
+)
+
+
 def _is_private(address: str) -> bool:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
-    return ip.is_loopback or ip.is_private
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in network for network in PRIVATE_NETWORKS)
 
 
 def _refusal(error: DomainError) -> JsonResponse:

@@ -157,3 +157,12 @@ def test_the_state_folder_is_the_projects_var_unless_set(tmp_path: Path) -> None
 def test_a_relative_state_folder_is_refused_not_resolved_against_the_cwd(tmp_path: Path) -> None:
     with pytest.raises(ImproperlyConfigured, match="MESHNET_VAR_DIR"):
         env_.var_dir({"MESHNET_VAR_DIR": "var"}, tmp_path)
+
+
+def test_the_metrics_token_is_optional_but_never_short() -> None:
+    assert env_.metrics_token({}) == ""
+    assert env_.metrics_token({"MESHNET_METRICS_TOKEN": " a-token-long-enough-1 "}) == (
+        "a-token-long-enough-1"
+    )
+    with pytest.raises(ImproperlyConfigured, match="MESHNET_METRICS_TOKEN"):
+        env_.metrics_token({"MESHNET_METRICS_TOKEN": "short"})

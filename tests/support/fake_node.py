@@ -1,0 +1,134 @@
+"""A dishonest node for attack tests: a small real HTTP server registered with a real tracker.
+
+It registers under a wallet of its own (signed like a node), proves its
+endpoint when the tracker challenges it (``POST /v1/challenge``: the wallet
+signs ``b"meshnet-endpoint-challenge-v1\\n" + nonce + b"\\n" + endpoint``), and
+answers ``/v1/generate`` with whatever its ``behaviour`` says: a well-formed
+stream whose usage claims ``reported_prompt_tokens``, or a 400. It runs in a
+thread of the test process; nothing in it touches the tracker's database.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from nodes_app.protocol import SSE_DONE, ChunkFrame, GenerateRequest, Usage, sse_event
+from tests.support.registration import signed_registration
+
+CHALLENGE_DOMAIN = b"meshnet-endpoint-challenge-v1\n"
+TEXT_TOKEN = 97  # "a" in the tiny model's byte vocabulary
+
+
+def challenge_signature(key: Ed25519PrivateKey, nonce: str, endpoint: str) -> str:
+    """The endpoint proof an honest node gives for ``nonce`` (see the module docstring)."""
+    return key.sign(CHALLENGE_DOMAIN + nonce.encode() + b"\n" + endpoint.encode()).hex()
+
+
+@dataclass
+class Behaviour:
+    """What the fake head does with the next ``/v1/generate``."""
+
+    refuse: bool = False  # answer 400 as if the request were invalid
+    reported_prompt_tokens: int = 10000
+
+
+@dataclass
+class FakeHead:
+    """A fake head over the tiny model's whole range, at ``endpoint``."""
+
+    key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    generate_calls: int = 0
+    endpoint: str = ""
+    node_id: str = ""
+    _server: ThreadingHTTPServer | None = None
+
+    def start(self) -> FakeHead:
+        head = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._json(200, {"status": "ok", "node_id": head.node_id})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/v1/challenge":
+                    signature = challenge_signature(head.key, body["nonce"], head.endpoint)
+                    self._json(200, {"wallet": head.wallet, "signature": signature})
+                elif self.path == "/v1/generate":
+                    head.generate_calls += 1
+                    self._generate(GenerateRequest.parse(body))
+                else:
+                    self._json(404, {"error": {"message": "no", "type": "x", "code": "x"}})
+
+            def _generate(self, request: GenerateRequest) -> None:
+                if head.behaviour.refuse:
+                    refusal = {"message": "too long", "type": "invalid_request_error"}
+                    self._json(400, {"error": {**refusal, "code": "context_length_exceeded"}})
+                    return
+                tokens = request.max_tokens - len(request.resume_token_ids)
+                usage = Usage(head.behaviour.reported_prompt_tokens, request.max_tokens)
+                frames = [ChunkFrame(role="assistant")]
+                frames += [ChunkFrame(content="a", token_ids=(TEXT_TOKEN,))] * (tokens - 1)
+                frames.append(
+                    ChunkFrame(
+                        content="a", token_ids=(TEXT_TOKEN,), finish_reason="length", usage=usage
+                    )
+                )
+                payload = b"".join(
+                    sse_event(f.to_json(completion_id="fake", created=1, model=request.model))
+                    for f in frames
+                )
+                payload += sse_event(SSE_DONE)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def wallet(self) -> str:
+        return str(signed_registration(self.key)["wallet"])
+
+    def register(self, tracker_url: str, *, benchmark_tps: float) -> str:
+        """Register with the tracker as a whole-model tiny node claiming ``benchmark_tps``."""
+        body = signed_registration(self.key, endpoint=self.endpoint, benchmark_tps=benchmark_tps)
+        response = httpx.post(f"{tracker_url}/api/nodes/register", json=body, timeout=30)
+        assert response.status_code == 201, response.text
+        self.node_id = str(response.json()["node_id"])
+        return self.node_id
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
