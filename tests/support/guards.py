@@ -1,11 +1,15 @@
-"""Racing the durable guards from several processes at once (see ``guard_race``)."""
+"""Driving the durable guards: races from several processes (see ``guard_race``), fixed
+windows, clients from several loopback addresses."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
+
+import httpx
 
 from tracker_app.localnet import ManagedProcess, process_env, wait_until
 
@@ -48,3 +52,17 @@ def race_in_processes(
         for contender in contenders:
             assert contender.wait(timeout=120) == 0, contender.output()
     return [result for out in outs for result in json.loads(out.read_text())]
+
+
+def wait_for_fresh_window(*, window_seconds: int = 60, needed: float = 30.0) -> None:
+    """Return with at least ``needed`` seconds left in the current fixed window, sleeping
+    into the next one if need be: a test that counts to a limit must not straddle two."""
+    left = window_seconds - time.time() % window_seconds
+    if left < needed:
+        time.sleep(left + 0.2)
+
+
+def client_from(address: str) -> httpx.Client:
+    """An HTTP client whose connections leave from ``address`` (any of 127.0.0.0/8 on
+    loopback): how one machine plays several clients to a per-address limit."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30)
