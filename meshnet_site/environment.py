@@ -176,7 +176,12 @@ def channel_layers_config(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def cache_config(env: Mapping[str, str]) -> dict[str, Any]:
-    """Redis as the shared cache (rate limits across trackers) when set, else local memory."""
+    """Redis as the cache when set, else local memory.
+
+    No guard lives in a cache, where other entries can evict it: the
+    registration replay guard and the rate limits are database rows
+    (``meshnet_site.guards``).
+    """
     url = redis_url(env)
     if url is None:
         return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -313,6 +318,7 @@ ROUTE_PROBE_INTERVAL = NumberSetting("MESHNET_ROUTE_PROBE_INTERVAL", 300.0, mini
 ROUTE_REPROBE_INTERVAL = NumberSetting("MESHNET_ROUTE_REPROBE_INTERVAL", 60.0, minimum=1.0)
 AUDIT_INTERVAL = NumberSetting("MESHNET_AUDIT_INTERVAL", 3600.0, minimum=1.0)
 ABANDONED_SWEEP_INTERVAL = NumberSetting("MESHNET_ABANDONED_SWEEP_INTERVAL", 600.0, minimum=1.0)
+GUARDS_PRUNE_INTERVAL = NumberSetting("MESHNET_GUARDS_PRUNE_INTERVAL", 600.0, minimum=1.0)
 
 # What the billing audit looks at and flags (ADR-0007).
 AUDIT_WINDOW = NumberSetting("MESHNET_AUDIT_WINDOW", 24 * 3600.0, minimum=60.0)
@@ -335,8 +341,9 @@ class BeatJob:
         return max(1, math.ceil(self.interval.read(env)))
 
 
-# The database's schedule rows come from frozen migrations (tracker_app 0005), not
-# from this list: a job added here needs a new migration that creates its row.
+# The database's schedule rows come from frozen migrations (tracker_app 0005,
+# guards 0002), not from this list: a job added here needs a new migration
+# that creates its row.
 BEAT_JOBS: tuple[BeatJob, ...] = (
     BeatJob("nodes-sweep-stale", "nodes.sweep_stale", NODE_SWEEP_INTERVAL),
     BeatJob("requests-fail-abandoned", "requests.fail_abandoned", ABANDONED_SWEEP_INTERVAL),
@@ -349,6 +356,7 @@ BEAT_JOBS: tuple[BeatJob, ...] = (
         kwargs={"due_only": True},
     ),
     BeatJob("billing-audit", "billing.audit", AUDIT_INTERVAL),
+    BeatJob("guards-prune", "guards.prune", GUARDS_PRUNE_INTERVAL),
 )
 
 

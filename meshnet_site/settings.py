@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "django_celery_results",
     "meshnet_site.outbox",
+    "meshnet_site.guards",
     "nodes_app",
     "routing_app",
     "tracker_app",
@@ -188,6 +189,11 @@ MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
 
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
+# Node registrations per client address per minute (429 beyond), counted before
+# any signature is checked. An IPv6 client is counted by its /64 network.
+MESHNET_REGISTRATION_RATE_LIMIT = env_.env_int(
+    ENV, "MESHNET_REGISTRATION_RATE_LIMIT", 30, minimum=1
+)
 
 # /metrics: a Bearer token it requires when set; unset, only loopback and private
 # client addresses (REMOTE_ADDR) get it. Behind a proxy every client looks private:

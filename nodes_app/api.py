@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from meshnet_site.bearer import bearer_token
 from nodes_app import services
 from nodes_app.models import LanguageModel, Node
+from nodes_app.registration_limit import registration_rate_limit_check
 
 HARDWARE = ("cpu", "cuda", "mps")
 
@@ -88,6 +89,14 @@ class RegisterNodeApi(APIView):
 
     @extend_schema(request=Input, responses={201: Output})
     def post(self, request: Request) -> Response:
+        now = timezone.now()
+        # Counted first, before parsing or any signature work: a flood of
+        # registrations, valid or not, costs the tracker one counter each.
+        registration_rate_limit_check(
+            client_address=request.META.get("REMOTE_ADDR", ""),
+            limit=settings.MESHNET_REGISTRATION_RATE_LIMIT,
+            now=now,
+        )
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
         fields = data.validated_data
@@ -105,7 +114,7 @@ class RegisterNodeApi(APIView):
             # The signature covers the fields exactly as the node sent them.
             signed_fields={k: v for k, v in request.data.items() if k != "signature"},
             signature=fields["signature"],
-            now=timezone.now(),
+            now=now,
             max_skew=settings.MESHNET_REGISTRATION_MAX_SKEW,
         )
         body = self.Output(

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, QuerySet
 
 from meshnet_site.errors import DomainError, ErrorKind
+from meshnet_site.guards.services import claim_once
 from nodes_app.events import epoch_announce, node_heartbeat_announce, nodes_announce
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.selectors import (
@@ -165,8 +165,10 @@ def node_register(
     model = _catalogue_model(model_key)
     _check_shard(model, shard_start, shard_end, num_layers)
     # The timestamp bounds how long a captured registration could be replayed;
-    # remembering each accepted signature for that long closes the window.
-    if not cache.add(f"node-registration:{signature}", True, timeout=int(2 * max_skew) + 1):
+    # remembering each accepted signature for that long closes the window. The
+    # claim is a database row: no other traffic can evict it.
+    remember_until = now + timedelta(seconds=2 * max_skew + 1)
+    if not claim_once("node-registration", signature, until=remember_until, now=now):
         raise RegistrationNotTrusted(
             "This signed registration was already used; sign a new one",
             code="replayed_registration",

@@ -1,16 +1,16 @@
-"""Per-API-key rate limit: a fixed one-minute window counted in the shared cache.
+"""Per-API-key rate limit: a fixed one-minute window counted in the database.
 
-With Redis configured the count is shared by every tracker process, so the
-limit holds for the whole deployment, not per process.
+The count is a durable guard (``meshnet_site.guards``): shared by every
+tracker process over the one database, in the embedded deployment as in
+production, and never evicted by other traffic the way a cache entry is.
 """
 
 from __future__ import annotations
 
-import math
-
-from django.core.cache import cache
+from datetime import UTC, datetime
 
 from meshnet_site.errors import DomainError, ErrorKind
+from meshnet_site.guards.services import count_hit, window_retry_after
 
 WINDOW_SECONDS = 60
 
@@ -26,16 +26,13 @@ class RateLimitExceeded(DomainError):
 def rate_limit_check(*, key_hash: str, limit: int, now: float) -> None:
     """Count one request for the API key with ``key_hash``; ``RateLimitExceeded`` past ``limit``.
 
-    Counters are named by the key's hash, which is unique to the key wherever
-    it lives, so trackers of different deployments sharing one Redis never
-    count each other's requests.
+    Counters are named by the key's hash, which is unique to the key, so
+    deployments never count each other's requests; ``now`` is Unix time.
     """
-    window = int(now // WINDOW_SECONDS)
-    counter = f"ratelimit:{key_hash[:24]}:{window}"
-    cache.add(counter, 0, timeout=WINDOW_SECONDS * 2)
-    count = cache.incr(counter)
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    count = count_hit(f"api-key:{key_hash}", window_seconds=WINDOW_SECONDS, now=moment)
     if count > limit:
-        retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
+        retry_after = window_retry_after(window_seconds=WINDOW_SECONDS, now=moment)
         raise RateLimitExceeded(
             f"Rate limit of {limit} requests per minute reached for this API key; "
             f"retry in {retry_after} s",
