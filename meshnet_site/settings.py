@@ -189,6 +189,11 @@ MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
 
+# The tracker's plan-signing key (nodes pin its public half, published at
+# /.well-known/meshnet-tracker-key) and how long a signed plan may open sessions.
+MESHNET_TRACKER_KEY_FILE = env_.tracker_key_file(ENV, VAR_DIR)
+MESHNET_PLAN_VALIDITY = env_.PLAN_VALIDITY.read(ENV)
+
 # How far a signed registration's timestamp may be from the tracker's clock.
 MESHNET_REGISTRATION_MAX_SKEW = 300.0
 

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from tests.support.databases import query_process_database
+from tests.support.plans import signed, tracker_key
 from tests.support.sse import iter_sse, read_sse, text_of
 from tracker_app.localnet import (
     LocalNetwork,
@@ -89,11 +90,15 @@ def start_network(database_url: str, tmp: Path, **settings: str) -> Iterator[Net
         yield network
 
 
-def head_generate(head: NodeProcess, hops: list[dict[str, Any]], **body: Any) -> str:
-    """The head node's own answer for a plan, straight from ``/v1/generate``."""
+def head_generate(
+    network: LocalNetwork, head: NodeProcess, hops: list[dict[str, Any]], **body: Any
+) -> str:
+    """The head node's own answer for a plan signed with the network's tracker key,
+    straight from ``/v1/generate``."""
     payload = {
         "request_id": f"direct-{time.monotonic_ns()}",
         "plan": {"model": body.pop("model"), "hops": hops},
         **body,
     }
+    payload = signed(payload, tracker_key(network.tracker_key_file))
     return text_of(read_sse(f"{head.endpoint}/v1/generate", payload))
