@@ -9,6 +9,7 @@ Prints tokens/s of each and their ratio (target >= 0.95).
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import sys
 import time
@@ -47,6 +48,7 @@ def signed_direct(body: dict[str, Any], key_file: Path) -> dict[str, Any]:
     """``body`` under a fresh request id, its plan signed as the tracker signs one."""
     body = {**body, "request_id": f"bench-{time.monotonic_ns()}"}
     body["plan"] = {**body["plan"], "expires_at": int(time.time()) + 60, "signature": ""}
+    body["plan"]["nonce"] = secrets.token_hex(16)
     fields = GenerateRequest.parse(body).plan.signed_fields()
     body["plan"]["signature"] = sign_plan(load_or_create_wallet(key_file), fields)
     return body

@@ -5,8 +5,9 @@ Every tracker and worker of a deployment reads one ed25519 key from
 every plan it sends a head with it; nodes pin its public half (published at
 ``/.well-known/meshnet-tracker-key``) and act on nothing else. A plan is
 signed afresh for each send (a retry, a failover, a probe), valid for
-``MESHNET_PLAN_VALIDITY`` seconds: that bounds when it may open sessions,
-not how long the generation it starts may run.
+``MESHNET_PLAN_VALIDITY`` seconds (that bounds when it may open sessions,
+not how long the generation it starts may run) and with a fresh nonce, so
+that no two sends share a signature a node would refuse as replayed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import secrets
 import time
 from pathlib import Path
 
@@ -43,7 +45,10 @@ def plan_sign(request: GenerateRequest, *, now: float | None = None) -> Generate
     """``request`` with its plan signed by the tracker, valid from ``now`` (default: the clock)."""
     issued = time.time() if now is None else now
     sealed = dataclasses.replace(
-        request, expires_at=math.ceil(issued + settings.MESHNET_PLAN_VALIDITY), signature=""
+        request,
+        expires_at=math.ceil(issued + settings.MESHNET_PLAN_VALIDITY),
+        nonce=secrets.token_hex(16),
+        signature="",
     )
     signature = sign_plan(tracker_signing_key(), sealed.plan.signed_fields())
     return dataclasses.replace(sealed, signature=signature)

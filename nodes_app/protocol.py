@@ -78,6 +78,7 @@ SSE_DONE = "[DONE]"
 
 _HEX_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
 _CAPABILITY = re.compile(r"^[0-9a-f]{64}$")
+_NONCE = re.compile(r"^[0-9a-f]{0,64}$")
 _ERROR_CODE = re.compile(r"^[a-z_]{1,40}$")
 
 
@@ -236,14 +237,17 @@ def _plan_hops(raw_hops: Any) -> tuple[PlanHop, ...]:
     return hops
 
 
-def _plan_seal(plan: Mapping[str, Any]) -> tuple[int, str]:
-    """A plan's ``expires_at`` and ``signature``: (0, "") when it is unsigned."""
-    expires_at, signature = plan.get("expires_at", 0), plan.get("signature", "")
+def _plan_seal(plan: Mapping[str, Any]) -> tuple[int, str, str]:
+    """A plan's ``expires_at``, ``nonce`` and ``signature``: (0, "", "") when it is unsigned."""
+    expires_at, nonce = plan.get("expires_at", 0), plan.get("nonce", "")
+    signature = plan.get("signature", "")
     if not _is_count(expires_at):
         raise ProtocolError("plan.expires_at must be unix seconds", code="invalid_plan")
+    if not isinstance(nonce, str) or not _NONCE.match(nonce):
+        raise ProtocolError("plan.nonce must be at most 64 hex digits", code="invalid_plan")
     if not isinstance(signature, str) or (signature and not _HEX_SIGNATURE.match(signature)):
         raise ProtocolError("plan.signature must be 128 hex digits", code="invalid_plan")
-    return expires_at, signature
+    return expires_at, nonce, signature
 
 
 @dataclass(frozen=True)
@@ -252,14 +256,17 @@ class SignedPlan:
 
     The signature (``nodes_app.signing.sign_plan``) covers :meth:`signed_fields`:
     request id, model, every hop's node id, endpoint and layers, and
-    ``expires_at`` (unix seconds; after it the plan opens no session). An
-    unsigned plan has ``signature`` "" (only ``--dev-open`` nodes take one).
+    ``expires_at`` (unix seconds; after it the plan opens no session) and a
+    ``nonce``, so that two sends of one request (a retry, a failover on the
+    same route) are two plans, each opening its own sessions. An unsigned
+    plan has ``signature`` "" (only ``--dev-open`` nodes take one).
     """
 
     request_id: str
     model: str
     hops: tuple[PlanHop, ...]
     expires_at: int = 0
+    nonce: str = ""
     signature: str = ""
 
     def signed_fields(self) -> dict[str, Any]:
@@ -269,6 +276,7 @@ class SignedPlan:
             "model": self.model,
             "hops": [hop.to_json() for hop in self.hops],
             "expires_at": self.expires_at,
+            "nonce": self.nonce,
         }
 
     def to_header(self) -> str:
@@ -294,8 +302,9 @@ class SignedPlan:
             raise ProtocolError("plan.request_id must name the request", code="invalid_plan")
         if not isinstance(model, str) or not model:
             raise ProtocolError("plan.model must name the model", code="invalid_plan")
-        expires_at, signature = _plan_seal(data)
-        return cls(request_id, model, _plan_hops(data.get("hops")), expires_at, signature)
+        expires_at, nonce, signature = _plan_seal(data)
+        hops = _plan_hops(data.get("hops"))
+        return cls(request_id, model, hops, expires_at, nonce, signature)
 
 
 def capability_valid(value: str) -> bool:
@@ -309,8 +318,8 @@ class GenerateRequest:
 
     ``max_tokens`` is the budget of the whole completion, resumed tokens
     included: the head prefills the prompt plus ``resume_token_ids`` and
-    streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``
-    and ``signature`` are the tracker's seal on the plan (see :attr:`plan`).
+    streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``,
+    ``nonce`` and ``signature`` are the tracker's seal on the plan (see :attr:`plan`).
     """
 
     request_id: str
@@ -322,18 +331,21 @@ class GenerateRequest:
     stop: list[str] = field(default_factory=list)
     resume_token_ids: list[int] = field(default_factory=list)
     expires_at: int = 0
+    nonce: str = ""
     signature: str = ""
 
     @property
     def plan(self) -> SignedPlan:
         """The request's plan with the tracker's seal (unsigned: ``signature`` "")."""
-        return SignedPlan(self.request_id, self.model, self.hops, self.expires_at, self.signature)
+        return SignedPlan(
+            self.request_id, self.model, self.hops, self.expires_at, self.nonce, self.signature
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the tracker sends (sampling fields at the top level)."""
         plan: dict[str, Any] = {"model": self.model, "hops": [hop.to_json() for hop in self.hops]}
         if self.signature:
-            plan.update(expires_at=self.expires_at, signature=self.signature)
+            plan.update(expires_at=self.expires_at, nonce=self.nonce, signature=self.signature)
         return {
             "request_id": self.request_id,
             "messages": self.messages,
@@ -389,7 +401,7 @@ class GenerateRequest:
         model = plan.get("model")
         if not isinstance(model, str) or not model:
             raise ProtocolError("plan.model must name the model", code="invalid_plan")
-        expires_at, signature = _plan_seal(plan)
+        expires_at, nonce, signature = _plan_seal(plan)
         return cls(
             request_id=request_id,
             model=model,
@@ -400,6 +412,7 @@ class GenerateRequest:
             stop=stop,
             resume_token_ids=list(resume),
             expires_at=expires_at,
+            nonce=nonce,
             signature=signature,
         )
 
