@@ -24,8 +24,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshnet_site.environment import PLAN_VALIDITY
 from nodes_app.protocol import (
     CAPABILITY,
+    MAX_PLAN_VALIDITY,
     PLAN,
     TRACKER_KEY_PATH,
     PlanHop,
@@ -417,6 +419,10 @@ def test_any_field_altered_after_signing_fails_verification(
     assert not verify_plan(public, altered(fields, data), signature)
     assert not verify_plan(public_key_from_hex(wallet_of(Ed25519PrivateKey.generate())),
                            fields, signature)  # fmt: skip
+
+
+def test_the_tracker_never_signs_a_plan_for_longer_than_nodes_accept() -> None:
+    assert PLAN_VALIDITY.maximum == MAX_PLAN_VALIDITY
 
 
 def test_a_plan_signature_is_no_registration_signature() -> None:
