@@ -30,10 +30,10 @@ PROMPT = "Write a detailed story about a lighthouse keeper who finds a message i
 
 
 def node(layers: tuple[int, int], node_id: str, log_dir: Path) -> NodeProcess:
-    """A node without a tracker, one torch thread, serving as ``node_id``."""
+    """A node without a tracker (dev-open: called directly), one torch thread, as ``node_id``."""
     return start_node(
         name=node_id, model=MODEL, layers=layers, env=process_env(), log_dir=log_dir,
-        node_id=node_id,
+        node_id=node_id, dev_open=True,
     )  # fmt: skip
 
 

@@ -2,12 +2,14 @@
 
 Starts a tracker and two SmolLM2 nodes (layers 0-14 and 15-29), then streams
 the same greedy request alternately through ``/v1/chat/completions`` (route
-pinned to those two nodes) and directly from the head's ``/v1/generate``.
+pinned to those two nodes) and directly from the head's ``/v1/generate``
+(with a plan signed by the network's tracker key, as the tracker would sign it).
 Prints tokens/s of each and their ratio (target >= 0.95).
 """
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import sys
 import time
@@ -18,7 +20,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes_app.protocol import sse_data
+from nodes_app.protocol import GenerateRequest, sse_data
+from nodes_app.signing import load_or_create_wallet, sign_plan
 from tracker_app.localnet import LocalNetwork
 
 MODEL = "smollm2-135m"
@@ -41,6 +44,16 @@ def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tup
     return tokens, time.perf_counter() - began
 
 
+def signed_direct(body: dict[str, Any], key_file: Path) -> dict[str, Any]:
+    """``body`` under a fresh request id, its plan signed as the tracker signs one."""
+    body = {**body, "request_id": f"bench-{time.monotonic_ns()}"}
+    body["plan"] = {**body["plan"], "expires_at": int(time.time()) + 60, "signature": ""}
+    body["plan"]["nonce"] = secrets.token_hex(16)
+    fields = GenerateRequest.parse(body).plan.signed_fields()
+    body["plan"]["signature"] = sign_plan(load_or_create_wallet(key_file), fields)
+    return body
+
+
 def main() -> None:
     # One machine, so the embedded mode; no rate limit on the benchmark's key.
     settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
@@ -53,12 +66,14 @@ def main() -> None:
         hops = [head.hop(), tail.hop()]
         common = {"messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0}
         via_tracker = {"model": MODEL, "stream": True, "route": [h["node_id"] for h in hops]}
-        direct = {"request_id": "bench", "plan": {"model": MODEL, "hops": hops}}
+        direct = {"plan": {"model": MODEL, "hops": hops}}
+        assert net.tracker_key_file is not None
         auth = {"Authorization": f"Bearer {key}"}
         timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)  # warm
         tracker_tps, direct_tps = [], []
         for _ in range(ROUNDS):
-            n, s = timed_stream(f"{hops[0]['endpoint']}/v1/generate", {**common, **direct}, {})
+            body = signed_direct({**common, **direct}, net.tracker_key_file)
+            n, s = timed_stream(f"{hops[0]['endpoint']}/v1/generate", body, {})
             direct_tps.append(n / s)
             n, s = timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)
             tracker_tps.append(n / s)

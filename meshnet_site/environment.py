@@ -144,6 +144,23 @@ def var_dir(env: Mapping[str, str], base_dir: Path) -> Path:
     return path
 
 
+def tracker_key_file(env: Mapping[str, str], var_dir: Path) -> Path:
+    """MESHNET_TRACKER_KEY_FILE: the tracker's ed25519 plan-signing key (hex, mode 0600).
+
+    Default ``<MESHNET_VAR_DIR>/tracker_key``, created on first use. Every
+    tracker and worker of one deployment must read the same key: nodes pin it.
+    """
+    value = env.get("MESHNET_TRACKER_KEY_FILE", "").strip()
+    if not value:
+        return var_dir / "tracker_key"
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise ImproperlyConfigured(
+            f"MESHNET_TRACKER_KEY_FILE must be an absolute path, got {value!r}"
+        )
+    return path
+
+
 def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
     """PostgreSQL (or any dj-database-url URL) from DATABASE_URL, else a SQLite file."""
     url = env.get("DATABASE_URL", "").strip()
@@ -308,6 +325,10 @@ ROUTE_ARM_TTL = NumberSetting("MESHNET_ROUTE_ARM_TTL", 24 * 3600.0, minimum=1.0)
 ROUTE_SNAPSHOT_RETENTION = NumberSetting(
     "MESHNET_ROUTE_SNAPSHOT_RETENTION", 7 * 24 * 3600.0, minimum=1.0
 )
+
+# How long a plan the tracker signs may open sessions on nodes (not how long a
+# generation may run); nodes refuse plans valid longer than the protocol's 600 s.
+PLAN_VALIDITY = NumberSetting("MESHNET_PLAN_VALIDITY", 60.0, minimum=1.0, maximum=600.0)
 
 # Background jobs (ADR-0007). Each interval is the default a migration writes
 # into the database schedule (django-celery-beat, edited in the admin); set in

@@ -200,6 +200,11 @@ MESHNET_REGISTRATION_RATE_LIMIT = env_.env_int(
 # set a token there.
 MESHNET_METRICS_TOKEN = env_.metrics_token(ENV)
 
+# The tracker's plan-signing key (nodes pin its public half, published at
+# /.well-known/meshnet-tracker-key) and how long a signed plan may open sessions.
+MESHNET_TRACKER_KEY_FILE = env_.tracker_key_file(ENV, VAR_DIR)
+MESHNET_PLAN_VALIDITY = env_.PLAN_VALIDITY.read(ENV)
+
 # How far a signed registration's timestamp may be from the tracker's clock.
 MESHNET_REGISTRATION_MAX_SKEW = 300.0
 

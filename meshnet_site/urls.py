@@ -1,4 +1,5 @@
-"""Tracker URLs: dashboard, admin, node registry API, OpenAPI schema, health and metrics."""
+"""Tracker URLs: dashboard, admin, node registry API, the plan-signing key, OpenAPI
+schema, health and metrics."""
 
 from django.contrib import admin
 from django.contrib.auth.views import LogoutView
@@ -32,6 +33,7 @@ urlpatterns = [
         RoutingTableApi.as_view(authentication_classes=CLIENT_OR_STAFF),
         name="routing-table",
     ),
+    path(".well-known/", include("nodes_app.well_known_urls")),
     path("v1/models", tracker_api.ModelsApi.as_view(), name="models"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", tracker_views.healthz, name="healthz"),

@@ -15,6 +15,8 @@ from rest_framework.views import APIView
 from meshnet_site.bearer import bearer_token
 from nodes_app import services
 from nodes_app.models import LanguageModel, Node
+from nodes_app.plans import tracker_public_key
+from nodes_app.protocol import TRACKER_KEY_ALGORITHM
 from nodes_app.registration_limit import registration_rate_limit_check
 
 HARDWARE = ("cpu", "cuda", "mps")
@@ -154,3 +156,16 @@ class DeregisterNodeApi(APIView):
         node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
         services.node_deregister(node=node)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TrackerKeyApi(APIView):
+    """The key this tracker signs plans with; nodes fetch and pin it when they register."""
+
+    class Output(serializers.Serializer[dict[str, Any]]):
+        algorithm = serializers.CharField()
+        public_key = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
+
+    @extend_schema(responses={200: Output})
+    def get(self, request: Request) -> Response:
+        body = {"algorithm": TRACKER_KEY_ALGORITHM, "public_key": tracker_public_key()}
+        return Response(self.Output(body).data)

@@ -16,6 +16,10 @@ What it holds (docs/adr/0002-node-runtime.md has the prose contract):
   :class:`ErrorFrame` (``hop_failed`` / ``hop_busy``) before ``[DONE]``.
 - The ``X-Meshnet-*`` header names of the binary hop step
   (``POST /v1/forward``; the tensor codec is torch's, in the node runtime).
+- The tracker's signature on a plan (:class:`SignedPlan`: what it covers,
+  its header form for hop sessions, :data:`MAX_PLAN_VALIDITY`), the
+  per-session capability (:data:`CAPABILITY`) and where a tracker publishes
+  its key (:data:`TRACKER_KEY_PATH`); signing itself is ``nodes_app.signing``.
 
 Anything malformed raises :class:`ProtocolError` with the machine-readable
 ``code`` a node answers in its 400 and a message that names the field.
@@ -23,7 +27,10 @@ Anything malformed raises :class:`ProtocolError` with the machine-readable
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
@@ -37,6 +44,16 @@ POSITION = "X-Meshnet-Position"
 DTYPE = "X-Meshnet-Dtype"
 SHAPE = "X-Meshnet-Shape"
 SAMPLING = "X-Meshnet-Sampling"
+# The tracker-signed plan (base64url JSON, see SignedPlan.to_header), sent with
+# the step that opens a hop session (position 0), and the session's capability:
+# a secret the head chooses per hop session, sent with every step and DELETE.
+PLAN = "X-Meshnet-Plan"
+CAPABILITY = "X-Meshnet-Capability"
+
+# Where a tracker publishes the ed25519 key it signs plans with (anonymous GET:
+# {"algorithm": "ed25519", "public_key": "<hex>"}); nodes pin it at registration.
+TRACKER_KEY_PATH = "/.well-known/meshnet-tracker-key"
+TRACKER_KEY_ALGORITHM = "ed25519"
 
 # Limits both sides enforce. OpenAI allows 4 stop sequences; the tracker
 # refuses more before anything reaches a node, and the node refuses them too.
@@ -46,6 +63,11 @@ MAX_REQUEST_ID = 100
 # The head names a hop session ``<request_id>.<12 hex>``, so this leaves room.
 MAX_SESSION_ID = 128
 DEFAULT_MAX_TOKENS = 256
+# A signed plan may open sessions until its ``expires_at``; a node refuses one
+# that claims to stay valid longer than this (it remembers used plans until
+# they expire, so this bounds that memory), and a header larger than this.
+MAX_PLAN_VALIDITY = 600
+MAX_PLAN_HEADER = 8192
 
 # Error frame codes. A full hop is not a broken one: the tracker waits on
 # ``hop_busy`` and bans the named node on ``hop_failed``.
@@ -53,6 +75,20 @@ HOP_FAILED = "hop_failed"
 HOP_BUSY = "hop_busy"
 
 SSE_DONE = "[DONE]"
+
+_HEX_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
+_CAPABILITY = re.compile(r"^[0-9a-f]{64}$")
+_NONCE = re.compile(r"^[0-9a-f]{0,64}$")
+_ERROR_CODE = re.compile(r"^[a-z_]{1,40}$")
+
+
+def relayable_code(value: Any) -> str | None:
+    """``value`` if it has the form of an error code (``^[a-z_]{1,40}$``), else None.
+
+    What a node or tracker may repeat of another node's error: never its
+    message (an untrusted node could put anything there), only its code.
+    """
+    return value if isinstance(value, str) and _ERROR_CODE.match(value) else None
 
 
 class ProtocolError(ValueError):
@@ -182,13 +218,108 @@ class PlanHop:
         return cls(node_id=node_id, endpoint=endpoint.rstrip("/"), start_layer=start, end_layer=end)
 
 
+def _plan_hops(raw_hops: Any) -> tuple[PlanHop, ...]:
+    """The hops of a plan: at least one, from layer 0, covering the layers contiguously."""
+    if not isinstance(raw_hops, list) or not raw_hops:
+        raise ProtocolError(
+            "plan must be an object with a non-empty hops list", code="invalid_plan"
+        )
+    hops = tuple(PlanHop.parse(raw, i) for i, raw in enumerate(raw_hops))
+    if hops[0].start_layer != 0:
+        raise ProtocolError("hop 0 must start at layer 0", code="invalid_plan")
+    for previous, hop in pairwise(hops):
+        if hop.start_layer != previous.end_layer + 1 or hop.end_layer < hop.start_layer:
+            raise ProtocolError(
+                f"hop {hop.node_id} must start at layer {previous.end_layer + 1}: "
+                "hops must cover the layers contiguously",
+                code="invalid_plan",
+            )
+    return hops
+
+
+def _plan_seal(plan: Mapping[str, Any]) -> tuple[int, str, str]:
+    """A plan's ``expires_at``, ``nonce`` and ``signature``: (0, "", "") when it is unsigned."""
+    expires_at, nonce = plan.get("expires_at", 0), plan.get("nonce", "")
+    signature = plan.get("signature", "")
+    if not _is_count(expires_at):
+        raise ProtocolError("plan.expires_at must be unix seconds", code="invalid_plan")
+    if not isinstance(nonce, str) or not _NONCE.match(nonce):
+        raise ProtocolError("plan.nonce must be at most 64 hex digits", code="invalid_plan")
+    if not isinstance(signature, str) or (signature and not _HEX_SIGNATURE.match(signature)):
+        raise ProtocolError("plan.signature must be 128 hex digits", code="invalid_plan")
+    return expires_at, nonce, signature
+
+
+@dataclass(frozen=True)
+class SignedPlan:
+    """A route as the tracker signed it: which nodes run which layers of one request.
+
+    The signature (``nodes_app.signing.sign_plan``) covers :meth:`signed_fields`:
+    request id, model, every hop's node id, endpoint and layers, and
+    ``expires_at`` (unix seconds; after it the plan opens no session) and a
+    ``nonce``, so that two sends of one request (a retry, a failover on the
+    same route) are two plans, each opening its own sessions. An unsigned
+    plan has ``signature`` "" (only ``--dev-open`` nodes take one).
+    """
+
+    request_id: str
+    model: str
+    hops: tuple[PlanHop, ...]
+    expires_at: int = 0
+    nonce: str = ""
+    signature: str = ""
+
+    def signed_fields(self) -> dict[str, Any]:
+        """Exactly what the signature covers."""
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "hops": [hop.to_json() for hop in self.hops],
+            "expires_at": self.expires_at,
+            "nonce": self.nonce,
+        }
+
+    def to_header(self) -> str:
+        """The plan as the value of :data:`PLAN`: base64url of its compact JSON."""
+        data = {**self.signed_fields(), "signature": self.signature}
+        raw = json.dumps(data, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def from_header(cls, value: str) -> SignedPlan:
+        """Parse a :data:`PLAN` header; :class:`ProtocolError` ``invalid_plan`` if malformed."""
+        if len(value) > MAX_PLAN_HEADER:
+            raise ProtocolError(f"{PLAN} is too long", code="invalid_plan")
+        try:
+            raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            data = json.loads(raw)
+        except (ValueError, binascii.Error):
+            raise ProtocolError(f"{PLAN} is not base64url JSON", code="invalid_plan") from None
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{PLAN} must hold an object", code="invalid_plan")
+        request_id, model = data.get("request_id"), data.get("model")
+        if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID:
+            raise ProtocolError("plan.request_id must name the request", code="invalid_plan")
+        if not isinstance(model, str) or not model:
+            raise ProtocolError("plan.model must name the model", code="invalid_plan")
+        expires_at, nonce, signature = _plan_seal(data)
+        hops = _plan_hops(data.get("hops"))
+        return cls(request_id, model, hops, expires_at, nonce, signature)
+
+
+def capability_valid(value: str) -> bool:
+    """Whether ``value`` has the form of a session capability (64 hex digits)."""
+    return bool(_CAPABILITY.match(value))
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """The body of ``POST {head}/v1/generate``.
 
     ``max_tokens`` is the budget of the whole completion, resumed tokens
     included: the head prefills the prompt plus ``resume_token_ids`` and
-    streams only new tokens. ``hops[0]`` is the head itself.
+    streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``,
+    ``nonce`` and ``signature`` are the tracker's seal on the plan (see :attr:`plan`).
     """
 
     request_id: str
@@ -199,9 +330,22 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     resume_token_ids: list[int] = field(default_factory=list)
+    expires_at: int = 0
+    nonce: str = ""
+    signature: str = ""
+
+    @property
+    def plan(self) -> SignedPlan:
+        """The request's plan with the tracker's seal (unsigned: ``signature`` "")."""
+        return SignedPlan(
+            self.request_id, self.model, self.hops, self.expires_at, self.nonce, self.signature
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the tracker sends (sampling fields at the top level)."""
+        plan: dict[str, Any] = {"model": self.model, "hops": [hop.to_json() for hop in self.hops]}
+        if self.signature:
+            plan.update(expires_at=self.expires_at, nonce=self.nonce, signature=self.signature)
         return {
             "request_id": self.request_id,
             "messages": self.messages,
@@ -209,7 +353,7 @@ class GenerateRequest:
             **self.sampling.to_json(),
             "stop": self.stop,
             "resume_token_ids": self.resume_token_ids,
-            "plan": {"model": self.model, "hops": [hop.to_json() for hop in self.hops]},
+            "plan": plan,
         }
 
     @classmethod
@@ -249,23 +393,15 @@ class GenerateRequest:
         if not isinstance(resume, list) or not all(_is_count(t) for t in resume):
             raise ProtocolError("resume_token_ids must be a list of token ids")
         plan = body.get("plan")
-        if not isinstance(plan, dict) or not isinstance(plan.get("hops"), list) or not plan["hops"]:
+        if not isinstance(plan, dict):
             raise ProtocolError(
                 "plan must be an object with a non-empty hops list", code="invalid_plan"
             )
+        hops = _plan_hops(plan.get("hops"))
         model = plan.get("model")
         if not isinstance(model, str) or not model:
             raise ProtocolError("plan.model must name the model", code="invalid_plan")
-        hops = tuple(PlanHop.parse(raw, i) for i, raw in enumerate(plan["hops"]))
-        if hops[0].start_layer != 0:
-            raise ProtocolError("hop 0 must start at layer 0", code="invalid_plan")
-        for previous, hop in pairwise(hops):
-            if hop.start_layer != previous.end_layer + 1 or hop.end_layer < hop.start_layer:
-                raise ProtocolError(
-                    f"hop {hop.node_id} must start at layer {previous.end_layer + 1}: "
-                    "hops must cover the layers contiguously",
-                    code="invalid_plan",
-                )
+        expires_at, nonce, signature = _plan_seal(plan)
         return cls(
             request_id=request_id,
             model=model,
@@ -275,6 +411,9 @@ class GenerateRequest:
             sampling=sampling,
             stop=stop,
             resume_token_ids=list(resume),
+            expires_at=expires_at,
+            nonce=nonce,
+            signature=signature,
         )
 
 

@@ -16,11 +16,17 @@ one of three things, each asking the caller for a different response:
 - :class:`HopFailure`: a node of the route failed (connection error, any
   other status, an error frame, a malformed frame, a stream that ends before
   the last token): ban ``node_id`` and fail over.
+
+A node's words never reach a client: messages name the node, an HTTP status
+and at most an error code of the protocol's form (``relayable_code``); the
+head's own text (a body, an error frame's message) is logged, truncated,
+for operators.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import httpx
@@ -34,14 +40,23 @@ from nodes_app.protocol import (
     GenerateRequest,
     ProtocolError,
     parse_frame,
+    relayable_code,
     sse_data,
 )
+
+logger = logging.getLogger(__name__)
+
+# How much of a node's own text an operator's log line keeps.
+LOGGED_DETAIL_CHARS = 300
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
 
 
 class HopFailure(Exception):
-    """A node of the route failed; the proxy bans ``node_id`` and fails over."""
+    """A node of the route failed; the proxy bans ``node_id`` and fails over.
+
+    ``message`` is safe to show a client: it holds no text a node wrote.
+    """
 
     def __init__(self, node_id: str, message: str) -> None:
         super().__init__(message)
@@ -54,7 +69,8 @@ class RouteBusy(Exception):
 
 
 class HeadRefused(DomainError):
-    """The head refused the request as invalid; ``code`` is the head's own."""
+    """The head refused the request as invalid; ``code`` is the head's own when it
+    has the protocol's form. The message names the node, never the head's text."""
 
     kind = ErrorKind.INVALID
 
@@ -90,10 +106,13 @@ async def head_stream(
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 raise RouteBusy()
             if response.status_code == status.HTTP_400_BAD_REQUEST and not prompt_checked:
-                raise _refusal(await response.aread())
+                raise _refusal(head.node_id, await response.aread())
             if response.status_code != status.HTTP_200_OK:
-                text = (await response.aread()).decode(errors="replace")[:300]
-                raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")
+                code = _error_code(head.node_id, response.status_code, await response.aread())
+                raise HopFailure(
+                    head.node_id,
+                    f"head answered HTTP {response.status_code}" + (f" ({code})" if code else ""),
+                )
             if on_connected is not None:
                 await on_connected()
             async for line in response.aiter_lines():
@@ -105,13 +124,16 @@ async def head_stream(
                         continue
                     frame = parse_frame(payload)
                 except ProtocolError as error:
-                    raise HopFailure(head.node_id, f"malformed frame: {error}") from error
+                    _log_detail(head.node_id, "sent a malformed frame", str(error))
+                    raise HopFailure(head.node_id, "malformed frame") from error
                 if isinstance(frame, ErrorFrame):
                     if frame.busy:
                         raise RouteBusy()
                     # The head may only blame a node of this route; otherwise it is at fault.
                     blamed = frame.node_id if frame.node_id in route else head.node_id
-                    raise HopFailure(blamed, frame.message)
+                    _log_detail(head.node_id, f"reported node {blamed} failed", frame.message)
+                    code = relayable_code(frame.code) or "hop_failed"
+                    raise HopFailure(blamed, f"node {blamed} failed ({code})")
                 tokens += len(frame.token_ids)
                 if tokens > request.max_tokens:
                     raise HopFailure(
@@ -124,15 +146,26 @@ async def head_stream(
     except httpx.HTTPError as error:
         if finished:
             return  # the answer was complete; only the connection's close failed
-        raise HopFailure(head.node_id, f"{type(error).__name__}: {error}") from error
+        # The exception's text names the endpoint, which clients are not shown.
+        _log_detail(head.node_id, "could not be read", str(error))
+        raise HopFailure(head.node_id, type(error).__name__) from error
     if not finished:
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
 
 
-def _refusal(body: bytes) -> HeadRefused:
+def _log_detail(node_id: str, what: str, detail: str) -> None:
+    logger.warning("node %s %s: %r", node_id, what, detail[:LOGGED_DETAIL_CHARS])
+
+
+def _error_code(node_id: str, status_code: int, body: bytes) -> str | None:
+    """The error code of a node's error body if it has the protocol's form; the body is logged."""
+    _log_detail(node_id, f"answered HTTP {status_code}", body.decode(errors="replace"))
     try:
-        error = json.loads(body)["error"]
-        message, code = str(error["message"]), str(error.get("code") or "invalid_request")
+        return relayable_code(json.loads(body)["error"]["code"])
     except (ValueError, KeyError, TypeError):
-        message, code = body.decode(errors="replace")[:300], "invalid_request"
-    return HeadRefused(f"The model's node refused the request: {message}", code=code)
+        return None
+
+
+def _refusal(node_id: str, body: bytes) -> HeadRefused:
+    code = _error_code(node_id, status.HTTP_400_BAD_REQUEST, body) or "invalid_request"
+    return HeadRefused(f"Node {node_id} refused the request ({code})", code=code)

@@ -23,6 +23,7 @@ import httpx
 
 from meshnet_site.celery import app as celery_app
 from nodes_app.models import LanguageModel
+from nodes_app.plans import plan_sign
 from nodes_app.protocol import GenerateRequest, PlanHop, SamplingParams
 from nodes_app.selectors import topology_epoch_current
 from routing_app.models import RouteProbe
@@ -72,7 +73,7 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
     token_ids: list[int] = []
 
     async def read() -> None:
-        frames = head_stream(client=client, request=probe_request(plan))
+        frames = head_stream(client=client, request=plan_sign(probe_request(plan)))
         async with aclosing(frames):
             async for frame in frames:
                 token_ids.extend(frame.token_ids)

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.models import LanguageModel
+from nodes_app.plans import plan_sign
 from nodes_app.protocol import ChunkFrame, GenerateRequest, PlanHop, Usage
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
@@ -262,18 +263,21 @@ class ChatProxy:
         """Stream the current route's tokens; raise HopFailure if one of its nodes fails."""
         segment = self.outcome.segments[-1]
         plan = segment.decision.plan
-        request = GenerateRequest(
-            request_id=self.request_id,
-            model=plan.model_key,
-            hops=tuple(
-                PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer)
-                for hop in plan.hops
-            ),
-            messages=self.params.messages,
-            max_tokens=self.params.max_tokens,
-            sampling=self.params.sampling,
-            stop=self.params.stop,
-            resume_token_ids=list(self.token_ids),
+        # Signed afresh for every send: a retry or a failover opens new sessions.
+        request = plan_sign(
+            GenerateRequest(
+                request_id=self.request_id,
+                model=plan.model_key,
+                hops=tuple(
+                    PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer)
+                    for hop in plan.hops
+                ),
+                messages=self.params.messages,
+                max_tokens=self.params.max_tokens,
+                sampling=self.params.sampling,
+                stop=self.params.stop,
+                resume_token_ids=list(self.token_ids),
+            )
         )
 
         async def connected() -> None:

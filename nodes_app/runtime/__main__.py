@@ -1,6 +1,8 @@
 """Serve a shard without a tracker: ``python -m nodes_app.runtime --model K --layers A-B --port P``.
 
 For tests and quick looks; ``manage.py runnode`` is the operator's command.
+Without a tracker the node obeys plans signed by ``--tracker-key``, or with
+``--dev-open`` anyone's; with neither it refuses every plan.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sys
 
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
+from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SCALE",
         help="TEST ONLY: add noise of this scale to every hidden state the node outputs",
     )
+    parser.add_argument("--tracker-key", type=tracker_key_argument, metavar="HEX")
+    parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
     args = parser.parse_args(argv)
     start, end = args.layers
     options = NodeOptions(
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         max_sessions=args.max_sessions,
         idle_timeout=args.idle_timeout,
         corrupt_hidden_states=args.corrupt_hidden_states,
+        tracker_key=args.tracker_key,
+        dev_open=args.dev_open,
     )
     return run_node(options)
 

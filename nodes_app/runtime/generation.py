@@ -6,12 +6,18 @@ the hop that ends at the last layer samples and answers with the token. The
 first step is the prefill (the templated prompt plus any resumed tokens); each
 later step sends one position. Every hop keeps its own KV cache for the
 session, freed at the end, on cancel, on failure, and by the idle reaper.
+
+Each hop session gets a capability of its own, chosen here; the step that
+opens it carries the tracker's signed plan as well (see ``trust``). A hop's
+error is reported by its node id, HTTP status and error code only: its
+message is the hop's to write and never reaches the tracker or a client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,27 +26,37 @@ import httpx
 
 from nodes_app.prompting import TemplateRefused, prompt_token_ids
 from nodes_app.protocol import (
+    CAPABILITY,
     DTYPE,
     HOP_BUSY,
     HOP_FAILED,
+    PLAN,
     SSE_DONE,
     ChunkFrame,
     ErrorFrame,
     GenerateRequest,
     PlanHop,
     Usage,
+    relayable_code,
     sse_event,
 )
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
+from nodes_app.runtime.trust import capability_hash, new_capability
+
+logger = logging.getLogger("meshnet.node")
 
 HOP_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=60.0)
 
 
 class HopFailed(Exception):
-    """A downstream hop did not answer a step; ``busy`` when it was at its session cap."""
+    """A downstream hop did not answer a step; ``busy`` when it was at its session cap.
+
+    ``message`` names what went wrong in the head's own words (a status, an
+    error code, an exception's type), never the hop's response text.
+    """
 
     def __init__(self, hop: PlanHop, message: str, *, busy: bool = False) -> None:
         super().__init__(message)
@@ -101,9 +117,16 @@ class Generation:
         self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         head = request.hops[0]
-        # Opened now, so a full node answers 503 before the stream starts.
-        self.session = service.open_session(self.session_id, 0, head.end_layer)
-        self.contacted: list[PlanHop] = []
+        # Opened now, so a full node answers 503 before the stream starts. Its
+        # capability is known to nobody: only this generation frees it.
+        self.session = service.open_session(
+            self.session_id, 0, head.end_layer, capability=capability_hash(new_capability())
+        )
+        # Indexes (into hops[1:]) of the hops that may hold a session of this generation.
+        self.contacted: list[int] = []
+        # One capability per hop session; the signed plan opens each of them.
+        self.capabilities = [new_capability() for _ in request.hops[1:]]
+        self.plan_header = request.plan.to_header() if request.signature else None
 
     def _event(self, frame: ChunkFrame) -> bytes:
         return sse_event(
@@ -176,10 +199,10 @@ class Generation:
         payload: bytes = result
         shape: tuple[int, ...] = (1, len(token_ids), service.shard.hidden_size)
         dtype = service.dtype_name
-        for hop in self.request.hops[1:]:
+        for index, hop in enumerate(self.request.hops[1:]):
             last = hop is self.request.hops[-1]
-            if hop not in self.contacted:
-                self.contacted.append(hop)
+            if index not in self.contacted:
+                self.contacted.append(index)
             headers = wire.step_headers(
                 session_id=self.session_id,
                 start=hop.start_layer,
@@ -189,16 +212,20 @@ class Generation:
                 shape=shape,
                 sampling=sampling if last else None,
             )
+            headers[CAPABILITY] = self.capabilities[index]
+            if position == 0 and self.plan_header is not None:
+                headers[PLAN] = self.plan_header
             try:
                 response = await self.client.post(
                     f"{hop.endpoint}/v1/forward", content=payload, headers=headers
                 )
             except httpx.HTTPError as error:
-                raise HopFailed(hop, f"{type(error).__name__}: {error}") from error
+                logger.warning("hop %s: %s", hop.node_id, error)
+                raise HopFailed(hop, f"{type(error).__name__}") from error
             if response.status_code != 200:
                 raise HopFailed(
                     hop,
-                    f"HTTP {response.status_code}: {response.text[:300]}",
+                    _status_of(hop, response),
                     busy=response.status_code == 503,
                 )
             if last:
@@ -213,19 +240,33 @@ class Generation:
     def _release(self) -> None:
         """Free this session here and on every hop it reached (also on cancel)."""
         self.service.cancel(self.session_id)
-        hops = list(self.contacted)
-        if hops:
-            task = asyncio.get_running_loop().create_task(self._cancel_hops(hops))
+        contacted = list(self.contacted)
+        if contacted:
+            task = asyncio.get_running_loop().create_task(self._cancel_hops(contacted))
             _background.add(task)
             task.add_done_callback(_background.discard)
 
-    async def _cancel_hops(self, hops: list[PlanHop]) -> None:
-        for hop in hops:
+    async def _cancel_hops(self, contacted: list[int]) -> None:
+        for index in contacted:
+            hop = self.request.hops[index + 1]
             # On failure the hop's idle reaper frees the session.
             with contextlib.suppress(httpx.HTTPError):
                 await self.client.delete(
-                    f"{hop.endpoint}/v1/sessions/{self.session_id}", timeout=5.0
+                    f"{hop.endpoint}/v1/sessions/{self.session_id}",
+                    headers={CAPABILITY: self.capabilities[index]},
+                    timeout=5.0,
                 )
+
+
+def _status_of(hop: PlanHop, response: httpx.Response) -> str:
+    """``HTTP <status>`` and the hop's error code when it looks like one; the rest is logged."""
+    code = None
+    with contextlib.suppress(ValueError, AttributeError):
+        code = relayable_code(response.json().get("error", {}).get("code"))
+    logger.warning(
+        "hop %s answered HTTP %d: %r", hop.node_id, response.status_code, response.text[:300]
+    )
+    return f"HTTP {response.status_code}" + (f" ({code})" if code else "")
 
 
 _background: set[asyncio.Task[None]] = set()

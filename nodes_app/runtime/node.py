@@ -35,6 +35,7 @@ from nodes_app.runtime.tracker_client import (
     RegistrationError,
     TrackerClient,
 )
+from nodes_app.runtime.trust import PlanGate
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class NodeOptions:
     idle_timeout: float = IDLE_TIMEOUT_SECONDS
     # TEST ONLY: noise added to every hidden state this node outputs (0: none).
     corrupt_hidden_states: float = 0.0
+    # The tracker key (hex) the operator pins; None: trust the tracker's on first use.
+    tracker_key: str | None = None
+    # TESTS AND BENCHMARKS ONLY: serve unsigned plans and capability-less steps.
+    dev_open: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -94,13 +99,22 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
         device=options.device,
     )
     print(shard.summary(), file=out, flush=True)
+    gate = PlanGate(tracker_key=options.tracker_key, dev_open=options.dev_open)
     service = NodeService(
         shard,
         node_id=options.node_id or f"local-{options.port}",
         max_sessions=options.max_sessions,
         idle_timeout=options.idle_timeout,
         corrupt_hidden_states=options.corrupt_hidden_states,
+        gate=gate,
     )
+    if options.dev_open:
+        print(
+            "WARNING: --dev-open: this node serves unsigned plans and steps without a "
+            "capability, from anyone (for tests and benchmarks only)",
+            file=out,
+            flush=True,
+        )
     if options.corrupt_hidden_states:
         print(
             f"WARNING: test-only corruption: noise of scale {options.corrupt_hidden_states} "
@@ -129,6 +143,55 @@ class _Server(uvicorn.Server):
 async def _serve(
     options: NodeOptions, shard: LoadedShard, service: NodeService, out: TextIO
 ) -> int:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
+        tracker: TrackerClient | None = None
+        if options.tracker:
+            from nodes_app.signing import load_or_create_wallet
+
+            if options.wallet_key is None:
+                raise ValueError("a node that registers needs its wallet key file")
+            tracker = TrackerClient(
+                options.tracker, load_or_create_wallet(options.wallet_key), client
+            )
+            if not await _pin_tracker_key(tracker, options, service, out):
+                return 1
+        return await _serve_joined(options, shard, service, tracker, out)
+
+
+async def _pin_tracker_key(
+    tracker: TrackerClient, options: NodeOptions, service: NodeService, out: TextIO
+) -> bool:
+    """Pin the key the tracker signs plans with, before serving; False if the node must not start.
+
+    With ``--tracker-key`` the published key must be that one; without, the
+    published key is trusted on first use (for the life of this process).
+    """
+    try:
+        published = await tracker.signing_key()
+    except RegistrationError as error:
+        print(f"error: {error}", file=out, flush=True)
+        return False
+    if options.tracker_key is not None and published != options.tracker_key:
+        print(
+            f"error: the tracker publishes signing key {published}, not the pinned "
+            f"{options.tracker_key}: refusing to serve it",
+            file=out,
+            flush=True,
+        )
+        return False
+    service.gate.pin(published)
+    how = "pinned by --tracker-key" if options.tracker_key else "trusted on first use"
+    print(f"tracker signing key {published} ({how})", file=out, flush=True)
+    return True
+
+
+async def _serve_joined(
+    options: NodeOptions,
+    shard: LoadedShard,
+    service: NodeService,
+    tracker: TrackerClient | None,
+    out: TextIO,
+) -> int:
     config = uvicorn.Config(
         create_app(service),
         host=options.host,
@@ -150,70 +213,61 @@ async def _serve(
         await asyncio.sleep(0.05)
 
     status = 0
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
-        tracker: TrackerClient | None = None
-        registration: Registration | None = None
-        if options.tracker:
-            from nodes_app.signing import load_or_create_wallet
-
-            if options.wallet_key is None:
-                raise ValueError("a node that registers needs its wallet key file")
-            tracker = TrackerClient(
-                options.tracker, load_or_create_wallet(options.wallet_key), client
+    registration: Registration | None = None
+    if tracker is not None:
+        announcement = NodeAnnouncement(
+            endpoint=options.endpoint,
+            model=options.model,
+            shard_start=shard.start,
+            shard_end=shard.end,
+            num_layers=shard.num_layers,
+            hardware=shard.device.type,
+            device_name=device_name(options.device),
+            benchmark_tps=service.benchmark_tps,
+        )
+        try:
+            registration = await tracker.register(announcement)
+        except RegistrationError as error:
+            print(f"error: {error}", file=out, flush=True)
+            stop.set()
+            status = 1
+        else:
+            service.node_id = registration.node_id
+    if not stop.is_set():
+        # The one ready line; the harness (tracker_app.localnet) waits for its
+        # "node <id> serving " prefix.
+        print(
+            f"node {service.node_id} serving {shard.model_key} layers "
+            f"{shard.start}-{shard.end} at {options.endpoint} on {shard.device.type} "
+            f"(+{shard.rss_added_bytes / 2**20:.0f} MiB, benchmark "
+            f"{service.benchmark_tps:.1f} tok/s)",
+            file=out,
+            flush=True,
+        )
+    while not stop.is_set():
+        interval = registration.heartbeat_interval if registration else 3600.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+        if stop.is_set() or tracker is None or registration is None:
+            continue
+        try:
+            code = await tracker.heartbeat(
+                registration,
+                active_sessions=len(service.store),
+                queue_depth=service.queued,
+                tps=service.meter.tps or service.benchmark_tps,
             )
-            announcement = NodeAnnouncement(
-                endpoint=options.endpoint,
-                model=options.model,
-                shard_start=shard.start,
-                shard_end=shard.end,
-                num_layers=shard.num_layers,
-                hardware=shard.device.type,
-                device_name=device_name(options.device),
-                benchmark_tps=service.benchmark_tps,
-            )
-            try:
+            if code in (401, 404):
                 registration = await tracker.register(announcement)
-            except RegistrationError as error:
-                print(f"error: {error}", file=out, flush=True)
-                stop.set()
-                status = 1
-            else:
                 service.node_id = registration.node_id
-        if not stop.is_set():
-            # The one ready line; the harness (tracker_app.localnet) waits for its
-            # "node <id> serving " prefix.
-            print(
-                f"node {service.node_id} serving {shard.model_key} layers "
-                f"{shard.start}-{shard.end} at {options.endpoint} on {shard.device.type} "
-                f"(+{shard.rss_added_bytes / 2**20:.0f} MiB, benchmark "
-                f"{service.benchmark_tps:.1f} tok/s)",
-                file=out,
-                flush=True,
-            )
-        while not stop.is_set():
-            interval = registration.heartbeat_interval if registration else 3600.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-            if stop.is_set() or tracker is None or registration is None:
-                continue
-            try:
-                code = await tracker.heartbeat(
-                    registration,
-                    active_sessions=len(service.store),
-                    queue_depth=service.queued,
-                    tps=service.meter.tps or service.benchmark_tps,
-                )
-                if code in (401, 404):
-                    registration = await tracker.register(announcement)
-                    service.node_id = registration.node_id
-            except (httpx.HTTPError, RegistrationError) as error:
-                print(f"heartbeat failed: {error}", file=out, flush=True)
-        server.should_exit = True
-        if tracker is not None and registration is not None:
-            try:
-                await tracker.deregister(registration)
-                print(f"node {registration.node_id} deregistered", file=out, flush=True)
-            except (httpx.HTTPError, RegistrationError) as error:
-                print(f"deregistration failed: {error}", file=out, flush=True)
+        except (httpx.HTTPError, RegistrationError) as error:
+            print(f"heartbeat failed: {error}", file=out, flush=True)
+    server.should_exit = True
+    if tracker is not None and registration is not None:
+        try:
+            await tracker.deregister(registration)
+            print(f"node {registration.node_id} deregistered", file=out, flush=True)
+        except (httpx.HTTPError, RegistrationError) as error:
+            print(f"deregistration failed: {error}", file=out, flush=True)
     await serving
     return status

@@ -1,11 +1,14 @@
 """The node's ASGI app (Starlette): health, binary hop steps, session cancel, and head generation.
 
 Routes:
-  GET    /v1/health               shard, sessions, queue depth, throughput
+  GET    /v1/health               shard, sessions, queue depth, throughput (open to anyone)
   POST   /v1/forward              one hop step (binary, see ``wire``)
   DELETE /v1/sessions/{id}        free a session's KV cache (204; 404 if unknown)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
 Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status.
+Generate, steps and DELETE need the tracker's signed plan or the session's
+capability (``trust``), checked before a session slot is taken or a step's
+body is read.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
             # Refuse on the headers alone, and bound the body by its declared
             # shape, before reading any of it.
             service.check_step(step)
+            capability = service.admit_step(step, request.headers)
             expected = wire.body_length(step)
             declared = request.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) != expected:
@@ -71,7 +75,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
                     code="bad_length",
                 )
             body = await request.body()
-            result = await service.forward(step, body)
+            result = await service.forward(step, body, capability)
         except RuntimeRequestError as error:
             return _error(error)
         except Exception:
@@ -95,7 +99,11 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
         )
 
     async def cancel(request: Request) -> Response:
-        if service.cancel(request.path_params["session_id"]):
+        try:
+            ended = service.end_session(request.path_params["session_id"], request.headers)
+        except RuntimeRequestError as error:
+            return _error(error)
+        if ended:
             return Response(status_code=204)
         return _error(RuntimeRequestError("no such session", code="unknown_session", status=404))
 
@@ -121,6 +129,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
             except ValueError:
                 raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
             generate_request = parse_generate_request(body, head)
+            service.gate.admit_plan(generate_request.plan, node_id=service.node_id)
             prompt = await prompt_for(service, generate_request)
             generation = Generation(service, state["client"], generate_request, prompt)
         except RuntimeRequestError as error:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from nodes_app.runtime.loading import LoadedShard
 from nodes_app.runtime.sampling import SamplingParams, new_generator, sample_token
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.shard import ShardExecutor
+from nodes_app.runtime.trust import PlanGate
 
 T = TypeVar("T")
 
@@ -51,9 +52,12 @@ class NodeService:
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         benchmark_tps: float = 0.0,
         corrupt_hidden_states: float = 0.0,
+        gate: PlanGate | None = None,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
+        # Closed unless given: no pinned tracker key, not dev-open.
+        self.gate = gate or PlanGate()
         self.executor = ShardExecutor(shard)
         self.store = SessionStore(max_sessions=max_sessions, idle_timeout=idle_timeout)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshnet-torch")
@@ -118,12 +122,52 @@ class NodeService:
                 code="context_length_exceeded",
             )
 
-    def open_session(self, session_id: str, start: int, end: int) -> Session:
+    def open_session(
+        self, session_id: str, start: int, end: int, *, capability: bytes | None = None
+    ) -> Session:
         self.check_range(start, end)
-        return self.store.create(session_id, start=start, end=end, cache=self.executor.new_cache())
+        return self.store.create(
+            session_id,
+            start=start,
+            end=end,
+            cache=self.executor.new_cache(),
+            capability=capability,
+        )
 
     def cancel(self, session_id: str) -> bool:
+        """Free a session (the node's own decision: end of a generation, a failed step)."""
         return self.store.drop(session_id)
+
+    def end_session(self, session_id: str, headers: Mapping[str, str]) -> bool:
+        """Free a session for a caller presenting its capability; False if there is none.
+
+        Raises 401/403 (``capability_required`` / ``capability_invalid``) for
+        anyone else.
+        """
+        session = self.store.get(session_id)
+        if session is None:
+            return False
+        self.gate.check_capability(headers, session.capability)
+        return self.store.drop(session_id)
+
+    def admit_step(self, step: wire.ForwardStep, headers: Mapping[str, str]) -> bytes | None:
+        """The trust check of a step, on its headers alone; the capability hash it presents.
+
+        A step that opens a session needs a signed plan for it (see
+        :class:`PlanGate`); a later step needs the session's capability.
+        """
+        session = self.store.get(step.session_id)
+        if session is not None:
+            return self.gate.check_capability(headers, session.capability)
+        if step.position != 0:
+            return None  # refused as unknown_session by forward()
+        return self.gate.admit_session(
+            headers,
+            node_id=self.node_id,
+            session_id=step.session_id,
+            start=step.start,
+            end=step.end,
+        )
 
     def check_step(self, step: wire.ForwardStep) -> None:
         """Everything about a step its headers alone can refuse, before its body is read."""
@@ -144,8 +188,14 @@ class NodeService:
                 f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_header"
             )
 
-    async def forward(self, step: wire.ForwardStep, body: bytes) -> bytes | int:
-        """One hop step: hidden states in, hidden states (or the sampled token) out."""
+    async def forward(
+        self, step: wire.ForwardStep, body: bytes, capability: bytes | None = None
+    ) -> bytes | int:
+        """One hop step: hidden states in, hidden states (or the sampled token) out.
+
+        ``capability`` is what :meth:`admit_step` returned for the step: a
+        new session keeps it, an existing one must hold the same.
+        """
         self.check_step(step)
         last = step.end == self.shard.num_layers - 1
         hidden = wire.tensor_from_bytes(body, step.dtype, step.shape)
@@ -156,7 +206,16 @@ class NodeService:
                     f"unknown session {step.session_id} (expired or cancelled?)",
                     code="unknown_session",
                 )
-            session = self.open_session(step.session_id, step.start, step.end)
+            session = self.open_session(
+                step.session_id, step.start, step.end, capability=capability
+            )
+        elif not session.admits(capability):
+            raise RuntimeRequestError(
+                "wrong capability for this session",
+                code="capability_invalid",
+                status=403,
+                error_type="permission_error",
+            )
         if (session.start, session.end) != (step.start, step.end):
             raise RuntimeRequestError(
                 f"session {step.session_id} runs layers {session.start}-{session.end}",

@@ -10,6 +10,7 @@ sessions left idle longer than the timeout.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ class Session:
     cache: Any
     position: int = 0
     generator: Any = None
+    # SHA-256 of the capability that opened it; None (dev-open): anyone may step it.
+    capability: bytes | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The store's clock, so that idle time is measured on the clock that reaps.
     clock: Callable[[], float] = time.monotonic
@@ -40,6 +43,12 @@ class Session:
 
     def touch(self) -> None:
         self.last_used = self.clock()
+
+    def admits(self, capability: bytes | None) -> bool:
+        """Whether a step presenting ``capability`` (its hash) may use this session."""
+        if self.capability is None:
+            return True
+        return capability is not None and hmac.compare_digest(capability, self.capability)
 
 
 class SessionStore:
@@ -61,7 +70,15 @@ class SessionStore:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    def create(self, session_id: str, *, start: int, end: int, cache: Any) -> Session:
+    def create(
+        self,
+        session_id: str,
+        *,
+        start: int,
+        end: int,
+        cache: Any,
+        capability: bytes | None = None,
+    ) -> Session:
         if session_id in self._sessions:
             raise RuntimeRequestError(
                 f"session {session_id} already exists: position 0 starts a new session",
@@ -75,7 +92,12 @@ class SessionStore:
                 error_type="server_error",
             )
         session = Session(
-            session_id=session_id, start=start, end=end, cache=cache, clock=self._clock
+            session_id=session_id,
+            start=start,
+            end=end,
+            cache=cache,
+            capability=capability,
+            clock=self._clock,
         )
         self._sessions[session_id] = session
         return session

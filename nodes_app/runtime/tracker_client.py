@@ -1,4 +1,4 @@
-"""Talking to the tracker's registry: signed registration, heartbeats, deregistration.
+"""Talking to the tracker: its plan-signing key, signed registration, heartbeats, deregistration.
 
 The node token is a secret: it is kept in memory and never logged.
 """
@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.signing import sign_registration, wallet_of
+from nodes_app.protocol import TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
+from nodes_app.signing import public_key_from_hex, sign_registration, wallet_of
 
 
 class RegistrationError(Exception):
@@ -49,9 +50,37 @@ def _error_message(response: httpx.Response) -> str:
 
 class TrackerClient:
     def __init__(self, tracker_url: str, key: Ed25519PrivateKey, client: httpx.AsyncClient):
-        self.base = tracker_url.rstrip("/") + "/api/nodes"
+        self.url = tracker_url.rstrip("/")
+        self.base = self.url + "/api/nodes"
         self.key = key
         self.client = client
+
+    async def signing_key(self, *, retry_for: float = 30.0) -> str:
+        """The key (hex) the tracker publishes for signing plans, waiting for it to answer.
+
+        Raises RegistrationError when it does not answer, or answers with no ed25519 key.
+        """
+        deadline = time.monotonic() + retry_for
+        while True:
+            try:
+                response = await self.client.get(self.url + TRACKER_KEY_PATH)
+                break
+            except httpx.TransportError as error:
+                if time.monotonic() > deadline:
+                    raise RegistrationError(f"tracker unreachable: {error}") from error
+                await asyncio.sleep(1.0)
+        try:
+            published = response.json()
+            if response.status_code != 200 or published["algorithm"] != TRACKER_KEY_ALGORITHM:
+                raise ValueError("not an ed25519 key")
+            key = str(published["public_key"])
+            public_key_from_hex(key)
+        except (ValueError, KeyError, TypeError):
+            raise RegistrationError(
+                f"the tracker publishes no ed25519 key at {TRACKER_KEY_PATH} "
+                f"(HTTP {response.status_code})"
+            ) from None
+        return key
 
     async def register(self, node: NodeAnnouncement, *, retry_for: float = 30.0) -> Registration:
         fields: dict[str, Any] = {

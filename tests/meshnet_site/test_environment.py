@@ -108,6 +108,24 @@ def test_the_embedded_secret_key_is_generated_once_and_kept(tmp_path: Path) -> N
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0
 
 
+def test_the_tracker_key_file_defaults_to_the_state_folder_and_must_be_absolute(
+    tmp_path: Path,
+) -> None:
+    assert env_.tracker_key_file({}, tmp_path) == tmp_path / "tracker_key"
+    chosen = {"MESHNET_TRACKER_KEY_FILE": str(tmp_path / "keys" / "signing")}
+    assert env_.tracker_key_file(chosen, tmp_path) == tmp_path / "keys" / "signing"
+    with pytest.raises(ImproperlyConfigured, match="MESHNET_TRACKER_KEY_FILE"):
+        env_.tracker_key_file({"MESHNET_TRACKER_KEY_FILE": "relative/key"}, tmp_path)
+
+
+def test_a_plan_is_valid_for_a_minute_unless_told_and_never_past_what_nodes_accept() -> None:
+    assert env_.PLAN_VALIDITY.read({}) == 60.0
+    assert env_.PLAN_VALIDITY.read({"MESHNET_PLAN_VALIDITY": "600"}) == 600.0
+    for outside in ("0.5", "601"):
+        with pytest.raises(ImproperlyConfigured, match="MESHNET_PLAN_VALIDITY"):
+            env_.PLAN_VALIDITY.read({"MESHNET_PLAN_VALIDITY": outside})
+
+
 def test_an_unparseable_database_url_is_refused() -> None:
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         env_.database_config({"DATABASE_URL": "nonsense://x"}, Path("/tmp"))

@@ -13,6 +13,7 @@ from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
+from nodes_app.runtime.trust import PlanGate
 from tests.support.nodes import HIDDEN, forward_headers
 
 
@@ -23,7 +24,8 @@ def hidden_bytes(rows: int, seed: int = 0) -> bytes:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    """A tail node (layers 1-3 of the tiny model) served in process."""
+    """A tail node (layers 1-3 of the tiny model) served in process, dev-open (the
+    signed-plan checks are tests/security's)."""
     torch.set_num_threads(1)
     shard = load_shard(
         model_key="tiny-random-llama",
@@ -32,7 +34,9 @@ def client() -> Iterator[TestClient]:
         end=3,
         progress=False,
     )
-    with TestClient(create_app(NodeService(shard, node_id="in-process"))) as test_client:
+    with TestClient(
+        create_app(NodeService(shard, node_id="in-process", gate=PlanGate(dev_open=True)))
+    ) as test_client:
         yield test_client
 
 

@@ -10,6 +10,7 @@ import httpx
 
 from tests.support.network import Tracker
 from tests.support.nodes import generate_body, read_stream, runnode
+from tests.support.plans import signed, tracker_key
 from tests.support.sse import completion
 from tracker_app.localnet import wait_until
 
@@ -44,9 +45,8 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
             )
         )
 
-        frames = read_stream(
-            head.endpoint, generate_body([(head, 0, 1), (tail, 2, 3)], max_tokens=8)
-        )
+        body = generate_body([(head, 0, 1), (tail, 2, 3)], max_tokens=8)
+        frames = read_stream(head.endpoint, signed(body, tracker_key(tracker.key_file)))
         assert completion(frames)[2]["usage"]["completion_tokens"] == 8
         wait_until(
             lambda: (

@@ -87,8 +87,13 @@ def test_an_arm_the_worker_pruned_is_gone_from_the_routing_table_of_both_tracker
     ):
         net.add_node("full", TINY, (0, 3))
         net.wait_for_route(TINY)
+        # A second tracker of the same deployment: it signs plans with the same key.
         with running_tracker(
-            database_url, tmp_path / "second", REDIS_URL=redis, **SETTINGS
+            database_url,
+            tmp_path / "second",
+            REDIS_URL=redis,
+            MESHNET_TRACKER_KEY_FILE=str(net.tracker_key_file),
+            **SETTINGS,
         ) as second:
             trackers = [net.url, second.url]
             for url in trackers:

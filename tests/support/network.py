@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from tests.support.databases import query_process_database
+from tests.support.plans import signed, tracker_key
 from tests.support.sse import iter_sse, read_sse, text_of
 from tracker_app.localnet import (
     LocalNetwork,
@@ -25,11 +26,13 @@ from tracker_app.localnet import start_worker as start_localnet_worker
 
 @dataclass
 class Tracker:
-    """A real ``runtracker`` at ``url`` over ``database_url``."""
+    """A real ``runtracker`` at ``url`` over ``database_url``, signing plans with the key
+    in ``key_file``."""
 
     url: str
     database_url: str
     process: ManagedProcess
+    key_file: Path
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         """Rows the tracker wrote (``%s`` placeholders, SQLite or PostgreSQL)."""
@@ -38,11 +41,15 @@ class Tracker:
 
 @contextlib.contextmanager
 def running_tracker(database_url: str, log_dir: Path, **settings: str) -> Iterator[Tracker]:
-    """A tracker on a free port over ``database_url`` (``settings`` as env), stopped after."""
+    """A tracker on a free port over ``database_url`` (``settings`` as env), stopped after.
+
+    Its plan-signing key is a file of its own in ``log_dir``.
+    """
+    key_file = Path(settings.setdefault("MESHNET_TRACKER_KEY_FILE", str(log_dir / "tracker_key")))
     started = start_tracker(env=process_env(database_url, **settings), log_dir=log_dir)
     with started.process:
         started.wait_healthy()
-        yield Tracker(started.url, database_url, started.process)
+        yield Tracker(started.url, database_url, started.process, key_file)
 
 
 def start_worker(env: dict[str, str], log_dir: Path) -> ManagedProcess:
@@ -89,11 +96,15 @@ def start_network(database_url: str, tmp: Path, **settings: str) -> Iterator[Net
         yield network
 
 
-def head_generate(head: NodeProcess, hops: list[dict[str, Any]], **body: Any) -> str:
-    """The head node's own answer for a plan, straight from ``/v1/generate``."""
+def head_generate(
+    network: LocalNetwork, head: NodeProcess, hops: list[dict[str, Any]], **body: Any
+) -> str:
+    """The head node's own answer for a plan signed with the network's tracker key,
+    straight from ``/v1/generate``."""
     payload = {
         "request_id": f"direct-{time.monotonic_ns()}",
         "plan": {"model": body.pop("model"), "hops": hops},
         **body,
     }
+    payload = signed(payload, tracker_key(network.tracker_key_file))
     return text_of(read_sse(f"{head.endpoint}/v1/generate", payload))

@@ -31,7 +31,11 @@ def start_node(
     node_id: str,
     extra_args: list[str] | None = None,
 ) -> NodeProcess:
-    """``python -m nodes_app.runtime`` (no tracker) serving as ``node_id``, one torch thread."""
+    """``python -m nodes_app.runtime`` (no tracker) serving as ``node_id``, one torch thread.
+
+    Dev-open: tests call it directly, with unsigned plans (tests/security
+    holds the tests of the signed-plan checks).
+    """
     return start_localnet_node(
         name=node_id,
         model=model,
@@ -39,6 +43,7 @@ def start_node(
         env=process_env(),
         log_dir=tmp,
         node_id=node_id,
+        dev_open=True,
         extra=extra_args or (),
     )
 

@@ -38,6 +38,7 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 def direct_answer(network: Network, max_tokens: int) -> str:
     head, tail = network.nodes["head"], network.nodes["tail"]
     return head_generate(
+        network,
         head,
         [head.hop(), tail.hop()],
         model=TINY,
@@ -279,7 +280,13 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
 ) -> None:
     whole = redundant.nodes["whole"]
     expected = head_generate(
-        whole, [whole.hop()], model=TINY, messages=PROMPT, max_tokens=400, temperature=0.0
+        redundant,
+        whole,
+        [whole.hop()],
+        model=TINY,
+        messages=PROMPT,
+        max_tokens=400,
+        temperature=0.0,
     )
     frames: list[Any] = []
     killed = None

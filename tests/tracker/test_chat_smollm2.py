@@ -32,6 +32,7 @@ def test_smollm2_streams_through_the_tracker_exactly_as_its_head_answers(smol: N
 
     first, second = smol.nodes["first"], smol.nodes["second"]
     direct = head_generate(
+        smol,
         first,
         [first.hop(), second.hop()],
         model=SMOLLM2,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -19,10 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.models import LanguageModel, Node, TopologyEpoch
+from nodes_app.plans import tracker_public_key
 from nodes_app.prompting import prompt_token_ids
 from nodes_app.protocol import (
     SSE_DONE,
@@ -32,6 +35,7 @@ from nodes_app.protocol import (
     Usage,
     sse_event,
 )
+from nodes_app.signing import public_key_from_hex, verify_plan
 from nodes_app.tokenization import tiny_tokenizer
 from routing_app.bans import node_bans_reset
 from routing_app.stats import RouteStatsStore
@@ -92,6 +96,7 @@ class Behaviour:
     then: str = "done"  # …and then: "die", "blame:<node>", "busy", "garbage", "hang"
     connect_error: bool = False
     body: dict[str, Any] | None = None
+    message: str = "failed"  # an error frame's message
 
 
 @dataclass
@@ -149,7 +154,8 @@ class FakeHeads:
             )
         if behaviour.then.startswith("blame:"):
             blamed = behaviour.then.removeprefix("blame:")
-            events.append(sse_event(ErrorFrame(f"hop {blamed} failed", node_id=blamed).to_json()))
+            frame = ErrorFrame(f"hop {blamed} {behaviour.message}", node_id=blamed)
+            events.append(sse_event(frame.to_json()))
         elif behaviour.then == "busy":
             events.append(sse_event(ErrorFrame("full", code="hop_busy", node_id="x").to_json()))
         elif behaviour.then == "garbage":
@@ -444,7 +450,9 @@ def test_a_pinned_route_never_fails_over(net: Net) -> None:
     assert record(proxy).status == RequestStatus.FAILED
 
 
-def test_a_head_that_refuses_the_request_passes_its_400_on_and_bans_nobody(net: Net) -> None:
+def test_a_head_that_refuses_the_request_passes_its_code_on_not_its_text_and_bans_nobody(
+    net: Net,
+) -> None:
     net.node("whole", 0, 3)
     refusal = {"error": {"message": "too long", "type": "x", "code": "context_length_exceeded"}}
     net.heads.plan("whole", Behaviour(status=400, body=refusal))
@@ -455,7 +463,7 @@ def test_a_head_that_refuses_the_request_passes_its_400_on_and_bans_nobody(net: 
     error = chunks[-1]["error"]
     assert error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error"
-    assert "too long" in error["message"]
+    assert "whole" in error["message"] and "too long" not in error["message"]
     assert isinstance(proxy.outcome.error, DomainError)
     assert http_error(proxy.outcome.error).status == 400
     assert net.banned() == set()
@@ -510,6 +518,49 @@ def test_a_prompt_past_the_context_is_refused_before_any_route_is_chosen(net: Ne
     assert refused.value.code == "context_length_exceeded"
     assert http_error(refused.value).status == 400
     assert net.heads.requests == [] and not ChatRequest.objects.exists()
+
+
+MARKER = "SECRET-UPSTREAM-MARKER http://169.254.169.254/latest"
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        Behaviour(tokens=2, then="blame:whole", message=MARKER),
+        Behaviour(status=500, body={"error": {"message": MARKER, "code": MARKER}}),
+        Behaviour(status=400, body={"error": {"message": MARKER, "code": "Not A Code!"}}),
+    ],
+    ids=["error-frame", "http-500-body", "http-400-body"],
+)
+def test_a_nodes_own_words_never_reach_the_client(net: Net, behaviour: Behaviour) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", behaviour)
+    proxy = net.proxy(route=["whole"])
+
+    chunks = serve(proxy)
+
+    error = chunks[-1]["error"]
+    assert "whole" in error["message"]
+    assert MARKER not in json.dumps(chunks)
+    assert MARKER not in (record(proxy).error or "")
+    assert "169.254" not in json.dumps(net.events)
+
+
+def test_every_send_to_a_head_carries_a_fresh_plan_signed_by_the_tracker(net: Net) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"))
+    began = time.time()
+
+    serve(net.proxy())
+
+    key = public_key_from_hex(tracker_public_key())
+    first, second = net.heads.requests
+    for request in (first, second):
+        assert verify_plan(key, request.plan.signed_fields(), request.signature)
+        assert began < request.expires_at <= time.time() + settings.MESHNET_PLAN_VALIDITY + 1
+    assert first.signature != second.signature
+    assert [r.hops[0].node_id for r in (first, second)] == ["fast", "slow"]
 
 
 def test_a_route_busy_past_the_wait_limit_is_a_503_and_bans_nobody(net: Net) -> None:

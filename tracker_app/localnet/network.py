@@ -159,13 +159,14 @@ def start_node(
     device: str = "cpu",
     wallet_key: Path | None = None,
     node_id: str | None = None,
+    dev_open: bool = False,
     extra: Sequence[str] = (),
 ) -> NodeProcess:
     """Start a node (see :func:`node_argv`) without waiting for it; log ``node-NAME.log``."""
     port = port or free_port(host)
     argv = node_argv(
         model=model, layers=layers, port=port, tracker=tracker, host=host, threads=threads,
-        device=device, wallet_key=wallet_key, node_id=node_id, extra=extra,
+        device=device, wallet_key=wallet_key, node_id=node_id, dev_open=dev_open, extra=extra,
     )  # fmt: skip
     process = ManagedProcess(f"node-{name}", argv, env=env, log_path=log_dir / f"node-{name}.log")
     return NodeProcess(name, model, layers, f"http://{host}:{port}", process, node_id or "")
@@ -259,9 +260,13 @@ class LocalNetwork:
         given; the environment is :func:`process_env` with ``env`` as overrides.
         """
         workdir = workdir or Path(tempfile.mkdtemp(prefix="meshnet-localnet-"))
-        # Its own state folder: broker queues and secret key shared with
-        # no other network (nor with the operator's var/).
-        overrides = {"MESHNET_VAR_DIR": str(workdir / "var"), **(env or {})}
+        # Its own state folder: broker queues, secret key and tracker signing
+        # key shared with no other network (nor with the operator's var/).
+        overrides = {
+            "MESHNET_VAR_DIR": str(workdir / "var"),
+            "MESHNET_TRACKER_KEY_FILE": str(workdir / "var" / "tracker_key"),
+            **(env or {}),
+        }
         return cls(
             env=process_env(database_url, **overrides),
             workdir=workdir,
@@ -282,6 +287,13 @@ class LocalNetwork:
             is_throwaway=False,
             say=say,
         )
+
+    @property
+    def tracker_key_file(self) -> Path | None:
+        """The tracker's plan-signing key file when this network names one (throwaway
+        networks do), so that a test or benchmark can sign the plans it sends a head."""
+        value = self.env.get("MESHNET_TRACKER_KEY_FILE")
+        return Path(value) if value else None
 
     @property
     def url(self) -> str:

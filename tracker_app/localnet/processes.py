@@ -57,6 +57,7 @@ def node_argv(
     device: str = "cpu",
     wallet_key: Path | None = None,
     node_id: str | None = None,
+    dev_open: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """A node serving layers ``layers`` (inclusive) of ``model`` on ``host:port``.
@@ -64,8 +65,10 @@ def node_argv(
     With ``tracker`` it is ``manage.py runnode``, which registers and
     heartbeats (its wallet at ``wallet_key``, or runnode's default). Without
     one it is ``python -m nodes_app.runtime``, which serves alone under
-    ``node_id``. ``threads=None`` leaves the thread count to torch; ``extra``
-    are further flags of either command. Raises ValueError for a wallet
+    ``node_id``. ``dev_open`` (tests and benchmarks that call a node
+    directly, never a node joined to a tracker in a test of the real checks)
+    makes it serve unsigned plans. ``threads=None`` leaves the thread count to
+    torch; ``extra`` are further flags of either command. Raises ValueError for a wallet
     without a tracker or a node id with one: the other command has no such flag.
     """
     common = [
@@ -74,6 +77,8 @@ def node_argv(
     ]  # fmt: skip
     if threads is not None:
         common += ["--threads", str(threads)]
+    if dev_open:
+        common.append("--dev-open")
     if tracker is None:
         if wallet_key is not None:
             raise ValueError("a node without a tracker has no wallet")

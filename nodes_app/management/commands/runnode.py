@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
+from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
 
 def _layers(value: str) -> tuple[int, int]:
@@ -31,6 +32,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--tracker", required=True, help="tracker URL, e.g. http://127.0.0.1:8000"
         )
+        parser.add_argument(
+            "--tracker-key",
+            type=tracker_key_argument,
+            metavar="HEX",
+            help="the tracker's plan-signing key (ed25519, hex): the node refuses to start if "
+            "the tracker publishes another (default: trust the published key on first use)",
+        )
+        parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
         parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -72,6 +81,8 @@ class Command(BaseCommand):
             max_sessions=options["max_sessions"],
             idle_timeout=options["idle_timeout"],
             corrupt_hidden_states=options["corrupt_hidden_states"],
+            tracker_key=options["tracker_key"],
+            dev_open=options["dev_open"],
         )
         try:
             status = run_node(node)

@@ -1,0 +1,487 @@
+"""Nodes obey only tracker-signed plans; hop sessions answer only to their capability (issue 11).
+
+The attacks of issue 11 against nodes, each reproduced where it can be (on a
+``--dev-open`` node, which behaves as every node did before) and shown
+refused by a real tracker's real nodes: a ``runtracker`` under daphne and
+tiny-model ``runnode`` processes registered with it (the tail pinned with
+``--tracker-key``, the others trusting the published key on first use).
+Unit tests at the end check the signature and the node's plan gate alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshnet_site.environment import PLAN_VALIDITY
+from nodes_app.protocol import (
+    CAPABILITY,
+    MAX_PLAN_VALIDITY,
+    PLAN,
+    TRACKER_KEY_PATH,
+    PlanHop,
+    ProtocolError,
+    SignedPlan,
+)
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.trust import PlanGate, capability_hash, new_capability
+from nodes_app.signing import (
+    public_key_from_hex,
+    sign_plan,
+    verify_plan,
+    verify_registration,
+    wallet_of,
+)
+from tests.support.databases import fresh_process_database
+from tests.support.decoy import MARKER, Decoy, running_decoy
+from tests.support.network import Network, start_network
+from tests.support.nodes import TINY, forward_headers, running_nodes
+from tests.support.plans import signed, signed_plan, tracker_key
+from tests.support.sse import chunks_of, completion, read_sse
+from tracker_app.localnet import NodeProcess, start_node, wait_until
+
+HIDDEN_ROWS = 3
+HIDDEN = bytes(4 * 64 * HIDDEN_ROWS)  # three float32 rows of the tiny model's hidden size
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
+    """Tracker + head (0-1) + tail (2-3, pinned with --tracker-key) + whole (0-3)."""
+    with fresh_process_database() as database_url:
+        tmp = tmp_path_factory.mktemp("signed-plans")
+        for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="1000"):
+            published = httpx.get(f"{network.url}{TRACKER_KEY_PATH}").json()["public_key"]
+            network.add_node("head", TINY, (0, 1))
+            network.add_node("tail", TINY, (2, 3), extra=["--tracker-key", published])
+            network.add_node("whole", TINY, (0, 3))
+            network.wait_for_route(TINY)
+            yield network
+
+
+@pytest.fixture(scope="module")
+def open_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A ``--dev-open`` whole-model node without a tracker: every node before issue 11."""
+    tmp = tmp_path_factory.mktemp("dev-open")
+    with running_nodes(tmp, TINY, {"whole": (0, 3)}, prefix="open", timeout=120) as nodes:
+        yield nodes["whole"]
+
+
+@pytest.fixture
+def decoy() -> Iterator[Decoy]:
+    with running_decoy() as running:
+        yield running
+
+
+def key(network: Network) -> Ed25519PrivateKey:
+    return tracker_key(network.tracker_key_file)
+
+
+def generate_body(*hops: dict[str, Any], max_tokens: int = 8) -> dict[str, Any]:
+    return {
+        "request_id": f"attack-{uuid.uuid4().hex}",
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "plan": {"model": TINY, "hops": list(hops)},
+    }
+
+
+def generate(node: NodeProcess, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{node.endpoint}/v1/generate", json=body, timeout=60)
+
+
+def step(
+    node: NodeProcess,
+    session: str,
+    *,
+    position: int = 0,
+    rows: int = HIDDEN_ROWS,
+    plan: SignedPlan | None = None,
+    capability: str | None = None,
+) -> httpx.Response:
+    """One binary step of layers 2-3 (hidden states of zeros) to ``node``."""
+    headers = forward_headers(session, rows, position=position)
+    if plan is not None:
+        headers[PLAN] = plan.to_header()
+    if capability is not None:
+        headers[CAPABILITY] = capability
+    return httpx.post(
+        f"{node.endpoint}/v1/forward", content=bytes(4 * 64 * rows), headers=headers, timeout=30
+    )
+
+
+def delete(node: NodeProcess, session: str, capability: str | None = None) -> httpx.Response:
+    headers = {} if capability is None else {CAPABILITY: capability}
+    return httpx.delete(f"{node.endpoint}/v1/sessions/{session}", headers=headers, timeout=30)
+
+
+def refused(response: httpx.Response, status: int, code: str) -> str:
+    """The refusal's message, after checking its status, code and the error shape."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code"}
+    assert error["code"] == code, error
+    return str(error["message"])
+
+
+def sessions(node: NodeProcess) -> int:
+    return int(node.health()["active_sessions"])
+
+
+def head_tail_plan(network: Network, request_id: str, **changes: Any) -> SignedPlan:
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    return signed_plan(
+        key(network), request_id=request_id, model=TINY, hops=[head.hop(), tail.hop()], **changes
+    )
+
+
+# --- the tracker's key -------------------------------------------------------------
+
+
+def test_the_tracker_publishes_its_key_to_anyone_and_keeps_the_private_half_0600(
+    network: Network,
+) -> None:
+    published = httpx.get(f"{network.url}{TRACKER_KEY_PATH}", timeout=10)
+
+    assert published.status_code == 200
+    assert published.json() == {"algorithm": "ed25519", "public_key": wallet_of(key(network))}
+    assert network.tracker_key_file is not None
+    assert stat.S_IMODE(network.tracker_key_file.stat().st_mode) == 0o600
+    assert "(trusted on first use)" in network.nodes["head"].output()
+    assert "(pinned by --tracker-key)" in network.nodes["tail"].output()
+
+
+def test_a_node_pinned_to_another_tracker_key_refuses_to_start(
+    network: Network, tmp_path: Path
+) -> None:
+    other = wallet_of(Ed25519PrivateKey.generate())
+    node = start_node(
+        name="mispinned", model=TINY, layers=(0, 3), env=network.env, log_dir=tmp_path,
+        tracker=network.url, wallet_key=tmp_path / "mispinned.key",
+        extra=["--tracker-key", other],
+    )  # fmt: skip
+    try:
+        assert node.process.wait(timeout=120) != 0
+    finally:
+        node.stop()
+    assert f"not the pinned {other}" in node.output()
+    assert " serving " not in node.output()
+
+
+# --- nodes serve anyone (issue 11's first attack) -------------------------------------
+
+
+def test_anonymous_generate_and_steps_are_refused_before_they_take_a_slot(
+    network: Network,
+) -> None:
+    head, tail, whole = network.nodes["head"], network.nodes["tail"], network.nodes["whole"]
+
+    refused(generate(head, generate_body(head.hop(), tail.hop())), 401, "plan_required")
+    refused(step(tail, "anyone.s1"), 401, "plan_required")
+    refused(step(tail, "anyone.s2", capability=new_capability()), 401, "plan_required")
+    refused(step(whole, "anyone.s3", position=5), 400, "unknown_session")
+
+    assert [sessions(node) for node in (head, tail, whole)] == [0, 0, 0]
+
+
+def test_eight_anonymous_requests_no_longer_fill_a_nodes_slots(
+    network: Network, open_node: NodeProcess
+) -> None:
+    # Reproduced on a dev-open node: eight anonymous steps take all eight slots.
+    flood = [f"flood.{i}" for i in range(8)]
+    assert [step(open_node, sid).status_code for sid in flood] == [200] * 8
+    assert sessions(open_node) == 8
+    refused(step(open_node, "flood.9"), 503, "node_busy")
+    assert {delete(open_node, sid).status_code for sid in flood} == {204}
+
+    whole = network.nodes["whole"]
+    for i in range(8):
+        refused(step(whole, f"flood.{i}"), 401, "plan_required")
+        refused(generate(whole, generate_body(whole.hop())), 401, "plan_required")
+    assert sessions(whole) == 0
+    answer = network.chat(model=TINY, messages=[{"role": "user", "content": "hi"}],
+                          max_tokens=6, temperature=0, route=[whole.node_id])  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 6
+
+
+def test_a_wrong_capability_can_neither_step_nor_delete_anothers_session(
+    network: Network,
+) -> None:
+    tail = network.nodes["tail"]
+    plan = head_tail_plan(network, "owned")
+    mine = new_capability()
+    opened = step(tail, "owned.a1", plan=plan, capability=mine)
+    assert opened.status_code == 200, opened.text
+
+    position = {"position": HIDDEN_ROWS, "rows": 1}
+    refused(step(tail, "owned.a1", **position), 401, "capability_required")
+    refused(step(tail, "owned.a1", capability=new_capability(), **position), 403,
+            "capability_invalid")  # fmt: skip
+    refused(delete(tail, "owned.a1"), 401, "capability_required")
+    refused(delete(tail, "owned.a1", new_capability()), 403, "capability_invalid")
+    assert step(tail, "owned.a1", capability=mine, **position).status_code == 200
+    assert delete(tail, "owned.a1", mine).status_code == 204
+    assert sessions(tail) == 0
+
+
+def test_a_plan_opens_only_sessions_of_its_request_on_the_layers_it_names(
+    network: Network,
+) -> None:
+    tail = network.nodes["tail"]
+    capability = new_capability()
+
+    wrong_session = step(tail, "another-request.x", plan=head_tail_plan(network, "mine"),
+                         capability=capability)  # fmt: skip
+    refused(wrong_session, 403, "plan_mismatch")
+    head, whole = network.nodes["head"], network.nodes["whole"]
+    elsewhere = signed_plan(key(network), request_id="mine", model=TINY,
+                            hops=[head.hop(), whole.hop(2, 3)])  # fmt: skip
+    refused(step(tail, "mine.x", plan=elsewhere, capability=capability), 403, "plan_mismatch")
+    wrong_layers = signed_plan(key(network), request_id="mine", model=TINY,
+                               hops=[head.hop(0, 2), tail.hop(3, 3)])  # fmt: skip
+    refused(step(tail, "mine.x", plan=wrong_layers, capability=capability), 403, "plan_mismatch")
+    refused(step(tail, "mine.x", plan=head_tail_plan(network, "mine")), 401, "capability_required")
+    assert sessions(tail) == 0
+
+
+# --- forged, expired, altered and replayed plans ------------------------------------
+
+
+def test_a_plan_signed_by_another_key_is_refused(network: Network) -> None:
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    forger = Ed25519PrivateKey.generate()
+
+    body = signed(generate_body(head.hop(), tail.hop()), forger)
+    refused(generate(head, body), 403, "plan_signature_invalid")
+    forged = signed_plan(forger, request_id="forged", model=TINY, hops=[head.hop(), tail.hop()])
+    refused(step(tail, "forged.x", plan=forged, capability=new_capability()), 403,
+            "plan_signature_invalid")  # fmt: skip
+    assert sessions(head) == sessions(tail) == 0
+
+
+def test_an_expired_plan_is_refused(network: Network) -> None:
+    head, tail = network.nodes["head"], network.nodes["tail"]
+
+    body = signed(generate_body(head.hop(), tail.hop()), key(network), expires_at=time.time() - 1)
+    refused(generate(head, body), 403, "plan_expired")
+    stale = head_tail_plan(network, "stale", expires_at=time.time() - 1)
+    refused(step(tail, "stale.x", plan=stale, capability=new_capability()), 403, "plan_expired")
+
+
+@pytest.mark.parametrize("alteration", ["endpoint-swapped", "hop-added"])
+def test_a_plan_altered_after_signing_never_sends_hidden_states_elsewhere(
+    network: Network, open_node: NodeProcess, decoy: Decoy, alteration: str
+) -> None:
+    # Reproduced on a dev-open head: it posts hidden states wherever the plan says.
+    reproduced = read_sse(
+        f"{open_node.endpoint}/v1/generate",
+        generate_body(open_node.hop(0, 1), {**open_node.hop(2, 3), "endpoint": decoy.endpoint}),
+    )
+    assert reproduced[-2]["error"]["code"] == "hop_failed"
+    # The head also asks the decoy to free the session it failed to open.
+    wait_until(lambda: len(decoy.calls) == 2, timeout=10)
+    assert decoy.calls[0] == "POST /v1/forward"
+    decoy.calls.clear()
+
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    body = signed(generate_body(head.hop(), tail.hop()), key(network))
+    if alteration == "endpoint-swapped":
+        body["plan"]["hops"][1]["endpoint"] = decoy.endpoint
+    else:
+        decoy_hop = {**tail.hop(2, 2), "endpoint": decoy.endpoint}
+        body["plan"]["hops"][1:] = [decoy_hop, tail.hop(3, 3)]
+    refused(generate(head, body), 403, "plan_signature_invalid")
+    assert decoy.calls == []
+
+
+def test_a_replayed_plan_is_refused_on_the_head_and_on_every_hop(network: Network) -> None:
+    head, tail, whole = network.nodes["head"], network.nodes["tail"], network.nodes["whole"]
+    body = signed(generate_body(whole.hop()), key(network))
+    first = read_sse(f"{whole.endpoint}/v1/generate", body)
+    assert completion(first)[2]["usage"]["completion_tokens"] == 8
+
+    refused(generate(whole, body), 403, "plan_replayed")
+
+    plan, capability = head_tail_plan(network, "once"), new_capability()
+    opened = step(tail, "once.a", plan=plan, capability=capability)
+    assert opened.status_code == 200, opened.text
+    refused(step(tail, "once.b", plan=plan, capability=new_capability()), 403, "plan_replayed")
+    assert delete(tail, "once.a", capability).status_code == 204
+    assert sessions(head) == sessions(tail) == 0
+
+
+# --- what still works ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", [["whole"], ["head", "tail"]], ids=["one-hop", "two-hops"])
+def test_chats_through_the_tracker_still_work(network: Network, route: list[str]) -> None:
+    nodes = [network.nodes[name] for name in route]
+    frames = network.stream(model=TINY, messages=[{"role": "user", "content": "Hello"}],
+                            max_tokens=12, temperature=0,
+                            route=[node.node_id for node in nodes])  # fmt: skip
+
+    chunks = chunks_of(frames)
+    assert frames[-1] == "[DONE]"
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert [hop["node_id"] for hop in chunks[0]["meshnet"]["hops"]] == [n.node_id for n in nodes]
+    wait_until(lambda: all(sessions(node) == 0 for node in nodes), timeout=10)
+
+
+def test_a_dev_open_node_serves_direct_unsigned_calls(open_node: NodeProcess) -> None:
+    frames = read_sse(f"{open_node.endpoint}/v1/generate", generate_body(open_node.hop()))
+
+    text, ids, last = completion(frames)
+    assert text
+    assert len(ids) == 8 == last["usage"]["completion_tokens"]
+    assert "WARNING: --dev-open" in open_node.output()
+
+
+def test_a_hops_error_text_never_reaches_the_heads_caller(
+    open_node: NodeProcess, decoy: Decoy
+) -> None:
+    frames = read_sse(
+        f"{open_node.endpoint}/v1/generate",
+        generate_body(open_node.hop(0, 1), {**open_node.hop(2, 3), "endpoint": decoy.endpoint}),
+    )
+
+    error = frames[-2]["error"]
+    assert error["node_id"] == open_node.node_id
+    assert "HTTP 500" in error["message"]
+    assert MARKER not in str(frames)
+
+
+# --- unit: the signature and the node's gate ---------------------------------------
+
+TRACKER = Ed25519PrivateKey.generate()
+TRACKER_HEX = wallet_of(TRACKER)
+
+hop_strategy = st.builds(
+    dict,
+    node_id=st.text(min_size=1, max_size=20),
+    endpoint=st.text(max_size=40),
+    start_layer=st.integers(0, 100),
+    end_layer=st.integers(0, 100),
+)
+fields_strategy = st.fixed_dictionaries(
+    {
+        "request_id": st.text(min_size=1, max_size=40),
+        "model": st.text(min_size=1, max_size=20),
+        "hops": st.lists(hop_strategy, min_size=1, max_size=4),
+        "expires_at": st.integers(0, 2**40),
+        "nonce": st.text("0123456789abcdef", max_size=32),
+    }
+)
+
+
+def different(value: Any) -> Any:
+    return value + 1 if isinstance(value, int) else value + "x"
+
+
+def altered(fields: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
+    """``fields`` with exactly one thing changed: a field, a hop's field, a hop added or gone."""
+    changed = {**fields, "hops": [dict(hop) for hop in fields["hops"]]}
+    what = data.draw(
+        st.sampled_from(["request_id", "model", "expires_at", "nonce", "hop", "extra", "drop"])
+    )
+    if what == "hop":
+        hop = data.draw(st.sampled_from(changed["hops"]))
+        name = data.draw(st.sampled_from(sorted(hop)))
+        hop[name] = different(hop[name])
+    elif what == "extra":
+        changed["hops"].append(data.draw(hop_strategy))
+    elif what == "drop":
+        changed["hops"].pop(data.draw(st.integers(0, len(changed["hops"]) - 1)))
+    else:
+        changed[what] = different(changed[what])
+    return changed
+
+
+@given(fields=fields_strategy, data=st.data())
+def test_any_field_altered_after_signing_fails_verification(
+    fields: dict[str, Any], data: st.DataObject
+) -> None:
+    signature = sign_plan(TRACKER, fields)
+    public = public_key_from_hex(TRACKER_HEX)
+
+    assert verify_plan(public, fields, signature)
+    assert not verify_plan(public, altered(fields, data), signature)
+    assert not verify_plan(public_key_from_hex(wallet_of(Ed25519PrivateKey.generate())),
+                           fields, signature)  # fmt: skip
+
+
+def test_the_tracker_never_signs_a_plan_for_longer_than_nodes_accept() -> None:
+    assert PLAN_VALIDITY.maximum == MAX_PLAN_VALIDITY
+
+
+def test_a_plan_signature_is_no_registration_signature() -> None:
+    fields = {"request_id": "r", "model": "m", "hops": [], "expires_at": 1, "nonce": ""}
+    assert not verify_registration(TRACKER_HEX, fields, sign_plan(TRACKER, fields))
+
+
+def plan(*, expires_in: float = 60, now: float = 1000.0, request_id: str = "r") -> SignedPlan:
+    hops = (PlanHop("head", "http://h", 0, 1), PlanHop("tail", "http://t", 2, 3))
+    unsigned = SignedPlan(request_id, TINY, hops, int(now + expires_in), nonce="ab" * 16)
+    return dataclasses.replace(unsigned, signature=sign_plan(TRACKER, unsigned.signed_fields()))
+
+
+def gate_refusal(call: Any) -> RuntimeRequestError:
+    with pytest.raises(RuntimeRequestError) as caught:
+        call()
+    return caught.value
+
+
+def test_a_node_with_no_tracker_key_and_not_dev_open_refuses_every_plan() -> None:
+    closed = PlanGate()
+
+    error = gate_refusal(lambda: closed.admit_plan(plan(now=time.time()), node_id="head"))
+    assert (error.status, error.code) == (403, "tracker_key_unknown")
+    assert PlanGate(dev_open=True).admit_plan(SignedPlan("r", TINY, ()), node_id="x") is None
+
+
+def test_the_gate_refuses_plans_valid_too_long_and_forgets_used_ones_once_expired() -> None:
+    clock = [1000.0]
+    gate = PlanGate(tracker_key=TRACKER_HEX, clock=lambda: clock[0], max_remembered=2)
+
+    error = gate_refusal(lambda: gate.admit_plan(plan(expires_in=3600), node_id="head"))
+    assert error.code == "plan_validity_too_long"
+    gate.admit_plan(plan(request_id="a"), node_id="head")
+    gate.admit_plan(plan(request_id="b"), node_id="head")
+    assert gate_refusal(lambda: gate.admit_plan(plan(request_id="c"), node_id="head")).status == 503
+    clock[0] += 61  # a and b expire: their memory is freed
+    gate.admit_plan(plan(request_id="c", now=clock[0]), node_id="head")
+    wrong_head = gate_refusal(lambda: gate.admit_plan(plan(now=clock[0]), node_id="tail"))
+    assert wrong_head.code == "plan_mismatch"
+
+
+def test_a_session_capability_is_kept_as_a_hash_and_compared_exactly() -> None:
+    gate = PlanGate(tracker_key=TRACKER_HEX)
+    mine = new_capability()
+    held = capability_hash(mine)
+
+    assert mine.encode() not in held
+    assert gate.check_capability({CAPABILITY: mine}, held) == held
+    assert gate_refusal(lambda: gate.check_capability({CAPABILITY: "zz"}, held)).code == (
+        "capability_invalid"
+    )
+    assert gate_refusal(lambda: gate.check_capability({}, held)).status == 401
+
+
+def test_a_plan_travels_in_its_header_unchanged_and_a_mangled_header_is_a_400() -> None:
+    sealed = plan()
+    assert SignedPlan.from_header(sealed.to_header()) == sealed
+    for mangled in ("not base64 !", sealed.to_header()[:-8], "e30"):
+        with pytest.raises(ProtocolError) as caught:
+            SignedPlan.from_header(mangled)
+        assert caught.value.code == "invalid_plan"

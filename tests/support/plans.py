@@ -1,0 +1,56 @@
+"""Plans as a tracker signs them, for tests that call nodes directly (or forge a plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from nodes_app.protocol import GenerateRequest, PlanHop, SignedPlan
+from nodes_app.signing import load_or_create_wallet, sign_plan
+
+
+def tracker_key(key_file: Path | None) -> Ed25519PrivateKey:
+    """The signing key a tracker keeps in ``key_file`` (created if it is not there yet)."""
+    assert key_file is not None, "this network names no tracker key file"
+    return load_or_create_wallet(key_file)
+
+
+def signed_plan(
+    key: Ed25519PrivateKey,
+    *,
+    request_id: str,
+    model: str,
+    hops: list[dict[str, Any]],
+    expires_at: float | None = None,
+) -> SignedPlan:
+    """A plan signed by ``key`` with a fresh nonce; ``expires_at`` defaults to a minute
+    from now."""
+    plan = SignedPlan(
+        request_id=request_id,
+        model=model,
+        hops=tuple(PlanHop.parse(hop, i) for i, hop in enumerate(hops)),
+        expires_at=int(time.time() + 60 if expires_at is None else expires_at),
+        nonce=secrets.token_hex(16),
+    )
+    return dataclasses.replace(plan, signature=sign_plan(key, plan.signed_fields()))
+
+
+def signed(
+    body: dict[str, Any], key: Ed25519PrivateKey, *, expires_at: float | None = None
+) -> dict[str, Any]:
+    """``body`` (a ``/v1/generate`` body) with its plan signed by ``key``, as a tracker would."""
+    request = GenerateRequest.parse(body)
+    plan = signed_plan(
+        key,
+        request_id=request.request_id,
+        model=request.model,
+        hops=body["plan"]["hops"],
+        expires_at=expires_at,
+    )
+    seal = {"expires_at": plan.expires_at, "nonce": plan.nonce, "signature": plan.signature}
+    return {**body, "plan": {**body["plan"], **seal}}
