@@ -10,6 +10,7 @@ from django.utils import timezone
 from nodes_app.models import LanguageModel, Node, NodeStatus
 from nodes_app.selectors import topology_epoch_current
 from nodes_app.services import node_heartbeat, node_set_status, nodes_sweep_stale
+from tests.support.registration import isolated_gate
 
 pytestmark = pytest.mark.django_db
 
@@ -73,7 +74,12 @@ def test_a_swept_node_that_heartbeats_again_rejoins_with_an_epoch_bump() -> None
     before = epoch()
 
     node_heartbeat(
-        node=node, active_sessions=0, queue_depth=0, measured_tps=0.0, now=timezone.now()
+        node=node,
+        active_sessions=0,
+        queue_depth=0,
+        measured_tps=0.0,
+        now=timezone.now(),
+        gate=isolated_gate(),
     )
 
     assert Node.objects.get(pk="flaky").status == NodeStatus.ONLINE
