@@ -1,4 +1,4 @@
-"""The node's ``POST /v1/challenge`` in process: it proves its wallet at its endpoint, nothing else."""
+"""The node's ``POST /v1/challenge`` in process: it proves its wallet at its endpoint."""
 
 from __future__ import annotations
 

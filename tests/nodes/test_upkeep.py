@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from nodes_app.endpoints import EndpointUnproven
 from nodes_app.models import LanguageModel, Node, NodeStatus
 from nodes_app.selectors import topology_epoch_current
-from nodes_app.endpoints import EndpointUnproven
 from nodes_app.services import node_heartbeat
 from nodes_app.upkeep import nodes_prune, nodes_reprove
 from tests.support.dashboard import api_key, completed_request, make_node

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import websockets
 
+from tests.support.challenge import ChallengeResponder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
-from tests.support.challenge import ChallengeResponder
 from tests.support.registration import proven_registration
 from tracker_app.localnet import manage_argv, run_checked
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.challenge import ChallengeResponder
 from tests.support.databases import query_process_database
 from tests.support.network import Tracker, start_worker
-from tests.support.challenge import ChallengeResponder
 from tests.support.registration import proven_registration
 from tracker_app.localnet import process_env
 
