@@ -272,3 +272,34 @@ def test_layers_sent_as_numeric_strings_are_read_as_numbers(
 
     assert response.status_code == status.HTTP_201_CREATED, response.content
     assert Node.objects.get(pk=response.json()["node_id"]).shard_end == 3
+
+
+def test_it_refuses_an_implausible_benchmark_claim(
+    client: APIClient, responder: ChallengeResponder
+) -> None:
+    body = proven_registration(responder, benchmark_tps=1e12)
+
+    assert_error(register(client, body), 400, "benchmark_out_of_range", "tokens/s")
+    assert not Node.objects.exists()
+
+
+def test_it_stores_the_endpoint_in_one_spelling(
+    client: APIClient, responder: ChallengeResponder
+) -> None:
+    key = Ed25519PrivateKey.generate()
+    endpoint = responder.endpoint_for(key)
+
+    response = register(client, proven_registration(responder, key, endpoint=endpoint + "/"))
+
+    assert response.status_code == status.HTTP_201_CREATED, response.content
+    assert Node.objects.get(pk=response.json()["node_id"]).endpoint == endpoint
+
+
+def test_it_refuses_an_endpoint_whose_node_does_not_prove_the_wallet(
+    client: APIClient, responder: ChallengeResponder
+) -> None:
+    elsewhere = responder.endpoint_for(Ed25519PrivateKey.generate())
+    body = proven_registration(responder, endpoint=elsewhere)
+
+    assert_error(register(client, body), 403, "endpoint_unproven", elsewhere)
+    assert not Node.objects.exists()

@@ -78,6 +78,10 @@ class ChallengeResponder:
         self._keys[endpoint] = key
         return endpoint
 
+    def hand_over(self, endpoint: str, key: Ed25519PrivateKey) -> None:
+        """``endpoint`` answers for ``key``'s wallet from now on (the operator changed wallets)."""
+        self._keys[endpoint] = key
+
     def forget(self, endpoint: str) -> None:
         """``endpoint`` stops answering challenges (404 from now on), like a node replaced."""
         self._keys.pop(endpoint, None)
