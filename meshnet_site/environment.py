@@ -13,6 +13,7 @@ refuses the same values. This module imports no app, so every app can use it.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import secrets
@@ -105,6 +106,40 @@ def env_list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+# Networks nodes may register from unless MESHNET_NODE_NETWORKS says otherwise:
+# loopback and the private ranges (a network like ADR-0020's runs on a LAN).
+DEFAULT_NODE_NETWORKS = (
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "fc00::/7",
+)
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def node_networks(env: Mapping[str, str]) -> tuple[IPNetwork, ...]:
+    """MESHNET_NODE_NETWORKS: comma-separated CIDRs a node endpoint's addresses must lie in.
+
+    Default: loopback and private ranges. Link-local and cloud-metadata
+    addresses are refused whatever this says (``nodes_app.endpoints``).
+    """
+    items = env_list(env, "MESHNET_NODE_NETWORKS", list(DEFAULT_NODE_NETWORKS))
+    if not items:
+        raise ImproperlyConfigured("MESHNET_NODE_NETWORKS must name at least one network")
+    networks: list[IPNetwork] = []
+    for item in items:
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"MESHNET_NODE_NETWORKS must be comma-separated CIDRs, got {item!r}"
+            ) from None
+    return tuple(networks)
 
 
 def check_range(
@@ -338,6 +373,15 @@ ROUTE_PRUNE_INTERVAL = NumberSetting("MESHNET_ROUTE_PRUNE_INTERVAL", 3600.0, min
 ROUTE_PROBE_INTERVAL = NumberSetting("MESHNET_ROUTE_PROBE_INTERVAL", 300.0, minimum=1.0)
 ROUTE_REPROBE_INTERVAL = NumberSetting("MESHNET_ROUTE_REPROBE_INTERVAL", 60.0, minimum=1.0)
 AUDIT_INTERVAL = NumberSetting("MESHNET_AUDIT_INTERVAL", 3600.0, minimum=1.0)
+NODE_REPROOF_INTERVAL = NumberSetting("MESHNET_NODE_REPROOF_INTERVAL", 300.0, minimum=1.0)
+NODE_PRUNE_INTERVAL = NumberSetting("MESHNET_NODE_PRUNE_INTERVAL", 3600.0, minimum=1.0)
+
+# The node registry's trust rules (ADR-0008): how long an offline node's row
+# is kept, and the most tokens/s a node may claim at registration.
+NODE_RETENTION = NumberSetting("MESHNET_NODE_RETENTION", 7 * 24 * 3600.0, minimum=60.0)
+NODE_MAX_BENCHMARK_TPS = NumberSetting(
+    "MESHNET_NODE_MAX_BENCHMARK_TPS", 1e6, minimum=0.0, exclusive_minimum=True
+)
 ABANDONED_SWEEP_INTERVAL = NumberSetting("MESHNET_ABANDONED_SWEEP_INTERVAL", 600.0, minimum=1.0)
 GUARDS_PRUNE_INTERVAL = NumberSetting("MESHNET_GUARDS_PRUNE_INTERVAL", 600.0, minimum=1.0)
 
@@ -363,7 +407,7 @@ class BeatJob:
 
 
 # The database's schedule rows come from frozen migrations (tracker_app 0005,
-# guards 0002), not from this list: a job added here needs a new migration
+# guards 0002, nodes_app 0004), not from this list: a job added here needs a new migration
 # that creates its row.
 BEAT_JOBS: tuple[BeatJob, ...] = (
     BeatJob("nodes-sweep-stale", "nodes.sweep_stale", NODE_SWEEP_INTERVAL),
@@ -378,6 +422,8 @@ BEAT_JOBS: tuple[BeatJob, ...] = (
     ),
     BeatJob("billing-audit", "billing.audit", AUDIT_INTERVAL),
     BeatJob("guards-prune", "guards.prune", GUARDS_PRUNE_INTERVAL),
+    BeatJob("nodes-reprove-endpoints", "nodes.reprove_endpoints", NODE_REPROOF_INTERVAL),
+    BeatJob("nodes-prune-stale", "nodes.prune_stale", NODE_PRUNE_INTERVAL),
 )
 
 

@@ -182,6 +182,11 @@ MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(
 MESHNET_NODE_HEARTBEAT_TIMEOUT = env_.env_float(
     ENV, "MESHNET_NODE_HEARTBEAT_TIMEOUT", 30.0, minimum=1.0
 )
+# Proven endpoints (ADR-0008): the networks node endpoints may lie in, how
+# long an offline node's row is kept, and the most tokens/s a node may claim.
+MESHNET_NODE_NETWORKS = env_.node_networks(ENV)
+MESHNET_NODE_RETENTION = env_.NODE_RETENTION.read(ENV)
+MESHNET_NODE_MAX_BENCHMARK_TPS = env_.NODE_MAX_BENCHMARK_TPS.read(ENV)
 # Billing: the network's share of every charge; the rest goes to the hops.
 MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
     ENV, "MESHNET_NETWORK_FEE_SHARE", "0.05", minimum="0", maximum="1"

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from meshnet_site.bearer import bearer_token
 from nodes_app import services
+from nodes_app.endpoints import EndpointGate
 from nodes_app.models import LanguageModel, Node
 from nodes_app.plans import tracker_public_key
 from nodes_app.protocol import TRACKER_KEY_ALGORITHM
@@ -118,6 +119,8 @@ class RegisterNodeApi(APIView):
             signature=fields["signature"],
             now=now,
             max_skew=settings.MESHNET_REGISTRATION_MAX_SKEW,
+            gate=EndpointGate(networks=settings.MESHNET_NODE_NETWORKS),
+            max_benchmark_tps=settings.MESHNET_NODE_MAX_BENCHMARK_TPS,
         )
         body = self.Output(
             {
@@ -144,7 +147,12 @@ class HeartbeatNodeApi(APIView):
         node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.node_heartbeat(node=node, now=timezone.now(), **data.validated_data)
+        node = services.node_heartbeat(
+            node=node,
+            now=timezone.now(),
+            gate=EndpointGate(networks=settings.MESHNET_NODE_NETWORKS),
+            **data.validated_data,
+        )
         return Response(NodeOutput(node).data)
 
 

@@ -17,10 +17,11 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from meshnet_site.errors import DomainError, ErrorKind
 from meshnet_site.guards.services import claim_once
+from nodes_app.endpoints import EndpointGate
 from nodes_app.events import epoch_announce, node_heartbeat_announce, nodes_announce
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.selectors import (
@@ -51,13 +52,31 @@ class NodeTokenInvalid(DomainError):
 
 
 class NodeBanned(DomainError):
-    """The operator banned this node: it may neither register nor heartbeat."""
+    """The operator banned this node: it may neither register nor heartbeat.
+
+    The ban follows the node's wallet and endpoint: neither registers again,
+    under another shard or another wallet (``because`` says which matched).
+    """
 
     kind = ErrorKind.FORBIDDEN
     code = "node_banned"
 
-    def __init__(self, node_id: str) -> None:
-        super().__init__(f"Node {node_id} is banned by the tracker's operator")
+    def __init__(self, node_id: str, because: str = "") -> None:
+        super().__init__(f"Node {node_id} is banned by the tracker's operator{because}")
+
+
+class EndpointTaken(DomainError):
+    """Another wallet's running node serves at this endpoint."""
+
+    kind = ErrorKind.CONFLICT
+    code = "endpoint_taken"
+
+
+class BenchmarkRefused(DomainError):
+    """A node claimed a start-up speed above what the tracker accepts."""
+
+    kind = ErrorKind.INVALID
+    code = "benchmark_out_of_range"
 
 
 class UnknownModel(DomainError):
@@ -138,6 +157,8 @@ def node_register(
     signature: str,
     now: datetime,
     max_skew: float,
+    gate: EndpointGate,
+    max_benchmark_tps: float,
 ) -> Registration:
     """Register (or re-register) the node serving ``model_key`` layers ``shard_start..shard_end``.
 
@@ -148,8 +169,15 @@ def node_register(
     bump the model's topology epoch once; a node that re-registers while
     online (a restart that kept its shard) does not.
 
-    Raises ``RegistrationNotTrusted``, ``UnknownModel``, ``ShardRefused`` or
-    ``NodeBanned``.
+    The endpoint is stored in its canonical form, after ``gate`` admitted it
+    and the node there proved (signed a fresh challenge) that it holds
+    ``wallet`` — every time, before any row is written (ADR-0008). A wallet
+    with a banned node, and an endpoint a banned node had, are refused; so is
+    an endpoint another wallet's running node serves at.
+
+    Raises ``RegistrationNotTrusted``, ``UnknownModel``, ``ShardRefused``,
+    ``BenchmarkRefused``, ``EndpointNotAllowed``, ``NodeBanned``,
+    ``EndpointTaken`` or ``EndpointUnproven``.
     """
     if not verify_registration(wallet, signed_fields, signature):
         raise RegistrationNotTrusted(
@@ -164,6 +192,14 @@ def node_register(
         )
     model = _catalogue_model(model_key)
     _check_shard(model, shard_start, shard_end, num_layers)
+    if not 0.0 <= benchmark_tps <= max_benchmark_tps:  # also refuses NaN
+        raise BenchmarkRefused(
+            f"benchmark_tps {benchmark_tps} is above the {max_benchmark_tps:g} tokens/s "
+            "this tracker accepts"
+        )
+    endpoint = gate.admit(endpoint)
+    # Cheap refusals first: a banned or taken endpoint costs the tracker no connection.
+    _check_endpoint_free(wallet=wallet, endpoint=endpoint)
     # The timestamp bounds how long a captured registration could be replayed;
     # remembering each accepted signature for that long closes the window. The
     # claim is a database row: no other traffic can evict it.
@@ -173,6 +209,7 @@ def node_register(
             "This signed registration was already used; sign a new one",
             code="replayed_registration",
         )
+    gate.prover(endpoint=endpoint, wallet=wallet)
 
     node_id = node_id_for(
         wallet=wallet, model_key=model.key, shard_start=shard_start, shard_end=shard_end
@@ -186,11 +223,13 @@ def node_register(
             .filter(wallet=wallet, endpoint=endpoint, status__in=_SERVING)
             .exclude(pk=node_id)
         )
-        replaced_ids = list(replaced.values_list("pk", flat=True))
-        shard_changed = replaced.update(status=NodeStatus.OFFLINE) > 0
         existing = Node.objects.select_for_update().filter(pk=node_id).first()
         if existing is not None and existing.status == NodeStatus.BANNED:
             raise NodeBanned(node_id)
+        # Again in the transaction: a ban or another wallet may have come during the proof.
+        _check_endpoint_free(wallet=wallet, endpoint=endpoint)
+        replaced_ids = list(replaced.values_list("pk", flat=True))
+        shard_changed = replaced.update(status=NodeStatus.OFFLINE) > 0
         was_routable = existing is not None and existing.status == NodeStatus.ONLINE
         state = {
             "wallet": wallet,
@@ -220,6 +259,24 @@ def node_register(
     return Registration(node=node, token=token, epoch=epoch)
 
 
+def _check_endpoint_free(*, wallet: str, endpoint: str) -> None:
+    """Refuse a wallet or endpoint a ban follows, and another wallet's running endpoint."""
+    banned = (
+        Node.objects.filter(status=NodeStatus.BANNED)
+        .filter(Q(wallet=wallet) | Q(endpoint=endpoint))
+        .order_by("pk")
+        .first()
+    )
+    if banned is not None:
+        because = " (this wallet's)" if banned.wallet == wallet else f" (it served at {endpoint})"
+        raise NodeBanned(banned.pk, because)
+    if Node.objects.filter(endpoint=endpoint, status__in=_SERVING).exclude(wallet=wallet).exists():
+        raise EndpointTaken(
+            f"Endpoint {endpoint} is served by another wallet's running node; "
+            "an endpoint belongs to one wallet at a time"
+        )
+
+
 def node_authenticate(*, node_id: str, token: str) -> Node:
     """The node whose token this is; raises ``NodeTokenInvalid`` (unknown node and wrong
     token alike)."""
@@ -236,13 +293,20 @@ def node_heartbeat(
     queue_depth: int,
     measured_tps: float,
     now: datetime,
+    gate: EndpointGate,
 ) -> Node:
-    """Record live load. A node the sweep marked offline comes back online (a join).
+    """Record live load. A node marked offline comes back online (a join) once its
+    endpoint proves itself again through ``gate``.
 
-    Raises ``NodeBanned`` for a banned node.
+    Raises ``NodeBanned`` for a banned node; ``EndpointNotAllowed`` or
+    ``EndpointUnproven`` (the node stays offline) for one whose endpoint fails.
     """
     if node.status == NodeStatus.BANNED:
         raise NodeBanned(node.id)
+    if node.status == NodeStatus.OFFLINE:
+        # Offline may mean the periodic re-proof took it out: only a proven
+        # endpoint comes back, or a heartbeat would undo the re-proof.
+        gate.prove(endpoint=node.endpoint, wallet=node.wallet)
     with transaction.atomic():
         rejoined = (
             Node.objects.filter(pk=node.pk, status=NodeStatus.OFFLINE).update(
@@ -270,7 +334,7 @@ def node_heartbeat(
 def node_deregister(*, node: Node) -> None:
     """The node leaves cleanly (SIGTERM): offline now, epoch bumped once."""
     with transaction.atomic():
-        _, left_routing = _take_offline(Node.objects.filter(pk=node.pk))
+        _, left_routing = nodes_take_offline(Node.objects.filter(pk=node.pk))
         if left_routing:
             topology_epoch_bump(model=node.model, reason=f"leave: {node.id}")
         nodes_announce([node.pk])
@@ -290,7 +354,7 @@ def nodes_sweep_stale(*, now: datetime, timeout_seconds: float) -> list[str]:
     for node in candidates.select_related("model"):
         with transaction.atomic():
             still_silent = Node.objects.filter(pk=node.pk, last_heartbeat_at__lt=cutoff)
-            changed, left_routing = _take_offline(still_silent)
+            changed, left_routing = nodes_take_offline(still_silent)
             if not changed:
                 continue  # a heartbeat or another sweep got there first
             swept.append(node.pk)
@@ -301,7 +365,7 @@ def nodes_sweep_stale(*, now: datetime, timeout_seconds: float) -> list[str]:
     return swept
 
 
-def _take_offline(nodes: QuerySet[Node]) -> tuple[bool, bool]:
+def nodes_take_offline(nodes: QuerySet[Node]) -> tuple[bool, bool]:
     """Mark the still-running ``nodes`` offline.
 
     Returns (whether any row changed, whether a routable node left routing).

@@ -1,21 +1,27 @@
-"""ed25519 signatures: node wallets sign registrations, the tracker signs plans.
+"""ed25519 signatures: node wallets sign registrations and endpoint challenges, the
+tracker signs plans.
 
 A wallet is the hex of an ed25519 public key. A node signs the canonical form
 of its registration fields, so nobody can register a node under another's
-wallet. The tracker signs each plan (``nodes_app.protocol.SignedPlan``) with
-its own key, which nodes pin, so a node acts only on routes the tracker
-chose. Each kind of message has its own domain prefix, so a signature of one
-kind is never valid as another. This module imports neither Django nor
-torch: both sides sign and verify with it.
+wallet, and answers the tracker's endpoint challenge (a fresh nonce) by
+signing it together with the endpoint it serves at, so nobody can register
+an endpoint whose node holds another wallet (ADR-0008). The tracker signs
+each plan (``nodes_app.protocol.SignedPlan``) with its own key, which nodes
+pin, so a node acts only on routes the tracker chose. Each kind of message
+has its own domain prefix, so a signature of one kind is never valid as
+another. This module imports neither Django nor torch: both sides sign and
+verify with it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
+from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -26,6 +32,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 _DOMAIN = b"meshnet-node-registration-v1\n"
 _PLAN_DOMAIN = b"meshnet-plan-v1\n"
+_CHALLENGE_DOMAIN = b"meshnet-endpoint-challenge-v1\n"
+_NONCE = re.compile(r"[0-9a-f]{64}")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _canonical(domain: bytes, fields: Mapping[str, Any]) -> bytes:
@@ -114,3 +123,57 @@ def load_or_create_wallet(path: Path) -> Ed25519PrivateKey:
         return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(path.read_text().strip()))
     except ValueError:
         raise ValueError(f"{path} does not hold a hex ed25519 private key") from None
+
+
+def canonical_endpoint(url: str) -> str:
+    """One spelling of a node endpoint: ``scheme://host:port[/path]``.
+
+    Scheme and host lowercased, the port written out, no trailing slash, so
+    ``http://Node.lan`` and ``http://node.lan:80/`` name the same endpoint
+    (uniqueness and bans compare this form). Raises ValueError for anything
+    but an http(s) URL with a host and no credentials, query or fragment.
+    """
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise ValueError("an endpoint is an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError("an endpoint names a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("an endpoint carries no credentials")
+    if parts.query or parts.fragment:
+        raise ValueError("an endpoint has no query or fragment")
+    port = parts.port or _DEFAULT_PORTS[scheme]  # .port raises ValueError when malformed
+    host = parts.hostname.rstrip(".")
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+def is_challenge_nonce(nonce: object) -> TypeGuard[str]:
+    """True for a well-formed challenge nonce: 64 lowercase hex digits (32 random bytes)."""
+    return isinstance(nonce, str) and _NONCE.fullmatch(nonce) is not None
+
+
+def challenge_message(nonce: str, endpoint: str) -> bytes:
+    """The exact bytes an endpoint-challenge signature covers.
+
+    The endpoint is part of it, so an answer obtained from one endpoint does
+    not prove another; it is taken in its canonical form so both sides agree
+    however the operator spelled it.
+    """
+    return _CHALLENGE_DOMAIN + nonce.encode() + b"\n" + canonical_endpoint(endpoint).encode()
+
+
+def sign_challenge(private_key: Ed25519PrivateKey, nonce: str, endpoint: str) -> str:
+    """The node's answer to the tracker's challenge ``nonce`` at ``endpoint`` (hex)."""
+    return private_key.sign(challenge_message(nonce, endpoint)).hex()
+
+
+def verify_challenge(wallet: str, nonce: str, endpoint: str, signature: str) -> bool:
+    """True when ``signature`` is ``wallet``'s answer to ``nonce`` at ``endpoint``."""
+    try:
+        public_key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(wallet))
+        public_key.verify(bytes.fromhex(signature), challenge_message(nonce, endpoint))
+    except (ValueError, InvalidSignature):
+        return False
+    return True

@@ -53,10 +53,14 @@ class NodeRecord:
     def effective_tps(self) -> float:
         """Queue-adjusted throughput: what a new request can expect from this node.
 
-        The heartbeat's measured tokens/s when there is one, else the start-up
-        benchmark, shared with everything the node already runs or queues.
+        The start-up benchmark the node advertised is a prior: once a
+        measurement exists (the heartbeat's tokens/s) it is capped by it, so a
+        node cannot claim more than it shows (ADR-0008). Shared with
+        everything the node already runs or queues.
         """
-        base = self.measured_tps if self.measured_tps > 0 else self.benchmark_tps
+        base = self.benchmark_tps
+        if self.measured_tps > 0:
+            base = min(base, self.measured_tps) if base > 0 else self.measured_tps
         return base / (1 + self.queue_depth + self.active_sessions)
 
     @property

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.challenge import ChallengeResponder, challenge_responder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Tracker, running_tracker
 from tracker_app.localnet import LOOPBACK, ManagedProcess, free_port, wait_for_port
@@ -51,3 +52,10 @@ def tracker_process(process_database_url: str, tmp_path: Path) -> Iterator[Track
     """A real `runtracker` (daphne) on a free port over the process database."""
     with running_tracker(process_database_url, tmp_path) as tracker:
         yield tracker
+
+
+@pytest.fixture(scope="session")
+def responder() -> Iterator[ChallengeResponder]:
+    """A loopback server answering endpoint challenges for the wallets given to it."""
+    with challenge_responder() as server:
+        yield server

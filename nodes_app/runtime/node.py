@@ -25,7 +25,7 @@ import uvicorn
 
 from nodes_app.runtime.benchmark import measure_decode_tps
 from nodes_app.runtime.loading import LoadedShard, load_shard
-from nodes_app.runtime.server import create_app
+from nodes_app.runtime.server import NodeIdentity, create_app
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.sources import resolve_source
@@ -36,6 +36,7 @@ from nodes_app.runtime.tracker_client import (
     TrackerClient,
 )
 from nodes_app.runtime.trust import PlanGate
+from nodes_app.signing import load_or_create_wallet
 
 
 @dataclass(frozen=True)
@@ -143,19 +144,19 @@ class _Server(uvicorn.Server):
 async def _serve(
     options: NodeOptions, shard: LoadedShard, service: NodeService, out: TextIO
 ) -> int:
+    wallet = load_or_create_wallet(options.wallet_key) if options.wallet_key else None
+    # The tracker proves the endpoint by challenging it while the node
+    # registers, so the wallet answers challenges from the first request on.
+    identity = NodeIdentity(wallet, options.endpoint) if wallet is not None else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
         tracker: TrackerClient | None = None
         if options.tracker:
-            from nodes_app.signing import load_or_create_wallet
-
-            if options.wallet_key is None:
+            if wallet is None:
                 raise ValueError("a node that registers needs its wallet key file")
-            tracker = TrackerClient(
-                options.tracker, load_or_create_wallet(options.wallet_key), client
-            )
+            tracker = TrackerClient(options.tracker, wallet, client)
             if not await _pin_tracker_key(tracker, options, service, out):
                 return 1
-        return await _serve_joined(options, shard, service, tracker, out)
+        return await _serve_joined(options, shard, service, tracker, identity, out)
 
 
 async def _pin_tracker_key(
@@ -190,10 +191,11 @@ async def _serve_joined(
     shard: LoadedShard,
     service: NodeService,
     tracker: TrackerClient | None,
+    identity: NodeIdentity | None,
     out: TextIO,
 ) -> int:
     config = uvicorn.Config(
-        create_app(service),
+        create_app(service, identity=identity),
         host=options.host,
         port=options.port,
         log_level="warning",

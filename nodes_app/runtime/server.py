@@ -2,6 +2,7 @@
 
 Routes:
   GET    /v1/health               shard, sessions, queue depth, throughput (open to anyone)
+  POST   /v1/challenge            sign the tracker's nonce with the wallet (ADR-0008; open)
   POST   /v1/forward              one hop step (binary, see ``wire``)
   DELETE /v1/sessions/{id}        free a session's KV cache (204; 404 if unknown)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
@@ -17,9 +18,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,8 +34,20 @@ from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.generation import HOP_TIMEOUT, Generation, prompt_for
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
 from nodes_app.runtime.service import NodeService
+from nodes_app.signing import is_challenge_nonce, sign_challenge, wallet_of
 
 logger = logging.getLogger("meshnet.node")
+
+# A challenge body is one 64-hex nonce; anything much larger is not one.
+MAX_CHALLENGE_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """The wallet a node answers endpoint challenges with, and the endpoint it advertises."""
+
+    key: Ed25519PrivateKey
+    endpoint: str
 
 
 def _error(error: RuntimeRequestError) -> JSONResponse:
@@ -40,8 +55,17 @@ def _error(error: RuntimeRequestError) -> JSONResponse:
     return JSONResponse(error.as_json(), status_code=error.status, headers=headers)
 
 
-def create_app(service: NodeService, *, reap_interval: float | None = None) -> Starlette:
-    """The ASGI app serving ``service``; one kept-alive httpx client talks to downstream hops."""
+def create_app(
+    service: NodeService,
+    *,
+    reap_interval: float | None = None,
+    identity: NodeIdentity | None = None,
+) -> Starlette:
+    """The ASGI app serving ``service``; one kept-alive httpx client talks to downstream hops.
+
+    ``identity`` is the wallet that answers ``/v1/challenge``; a node without
+    one (served without a tracker) answers it 404 ``no_wallet``.
+    """
     state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
@@ -59,6 +83,39 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(service.health())
+
+    async def challenge(request: Request) -> Response:
+        # Open to anyone, like /v1/health: the signature covers only the
+        # challenge domain, the nonce and this node's endpoint, so it proves
+        # where this wallet serves and can be used for nothing else.
+        if identity is None:
+            return _error(
+                RuntimeRequestError(
+                    "this node has no wallet: it cannot prove an endpoint",
+                    code="no_wallet",
+                    status=404,
+                )
+            )
+        try:
+            declared = request.headers.get("content-length", "")
+            if not declared.isdigit() or int(declared) > MAX_CHALLENGE_BYTES:
+                raise RuntimeRequestError(
+                    f"a challenge is a JSON body of at most {MAX_CHALLENGE_BYTES} bytes",
+                    code="invalid_request",
+                )
+            try:
+                body = await request.json()
+            except ValueError:
+                raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
+            nonce = body.get("nonce") if isinstance(body, dict) else None
+            if not is_challenge_nonce(nonce):
+                raise RuntimeRequestError(
+                    "nonce must be 64 lowercase hex digits", code="invalid_nonce"
+                )
+            signature = sign_challenge(identity.key, nonce, identity.endpoint)
+        except RuntimeRequestError as error:
+            return _error(error)
+        return JSONResponse({"wallet": wallet_of(identity.key), "signature": signature})
 
     async def forward(request: Request) -> Response:
         try:
@@ -139,6 +196,7 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
     return Starlette(
         routes=[
             Route("/v1/health", health, methods=["GET"]),
+            Route("/v1/challenge", challenge, methods=["POST"]),
             Route("/v1/forward", forward, methods=["POST"]),
             Route("/v1/sessions/{session_id}", cancel, methods=["DELETE"]),
             Route("/v1/generate", generate, methods=["POST"]),

@@ -1,4 +1,5 @@
-"""Registry services the API does not reach: liveness sweep and operator actions."""
+"""Registry services the API does not reach: liveness sweep, operator actions, and
+registration behind an isolated endpoint gate."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from nodes_app.endpoints import EndpointGate, EndpointUnproven
 from nodes_app.models import LanguageModel, Node, NodeStatus
 from nodes_app.selectors import topology_epoch_current
-from nodes_app.services import node_heartbeat, node_set_status, nodes_sweep_stale
+from nodes_app.services import (
+    Registration,
+    node_heartbeat,
+    node_register,
+    node_set_status,
+    nodes_sweep_stale,
+)
+from tests.support.registration import isolated_gate, signed_registration
 
 pytestmark = pytest.mark.django_db
 
@@ -73,7 +82,12 @@ def test_a_swept_node_that_heartbeats_again_rejoins_with_an_epoch_bump() -> None
     before = epoch()
 
     node_heartbeat(
-        node=node, active_sessions=0, queue_depth=0, measured_tps=0.0, now=timezone.now()
+        node=node,
+        active_sessions=0,
+        queue_depth=0,
+        measured_tps=0.0,
+        now=timezone.now(),
+        gate=isolated_gate(),
     )
 
     assert Node.objects.get(pk="flaky").status == NodeStatus.ONLINE
@@ -91,3 +105,44 @@ def test_draining_and_banning_leave_routing_once_and_unbanning_does_not_rejoin()
     assert node_set_status(node=node, new_status=NodeStatus.OFFLINE)
     assert epoch() == before + 1
     assert not node_set_status(node=node, new_status=NodeStatus.OFFLINE)
+
+
+def register_with(gate: EndpointGate, **overrides: object) -> Registration:
+    """``node_register`` as the API calls it, with ``gate`` in place of the real one."""
+    body = signed_registration(**overrides)
+    fields = {k: v for k, v in body.items() if k != "signature"}
+    return node_register(
+        wallet=body["wallet"],
+        endpoint=body["endpoint"],
+        model_key=body["model"],
+        shard_start=body["shard_start"],
+        shard_end=body["shard_end"],
+        num_layers=body["num_layers"],
+        hardware=body["hardware"],
+        device_name=body["device_name"],
+        benchmark_tps=body["benchmark_tps"],
+        timestamp=body["timestamp"],
+        signed_fields=fields,
+        signature=body["signature"],
+        now=timezone.now(),
+        max_skew=300.0,
+        gate=gate,
+        max_benchmark_tps=1e6,
+    )
+
+
+def test_a_node_in_a_public_range_the_setting_allows_registers() -> None:
+    gate = isolated_gate(networks=("203.0.113.0/24",))
+
+    registration = register_with(gate, endpoint="http://203.0.113.7:7001/")
+
+    assert registration.node.endpoint == "http://203.0.113.7:7001"
+    assert registration.node.status == NodeStatus.ONLINE
+
+
+def test_a_refused_proof_writes_no_row() -> None:
+    gate = isolated_gate(unproven={"http://10.0.0.5:7001"})
+
+    with pytest.raises(EndpointUnproven):
+        register_with(gate, endpoint="http://10.0.0.5:7001")
+    assert not Node.objects.exists()

@@ -29,6 +29,7 @@ from nodes_app.events import epoch_announce, nodes_announce
 from nodes_app.models import Node, NodeStatus
 from nodes_app.services import node_deregister, node_heartbeat
 from tests.support.dashboard import TINY, make_node, staff_user, tiny_model
+from tests.support.registration import isolated_gate
 from tracker_app import console, dashboard_live
 from tracker_app.dashboard_chat import KEY_NAME_PREFIX
 from tracker_app.models import ApiKey
@@ -281,6 +282,7 @@ def test_heartbeats_that_change_nothing_visible_are_pushed_at_most_every_few_sec
             queue_depth=0,
             measured_tps=50.0,
             now=timezone.now(),
+            gate=isolated_gate(),
         )
 
     async def scenario() -> list[dict[str, Any]]:

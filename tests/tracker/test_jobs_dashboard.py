@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import websockets
 
+from tests.support.challenge import ChallengeResponder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
-from tests.support.registration import signed_registration
+from tests.support.registration import proven_registration
 from tracker_app.localnet import manage_argv, run_checked
 
 network = contextmanager(start_network)
@@ -38,13 +39,17 @@ def staff_cookie(net: Network) -> str:
         return f"sessionid={client.cookies['sessionid']}"
 
 
-def test_a_node_the_worker_sweeps_offline_shows_on_an_open_dashboard(tmp_path: Path) -> None:
+def test_a_node_the_worker_sweeps_offline_shows_on_an_open_dashboard(
+    tmp_path: Path, responder: ChallengeResponder
+) -> None:
     settings = {"REDIS_URL": None, "MESHNET_NODE_HEARTBEAT_TIMEOUT": "1"}
     with (
         fresh_process_database() as database_url,
         network(database_url, tmp_path, **settings) as net,
     ):  # type: ignore[arg-type]
-        registered = httpx.post(f"{net.url}/api/nodes/register", json=signed_registration())
+        registered = httpx.post(
+            f"{net.url}/api/nodes/register", json=proven_registration(responder)
+        )
         node_id = registered.json()["node_id"]
         cookie = staff_cookie(net)
         ws_url = net.url.replace("http://", "ws://") + "/ws/dashboard/"

@@ -8,9 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.challenge import ChallengeResponder
 from tests.support.databases import query_process_database
 from tests.support.network import Tracker, start_worker
-from tests.support.registration import signed_registration
+from tests.support.registration import proven_registration
 from tracker_app.localnet import process_env
 
 
@@ -33,9 +34,11 @@ def test_the_tracker_serves_health_schema_and_admin(tracker_process: Tracker) ->
     assert metrics.status_code == 200 and "django_http_requests" in metrics.text
 
 
-def test_the_tracker_process_never_loads_torch(tracker_process: Tracker) -> None:
+def test_the_tracker_process_never_loads_torch(
+    tracker_process: Tracker, responder: ChallengeResponder
+) -> None:
     # Exercise the registry so every tracker code path a node touches is loaded.
-    httpx.post(f"{tracker_process.url}/api/nodes/register", json=signed_registration())
+    httpx.post(f"{tracker_process.url}/api/nodes/register", json=proven_registration(responder))
     httpx.get(f"{tracker_process.url}/api/schema/")
 
     maps = Path(f"/proc/{tracker_process.process.pid}/maps").read_text()
@@ -43,10 +46,10 @@ def test_the_tracker_process_never_loads_torch(tracker_process: Tracker) -> None
 
 
 def test_a_node_that_stops_heartbeating_is_swept_offline_by_the_celery_worker(
-    tracker_process: Tracker, tmp_path: Path
+    tracker_process: Tracker, tmp_path: Path, responder: ChallengeResponder
 ) -> None:
     registered = httpx.post(
-        f"{tracker_process.url}/api/nodes/register", json=signed_registration()
+        f"{tracker_process.url}/api/nodes/register", json=proven_registration(responder)
     ).json()
     assert node_status(tracker_process.database_url, registered["node_id"]) == "online"
 
