@@ -12,7 +12,8 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.registration_limit import client_network
-from tests.support.registration import signed_registration
+from tests.support.challenge import ChallengeResponder
+from tests.support.registration import proven_registration
 
 pytestmark = pytest.mark.django_db
 
@@ -35,11 +36,13 @@ def test_a_client_is_counted_by_its_address_or_its_ipv6_64(address: str, counted
 
 
 @override_settings(MESHNET_REGISTRATION_RATE_LIMIT=3)
-def test_an_address_past_its_registration_limit_gets_429_with_retry_after() -> None:
+def test_an_address_past_its_registration_limit_gets_429_with_retry_after(
+    responder: ChallengeResponder,
+) -> None:
     for _ in range(3):
-        assert register(signed_registration()).status_code == status.HTTP_201_CREATED
+        assert register(proven_registration(responder)).status_code == status.HTTP_201_CREATED
 
-    refused = register(signed_registration())
+    refused = register(proven_registration(responder))
 
     assert refused.status_code == status.HTTP_429_TOO_MANY_REQUESTS
     error = refused.json()["error"]
@@ -49,31 +52,35 @@ def test_an_address_past_its_registration_limit_gets_429_with_retry_after() -> N
 
 
 @override_settings(MESHNET_REGISTRATION_RATE_LIMIT=3)
-def test_refused_registrations_count_too_so_a_flood_of_garbage_is_cut_off_early() -> None:
+def test_refused_registrations_count_too_so_a_flood_of_garbage_is_cut_off_early(
+    responder: ChallengeResponder,
+) -> None:
     for _ in range(3):
         assert register({"wallet": "not hex"}).status_code == status.HTTP_400_BAD_REQUEST
 
-    assert register(signed_registration()).status_code == status.HTTP_429_TOO_MANY_REQUESTS
+    assert register(proven_registration(responder)).status_code == status.HTTP_429_TOO_MANY_REQUESTS
 
 
 @override_settings(MESHNET_REGISTRATION_RATE_LIMIT=1)
-def test_another_address_keeps_its_own_registration_limit() -> None:
-    assert register(signed_registration(), "198.51.100.1").status_code == 201
-    assert register(signed_registration(), "198.51.100.1").status_code == 429
+def test_another_address_keeps_its_own_registration_limit(responder: ChallengeResponder) -> None:
+    assert register(proven_registration(responder), "198.51.100.1").status_code == 201
+    assert register(proven_registration(responder), "198.51.100.1").status_code == 429
 
-    assert register(signed_registration(), "198.51.100.2").status_code == 201
+    assert register(proven_registration(responder), "198.51.100.2").status_code == 201
 
 
 @override_settings(MESHNET_REGISTRATION_RATE_LIMIT=1)
-def test_the_registration_limit_does_not_live_in_the_cache() -> None:
-    assert register(signed_registration()).status_code == 201
+def test_the_registration_limit_does_not_live_in_the_cache(responder: ChallengeResponder) -> None:
+    assert register(proven_registration(responder)).status_code == 201
     cache.clear()
 
-    assert register(signed_registration()).status_code == 429
+    assert register(proven_registration(responder)).status_code == 429
 
 
-def test_a_replayed_registration_is_refused_even_after_the_cache_is_emptied() -> None:
-    body = signed_registration()
+def test_a_replayed_registration_is_refused_even_after_the_cache_is_emptied(
+    responder: ChallengeResponder,
+) -> None:
+    body = proven_registration(responder)
     assert register(body).status_code == 201
     cache.clear()
 

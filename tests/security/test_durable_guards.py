@@ -18,10 +18,11 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.support.challenge import ChallengeResponder
 from tests.support.databases import fresh_process_database
 from tests.support.guards import client_from, wait_for_fresh_window
 from tests.support.network import Network, running_tracker, start_network
-from tests.support.registration import signed_registration
+from tests.support.registration import proven_registration, signed_registration
 
 # A model with no node: a chat request for it is counted by the rate limit, then
 # answered at once with "no route" (503) instead of being served.
@@ -73,12 +74,12 @@ def embedded_tracker(tmp_path: Path) -> Iterator[Network]:
 
 
 def test_a_registration_flood_neither_evicts_the_replay_guard_nor_resets_the_rate_limit(
-    embedded_tracker: Network,
+    embedded_tracker: Network, responder: ChallengeResponder
 ) -> None:
     url, api_key = embedded_tracker.url, embedded_tracker.api_key
     wait_for_fresh_window()
     with client_from("127.0.0.1") as node, client_from("127.0.0.2") as flooder:
-        accepted = signed_registration()
+        accepted = proven_registration(responder)
         assert register(node, url, accepted).status_code == 201
         for _ in range(CHAT_LIMIT):
             assert chat(node, url, api_key).status_code != 429
