@@ -1,4 +1,4 @@
-"""ASGI entry point: Django for HTTP, Channels for websockets."""
+"""ASGI entry point: Django for HTTP, Channels for websockets, bodies bounded first."""
 
 import os
 
@@ -12,12 +12,14 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from meshnet_site.asgi_limits import BoundedBodies  # noqa: E402
 from tracker_app.chat_consumer import ChatCompletionsConsumer  # noqa: E402
 from tracker_app.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         # The chat endpoint streams through a Channels consumer; the rest is Django.
         "http": URLRouter(
@@ -31,3 +33,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# Bodies are bounded on their headers before anything reads them (runtracker's
+# daphne refuses them earlier still, before receiving them).
+application = BoundedBodies(router, limit=settings.MESHNET_MAX_REQUEST_BYTES)

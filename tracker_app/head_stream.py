@@ -5,9 +5,10 @@ its hop 0 and yields the head's chunk frames as they arrive. It ends
 normally only after a frame with a ``finish_reason``; otherwise it raises
 one of three things, each asking the caller for a different response:
 
-- :class:`HeadRefused` (a domain error, 400): the head refused the request
-  itself (too long for the context, a template that rejects the messages):
-  the client's to fix, no node to ban.
+- :class:`HeadRefused` (a domain error, 400 or 413): the head refused the
+  request itself (too long for the context, a template that rejects the
+  messages, a body or prompt past its caps): the client's to fix, no node to
+  ban. A head answers 4xx only for its requester's fault (ADR-0002).
 - :class:`RouteBusy`: a node of the route is at its session cap (the head's
   503, or a ``hop_busy`` frame): wait for a slot, ban nobody.
 - :class:`HopFailure`: a node of the route failed (connection error, any
@@ -35,6 +36,13 @@ from nodes_app.protocol import (
 )
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+# A head's refusals that are the client's fault, and how the client sees them.
+CLIENT_FAULTS = {
+    status.HTTP_400_BAD_REQUEST: ErrorKind.INVALID,
+    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: ErrorKind.TOO_LARGE,
+}
+# At most this much of a refusal's body is read.
+MAX_REFUSAL_BYTES = 64 * 1024
 
 
 class HopFailure(Exception):
@@ -83,8 +91,10 @@ async def head_stream(
         ) as response:
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 raise RouteBusy()
-            if response.status_code == status.HTTP_400_BAD_REQUEST:
-                raise _refusal(await response.aread())
+            if response.status_code in CLIENT_FAULTS:
+                refusal = _refusal(await _read_at_most(response, MAX_REFUSAL_BYTES))
+                refusal.kind = CLIENT_FAULTS[response.status_code]
+                raise refusal
             if response.status_code != status.HTTP_200_OK:
                 text = (await response.aread()).decode(errors="replace")[:300]
                 raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")
@@ -121,6 +131,15 @@ async def head_stream(
         raise HopFailure(head.node_id, f"{type(error).__name__}: {error}") from error
     if not finished:
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= limit:
+            break
+    return body[:limit]
 
 
 def _refusal(body: bytes) -> HeadRefused:

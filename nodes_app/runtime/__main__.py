@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SCALE",
         help="TEST ONLY: add noise of this scale to every hidden state the node outputs",
     )
+    parser.add_argument("--max-request-bytes", type=int, default=GENERATE_MAX_BYTES)
+    parser.add_argument("--max-prompt-chars", type=int, default=GENERATE_MAX_PROMPT_CHARS)
     args = parser.parse_args(argv)
     start, end = args.layers
     options = NodeOptions(
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         max_sessions=args.max_sessions,
         idle_timeout=args.idle_timeout,
         corrupt_hidden_states=args.corrupt_hidden_states,
+        max_request_bytes=args.max_request_bytes,
+        max_prompt_chars=args.max_prompt_chars,
     )
     return run_node(options)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +25,7 @@ from starlette.routing import Route
 
 from nodes_app import protocol
 from nodes_app.runtime import wire
-from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.generation import HOP_TIMEOUT, Generation, prompt_for
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
 from nodes_app.runtime.service import NodeService
@@ -35,6 +36,27 @@ logger = logging.getLogger("meshnet.node")
 def _error(error: RuntimeRequestError) -> JSONResponse:
     headers = {"Retry-After": "1"} if error.status == 503 else None
     return JSONResponse(error.as_json(), status_code=error.status, headers=headers)
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 once it is known to pass ``limit`` bytes (never read past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> RuntimeRequestError:
+    return RuntimeRequestError(
+        f"the body is larger than the {limit} bytes this node reads",
+        code="request_too_large",
+        status=413,
+    )
 
 
 def create_app(service: NodeService, *, reap_interval: float | None = None) -> Starlette:
@@ -65,15 +87,33 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
             service.check_step(step)
             expected = wire.body_length(step)
             declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) != expected:
+            if declared is None or not declared.isdigit():
+                raise RuntimeRequestError(
+                    "a step needs a Content-Length (its shape and dtype fix it)",
+                    code="length_required",
+                    status=411,
+                )
+            if int(declared) != expected:
                 raise RuntimeRequestError(
                     f"body has {declared} bytes; the step's shape and dtype need {expected}",
                     code="bad_length",
+                    status=413 if int(declared) > expected else 400,
                 )
-            body = await request.body()
+            body = await _bounded_body(request, expected)
             result = await service.forward(step, body)
         except RuntimeRequestError as error:
             return _error(error)
+        except NonFiniteOutput as error:
+            # This node's own computation went wrong: its fault, a 5xx.
+            service.cancel(request.headers.get(protocol.SESSION, ""))
+            return _error(
+                RuntimeRequestError(
+                    f"this node computed NaN or infinite values: {error}",
+                    code="non_finite_output",
+                    status=500,
+                    error_type="server_error",
+                )
+            )
         except Exception:
             logger.exception("step failed")
             service.cancel(request.headers.get(protocol.SESSION, ""))
@@ -114,10 +154,12 @@ def create_app(service: NodeService, *, reap_interval: float | None = None) -> S
             shard_end=shard.end,
             num_layers=shard.num_layers,
             vocab_size=int(shard.config.vocab_size),
+            max_prompt_chars=service.max_prompt_chars,
         )
         try:
+            raw = await _bounded_body(request, service.max_request_bytes)
             try:
-                body = await request.json()
+                body = json.loads(raw)
             except ValueError:
                 raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
             generate_request = parse_generate_request(body, head)
