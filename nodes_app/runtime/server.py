@@ -34,7 +34,10 @@ logger = logging.getLogger("meshnet.node")
 
 
 def _error(error: RuntimeRequestError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if error.status == 503 else None
+    headers = {"Retry-After": "1"} if error.status == 503 else {}
+    if error.status in (411, 413):
+        # The body is refused unread: closing stops the sender instead of draining it.
+        headers["Connection"] = "close"
     return JSONResponse(error.as_json(), status_code=error.status, headers=headers)
 
 
