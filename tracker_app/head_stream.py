@@ -41,7 +41,7 @@ CLIENT_FAULTS = {
     status.HTTP_400_BAD_REQUEST: ErrorKind.INVALID,
     status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: ErrorKind.TOO_LARGE,
 }
-# At most this much of a refusal's body is read.
+# At most this much of a head's error answer is read.
 MAX_REFUSAL_BYTES = 64 * 1024
 
 
@@ -92,11 +92,10 @@ async def head_stream(
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 raise RouteBusy()
             if response.status_code in CLIENT_FAULTS:
-                refusal = _refusal(await _read_at_most(response, MAX_REFUSAL_BYTES))
-                refusal.kind = CLIENT_FAULTS[response.status_code]
-                raise refusal
+                body = await _read_at_most(response, MAX_REFUSAL_BYTES)
+                raise _refusal(body, kind=CLIENT_FAULTS[response.status_code])
             if response.status_code != status.HTTP_200_OK:
-                text = (await response.aread()).decode(errors="replace")[:300]
+                text = (await _read_at_most(response, 300)).decode(errors="replace")
                 raise HopFailure(head.node_id, f"head answered {response.status_code}: {text}")
             if on_connected is not None:
                 await on_connected()
@@ -142,10 +141,10 @@ async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
     return body[:limit]
 
 
-def _refusal(body: bytes) -> HeadRefused:
+def _refusal(body: bytes, *, kind: ErrorKind) -> HeadRefused:
     try:
         error = json.loads(body)["error"]
         message, code = str(error["message"]), str(error.get("code") or "invalid_request")
     except (ValueError, KeyError, TypeError):
         message, code = body.decode(errors="replace")[:300], "invalid_request"
-    return HeadRefused(f"The model's node refused the request: {message}", code=code)
+    return HeadRefused(f"The model's node refused the request: {message}", code=code, kind=kind)

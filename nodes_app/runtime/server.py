@@ -5,7 +5,10 @@ Routes:
   POST   /v1/forward              one hop step (binary, see ``wire``)
   DELETE /v1/sessions/{id}        free a session's KV cache (204; 404 if unknown)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
-Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status.
+Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status: a 4xx
+only for the requester's fault, a 5xx for this node's. Bodies are bounded before they
+are read: a step must declare exactly its tensor's length (411/413), a generate body
+at most ``max_request_bytes`` (413).
 """
 
 from __future__ import annotations
