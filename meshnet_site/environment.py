@@ -355,6 +355,11 @@ ROUTE_MIN_SAMPLE_TOKENS = NumberSetting(
     "MESHNET_ROUTE_MIN_SAMPLE_TOKENS", 8, minimum=1, integer=True
 )
 
+# The largest request body the tracker reads (413 beyond; a chunked body without
+# Content-Length is a 411). The heads' own cap (runnode --max-request-bytes,
+# 8 MiB by default) must stay above it, or heads refuse what the tracker took.
+MAX_REQUEST_BYTES = NumberSetting("MESHNET_MAX_REQUEST_BYTES", 2**20, minimum=1024, integer=True)
+
 # Durable route learning and its pruning (ADR-0003).
 ROUTE_ARM_TTL = NumberSetting("MESHNET_ROUTE_ARM_TTL", 24 * 3600.0, minimum=1.0)
 ROUTE_SNAPSHOT_RETENTION = NumberSetting(

@@ -30,6 +30,7 @@ class ErrorKind(StrEnum):
     NOT_ALLOWED = "not_allowed"
     CONFLICT = "conflict"
     TOO_LARGE = "too_large"
+    LENGTH_REQUIRED = "length_required"
     RATE_LIMITED = "rate_limited"
     INTERNAL = "internal"
     UPSTREAM = "upstream"
@@ -45,6 +46,7 @@ HTTP_STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.NOT_ALLOWED: (status.HTTP_405_METHOD_NOT_ALLOWED, "invalid_request_error"),
     ErrorKind.CONFLICT: (status.HTTP_409_CONFLICT, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, "invalid_request_error"),
+    ErrorKind.LENGTH_REQUIRED: (status.HTTP_411_LENGTH_REQUIRED, "invalid_request_error"),
     ErrorKind.RATE_LIMITED: (status.HTTP_429_TOO_MANY_REQUESTS, "rate_limit_error"),
     ErrorKind.INTERNAL: (status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error"),
     ErrorKind.UPSTREAM: (status.HTTP_502_BAD_GATEWAY, "upstream_error"),

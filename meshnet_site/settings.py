@@ -192,6 +192,11 @@ MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
     ENV, "MESHNET_NETWORK_FEE_SHARE", "0.05", minimum="0", maximum="1"
 )
 
+# Every request body, on every path, refused on its headers past this size
+# (meshnet_site.asgi_limits); Django's own cap on reading a body agrees.
+MESHNET_MAX_REQUEST_BYTES = int(env_.MAX_REQUEST_BYTES.read(ENV))
+DATA_UPLOAD_MAX_MEMORY_SIZE = MESHNET_MAX_REQUEST_BYTES
+
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
 # Node registrations per client address per minute (429 beyond), counted before

@@ -17,7 +17,13 @@ from nodes_app import services
 from nodes_app.endpoints import EndpointGate
 from nodes_app.models import LanguageModel, Node
 from nodes_app.plans import tracker_public_key
-from nodes_app.protocol import TRACKER_KEY_ALGORITHM
+from nodes_app.protocol import (
+    MAX_LAYERS,
+    MAX_REPORTED_QUEUE_DEPTH,
+    MAX_REPORTED_SESSIONS,
+    MAX_REPORTED_TPS,
+    TRACKER_KEY_ALGORITHM,
+)
 from nodes_app.registration_limit import registration_rate_limit_check
 
 HARDWARE = ("cpu", "cuda", "mps")
@@ -67,11 +73,13 @@ class RegisterNodeApi(APIView):
         wallet = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
         endpoint = serializers.URLField(max_length=300)
         model = serializers.SlugField(max_length=64)
-        shard_start = serializers.IntegerField(min_value=0)
-        shard_end = serializers.IntegerField(min_value=0)
-        num_layers = serializers.IntegerField(min_value=1)
+        shard_start = serializers.IntegerField(min_value=0, max_value=MAX_LAYERS - 1)
+        shard_end = serializers.IntegerField(min_value=0, max_value=MAX_LAYERS - 1)
+        num_layers = serializers.IntegerField(min_value=1, max_value=MAX_LAYERS)
         hardware = serializers.ChoiceField(choices=HARDWARE)
         device_name = serializers.CharField(max_length=200, allow_blank=True, default="")
+        # Its upper bound is the service's (MESHNET_NODE_MAX_BENCHMARK_TPS,
+        # refused as benchmark_out_of_range), the one rule for a speed claim.
         benchmark_tps = serializers.FloatField(min_value=0.0)
         timestamp = serializers.FloatField(help_text="Unix time of signing")
         signature = serializers.RegexField(r"^[0-9a-f]{128}$", help_text="ed25519, hex")
@@ -138,9 +146,12 @@ class HeartbeatNodeApi(APIView):
     """A node reports that it is alive and how loaded it is."""
 
     class Input(serializers.Serializer[dict[str, Any]]):
-        active_sessions = serializers.IntegerField(min_value=0)
-        queue_depth = serializers.IntegerField(min_value=0)
-        measured_tps = serializers.FloatField(min_value=0.0, default=0.0)
+        # Bounded far above any real node and far below any column's overflow.
+        active_sessions = serializers.IntegerField(min_value=0, max_value=MAX_REPORTED_SESSIONS)
+        queue_depth = serializers.IntegerField(min_value=0, max_value=MAX_REPORTED_QUEUE_DEPTH)
+        measured_tps = serializers.FloatField(
+            min_value=0.0, max_value=MAX_REPORTED_TPS, default=0.0
+        )
 
     @extend_schema(request=Input, responses={200: NodeOutput})
     def post(self, request: Request, node_id: str) -> Response:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,10 @@ CAPABILITY = "X-Meshnet-Capability"
 TRACKER_KEY_PATH = "/.well-known/meshnet-tracker-key"
 TRACKER_KEY_ALGORITHM = "ed25519"
 
+# Optional on a hop step: the node whose output the body is (the head relays
+# each hop's answer to the next), so a refusal of the tensor names its producer.
+SENDER = "X-Meshnet-Sender"
+
 # Limits both sides enforce. OpenAI allows 4 stop sequences; the tracker
 # refuses more before anything reaches a node, and the node refuses them too.
 MAX_STOPS = 4
@@ -68,6 +73,37 @@ DEFAULT_MAX_TOKENS = 256
 # they expire, so this bounds that memory), and a header larger than this.
 MAX_PLAN_VALIDITY = 600
 MAX_PLAN_HEADER = 8192
+
+# Sampling ranges, checked by the tracker on the client's request and again
+# by every node (``SamplingParams.from_mapping``): a value outside them is the
+# requester's 400, never a crash on the node that samples.
+TEMPERATURE_MAX = 2.0  # OpenAI's range is 0..2
+# top_p is compared with float32 cumulative probabilities: below float32's
+# smallest positive value it rounds to 0 and the cut-off drops every token.
+# 1e-6 sits well above float32's epsilon (1.2e-7), the resolution of a sum of
+# probabilities, so every top_p accepted means something distinct from 0, and
+# any smaller top_p would keep only the best token anyway.
+TOP_P_MIN = 1e-6
+# More than any vocabulary (top_k at or above the vocabulary keeps every token).
+TOP_K_MAX = 1_000_000
+# torch.Generator.manual_seed takes a signed 64-bit integer.
+SEED_MAX = 2**63 - 1
+# OpenAI's frequency/presence penalties (checked by the tracker; nodes do not apply them).
+PENALTY_MIN, PENALTY_MAX = -2.0, 2.0
+
+# What a node may report about itself (registration, heartbeats): far above
+# any real node, far below what overflows a database column.
+MAX_REPORTED_SESSIONS = 100_000
+MAX_REPORTED_QUEUE_DEPTH = 1_000_000
+MAX_REPORTED_TPS = 1_000_000.0
+MAX_LAYERS = 10_000
+
+# A head's defaults for what it reads of a generate request before tokenising
+# (runnode --max-request-bytes / --max-prompt-chars). The tracker's own body
+# limit (MESHNET_MAX_REQUEST_BYTES, 1 MiB by default) stays below them, so a
+# request the tracker accepted is never refused by an honest head for its size.
+GENERATE_MAX_BYTES = 8 * 2**20
+GENERATE_MAX_PROMPT_CHARS = 2_000_000
 
 # Error frame codes. A full hop is not a broken one: the tracker waits on
 # ``hop_busy`` and bans the named node on ``hop_failed``.
@@ -137,27 +173,20 @@ class SamplingParams:
     def from_mapping(cls, data: Any) -> SamplingParams:
         """Checked params from JSON fields (absent ones take the defaults).
 
-        Raises :class:`ProtocolError` ``bad_sampling`` unless temperature >= 0,
-        0 < top_p <= 1 and top_k >= 0.
+        Raises :class:`ProtocolError` ``bad_sampling`` naming the field unless
+        temperature is a finite number in 0..:data:`TEMPERATURE_MAX`, top_p a
+        finite number in :data:`TOP_P_MIN`..1, top_k an integer in
+        0..:data:`TOP_K_MAX` and seed null or an integer in 0..:data:`SEED_MAX`.
         """
         if not isinstance(data, Mapping):
             raise ProtocolError("sampling parameters must be an object", code="bad_sampling")
-        try:
-            params = cls(
-                temperature=float(data.get("temperature", 0.0)),
-                top_p=float(data.get("top_p", 1.0)),
-                top_k=int(data.get("top_k", 0)),
-                seed=None if data.get("seed") is None else int(data["seed"]),
-            )
-        except (TypeError, ValueError):
-            raise ProtocolError(
-                "sampling parameters must be numbers", code="bad_sampling"
-            ) from None
-        if params.temperature < 0 or not 0 < params.top_p <= 1 or params.top_k < 0:
-            raise ProtocolError(
-                "need temperature >= 0, 0 < top_p <= 1, top_k >= 0", code="bad_sampling"
-            )
-        return params
+        seed = data.get("seed")
+        return cls(
+            temperature=_sampling_number(data, "temperature", 0.0, 0.0, TEMPERATURE_MAX),
+            top_p=_sampling_number(data, "top_p", 1.0, TOP_P_MIN, 1.0),
+            top_k=_sampling_integer(data.get("top_k", 0), "top_k", TOP_K_MAX),
+            seed=None if seed is None else _sampling_integer(seed, "seed", SEED_MAX),
+        )
 
     @classmethod
     def from_header(cls, value: str) -> SamplingParams:
@@ -166,6 +195,25 @@ class SamplingParams:
         except ValueError:
             raise ProtocolError(f"{SAMPLING} is not JSON", code="bad_sampling") from None
         return cls.from_mapping(data)
+
+
+def _sampling_number(
+    data: Mapping[str, Any], name: str, default: float, low: float, high: float
+) -> float:
+    value = data.get(name, default)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ProtocolError(f"{name} must be a number", code="bad_sampling")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ProtocolError(f"{name} must lie in {low:g}..{high:g}", code="bad_sampling")
+    return float(value)
+
+
+def _sampling_integer(value: Any, name: str, high: int) -> int:
+    if not _is_int(value):
+        raise ProtocolError(f"{name} must be an integer", code="bad_sampling")
+    if not 0 <= value <= high:
+        raise ProtocolError(f"{name} must lie in 0..{high}", code="bad_sampling")
+    return value
 
 
 def stop_sequences(value: Any) -> list[str]:

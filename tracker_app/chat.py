@@ -18,6 +18,12 @@ from rest_framework import serializers
 from meshnet_site.errors import DomainError, ErrorKind, validation_message
 from nodes_app.protocol import (
     DEFAULT_MAX_TOKENS,
+    PENALTY_MAX,
+    PENALTY_MIN,
+    SEED_MAX,
+    TEMPERATURE_MAX,
+    TOP_K_MAX,
+    TOP_P_MIN,
     ProtocolError,
     SamplingParams,
     completion_chunk,
@@ -65,10 +71,20 @@ class _ChatRequest(serializers.Serializer[dict[str, Any]]):
     max_completion_tokens = serializers.IntegerField(
         min_value=1, max_value=MAX_MAX_TOKENS, required=False
     )
-    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, default=1.0)
-    top_p = serializers.FloatField(min_value=0.0, max_value=1.0, default=1.0)
-    top_k = serializers.IntegerField(min_value=0, default=0)
-    seed = serializers.IntegerField(required=False, allow_null=True, default=None)
+    # The sampling ranges are the protocol's, which every node checks again.
+    temperature = serializers.FloatField(min_value=0.0, max_value=TEMPERATURE_MAX, default=1.0)
+    top_p = serializers.FloatField(min_value=TOP_P_MIN, max_value=1.0, default=1.0)
+    top_k = serializers.IntegerField(min_value=0, max_value=TOP_K_MAX, default=0)
+    seed = serializers.IntegerField(
+        min_value=0, max_value=SEED_MAX, required=False, allow_null=True, default=None
+    )
+    # Accepted for OpenAI clients and range-checked like OpenAI; not applied.
+    frequency_penalty = serializers.FloatField(
+        min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False
+    )
+    presence_penalty = serializers.FloatField(
+        min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False
+    )
     stop = serializers.JSONField(required=False, default=None)
     n = serializers.IntegerField(min_value=1, max_value=1, default=1)
     route = serializers.ListField(
@@ -81,6 +97,16 @@ class _ChatRequest(serializers.Serializer[dict[str, Any]]):
             return stop_sequences(value)
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The nodes' own check, so the tracker never forwards what a node refuses.
+        try:
+            SamplingParams.from_mapping(
+                {key: attrs[key] for key in ("temperature", "top_p", "top_k", "seed")}
+            )
+        except ProtocolError as error:
+            raise serializers.ValidationError(error.message) from None
+        return attrs
 
 
 class InvalidChatRequest(DomainError):
@@ -111,10 +137,15 @@ class ChatParams:
         )
 
 
+def _no_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON itself does not allow.
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+
+
 def chat_params_parse(body: bytes) -> ChatParams:
     """Validate a raw chat request body; :class:`InvalidChatRequest` names what is wrong."""
     try:
-        raw = json.loads(body or b"null")
+        raw = json.loads(body or b"null", parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidChatRequest(
             f"Request body is not valid JSON: {exc}", code="invalid_json"

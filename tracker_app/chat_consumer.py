@@ -21,6 +21,7 @@ from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
+from meshnet_site.asgi_limits import RequestTooLarge
 from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.protocol import SSE_DONE, sse_event
@@ -55,11 +56,6 @@ class MethodNotAllowed(DomainError):
     code = "method_not_allowed"
 
 
-class RequestTooLarge(DomainError):
-    kind = ErrorKind.TOO_LARGE
-    code = "request_too_large"
-
-
 class TrackerFailed(DomainError):
     """A bug of ours: the request still ends in the documented error shape."""
 
@@ -79,12 +75,12 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             return
         chunk = message.get("body", b"")
         self._received += len(chunk)
-        if self._received > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-            # Refuse before buffering more: the body is read before the key is checked.
+        if self._received > settings.MESHNET_MAX_REQUEST_BYTES:
+            # Headers that lied about the length: refuse before buffering more.
             self._refused = True
             await self._send_error(
                 RequestTooLarge(
-                    f"Request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
+                    f"Request body is larger than {settings.MESHNET_MAX_REQUEST_BYTES} bytes"
                 )
             )
             return

@@ -5,12 +5,17 @@ its hop 0 and yields the head's chunk frames as they arrive. It ends
 normally only after a frame with a ``finish_reason``; otherwise it raises
 one of three things, each asking the caller for a different response:
 
-- :class:`HeadRefused` (a domain error, 400): the head refused the request
-  itself (too long for the context, a template that rejects the messages):
-  the client's to fix, no node to ban. Only when the tracker could not check
-  the prompt itself (``prompt_checked`` false): a head that refuses a prompt
-  the tracker counted and found fitting is lying or broken, a
-  :class:`HopFailure`.
+- :class:`HeadRefused` (a domain error, 400 or 413): the head refused the
+  request itself (too long for the context, a template that rejects the
+  messages, a body or prompt past its caps): the client's to fix, no node to
+  ban. A head answers 4xx only for its requester's fault (ADR-0002). A 413,
+  and a 400 ``prompt_too_long``, refuse the request's size against the head's
+  own caps (``runnode --max-request-bytes`` / ``--max-prompt-chars``), which
+  the tracker does not know: always the client's. Any other 400 is the
+  client's only when the tracker could not check the prompt itself
+  (``prompt_checked`` false): a head that refuses a request the tracker
+  validated — sampling in range, a prompt it counted and found fitting — is
+  lying or broken, a :class:`HopFailure`.
 - :class:`RouteBusy`: a node of the route is at its session cap (the head's
   503, or a ``hop_busy`` frame): wait for a slot, ban nobody.
 - :class:`HopFailure`: a node of the route failed (connection error, any
@@ -50,6 +55,19 @@ logger = logging.getLogger(__name__)
 LOGGED_DETAIL_CHARS = 300
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+# The statuses a head refuses a client's fault with (see _clients_fault), as the client sees them.
+CLIENT_FAULTS = {
+    status.HTTP_400_BAD_REQUEST: ErrorKind.INVALID,
+    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: ErrorKind.TOO_LARGE,
+}
+# A head's 400 codes refusing the request's size against its own caps (runnode
+# --max-prompt-chars): the client's, even for a prompt the tracker counted.
+SIZE_REFUSALS = frozenset({"prompt_too_long", "request_too_large"})
+# A head's 400 codes refusing what the tracker checks on every request with the
+# same rule before sending it: the head's fault, whether or not the prompt was counted.
+TRACKER_CHECKED = frozenset({"bad_sampling"})
+# At most this much of a head's error answer is read.
+MAX_REFUSAL_BYTES = 64 * 1024
 
 
 class HopFailure(Exception):
@@ -105,10 +123,12 @@ async def head_stream(
         ) as response:
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 raise RouteBusy()
-            if response.status_code == status.HTTP_400_BAD_REQUEST and not prompt_checked:
-                raise _refusal(head.node_id, await response.aread())
             if response.status_code != status.HTTP_200_OK:
-                code = _error_code(head.node_id, response.status_code, await response.aread())
+                body = await _read_at_most(response, MAX_REFUSAL_BYTES)
+                code = _error_code(head.node_id, response.status_code, body)
+                kind = _clients_fault(response.status_code, code, prompt_checked=prompt_checked)
+                if kind is not None:
+                    raise _refusal(head.node_id, code, kind=kind)
                 raise HopFailure(
                     head.node_id,
                     f"head answered HTTP {response.status_code}" + (f" ({code})" if code else ""),
@@ -153,6 +173,34 @@ async def head_stream(
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
 
 
+def _clients_fault(status_code: int, code: str | None, *, prompt_checked: bool) -> ErrorKind | None:
+    """How the client sees a head's refusal if it is the client's fault; None if the head's.
+
+    A 413 or a 400 ``prompt_too_long`` refuses the request's size against the
+    head's own caps, which the tracker cannot check: the client's. A 400
+    ``bad_sampling`` refuses what the tracker already checked with the very same
+    rule (``SamplingParams.from_mapping``): the head's. Any other 400 is the
+    client's unless the tracker counted the prompt and found it fitting.
+    """
+    kind = CLIENT_FAULTS.get(status_code)
+    if kind is None:
+        return None
+    if status_code == status.HTTP_413_REQUEST_ENTITY_TOO_LARGE or code in SIZE_REFUSALS:
+        return kind
+    if code in TRACKER_CHECKED or prompt_checked:
+        return None
+    return kind
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= limit:
+            break
+    return body[:limit]
+
+
 def _log_detail(node_id: str, what: str, detail: str) -> None:
     logger.warning("node %s %s: %r", node_id, what, detail[:LOGGED_DETAIL_CHARS])
 
@@ -166,6 +214,6 @@ def _error_code(node_id: str, status_code: int, body: bytes) -> str | None:
         return None
 
 
-def _refusal(node_id: str, body: bytes) -> HeadRefused:
-    code = _error_code(node_id, status.HTTP_400_BAD_REQUEST, body) or "invalid_request"
-    return HeadRefused(f"Node {node_id} refused the request ({code})", code=code)
+def _refusal(node_id: str, code: str | None, *, kind: ErrorKind) -> HeadRefused:
+    code = code or ("request_too_large" if kind is ErrorKind.TOO_LARGE else "invalid_request")
+    return HeadRefused(f"Node {node_id} refused the request ({code})", code=code, kind=kind)

@@ -37,3 +37,7 @@ class UnsupportedModelError(Exception):
 
 class ModelSourceError(Exception):
     """The weights for a model key cannot be found or read."""
+
+
+class NonFiniteOutput(Exception):
+    """This node computed NaN or infinite values (hidden states or logits): its own fault."""

@@ -31,6 +31,7 @@ from nodes_app.protocol import (
     HOP_BUSY,
     HOP_FAILED,
     PLAN,
+    SHAPE,
     SSE_DONE,
     ChunkFrame,
     ErrorFrame,
@@ -41,7 +42,7 @@ from nodes_app.protocol import (
     sse_event,
 )
 from nodes_app.runtime import wire
-from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
 from nodes_app.runtime.trust import capability_hash, new_capability
@@ -188,21 +189,35 @@ class Generation:
         yield sse_event(SSE_DONE)
 
     async def _step(self, token_ids: list[int]) -> int:
+        """One position (or the prefill) through every hop; the sampled token.
+
+        Raises :class:`HopFailed` naming the node at fault: a hop that does not
+        answer, answers an error, or answers a malformed, non-finite or
+        out-of-vocabulary result; the producer of hidden states a hop refused
+        as non-finite; this head when its own layers compute them.
+        """
         service, session, sampling = self.service, self.session, self.request.sampling
+        hops = self.request.hops
         async with session.lock:
             position = session.position
-            result = await service.compute(lambda: service.head_step(session, token_ids, sampling))
+            try:
+                result = await service.compute(
+                    lambda: service.head_step(session, token_ids, sampling)
+                )
+            except NonFiniteOutput as error:
+                raise HopFailed(hops[0], str(error)) from error
             session.position += len(token_ids)
             session.touch()
         if isinstance(result, int):
             return result
         payload: bytes = result
-        shape: tuple[int, ...] = (1, len(token_ids), service.shard.hidden_size)
+        shape: tuple[int, int, int] = (1, len(token_ids), service.shard.hidden_size)
         dtype = service.dtype_name
-        for index, hop in enumerate(self.request.hops[1:]):
-            last = hop is self.request.hops[-1]
-            if index not in self.contacted:
-                self.contacted.append(index)
+        for index, hop in enumerate(hops[1:], start=1):
+            last = index == len(hops) - 1
+            # self.contacted and self.capabilities index hops[1:].
+            if index - 1 not in self.contacted:
+                self.contacted.append(index - 1)
             headers = wire.step_headers(
                 session_id=self.session_id,
                 start=hop.start_layer,
@@ -211,8 +226,9 @@ class Generation:
                 dtype=dtype,
                 shape=shape,
                 sampling=sampling if last else None,
+                sender=hops[index - 1].node_id,
             )
-            headers[CAPABILITY] = self.capabilities[index]
+            headers[CAPABILITY] = self.capabilities[index - 1]
             if position == 0 and self.plan_header is not None:
                 headers[PLAN] = self.plan_header
             try:
@@ -223,19 +239,29 @@ class Generation:
                 logger.warning("hop %s: %s", hop.node_id, error)
                 raise HopFailed(hop, f"{type(error).__name__}") from error
             if response.status_code != 200:
+                code = _error_code(response)
+                # A hop refusing non-finite input blames whoever computed it.
+                blamed = hops[index - 1] if code == "non_finite_input" else hop
                 raise HopFailed(
-                    hop,
-                    _status_of(hop, response),
+                    blamed,
+                    f"{_status_of(hop, response, code)} from {hop.node_id}",
                     busy=response.status_code == 503,
                 )
             if last:
-                try:
-                    return int(response.json()["token_id"])
-                except (ValueError, KeyError, TypeError) as error:
-                    raise HopFailed(hop, "answered without a token id") from error
-            payload = response.content
-            dtype = response.headers.get(DTYPE, dtype)
+                return self._token_of(hop, response)
+            payload, dtype = _hidden_of(hop, response, shape)
         raise AssertionError("the plan's last hop ends at the last layer")
+
+    def _token_of(self, hop: PlanHop, response: httpx.Response) -> int:
+        """The last hop's token: an id in the vocabulary, or that hop is at fault."""
+        try:
+            token = response.json()["token_id"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise HopFailed(hop, "answered without a token id") from error
+        vocab = int(self.service.shard.config.vocab_size)
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
+            raise HopFailed(hop, f"answered a token id outside the vocabulary (0..{vocab - 1})")
+        return token
 
     def _release(self) -> None:
         """Free this session here and on every hop it reached (also on cancel)."""
@@ -258,15 +284,39 @@ class Generation:
                 )
 
 
-def _status_of(hop: PlanHop, response: httpx.Response) -> str:
-    """``HTTP <status>`` and the hop's error code when it looks like one; the rest is logged."""
-    code = None
+def _error_code(response: httpx.Response) -> str | None:
+    """The ``code`` of a hop's error answer when it looks like one (never its message)."""
     with contextlib.suppress(ValueError, AttributeError):
-        code = relayable_code(response.json().get("error", {}).get("code"))
+        return relayable_code(response.json().get("error", {}).get("code"))
+    return None
+
+
+def _status_of(hop: PlanHop, response: httpx.Response, code: str | None) -> str:
+    """``HTTP <status>`` and the hop's error code when it looks like one; the rest is logged."""
     logger.warning(
         "hop %s answered HTTP %d: %r", hop.node_id, response.status_code, response.text[:300]
     )
     return f"HTTP {response.status_code}" + (f" ({code})" if code else "")
+
+
+def _hidden_of(
+    hop: PlanHop, response: httpx.Response, shape: tuple[int, int, int]
+) -> tuple[bytes, str]:
+    """A middle hop's answer, checked before it is relayed: its bytes and dtype.
+
+    The answer must have the step's shape, a float dtype, the length they
+    give and only finite values; otherwise the hop that answered is at fault.
+    """
+    dtype = response.headers.get(DTYPE, "")
+    if dtype not in wire.DTYPES or response.headers.get(SHAPE) != ",".join(map(str, shape)):
+        raise HopFailed(hop, "answered hidden states of another shape or dtype")
+    try:
+        hidden = wire.tensor_from_bytes(response.content, dtype, shape)
+    except RuntimeRequestError as error:
+        raise HopFailed(hop, f"answered {error.message}") from error
+    if not wire.is_finite(hidden):
+        raise HopFailed(hop, "answered hidden states that are not finite")
+    return response.content, dtype
 
 
 _background: set[asyncio.Task[None]] = set()

@@ -23,6 +23,7 @@ import httpx
 import torch
 import uvicorn
 
+from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
 from nodes_app.runtime.benchmark import measure_decode_tps
 from nodes_app.runtime.loading import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app
@@ -55,6 +56,9 @@ class NodeOptions:
     advertise: str | None = None
     max_sessions: int = 8
     idle_timeout: float = IDLE_TIMEOUT_SECONDS
+    # What a head reads of a /v1/generate request before tokenising it.
+    max_request_bytes: int = GENERATE_MAX_BYTES
+    max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS
     # TEST ONLY: noise added to every hidden state this node outputs (0: none).
     corrupt_hidden_states: float = 0.0
     # The tracker key (hex) the operator pins; None: trust the tracker's on first use.
@@ -108,6 +112,8 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
         idle_timeout=options.idle_timeout,
         corrupt_hidden_states=options.corrupt_hidden_states,
         gate=gate,
+        max_request_bytes=options.max_request_bytes,
+        max_prompt_chars=options.max_prompt_chars,
     )
     if options.dev_open:
         print(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodes_app.protocol import GenerateRequest, ProtocolError
+from nodes_app.protocol import GENERATE_MAX_PROMPT_CHARS, GenerateRequest, ProtocolError
 from nodes_app.runtime.errors import RuntimeRequestError
 
 
@@ -25,6 +25,7 @@ class HeadIdentity:
     shard_end: int
     num_layers: int
     vocab_size: int
+    max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS
 
 
 def parse_generate_request(body: Any, head: HeadIdentity) -> GenerateRequest:
@@ -32,13 +33,21 @@ def parse_generate_request(body: Any, head: HeadIdentity) -> GenerateRequest:
 
     Codes: the protocol's (``invalid_request``, ``invalid_plan``,
     ``bad_sampling``), then ``wrong_model``, ``not_head`` and ``invalid_plan``
-    for a plan this head cannot run.
+    for a plan this head cannot run, ``prompt_too_long`` for messages past the
+    head's character cap (checked before anything is tokenised).
     """
     try:
         request = GenerateRequest.parse(body)
     except ProtocolError as error:
         raise RuntimeRequestError.refusing(error) from None
     head_check(request, head)
+    characters = sum(len(message["content"]) for message in request.messages)
+    if characters > head.max_prompt_chars:
+        raise RuntimeRequestError(
+            f"the messages hold {characters} characters; this node takes at most "
+            f"{head.max_prompt_chars}",
+            code="prompt_too_long",
+        )
     return request
 
 

@@ -6,16 +6,20 @@ Routes:
   POST   /v1/forward              one hop step (binary, see ``wire``)
   DELETE /v1/sessions/{id}        free a session's KV cache (204; 404 if unknown)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
-Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status.
+Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status: a 4xx
+only for the requester's fault, a 5xx for this node's.
 Generate, steps and DELETE need the tracker's signed plan or the session's
-capability (``trust``), checked before a session slot is taken or a step's
-body is read.
+capability (``trust``), checked on the headers first; then bodies are bounded
+before they are read: a step must declare exactly its tensor's length (411/413),
+a generate body at most ``max_request_bytes`` (413). Both happen before a session
+slot is taken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from starlette.routing import Route
 
 from nodes_app import protocol
 from nodes_app.runtime import wire
-from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.generation import HOP_TIMEOUT, Generation, prompt_for
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
 from nodes_app.runtime.service import NodeService
@@ -51,8 +55,32 @@ class NodeIdentity:
 
 
 def _error(error: RuntimeRequestError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if error.status == 503 else None
+    headers = {"Retry-After": "1"} if error.status == 503 else {}
+    if error.status in (411, 413):
+        # The body is refused unread: closing stops the sender instead of draining it.
+        headers["Connection"] = "close"
     return JSONResponse(error.as_json(), status_code=error.status, headers=headers)
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 once it is known to pass ``limit`` bytes (never read past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> RuntimeRequestError:
+    return RuntimeRequestError(
+        f"the body is larger than the {limit} bytes this node reads",
+        code="request_too_large",
+        status=413,
+    )
 
 
 def create_app(
@@ -126,15 +154,33 @@ def create_app(
             capability = service.admit_step(step, request.headers)
             expected = wire.body_length(step)
             declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) != expected:
+            if declared is None or not declared.isdigit():
+                raise RuntimeRequestError(
+                    "a step needs a Content-Length (its shape and dtype fix it)",
+                    code="length_required",
+                    status=411,
+                )
+            if int(declared) != expected:
                 raise RuntimeRequestError(
                     f"body has {declared} bytes; the step's shape and dtype need {expected}",
                     code="bad_length",
+                    status=413 if int(declared) > expected else 400,
                 )
-            body = await request.body()
+            body = await _bounded_body(request, expected)
             result = await service.forward(step, body, capability)
         except RuntimeRequestError as error:
             return _error(error)
+        except NonFiniteOutput as error:
+            # This node's own computation went wrong: its fault, a 5xx.
+            service.cancel(request.headers.get(protocol.SESSION, ""))
+            return _error(
+                RuntimeRequestError(
+                    f"this node computed NaN or infinite values: {error}",
+                    code="non_finite_output",
+                    status=500,
+                    error_type="server_error",
+                )
+            )
         except Exception:
             logger.exception("step failed")
             service.cancel(request.headers.get(protocol.SESSION, ""))
@@ -179,10 +225,12 @@ def create_app(
             shard_end=shard.end,
             num_layers=shard.num_layers,
             vocab_size=int(shard.config.vocab_size),
+            max_prompt_chars=service.max_prompt_chars,
         )
         try:
+            raw = await _bounded_body(request, service.max_request_bytes)
             try:
-                body = await request.json()
+                body = json.loads(raw)
             except ValueError:
                 raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
             generate_request = parse_generate_request(body, head)

@@ -18,7 +18,7 @@ import torch
 
 from nodes_app import protocol
 from nodes_app.runtime import wire
-from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.loading import LoadedShard
 from nodes_app.runtime.sampling import SamplingParams, new_generator, sample_token
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
@@ -42,6 +42,13 @@ class ThroughputMeter:
         self.tps = sample if self.tps == 0 else self.alpha * sample + (1 - self.alpha) * self.tps
 
 
+def _finite(hidden: torch.Tensor) -> torch.Tensor:
+    """``hidden``, unless this node computed NaN or infinite values: never pass them on."""
+    if not wire.is_finite(hidden):
+        raise NonFiniteOutput("the hidden states this node computed are not finite")
+    return hidden
+
+
 class NodeService:
     def __init__(
         self,
@@ -53,6 +60,8 @@ class NodeService:
         benchmark_tps: float = 0.0,
         corrupt_hidden_states: float = 0.0,
         gate: PlanGate | None = None,
+        max_request_bytes: int = protocol.GENERATE_MAX_BYTES,
+        max_prompt_chars: int = protocol.GENERATE_MAX_PROMPT_CHARS,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
@@ -66,6 +75,9 @@ class NodeService:
         self.streams = 0
         self.meter = ThroughputMeter()
         self.benchmark_tps = benchmark_tps
+        # What a head reads of a generate request before it tokenises anything.
+        self.max_request_bytes = max_request_bytes
+        self.max_prompt_chars = max_prompt_chars
         # TEST ONLY (``runnode --corrupt-hidden-states``): a node that silently
         # computes wrong, which the tracker's route probe must catch.
         self.corrupt_hidden_states = corrupt_hidden_states
@@ -199,6 +211,14 @@ class NodeService:
         self.check_step(step)
         last = step.end == self.shard.num_layers - 1
         hidden = wire.tensor_from_bytes(body, step.dtype, step.shape)
+        if not wire.is_finite(hidden):
+            # The requester relays another node's output: name that node, so the
+            # head blames the producer, not this hop and not the client.
+            sender = f"from {step.sender} " if step.sender else ""
+            raise RuntimeRequestError(
+                f"the hidden states sent {sender}hold NaN or infinite values",
+                code="non_finite_input",
+            )
         session = self.store.get(step.session_id)
         if session is None:
             if step.position != 0:
@@ -255,7 +275,7 @@ class NodeService:
             assert sampling is not None
             result = sample_token(self.executor.last_logits(out), sampling, session.generator)
         else:
-            result = wire.tensor_to_bytes(out)
+            result = wire.tensor_to_bytes(_finite(out))
         self.meter.record(hidden.shape[1], time.perf_counter() - began)
         return result
 
@@ -279,7 +299,7 @@ class NodeService:
                 session.generator = new_generator(sampling.seed)
             result = sample_token(self.executor.last_logits(hidden), sampling, session.generator)
         else:
-            result = wire.tensor_to_bytes(hidden)
+            result = wire.tensor_to_bytes(_finite(hidden))
         self.meter.record(len(token_ids), time.perf_counter() - began)
         return result
 

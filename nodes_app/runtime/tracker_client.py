@@ -6,6 +6,7 @@ The node token is a secret: it is kept in memory and never logged.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
+from nodes_app.protocol import MAX_REPORTED_TPS, TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
 from nodes_app.signing import public_key_from_hex, sign_registration, wallet_of
 
 
@@ -92,7 +93,7 @@ class TrackerClient:
             "num_layers": node.num_layers,
             "hardware": node.hardware,
             "device_name": node.device_name,
-            "benchmark_tps": round(float(node.benchmark_tps), 3),
+            "benchmark_tps": round(_reportable_tps(node.benchmark_tps), 3),
             "timestamp": time.time(),
         }
         deadline = time.monotonic() + retry_for
@@ -130,7 +131,7 @@ class TrackerClient:
             json={
                 "active_sessions": active_sessions,
                 "queue_depth": queue_depth,
-                "measured_tps": round(max(0.0, tps), 3),
+                "measured_tps": round(_reportable_tps(tps), 3),
             },
             headers=self._auth(registration),
         )
@@ -142,3 +143,10 @@ class TrackerClient:
         )
         if response.status_code not in (204, 404):
             raise RegistrationError(f"deregistration failed: HTTP {response.status_code}")
+
+
+def _reportable_tps(tps: float) -> float:
+    """Tokens/s within the range the tracker accepts (it refuses anything else)."""
+    if not math.isfinite(tps):
+        return 0.0
+    return min(max(0.0, float(tps)), MAX_REPORTED_TPS)

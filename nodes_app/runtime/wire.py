@@ -11,6 +11,7 @@ Request ``POST /v1/forward``:
   X-Meshnet-Dtype        float32 | float16 | bfloat16 (must be the node's dtype)
   X-Meshnet-Shape        1,T,H  (comma-separated)
   X-Meshnet-Sampling     JSON {temperature, top_p, top_k, seed}: only when End-Layer is the last
+  X-Meshnet-Sender       optional: the node that produced the body (named when it is refused)
   body                   T*H little-endian values, row-major
 Response: 200 with the same Dtype/Shape headers and the output hidden states as
 the body, or, from the hop that ends at the last layer, JSON ``{"token_id": N}``.
@@ -30,6 +31,7 @@ from nodes_app.protocol import (
     MAX_SESSION_ID,
     POSITION,
     SAMPLING,
+    SENDER,
     SESSION,
     SHAPE,
     START_LAYER,
@@ -45,11 +47,13 @@ __all__ = [
     "END_LAYER",
     "POSITION",
     "SAMPLING",
+    "SENDER",
     "SESSION",
     "SHAPE",
     "START_LAYER",
     "ForwardStep",
     "body_length",
+    "is_finite",
     "parse_step_headers",
     "step_headers",
     "tensor_from_bytes",
@@ -73,6 +77,7 @@ class ForwardStep:
     dtype: str
     shape: tuple[int, int, int]
     sampling: SamplingParams | None
+    sender: str | None = None
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -121,6 +126,7 @@ def parse_step_headers(headers: Mapping[str, str]) -> ForwardStep:
         dtype=dtype,
         shape=(dims[0], dims[1], dims[2]),
         sampling=sampling,
+        sender=(headers.get(SENDER) or "").strip()[:MAX_SESSION_ID] or None,
     )
 
 
@@ -133,6 +139,7 @@ def step_headers(
     dtype: str,
     shape: tuple[int, ...],
     sampling: SamplingParams | None,
+    sender: str | None = None,
 ) -> dict[str, str]:
     headers = {
         SESSION: session_id,
@@ -145,6 +152,8 @@ def step_headers(
     }
     if sampling is not None:
         headers[SAMPLING] = sampling.to_header()
+    if sender is not None:
+        headers[SENDER] = sender
     return headers
 
 
@@ -155,6 +164,11 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
 def body_length(step: ForwardStep) -> int:
     """Bytes a step's hidden states take on the wire."""
     return math.prod(step.shape) * DTYPES[step.dtype].itemsize
+
+
+def is_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value is a number (no NaN, no infinity)."""
+    return bool(torch.isfinite(tensor).all())
 
 
 def tensor_from_bytes(body: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

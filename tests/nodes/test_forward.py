@@ -65,7 +65,7 @@ def test_a_middle_hop_returns_hidden_states_in_the_wire_format(client: TestClien
 @pytest.mark.parametrize(
     ("headers", "body", "code"),
     [
-        (forward_headers("x", 2, dtype="float16"), hidden_bytes(2), "bad_length"),
+        (forward_headers("x", 3, dtype="float16"), hidden_bytes(1), "bad_length"),
         (forward_headers("x", 2, dtype="int8"), hidden_bytes(2), "bad_dtype"),
         (forward_headers("x", 2, shape="1,2,63"), hidden_bytes(2), "bad_shape"),
         (forward_headers("x", 2, shape="2,x"), hidden_bytes(2), "bad_shape"),

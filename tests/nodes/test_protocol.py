@@ -123,7 +123,7 @@ def test_a_single_stop_string_becomes_a_list_and_endpoints_lose_their_slash() ->
         (body(max_tokens=True), "invalid_request", "max_tokens"),
         (body(temperature=-1), "bad_sampling", "temperature"),
         (body(top_p=0), "bad_sampling", "top_p"),
-        (body(seed="soon"), "bad_sampling", "numbers"),
+        (body(seed="soon"), "bad_sampling", "seed"),
         (body(stop=["a"] * (MAX_STOPS + 1)), "invalid_request", f"at most {MAX_STOPS}"),
         (body(stop=["x" * (MAX_STOP_LENGTH + 1)]), "invalid_request", str(MAX_STOP_LENGTH)),
         (body(stop=[""]), "invalid_request", "non-empty"),

@@ -488,6 +488,48 @@ def test_a_head_that_refuses_a_prompt_the_tracker_counted_is_banned_and_failed_o
     assert record(proxy).status == RequestStatus.COMPLETED
 
 
+@pytest.mark.parametrize(
+    ("status", "code", "kind_status"),
+    [(413, "request_too_large", 413), (400, "prompt_too_long", 400)],
+)
+def test_a_head_refusing_a_counted_prompt_past_its_own_size_caps_bans_nobody(
+    net: Net, status: int, code: str, kind_status: int
+) -> None:
+    # The head's --max-request-bytes / --max-prompt-chars are caps the tracker
+    # cannot know: even for a prompt it counted, such a refusal is the client's.
+    net.model.weight_source = "builtin:tiny-random-llama"  # a tokenizer the tracker loads
+    net.node("small", 0, 3)
+    refusal = {"error": {"message": "too big", "type": "x", "code": code}}
+    net.heads.plan("small", Behaviour(status=status, body=refusal))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == code
+    assert "too big" not in chunks[-1]["error"]["message"]
+    assert isinstance(proxy.outcome.error, DomainError)
+    assert http_error(proxy.outcome.error).status == kind_status
+    assert net.banned() == set()
+    assert record(proxy).status == RequestStatus.FAILED
+
+
+def test_a_head_refusing_sampling_the_tracker_checked_is_banned_even_for_an_uncounted_prompt(
+    net: Net,
+) -> None:
+    # The tracker checks sampling with the nodes' own rule before it sends anything.
+    net.node("liar", 0, 3, tps=1e12)
+    net.node("honest", 0, 3)
+    refusal = {"error": {"message": "no", "type": "x", "code": "bad_sampling"}}
+    net.heads.plan("liar", Behaviour(status=400, body=refusal))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.heads.heads_asked() == ["liar", "honest"]
+    assert net.banned() == {"liar"}
+
+
 def test_usage_a_head_inflates_is_logged_and_billed_at_the_trackers_count(
     net: Net, caplog: pytest.LogCaptureFixture
 ) -> None:

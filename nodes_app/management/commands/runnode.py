@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
@@ -18,6 +19,12 @@ def _layers(value: str) -> tuple[int, int]:
     if not sep or not first.isdigit() or not last.isdigit() or int(last) < int(first):
         raise argparse.ArgumentTypeError(f"layers must look like A-B with A <= B, not {value!r}")
     return int(first), int(last)
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}")
+    return int(value)
 
 
 class Command(BaseCommand):
@@ -51,6 +58,19 @@ class Command(BaseCommand):
         parser.add_argument("--max-sessions", type=int, default=8)
         parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
         parser.add_argument(
+            "--max-request-bytes",
+            type=_positive,
+            default=GENERATE_MAX_BYTES,
+            help=f"largest /v1/generate body read, in bytes (default {GENERATE_MAX_BYTES})",
+        )
+        parser.add_argument(
+            "--max-prompt-chars",
+            type=_positive,
+            default=GENERATE_MAX_PROMPT_CHARS,
+            help="most characters of message content tokenised per request "
+            f"(default {GENERATE_MAX_PROMPT_CHARS})",
+        )
+        parser.add_argument(
             "--corrupt-hidden-states",
             type=float,
             default=0.0,
@@ -83,6 +103,8 @@ class Command(BaseCommand):
             corrupt_hidden_states=options["corrupt_hidden_states"],
             tracker_key=options["tracker_key"],
             dev_open=options["dev_open"],
+            max_request_bytes=options["max_request_bytes"],
+            max_prompt_chars=options["max_prompt_chars"],
         )
         try:
             status = run_node(node)

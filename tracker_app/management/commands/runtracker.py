@@ -7,13 +7,13 @@ import socket
 from typing import Any
 
 from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from meshnet_site.asgi_limits import BoundedServer
 from meshnet_site.environment import (
     ROUTE_EXPLORE_SHARE,
     ROUTE_STATS_HALF_LIFE,
@@ -75,11 +75,12 @@ class Command(BaseCommand):
             f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
         )
         # Daphne calls this once its sockets listen, just before it serves.
-        Server(
+        BoundedServer(
             application=application,
             endpoints=endpoints,
             verbosity=0,
             ready_callable=lambda: self.start_background(ready_line),
+            max_body_bytes=settings.MESHNET_MAX_REQUEST_BYTES,
         ).run()
 
     def start_background(self, ready_line: str) -> None:
