@@ -27,6 +27,7 @@ from functools import lru_cache
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.prompting import TemplateRefused, prompt_token_ids
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
+from tracker_app.chat import InvalidChatRequest
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +35,6 @@ logger = logging.getLogger(__name__)
 # separators of one message; a template's own text (a default system prompt).
 MESSAGE_ALLOWANCE = 16
 TEMPLATE_ALLOWANCE = 256
-
-
-class PromptRefused(DomainError):
-    """The model's chat template rejects the messages."""
-
-    kind = ErrorKind.INVALID
-    code = "invalid_request"
 
 
 class ContextLengthExceeded(DomainError):
@@ -71,7 +65,8 @@ def prompt_tokens_count(
 ) -> PromptCount:
     """Count the prompt of ``messages`` for the model at ``weight_source``.
 
-    Raises :class:`PromptRefused` or :class:`ContextLengthExceeded` (400s)
+    Raises :class:`~tracker_app.chat.InvalidChatRequest` (the template rejects the
+    messages) or :class:`ContextLengthExceeded` (400s)
     where the head would refuse. Tokenises on the calling thread: call it
     off the event loop.
     """
@@ -81,7 +76,7 @@ def prompt_tokens_count(
     try:
         prompt = prompt_token_ids(text.tokenizer, messages)
     except TemplateRefused as error:
-        raise PromptRefused(error.message) from error
+        raise InvalidChatRequest(error.message) from error
     if text.context_length is not None and len(prompt) + max_tokens > text.context_length:
         raise ContextLengthExceeded(
             f"The prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
