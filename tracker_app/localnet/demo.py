@@ -260,7 +260,8 @@ def ready_block(
             f"{READY_HEADLINE} Dashboard: {tracker_url}/dashboard/",
             f"  login:     {credentials.username} / {password}",
             f"  API key:   {credentials.api_key}",
-            f"  admin:     {tracker_url}/admin/    routing: {tracker_url}/v1/routing",
+            f"  admin:     {tracker_url}/admin/    routing: {tracker_url}/v1/routing "
+            "(signed in as staff, or with the API key)",
             "",
             "Chat from a shell:",
             f"  curl -sN {tracker_url}/v1/chat/completions -H 'Authorization: Bearer "
