@@ -215,13 +215,20 @@ def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
 
 
 def channel_layers_config(env: Mapping[str, str]) -> dict[str, Any]:
-    """channels_redis when REDIS_URL is set, else the in-process layer."""
+    """channels_redis's pub/sub layer when REDIS_URL is set, else the in-process layer.
+
+    Pub/sub, not the list-based ``RedisChannelLayer``: dashboards connect and
+    disconnect all the time, and the list-based layer can drop a message meant
+    for one consumer while another one in the same process is cancelled
+    (ADR-0009). A dashboard needs no queued delivery: it takes a snapshot on
+    connect and live updates after.
+    """
     url = redis_url(env)
     if url is None:
         return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     return {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {"hosts": [url], "prefix": "meshnet:channels"},
         }
     }

@@ -58,7 +58,7 @@ def test_database_and_redis_urls_select_postgresql_and_redis() -> None:
 
     assert loaded["db"] == "django.db.backends.postgresql"
     assert loaded["db_name"] == "meshnet"
-    assert loaded["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert loaded["layer"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
     assert loaded["broker"] == "redis://cache.internal:6379/0"
 
 

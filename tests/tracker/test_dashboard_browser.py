@@ -253,11 +253,17 @@ def test_the_routing_sample_count_rises_without_a_reload(page: Page) -> None:
                 return total > before;
             }""",
             arg=[TINY, before],
+            polling=250,
         )
     except PlaywrightTimeoutError:
         table = page.locator(f'[data-routing-model="{TINY}"]').inner_text()
         meta = page.locator(".bubble-meta").last.inner_text()
-        raise AssertionError(f"{before} samples before; answer: {meta}; now:\n{table}") from None
+        served = page.request.get(f"/v1/routing?model={TINY}").json()
+        samples = [(route["signature"], route["samples"]) for route in served["models"][0]["routes"]]
+        raise AssertionError(
+            f"{before} samples before; answer: {meta}; the page shows:\n{table}\n"
+            f"the tracker's /v1/routing: {samples}"
+        ) from None
 
 
 def test_a_node_that_stops_goes_offline_on_the_overview_without_a_reload(

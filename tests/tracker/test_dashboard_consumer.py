@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import HttpCommunicator, WebsocketCommunicator
-from channels_redis.core import RedisChannelLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
@@ -309,7 +309,7 @@ def test_an_update_another_tracker_publishes_reaches_this_trackers_dashboards(
     prefix = f"meshnet-test-{uuid.uuid4().hex[:8]}"  # CI's Redis is shared
     config = {"hosts": [redis_url], "prefix": prefix}
     settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": config}
+        "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": config}
     }
     tiny_model()
     cookie = session_cookie()
@@ -320,7 +320,7 @@ def test_an_update_another_tracker_publishes_reaches_this_trackers_dashboards(
         try:
             await socket.receive_json_from(timeout=5)
             # What another tracker process does: the same bus, over its own connection.
-            other_tracker = RedisChannelLayer(**config)
+            other_tracker = RedisPubSubChannelLayer(**config)
             monkeypatch.setattr(events, "get_channel_layer", lambda: other_tracker)
             await events.publish_async("epoch", {"model": TINY, "epoch": 9, "reason": "elsewhere"})
             return await receive_until(socket, lambda m: m["type"] == "epoch")
