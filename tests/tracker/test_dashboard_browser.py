@@ -259,7 +259,9 @@ def test_the_routing_sample_count_rises_without_a_reload(page: Page) -> None:
         table = page.locator(f'[data-routing-model="{TINY}"]').inner_text()
         meta = page.locator(".bubble-meta").last.inner_text()
         served = page.request.get(f"/v1/routing?model={TINY}").json()
-        samples = [(route["signature"], route["samples"]) for route in served["models"][0]["routes"]]
+        samples = [
+            (route["signature"], route["samples"]) for route in served["models"][0]["routes"]
+        ]
         raise AssertionError(
             f"{before} samples before; answer: {meta}; the page shows:\n{table}\n"
             f"the tracker's /v1/routing: {samples}"
