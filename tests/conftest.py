@@ -8,11 +8,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests.support.challenge import ChallengeResponder, challenge_responder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Tracker, running_tracker
 from tracker_app.localnet import LOOPBACK, ManagedProcess, free_port, wait_for_port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_channel_layer() -> None:
+    """This run's own namespace on the Redis channel layer (before any layer is built).
+
+    CI's Redis is shared: a dashboard consumer under test must not receive
+    the updates of a tracker another run (or another checkout) is testing.
+    The tracker processes the tests start keep the default namespace; each
+    of them watches only its own dashboards.
+    """
+    config = settings.CHANNEL_LAYERS["default"].get("CONFIG")
+    if config is not None:
+        config["prefix"] = f"meshnet-test-{os.getpid()}:channels"
 
 
 @pytest.fixture(scope="session")
