@@ -68,7 +68,11 @@ class HungNode:
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()
                     role = ChunkFrame(role="assistant")
-                    self.wfile.write(sse_event(role.to_json(completion_id="hung", created=1)))
+                    self.wfile.write(
+                        sse_event(
+                            role.to_json(completion_id="hung", created=1, model="tiny-random-llama")
+                        )
+                    )
                     self.wfile.flush()
                 node.asked.set()
                 node._released.wait()

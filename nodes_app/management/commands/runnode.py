@@ -90,11 +90,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # torch is imported here, never when Django loads the app.
-        from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
-        from nodes_app.runtime.node import NodeOptions, run_node
-
-        start, end = options["layers"]
         step_timeout = options["step_timeout"]
         if step_timeout is None:
             step_timeout = settings.MESHNET_HOP_STEP_TIMEOUT
@@ -102,6 +97,11 @@ class Command(BaseCommand):
             HOP_STEP_TIMEOUT.check(step_timeout, label="--step-timeout")
         except ImproperlyConfigured as error:
             raise CommandError(str(error)) from None
+        # torch is imported here, never when Django loads the app.
+        from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
+        from nodes_app.runtime.node import NodeOptions, run_node
+
+        start, end = options["layers"]
         node = NodeOptions(
             model=options["model"],
             start=start,
