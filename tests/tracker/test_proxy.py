@@ -635,6 +635,31 @@ def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_
     assert record(proxy).status == RequestStatus.FAILED
 
 
+def test_the_busy_deadline_counts_every_wait_of_a_request_not_each_wait_afresh(net: Net) -> None:
+    net.node("first", 0, 3, tps=200.0)
+    net.node("second", 0, 3, tps=100.0)
+    net.heads.plan("first", *[Behaviour(status=503)] * 3, Behaviour(tokens=2, then="die"))
+    net.heads.plan("second", Behaviour(status=503))
+    proxy = net.proxy()
+    now = [1000.0]
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(2)
+    assert chunks[-1]["error"]["code"] == "route_busy"
+    # Three waits for the first head, then on the second route only what was left.
+    assert sum(waits) == pytest.approx(10.0)
+    assert net.heads.heads_asked()[:5] == ["first"] * 4 + ["second"]
+    assert net.banned() == {"first"}
+
+
 def test_with_no_route_the_request_is_refused_before_anything_is_streamed(net: Net) -> None:
     net.node("head-only", 0, 1)
     proxy = net.proxy()
