@@ -367,6 +367,15 @@ ROUTE_MIN_SAMPLE_TOKENS = NumberSetting(
 # 8 MiB by default) must stay above it, or heads refuse what the tracker took.
 MAX_REQUEST_BYTES = NumberSetting("MESHNET_MAX_REQUEST_BYTES", 2**20, minimum=1024, integer=True)
 
+# Deadlines of a chat request (ADR-0004, "Deadlines"): how long in all it may wait
+# for a slot on a route whose nodes are at their session cap (503 route_busy
+# beyond), and how long one node may take to answer one step of a generation
+# (up to ``nodes_app.protocol.STEP_TIMEOUT_POSITIONS`` positions; a longer
+# prefill gets one more per block). ``runnode --step-timeout`` defaults to the
+# latter; the node runtime's own default (no Django) is the same 30 s.
+BUSY_DEADLINE = NumberSetting("MESHNET_BUSY_DEADLINE", 120.0, minimum=1.0, maximum=3600.0)
+HOP_STEP_TIMEOUT = NumberSetting("MESHNET_HOP_STEP_TIMEOUT", 30.0, minimum=1.0, maximum=600.0)
+
 # Durable route learning and its pruning (ADR-0003).
 ROUTE_ARM_TTL = NumberSetting("MESHNET_ROUTE_ARM_TTL", 24 * 3600.0, minimum=1.0)
 ROUTE_SNAPSHOT_RETENTION = NumberSetting(

@@ -197,6 +197,11 @@ MESHNET_NETWORK_FEE_SHARE = env_.env_decimal(
 MESHNET_MAX_REQUEST_BYTES = int(env_.MAX_REQUEST_BYTES.read(ENV))
 DATA_UPLOAD_MAX_MEMORY_SIZE = MESHNET_MAX_REQUEST_BYTES
 
+# Deadlines (ADR-0004): the most a chat request waits in all for a busy route's
+# slot, and the seconds a node may take for one step (``runnode --step-timeout``).
+MESHNET_BUSY_DEADLINE = env_.BUSY_DEADLINE.read(ENV)
+MESHNET_HOP_STEP_TIMEOUT = env_.HOP_STEP_TIMEOUT.read(ENV)
+
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
 # Node registrations per client address per minute (429 beyond), counted before

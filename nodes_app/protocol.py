@@ -105,10 +105,31 @@ MAX_LAYERS = 10_000
 GENERATE_MAX_BYTES = 8 * 2**20
 GENERATE_MAX_PROMPT_CHARS = 2_000_000
 
+# Step deadlines (ADR-0004, "Deadlines"). A node has one step timeout (runnode
+# --step-timeout, MESHNET_HOP_STEP_TIMEOUT: STEP_TIMEOUT_SECONDS by default) to
+# answer a step of up to STEP_TIMEOUT_POSITIONS positions: every decode step, and
+# the prefill of a short prompt. A longer prefill gets one step timeout more per
+# block of as many positions, so a long prompt on a slow CPU node is not taken
+# for a hung one, while a hung decode step is found within one step timeout.
+STEP_TIMEOUT_SECONDS = 30.0
+STEP_TIMEOUT_POSITIONS = 512
+# What a head streams after a step that gave the client no text (a token held
+# back by the detokenizer or a stop sequence): an SSE comment, so the head's
+# stream is never silent for longer than one step.
+SSE_STEP_COMMENT = b": step\n\n"
+
+
+def step_time_limit(step_timeout: float, positions: int) -> float:
+    """Seconds one node may take to answer a step of ``positions`` positions."""
+    return step_timeout * max(1, math.ceil(positions / STEP_TIMEOUT_POSITIONS))
+
+
 # Error frame codes. A full hop is not a broken one: the tracker waits on
 # ``hop_busy`` and bans the named node on ``hop_failed``.
 HOP_FAILED = "hop_failed"
 HOP_BUSY = "hop_busy"
+# A hop that did not answer a step within its step timeout (a kind of hop_failed).
+HOP_TIMED_OUT = "hop_timeout"
 
 SSE_DONE = "[DONE]"
 

@@ -20,7 +20,12 @@ one of three things, each asking the caller for a different response:
   503, or a ``hop_busy`` frame): wait for a slot, ban nobody.
 - :class:`HopFailure`: a node of the route failed (connection error, any
   other status, an error frame, a malformed frame, a stream that ends before
-  the last token): ban ``node_id`` and fail over.
+  the last token, a head silent past :func:`silence_limit`): ban ``node_id``
+  and fail over.
+
+A hop that hangs downstream is the head's to report (it gives each hop one
+step deadline, ``protocol.step_time_limit``): the tracker waits for the head
+longer than that, so the blame lands on the hop and not on the head.
 
 A node's words never reach a client: messages name the node, an HTTP status
 and at most an error code of the protocol's form (``relayable_code``); the
@@ -39,6 +44,7 @@ from rest_framework import status
 
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.protocol import (
+    HOP_TIMED_OUT,
     SSE_DONE,
     ChunkFrame,
     ErrorFrame,
@@ -47,6 +53,7 @@ from nodes_app.protocol import (
     parse_frame,
     relayable_code,
     sse_data,
+    step_time_limit,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,7 +61,8 @@ logger = logging.getLogger(__name__)
 # How much of a node's own text an operator's log line keeps.
 LOGGED_DETAIL_CHARS = 300
 
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=30.0)
+UPSTREAM_CONNECT_SECONDS = 5.0
+UPSTREAM_WRITE_SECONDS = 30.0
 # The statuses a head refuses a client's fault with (see _clients_fault), as the client sees them.
 CLIENT_FAULTS = {
     status.HTTP_400_BAD_REQUEST: ErrorKind.INVALID,
@@ -86,6 +94,18 @@ class RouteBusy(Exception):
     """A node of the route is at its session cap: wait for a slot, ban nobody."""
 
 
+def silence_limit(*, step_timeout: float, hops: int, positions: int) -> float:
+    """The longest a head of a ``hops``-hop route may send nothing, in seconds.
+
+    Each step the head runs its own layers, then sends the step to each hop in
+    turn, each with ``step_time_limit`` to answer (``positions``: the prefill's,
+    the longest step); a head streams a frame or a comment after every step.
+    One limit more lets the head report a hop it gave up on before the tracker
+    gives up on the head.
+    """
+    return (hops + 1) * step_time_limit(step_timeout, positions)
+
+
 class HeadRefused(DomainError):
     """The head refused the request as invalid; ``code`` is the head's own when it
     has the protocol's form. The message names the node, never the head's text."""
@@ -97,11 +117,14 @@ async def head_stream(
     *,
     client: httpx.AsyncClient,
     request: GenerateRequest,
+    silence: float,
     on_connected: Callable[[], Awaitable[None]] | None = None,
     prompt_checked: bool = False,
 ) -> AsyncGenerator[ChunkFrame, None]:
     """The head's frames for ``request``, up to and including the one that finishes it.
 
+    ``silence``: the seconds the head may send nothing (its answer, then
+    between frames; see :func:`silence_limit`) before it is taken for hung.
     ``on_connected`` runs once the head has accepted the request (200),
     before its first frame. ``prompt_checked``: the tracker tokenised the
     prompt with the model's tokenizer and found it fits, so the head has no
@@ -119,7 +142,12 @@ async def head_stream(
             "POST",
             f"{head.endpoint}/v1/generate",
             json=request.to_json(),
-            timeout=UPSTREAM_TIMEOUT,
+            timeout=httpx.Timeout(
+                silence,
+                connect=UPSTREAM_CONNECT_SECONDS,
+                write=UPSTREAM_WRITE_SECONDS,
+                pool=UPSTREAM_WRITE_SECONDS,
+            ),
         ) as response:
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
                 raise RouteBusy()
@@ -163,6 +191,12 @@ async def head_stream(
                     )
                 finished = frame.finish_reason is not None
                 yield frame
+    except httpx.ReadTimeout as error:
+        if finished:
+            return
+        raise HopFailure(
+            head.node_id, f"the head sent nothing for {silence:g} s ({HOP_TIMED_OUT})"
+        ) from error
     except httpx.HTTPError as error:
         if finished:
             return  # the answer was complete; only the connection's close failed

@@ -73,7 +73,9 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
     token_ids: list[int] = []
 
     async def read() -> None:
-        frames = head_stream(client=client, request=plan_sign(probe_request(plan)))
+        frames = head_stream(
+            client=client, request=plan_sign(probe_request(plan)), silence=PROBE_TIMEOUT_SECONDS
+        )
         async with aclosing(frames):
             async for frame in frames:
                 token_ids.extend(frame.token_ids)

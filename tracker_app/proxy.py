@@ -12,12 +12,19 @@ If a hop dies mid-generation the node is banned with exponential back-off
 without it, and generation resumes on the new head by replaying the prompt
 plus every token already produced: the client's stream goes on with no gap
 and no repeated token.
+
+Deadlines (ADR-0004): a request waits for a busy route's slot at most
+``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
+exponential back-off, then ends in a 503 ``route_busy`` with ``Retry-After``;
+a head silent past :func:`~tracker_app.head_stream.silence_limit` (from
+``MESHNET_HOP_STEP_TIMEOUT``) has failed, like a hop the head reports hung.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections import Counter
@@ -29,6 +36,7 @@ from typing import Any
 
 import httpx
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
 from meshnet_site.errors import DomainError, ErrorKind, http_error
@@ -42,7 +50,7 @@ from routing_app.services import route_sample_record, route_select
 from tracker_app import accounting, console
 from tracker_app.billing import request_work
 from tracker_app.chat import ChatParams, completion_chunk
-from tracker_app.head_stream import HopFailure, RouteBusy, head_stream
+from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
 from tracker_app.models import ApiKey
 from tracker_app.prompt_tokens import PromptCount, prompt_tokens_count
 
@@ -50,15 +58,28 @@ logger = logging.getLogger(__name__)
 
 MAX_FAILOVERS = 3
 # A route whose head or hop is at its session cap is waited for, not banned:
-# retry with back-off.
+# retry with back-off (busy_retry_delay), up to MESHNET_BUSY_DEADLINE in all.
 BUSY_RETRY_FIRST_SECONDS = 0.05
 BUSY_RETRY_MAX_SECONDS = 1.0
-BUSY_WAIT_LIMIT_SECONDS = 120.0
+# What a client refused for a busy route is told to wait (Retry-After): a few
+# of the tracker's own retry intervals, so the sessions that held the route
+# can end; sooner would only join the same queue.
+BUSY_RETRY_AFTER_SECONDS = 5
 PROGRESS_INTERVAL_SECONDS = 0.5
 
 
+def busy_retry_delay(attempt: int, *, rng: random.Random) -> float:
+    """The wait before busy retry ``attempt`` (0 first): 50 ms doubling up to 1 s.
+
+    Each is drawn in the upper half of its step (jitter), so requests waiting
+    on one full node do not all retry in the same instant.
+    """
+    step = min(BUSY_RETRY_MAX_SECONDS, BUSY_RETRY_FIRST_SECONDS * 2 ** min(attempt, 32))
+    return step * rng.uniform(0.5, 1.0)
+
+
 class RouteBusyTooLong(DomainError):
-    """The route's nodes stayed at their session cap past the wait limit."""
+    """The route's nodes stayed at their session cap past the request's busy deadline."""
 
     kind = ErrorKind.UNAVAILABLE
     code = "route_busy"
@@ -121,7 +142,13 @@ class ChatProxy:
         fee_share: Decimal,
         emit: Callable[..., Awaitable[Any]] = console.console_emit,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+        busy_deadline: float | None = None,
+        step_timeout: float | None = None,
     ) -> None:
+        """``busy_deadline`` and ``step_timeout`` default to MESHNET_BUSY_DEADLINE and
+        MESHNET_HOP_STEP_TIMEOUT; ``clock``, ``sleep`` and ``rng`` drive the busy back-off."""
         self.params = params
         self.api_key = api_key
         self.model = model
@@ -129,6 +156,14 @@ class ChatProxy:
         self.fee_share = fee_share
         self.emit = emit
         self.clock = clock
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.busy_deadline = (
+            settings.MESHNET_BUSY_DEADLINE if busy_deadline is None else busy_deadline
+        )
+        self.step_timeout = (
+            settings.MESHNET_HOP_STEP_TIMEOUT if step_timeout is None else step_timeout
+        )
         # The record's id is fixed before it exists, so a cancel that races
         # with its creation still finds it (DB calls run in order on one thread).
         self.request_uuid = uuid.uuid4()
@@ -141,8 +176,10 @@ class ChatProxy:
         self._started = clock()
         self._first_token_at: float | None = None
         self._last_progress = 0.0
+        # Waiting for a slot: since when (this time), how long before, which retry.
         self._busy_since: float | None = None
-        self._busy_delay = BUSY_RETRY_FIRST_SECONDS
+        self._busy_waited = 0.0
+        self._busy_attempt = 0
 
     @property
     def meshnet(self) -> dict[str, Any]:
@@ -230,16 +267,30 @@ class ChatProxy:
             await self.emit(console.ERROR, self.request_id, message=message)
 
     async def _wait_for_slot(self) -> None:
-        """A node of the route is full: wait with back-off, up to the limit."""
+        """A node of the route is full: wait with back-off, up to the busy deadline in all.
+
+        Raises :class:`RouteBusyTooLong` (503, ``Retry-After``) once the
+        request has waited ``busy_deadline`` seconds for slots, over all its
+        routes; no wait runs past the deadline.
+        """
         now = self.clock()
-        self._busy_since = self._busy_since or now
-        if now - self._busy_since > BUSY_WAIT_LIMIT_SECONDS:
+        if self._busy_since is None:
+            self._busy_since = now
+        left = self.busy_deadline - self._busy_waited - (now - self._busy_since)
+        if left <= 0:
             raise RouteBusyTooLong(
-                f"The route's nodes stayed at their session cap for "
-                f"{BUSY_WAIT_LIMIT_SECONDS:.0f} s; retry later"
+                f"The route's nodes stayed at their session cap for {self.busy_deadline:g} s; "
+                f"retry in {BUSY_RETRY_AFTER_SECONDS} s",
+                retry_after=BUSY_RETRY_AFTER_SECONDS,
             )
-        await asyncio.sleep(self._busy_delay)
-        self._busy_delay = min(BUSY_RETRY_MAX_SECONDS, self._busy_delay * 2)
+        await self.sleep(min(left, busy_retry_delay(self._busy_attempt, rng=self.rng)))
+        self._busy_attempt += 1
+
+    def _busy_over(self) -> None:
+        """A slot was found (or the route failed): the next wait starts back-off afresh."""
+        if self._busy_since is not None:
+            self._busy_waited += self.clock() - self._busy_since
+        self._busy_since, self._busy_attempt = None, 0
 
     async def _use(self, decision: RouteDecision, *, replayed: int) -> None:
         self.outcome.segments.append(
@@ -282,7 +333,7 @@ class ChatProxy:
 
         async def connected() -> None:
             # Waiting for a slot is over, and the route's clock starts.
-            self._busy_since, self._busy_delay = None, BUSY_RETRY_FIRST_SECONDS
+            self._busy_over()
             segment.started = self.clock()
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
@@ -291,6 +342,11 @@ class ChatProxy:
             frames = head_stream(
                 client=self.client,
                 request=request,
+                silence=silence_limit(
+                    step_timeout=self.step_timeout,
+                    hops=len(plan.hops),
+                    positions=self.prompt.tokens + len(self.token_ids),
+                ),
                 on_connected=connected,
                 prompt_checked=self.prompt.exact,
             )
@@ -358,7 +414,7 @@ class ChatProxy:
         )
 
     async def _fail_over(self, failure: HopFailure, *, exhausted: bool) -> None:
-        self._busy_since, self._busy_delay = None, BUSY_RETRY_FIRST_SECONDS
+        self._busy_over()
         ban = node_ban(node_id=failure.node_id)
         logger.warning(
             "request %s: hop %s failed (%s); banned for %.0f s",

@@ -10,7 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
+from nodes_app.protocol import (
+    GENERATE_MAX_BYTES,
+    GENERATE_MAX_PROMPT_CHARS,
+    STEP_TIMEOUT_SECONDS,
+)
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
     parser.add_argument("--max-request-bytes", type=int, default=GENERATE_MAX_BYTES)
     parser.add_argument("--max-prompt-chars", type=int, default=GENERATE_MAX_PROMPT_CHARS)
+    parser.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_SECONDS)
     args = parser.parse_args(argv)
     start, end = args.layers
     options = NodeOptions(
@@ -58,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         dev_open=args.dev_open,
         max_request_bytes=args.max_request_bytes,
         max_prompt_chars=args.max_prompt_chars,
+        step_timeout=args.step_timeout,
     )
     return run_node(options)
 

@@ -30,9 +30,11 @@ from nodes_app.protocol import (
     DTYPE,
     HOP_BUSY,
     HOP_FAILED,
+    HOP_TIMED_OUT,
     PLAN,
     SHAPE,
     SSE_DONE,
+    SSE_STEP_COMMENT,
     ChunkFrame,
     ErrorFrame,
     GenerateRequest,
@@ -40,6 +42,7 @@ from nodes_app.protocol import (
     Usage,
     relayable_code,
     sse_event,
+    step_time_limit,
 )
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
@@ -49,21 +52,29 @@ from nodes_app.runtime.trust import capability_hash, new_capability
 
 logger = logging.getLogger("meshnet.node")
 
-HOP_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=60.0)
+# The downstream client's defaults; each step sets its own read and write
+# deadline (the node's step timeout, see ``protocol.step_time_limit``).
+HOP_CONNECT_SECONDS = 5.0
+HOP_TIMEOUT = httpx.Timeout(connect=HOP_CONNECT_SECONDS, read=300.0, write=60.0, pool=60.0)
 
 
 class HopFailed(Exception):
-    """A downstream hop did not answer a step; ``busy`` when it was at its session cap.
+    """A downstream hop did not answer a step; ``code`` says how (the error frame's code).
 
+    ``code`` is ``hop_busy`` when the hop was at its session cap, ``hop_timeout``
+    when it did not answer within the step's deadline, else ``hop_failed``.
     ``message`` names what went wrong in the head's own words (a status, an
     error code, an exception's type), never the hop's response text.
     """
 
-    def __init__(self, hop: PlanHop, message: str, *, busy: bool = False) -> None:
+    def __init__(
+        self, hop: PlanHop, message: str, *, busy: bool = False, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.hop = hop
         self.message = message
         self.busy = busy
+        self.code = code or (HOP_BUSY if busy else HOP_FAILED)
 
 
 async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int]:
@@ -161,7 +172,7 @@ class Generation:
             except HopFailed as failure:
                 error = ErrorFrame(
                     message=f"hop {failure.hop.node_id} failed: {failure.message}",
-                    code=HOP_BUSY if failure.busy else HOP_FAILED,
+                    code=failure.code,
                     node_id=failure.hop.node_id,
                 )
                 yield sse_event(error.to_json())
@@ -181,6 +192,8 @@ class Generation:
             if text:
                 yield self._event(ChunkFrame(content=text, token_ids=tuple(unsent)))
                 unsent = []
+            elif finish is None:
+                yield SSE_STEP_COMMENT
         tail = "" if stopper.stopped else stopper.feed(detokenizer.flush()) + stopper.flush()
         usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed) + produced)
         yield self._event(
@@ -192,12 +205,16 @@ class Generation:
         """One position (or the prefill) through every hop; the sampled token.
 
         Raises :class:`HopFailed` naming the node at fault: a hop that does not
-        answer, answers an error, or answers a malformed, non-finite or
-        out-of-vocabulary result; the producer of hidden states a hop refused
-        as non-finite; this head when its own layers compute them.
+        answer (within the step's deadline: ``hop_timeout``), answers an error,
+        or answers a malformed, non-finite or out-of-vocabulary result; the
+        producer of hidden states a hop refused as non-finite; this head when
+        its own layers compute them.
         """
         service, session, sampling = self.service, self.session, self.request.sampling
         hops = self.request.hops
+        limit = step_time_limit(service.step_timeout, len(token_ids))
+        # Each hop has the whole limit to take the step's body and to answer it.
+        deadline = httpx.Timeout(limit, connect=HOP_CONNECT_SECONDS)
         async with session.lock:
             position = session.position
             try:
@@ -233,8 +250,15 @@ class Generation:
                 headers[PLAN] = self.plan_header
             try:
                 response = await self.client.post(
-                    f"{hop.endpoint}/v1/forward", content=payload, headers=headers
+                    f"{hop.endpoint}/v1/forward",
+                    content=payload,
+                    headers=headers,
+                    timeout=deadline,
                 )
+            except (httpx.ReadTimeout, httpx.WriteTimeout) as error:
+                raise HopFailed(
+                    hop, f"did not answer the step within {limit:g} s", code=HOP_TIMED_OUT
+                ) from error
             except httpx.HTTPError as error:
                 logger.warning("hop %s: %s", hop.node_id, error)
                 raise HopFailed(hop, f"{type(error).__name__}") from error

@@ -23,7 +23,11 @@ import httpx
 import torch
 import uvicorn
 
-from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
+from nodes_app.protocol import (
+    GENERATE_MAX_BYTES,
+    GENERATE_MAX_PROMPT_CHARS,
+    STEP_TIMEOUT_SECONDS,
+)
 from nodes_app.runtime.benchmark import measure_decode_tps
 from nodes_app.runtime.loading import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app
@@ -59,6 +63,8 @@ class NodeOptions:
     # What a head reads of a /v1/generate request before tokenising it.
     max_request_bytes: int = GENERATE_MAX_BYTES
     max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS
+    # Seconds a downstream hop has to answer one step of a generation this node heads.
+    step_timeout: float = STEP_TIMEOUT_SECONDS
     # TEST ONLY: noise added to every hidden state this node outputs (0: none).
     corrupt_hidden_states: float = 0.0
     # The tracker key (hex) the operator pins; None: trust the tracker's on first use.
@@ -114,6 +120,7 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
         gate=gate,
         max_request_bytes=options.max_request_bytes,
         max_prompt_chars=options.max_prompt_chars,
+        step_timeout=options.step_timeout,
     )
     if options.dev_open:
         print(

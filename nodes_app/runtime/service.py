@@ -62,6 +62,7 @@ class NodeService:
         gate: PlanGate | None = None,
         max_request_bytes: int = protocol.GENERATE_MAX_BYTES,
         max_prompt_chars: int = protocol.GENERATE_MAX_PROMPT_CHARS,
+        step_timeout: float = protocol.STEP_TIMEOUT_SECONDS,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
@@ -78,6 +79,9 @@ class NodeService:
         # What a head reads of a generate request before it tokenises anything.
         self.max_request_bytes = max_request_bytes
         self.max_prompt_chars = max_prompt_chars
+        # What a downstream hop has to answer one step this node sends it
+        # (protocol.step_time_limit); past it the hop is reported hung.
+        self.step_timeout = step_timeout
         # TEST ONLY (``runnode --corrupt-hidden-states``): a node that silently
         # computes wrong, which the tracker's route probe must catch.
         self.corrupt_hidden_states = corrupt_hidden_states

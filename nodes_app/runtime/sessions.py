@@ -18,8 +18,9 @@ from typing import Any
 
 from nodes_app.runtime.errors import RuntimeRequestError
 
-# Longer than a hop may wait on its downstream hops for one step (300 s read
-# timeout): a live session is never reaped between two of its steps.
+# Far longer than a head waits on each hop for one step (the step timeout,
+# 30 s by default; a long prefill gets more, protocol.step_time_limit): a live
+# session is never reaped between two of its steps.
 IDLE_TIMEOUT_SECONDS = 600.0
 
 

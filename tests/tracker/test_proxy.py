@@ -43,7 +43,7 @@ from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console
 from tracker_app.chat import chat_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
-from tracker_app.proxy import ChatProxy
+from tracker_app.proxy import BUSY_RETRY_AFTER_SECONDS, ChatProxy
 from tracker_app.services import api_key_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -605,19 +605,59 @@ def test_every_send_to_a_head_carries_a_fresh_plan_signed_by_the_tracker(net: Ne
     assert [r.hops[0].node_id for r in (first, second)] == ["fast", "slow"]
 
 
-def test_a_route_busy_past_the_wait_limit_is_a_503_and_bans_nobody(net: Net) -> None:
+def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_nobody(
+    net: Net,
+) -> None:
     net.node("whole", 0, 3)
     net.heads.plan("whole", Behaviour(status=503))
     proxy = net.proxy()
-    ticks = itertools.count(step=50.0)
-    proxy.clock = lambda: next(ticks)  # every look at the clock, 50 s pass
+    now = [1000.0]
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # time passes only while the proxy waits
+        waits.append(seconds)
+        now[0] += seconds
+
+    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
 
     chunks = serve(proxy)
 
     assert chunks[-1]["error"]["code"] == "route_busy"
-    assert http_error(proxy.outcome.error).status == 503  # type: ignore[arg-type]
+    answer = http_error(proxy.outcome.error)  # type: ignore[arg-type]
+    assert (answer.status, answer.headers) == (503, {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)})
+    # Capped exponential back-off: each wait in the upper half of 50 ms, 100 ms, … 1 s, 1 s…,
+    # the last one cut to end exactly at the deadline; one more look, then the 503.
+    steps = [min(1.0, 0.05 * 2**attempt) for attempt in range(len(waits))]
+    assert all(step / 2 <= wait <= step for wait, step in zip(waits[:-1], steps, strict=False))
+    assert sum(waits) == pytest.approx(10.0) and len(waits) > 10
+    assert len(net.heads.requests) == len(waits) + 1
     assert net.banned() == set()
     assert record(proxy).status == RequestStatus.FAILED
+
+
+def test_the_busy_deadline_counts_every_wait_of_a_request_not_each_wait_afresh(net: Net) -> None:
+    net.node("first", 0, 3, tps=200.0)
+    net.node("second", 0, 3, tps=100.0)
+    net.heads.plan("first", *[Behaviour(status=503)] * 3, Behaviour(tokens=2, then="die"))
+    net.heads.plan("second", Behaviour(status=503))
+    proxy = net.proxy()
+    now = [1000.0]
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(2)
+    assert chunks[-1]["error"]["code"] == "route_busy"
+    # Three waits for the first head, then on the second route only what was left.
+    assert sum(waits) == pytest.approx(10.0)
+    assert net.heads.heads_asked()[:5] == ["first"] * 4 + ["second"]
+    assert net.banned() == {"first"}
 
 
 def test_with_no_route_the_request_is_refused_before_anything_is_streamed(net: Net) -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from meshnet_site.environment import HOP_STEP_TIMEOUT
 from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
@@ -71,6 +73,14 @@ class Command(BaseCommand):
             f"(default {GENERATE_MAX_PROMPT_CHARS})",
         )
         parser.add_argument(
+            "--step-timeout",
+            type=float,
+            metavar="SECONDS",
+            help="seconds a downstream hop has to answer one step of a generation this node "
+            "heads (a prefill gets this much more per 512 positions); a hop past it is reported "
+            f"hung (default $MESHNET_HOP_STEP_TIMEOUT, else {HOP_STEP_TIMEOUT.default:g})",
+        )
+        parser.add_argument(
             "--corrupt-hidden-states",
             type=float,
             default=0.0,
@@ -80,6 +90,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        step_timeout = options["step_timeout"]
+        if step_timeout is None:
+            step_timeout = settings.MESHNET_HOP_STEP_TIMEOUT
+        try:
+            HOP_STEP_TIMEOUT.check(step_timeout, label="--step-timeout")
+        except ImproperlyConfigured as error:
+            raise CommandError(str(error)) from None
         # torch is imported here, never when Django loads the app.
         from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
         from nodes_app.runtime.node import NodeOptions, run_node
@@ -105,6 +122,7 @@ class Command(BaseCommand):
             dev_open=options["dev_open"],
             max_request_bytes=options["max_request_bytes"],
             max_prompt_chars=options["max_prompt_chars"],
+            step_timeout=step_timeout,
         )
         try:
             status = run_node(node)

@@ -1,0 +1,138 @@
+"""A hung node: a real HTTP server, registered like a node, that takes work and never answers.
+
+It registers under a wallet of its own, proves its endpoint when the tracker
+challenges it, answers health checks and session cancels, and then hangs on
+the work itself: a ``/v1/forward`` step is read whole and never answered; a
+``/v1/generate`` is accepted (200, the role frame) and then goes silent. It
+holds every such connection open until :meth:`HungNode.release` (or stop),
+which closes them unanswered. It runs in threads of the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from nodes_app.protocol import ChunkFrame, sse_event
+from tests.support.fake_node import challenge_signature
+from tests.support.registration import signed_registration
+
+
+@dataclass
+class HungNode:
+    """A node over layers ``start``-``end`` of the tiny model that never answers work."""
+
+    start: int = 0
+    end: int = 3
+    key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
+    endpoint: str = ""
+    node_id: str = ""
+    token: str = ""
+    # Set once a step or a generate reached it (the route really went through it).
+    asked: threading.Event = field(default_factory=threading.Event)
+    _released: threading.Event = field(default_factory=threading.Event)
+    _server: ThreadingHTTPServer | None = None
+
+    def start_serving(self) -> HungNode:
+        node = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._json(200, {"status": "ok", "node_id": node.node_id})
+
+            def do_DELETE(self) -> None:
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/v1/challenge":
+                    nonce = json.loads(body)["nonce"]
+                    signature = challenge_signature(node.key, nonce, node.endpoint)
+                    self._json(200, {"wallet": node.wallet, "signature": signature})
+                    return
+                if self.path == "/v1/generate":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    role = ChunkFrame(role="assistant")
+                    self.wfile.write(
+                        sse_event(
+                            role.to_json(completion_id="hung", created=1, model="tiny-random-llama")
+                        )
+                    )
+                    self.wfile.flush()
+                node.asked.set()
+                node._released.wait()
+                self.close_connection = True
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def wallet(self) -> str:
+        return str(signed_registration(self.key)["wallet"])
+
+    def hop(self) -> dict[str, Any]:
+        """This node as a hop of a plan (``node_id`` empty until it registers)."""
+        return {
+            "node_id": self.node_id or "hung",
+            "endpoint": self.endpoint,
+            "start_layer": self.start,
+            "end_layer": self.end,
+        }
+
+    def register(self, tracker_url: str, *, benchmark_tps: float) -> str:
+        """Register with the tracker over its layers, claiming ``benchmark_tps``; its node id."""
+        body = signed_registration(
+            self.key,
+            endpoint=self.endpoint,
+            shard_start=self.start,
+            shard_end=self.end,
+            benchmark_tps=benchmark_tps,
+        )
+        response = httpx.post(f"{tracker_url}/api/nodes/register", json=body, timeout=30)
+        assert response.status_code == 201, response.text
+        self.node_id = str(response.json()["node_id"])
+        self.token = str(response.json()["node_token"])
+        return self.node_id
+
+    def deregister(self, tracker_url: str) -> None:
+        response = httpx.post(
+            f"{tracker_url}/api/nodes/{self.node_id}/deregister",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
+        assert response.status_code in (204, 404), response.text
+
+    def release(self) -> None:
+        """Close every connection it holds, unanswered."""
+        self._released.set()
+
+    def stop(self) -> None:
+        self.release()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
