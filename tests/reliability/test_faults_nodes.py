@@ -41,8 +41,24 @@ SETTINGS = {
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Network]:
-    """Tracker, worker and two nodes per layer range; their Celery queue of their own."""
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node running every layer with no tracker: the answer to compare with.
+
+    Started, not waited for: it loads while the network's nodes do.
+    """
+    node = start_node(tmp_path_factory.mktemp("reference"), TINY, (0, 3), node_id="reference")
+    with node.process:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def mesh(
+    tmp_path_factory: pytest.TempPathFactory, redis_url: str, reference: NodeProcess
+) -> Iterator[Network]:
+    """Tracker, worker and two nodes per layer range; their Celery queue of their own.
+
+    Asks for ``reference`` only so that it starts first and loads alongside.
+    """
     tmp = tmp_path_factory.mktemp("faults-nodes")
     settings = {**SETTINGS, "REDIS_URL": private_redis(redis_url)}
     with fresh_process_database() as database_url:
@@ -56,15 +72,13 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[N
 
 
 @pytest.fixture(scope="module")
-def whole_model_answer(mesh: Network) -> str:
-    """The greedy answer of one node running every layer, with no tracker in between."""
-    node = start_node(mesh.workdir, TINY, (0, 3), node_id="faults-reference")
-    try:
-        node.wait_serving()
-        body = generate_body([(node, 0, 3)], messages=PROMPT, max_tokens=MAX_TOKENS)
-        return text_of(read_stream(node.endpoint, body))
-    finally:
-        node.stop()
+def whole_model_answer(reference: NodeProcess, mesh: Network) -> str:
+    """The greedy answer of the whole model on one node, with no tracker in between."""
+    reference.wait_serving()
+    body = generate_body([(reference, 0, 3)], messages=PROMPT, max_tokens=MAX_TOKENS)
+    answer = text_of(read_stream(reference.endpoint, body))
+    reference.stop()  # its CPU is the network's from here on
+    return answer
 
 
 def offline_once_swept(mesh: Network, killed: list[NodeProcess]) -> None:

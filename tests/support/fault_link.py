@@ -15,7 +15,8 @@ import contextlib
 import threading
 from collections.abc import Coroutine, Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
 
 from tracker_app.localnet import LOOPBACK
 
@@ -35,6 +36,20 @@ class FaultyLink:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
+
+    @classmethod
+    def to_url(cls, url: str, default_port: int = 5432) -> Self:
+        """A link to the server a URL names (``postgres://user@host:port/db``)."""
+        parts = urlsplit(url)
+        return cls(parts.hostname or LOOPBACK, parts.port or default_port)
+
+    def url_for(self, url: str) -> str:
+        """``url`` with its server replaced by this link (start the link first)."""
+        parts = urlsplit(url)
+        user = f"{parts.username}@" if parts.username else ""
+        if parts.password:
+            user = f"{parts.username}:{parts.password}@"
+        return parts._replace(netloc=f"{user}{LOOPBACK}:{self.port}").geturl()
 
     def __enter__(self) -> FaultyLink:
         self._thread.start()
