@@ -160,7 +160,7 @@ def test_a_node_killed_mid_stream_is_failed_over_to_the_identical_greedy_answer_
 
 
 def test_a_node_killed_mid_stream_with_no_spare_left_ends_the_stream_with_an_error_and_no_charge(
-    mesh: Network, killed_so_far: list[NodeProcess]
+    mesh: Network, whole_model_answer: str, killed_so_far: list[NodeProcess]
 ) -> None:
     offline_once_swept(mesh, killed_so_far)  # every position's spare is spent
 
@@ -169,8 +169,11 @@ def test_a_node_killed_mid_stream_with_no_spare_left_ends_the_stream_with_an_err
     assert frames[-1] == "[DONE]"
     error = frames[-2]["error"]
     assert set(error) == {"message", "type", "code"}
-    assert error["code"] == "no_route"
-    assert text_of(frames)  # what was streamed before the failure stays the client's
+    assert error["code"] == "no_route" and TINY in error["message"]
+    # What was streamed before the failure is the right answer, cut short.
+    streamed = text_of(frames)
+    assert streamed and whole_model_answer.startswith(streamed)
+    assert streamed != whole_model_answer
     request_id = request_id_of(frames)
     assert mesh.query("SELECT status FROM tracker_app_chatrequest WHERE id = %s", request_id) == [
         ("failed",)
