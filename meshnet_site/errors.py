@@ -7,6 +7,10 @@ HTTP. :func:`http_error` maps a kind to its status and OpenAI error ``type``,
 so every error, from any app and any entry point (DRF views, the chat
 consumer), reaches the client as
 ``{"error": {"message": ..., "type": ..., "code": ...}}``.
+
+A database that cannot be reached (down, restarting, a connection cut) is no
+bug of the request's: :func:`database_unavailable` turns it into a 503 in that
+same shape, and the next request connects afresh (``CONN_HEALTH_CHECKS``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -82,6 +87,28 @@ class DomainError(Exception):
         self.retry_after = retry_after
 
 
+class DatabaseUnavailable(DomainError):
+    """The database did not answer; trying again shortly may succeed."""
+
+    kind = ErrorKind.UNAVAILABLE
+    code = "database_unavailable"
+
+
+# What a database that is down or just cut the connection raises (not a bad
+# query, a broken constraint or a missing table: those stay bugs, 500).
+DATABASE_OUTAGES = (OperationalError, InterfaceError)
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+def database_unavailable() -> DatabaseUnavailable:
+    """The error to answer when the database raised one of :data:`DATABASE_OUTAGES`."""
+    # Not the driver's message: it names the database's host and user.
+    return DatabaseUnavailable(
+        "The tracker's database is unavailable; retry shortly",
+        retry_after=DATABASE_RETRY_AFTER_SECONDS,
+    )
+
+
 @dataclass(frozen=True)
 class HttpError:
     """A domain error as HTTP shows it: status, the OpenAI-shaped body, headers."""
@@ -124,6 +151,8 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
 
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler that answers every error in OpenAI's shape."""
+    if isinstance(exc, DATABASE_OUTAGES):
+        exc = database_unavailable()
     if isinstance(exc, DomainError):
         answer = http_error(exc)
         return Response(answer.body, status=answer.status, headers=answer.headers)

@@ -23,7 +23,13 @@ from django.conf import settings
 
 from meshnet_site.asgi_limits import RequestTooLarge
 from meshnet_site.bearer import bearer_token
-from meshnet_site.errors import DomainError, ErrorKind, http_error
+from meshnet_site.errors import (
+    DATABASE_OUTAGES,
+    DomainError,
+    ErrorKind,
+    database_unavailable,
+    http_error,
+)
 from nodes_app.protocol import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
 from tracker_app.authentication import InvalidApiKey
@@ -64,6 +70,10 @@ class TrackerFailed(DomainError):
 
 
 class ChatCompletionsConsumer(AsyncHttpConsumer):
+    # No channel layer: a chat request receives nothing from other processes, and
+    # joining the layer would cost every request a Redis round trip and fail it
+    # while Redis is away (an alias that is not configured gives no layer).
+    channel_layer_alias = None
     proxy: ChatProxy | None = None
     task: asyncio.Task[None] | None = None
     _streaming = False
@@ -95,18 +105,28 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             if self.proxy is not None:
                 await asyncio.shield(self.proxy.fail("client disconnected", cancelled=True))
             raise
+        except DATABASE_OUTAGES:
+            # Not a bug: the database is away. The record cannot be written now;
+            # if one was opened, the abandoned-request sweep closes it later.
+            logger.warning("request %s: the database is unavailable", self._request_id())
+            await self._end_with(database_unavailable())
         except Exception:
             # A bug of ours must still end the request in the documented shape, and
             # its record must not stay "processing".
-            request_id = self.proxy.request_id if self.proxy is not None else "(not started)"
-            logger.exception("request %s: failed inside the tracker", request_id)
+            logger.exception("request %s: failed inside the tracker", self._request_id())
             if self.proxy is not None:
                 await asyncio.shield(self.proxy.fail("the tracker failed to serve this request"))
-            error = TrackerFailed("The tracker failed to serve this request")
-            if self._streaming:
-                await self.send_body(sse_event(http_error(error).body) + sse_event(SSE_DONE))
-            else:
-                await self._send_error(error)
+            await self._end_with(TrackerFailed("The tracker failed to serve this request"))
+
+    def _request_id(self) -> str:
+        return self.proxy.request_id if self.proxy is not None else "(not started)"
+
+    async def _end_with(self, error: DomainError) -> None:
+        """End the request with ``error``: an error event once streaming, else a response."""
+        if self._streaming:
+            await self.send_body(sse_event(http_error(error).body) + sse_event(SSE_DONE))
+        else:
+            await self._send_error(error)
 
     async def _serve(self, body: bytes) -> None:
         try:
