@@ -196,6 +196,10 @@ def tracker_key_file(env: Mapping[str, str], var_dir: Path) -> Path:
     return path
 
 
+# Seconds to wait for PostgreSQL to accept a connection (libpq's connect_timeout).
+DATABASE_CONNECT_TIMEOUT = 5
+
+
 def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
     """PostgreSQL (or any dj-database-url URL) from DATABASE_URL, else a SQLite file."""
     url = env.get("DATABASE_URL", "").strip()
@@ -211,6 +215,11 @@ def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
         config = dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    if config["ENGINE"] == "django.db.backends.postgresql":
+        # A server that takes the connection and never answers must give a 503
+        # (``database_unavailable``), not a request that hangs; the URL's own
+        # ``?connect_timeout=`` wins.
+        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DATABASE_CONNECT_TIMEOUT)
     return config
 
 

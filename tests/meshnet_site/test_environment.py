@@ -126,6 +126,16 @@ def test_a_plan_is_valid_for_a_minute_unless_told_and_never_past_what_nodes_acce
             env_.PLAN_VALIDITY.read({"MESHNET_PLAN_VALIDITY": outside})
 
 
+def test_postgresql_gives_up_connecting_after_a_few_seconds_unless_the_url_says_otherwise() -> None:
+    default = env_.database_config({"DATABASE_URL": "postgres://u@db/meshnet"}, Path("/tmp"))
+    chosen = env_.database_config(
+        {"DATABASE_URL": "postgres://u@db/meshnet?connect_timeout=30"}, Path("/tmp")
+    )
+
+    assert default["OPTIONS"]["connect_timeout"] == env_.DATABASE_CONNECT_TIMEOUT
+    assert int(chosen["OPTIONS"]["connect_timeout"]) == 30
+
+
 def test_an_unparseable_database_url_is_refused() -> None:
     with pytest.raises(ImproperlyConfigured, match="DATABASE_URL"):
         env_.database_config({"DATABASE_URL": "nonsense://x"}, Path("/tmp"))
