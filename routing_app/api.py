@@ -11,20 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from meshnet_site.api_schema import error_responses
 from meshnet_site.errors import DomainError, ErrorKind
 from routing_app.config import RoutingConfig
 from routing_app.stats import ArmStatus
 from routing_app.table import routing_table
 from routing_app.tracker_store import route_stats_store
 
+# The schema names this enum (ENUM_NAME_OVERRIDES); a node's status is another.
+ROUTE_STATUSES = [str(s) for s in ArmStatus]
 
+
+@extend_schema_serializer(component_name="RouteHop")
 class HopOutput(serializers.Serializer[dict[str, Any]]):
     node_id = serializers.CharField()
     endpoint = serializers.CharField(required=False, help_text="Shown to staff only")
@@ -32,6 +37,7 @@ class HopOutput(serializers.Serializer[dict[str, Any]]):
     end_layer = serializers.IntegerField()
 
 
+@extend_schema_serializer(component_name="Route")
 class RouteOutput(serializers.Serializer[dict[str, Any]]):
     signature = serializers.CharField()
     hops = HopOutput(many=True)
@@ -41,15 +47,17 @@ class RouteOutput(serializers.Serializer[dict[str, Any]]):
     expected_share = serializers.FloatField(help_text="Share of traffic under the policy")
     samples = serializers.IntegerField()
     weight = serializers.FloatField(help_text="Decayed sample mass")
-    status = serializers.ChoiceField(choices=[str(s) for s in ArmStatus])
+    status = serializers.ChoiceField(choices=ROUTE_STATUSES)
 
 
+@extend_schema_serializer(component_name="ModelRouting")
 class ModelRoutingOutput(serializers.Serializer[dict[str, Any]]):
     model = serializers.CharField()
     epoch = serializers.IntegerField()
     routes = RouteOutput(many=True)
 
 
+@extend_schema_serializer(component_name="RoutingConfig")
 class ConfigOutput(serializers.Serializer[dict[str, Any]]):
     explore_share = serializers.FloatField()
     weight_alpha = serializers.FloatField()
@@ -90,13 +98,21 @@ class RoutingTableApi(APIView):
 
     permission_classes = [ClientOrStaff]
 
+    @extend_schema_serializer(component_name="RoutingTable")
     class Output(serializers.Serializer[dict[str, Any]]):
         config = ConfigOutput()
         models = ModelRoutingOutput(many=True)
 
     @extend_schema(
         parameters=[OpenApiParameter("model", str, description="Only this model's table")],
-        responses={200: Output},
+        responses={
+            200: Output,
+            **error_responses(
+                e401="invalid_api_key (none sent, or a wrong or revoked one)",
+                e403="staff_only (a signed-in account that is not staff)",
+                e404="model_not_found",
+            ),
+        },
     )
     def get(self, request: Request) -> Response:
         table = routing_table(
