@@ -146,6 +146,8 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Meshnet tracker API",
     "DESCRIPTION": "Node registry, routing and OpenAI-compatible chat for a Meshnet network.",
     "VERSION": "0.1.0",
+    # 3.1: JSON Schema 2020-12, whose contentSchema describes the chat stream's events.
+    "OAS_VERSION": "3.1.0",
     # The chat consumer, health and metrics are served outside DRF; the hook adds
     # their documentation (tracker_app.schema), and the schema tests check all of it
     # against a live tracker.

@@ -172,12 +172,19 @@ class ChatCompletionChunkOutput(serializers.Serializer[dict[str, Any]]):
 
 
 EVENT_STREAM = "text/event-stream"
-EVENT_DATA = "x-event-data"
+
+_STREAM_DESCRIPTION = (
+    "With `stream: true`: server-sent events, each `data: <JSON>`: ChatCompletionChunk "
+    "events, the first with `meshnet`, the last with `finish_reason` and `usage`; a failure "
+    "after the stream began ends it with an Error event instead. The stream ends with "
+    f"`data: {SSE_DONE}`."
+)
 
 
 class _ChatCompletionsSchema(AutoSchema):
-    """Adds what OpenAPI 3.0 cannot say of an event stream: the schema of each event's
-    ``data`` (under ``x-event-data``), a chunk or an error, then ``[DONE]``."""
+    """Describes each event of the stream (the schema of an event-stream media type, as
+    OpenAPI before 3.2 reads it): its ``data`` is a chunk or an error as JSON, or the
+    closing ``[DONE]``."""
 
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         operation = super().get_operation(*args, **kwargs)
@@ -185,18 +192,24 @@ class _ChatCompletionsSchema(AutoSchema):
             return None
         chunk = self.resolve_serializer(ChatCompletionChunkOutput, "response").ref
         error = self.resolve_serializer(ErrorBody, "response").ref
-        stream = operation["responses"]["200"]["content"][EVENT_STREAM]["schema"]
-        stream["description"] = _STREAM_DESCRIPTION
-        stream[EVENT_DATA] = {"oneOf": [chunk, error, {"type": "string", "enum": [SSE_DONE]}]}
+        operation["responses"]["200"]["content"][EVENT_STREAM]["schema"] = {
+            "type": "object",
+            "description": _STREAM_DESCRIPTION,
+            "properties": {
+                "data": {
+                    "anyOf": [
+                        {"const": SSE_DONE},
+                        {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"oneOf": [chunk, error]},
+                        },
+                    ]
+                }
+            },
+            "required": ["data"],
+        }
         return operation
-
-
-_STREAM_DESCRIPTION = (
-    "With `stream: true`: server-sent events, each `data: <JSON>` (see x-event-data): "
-    "ChatCompletionChunk events, the first with `meshnet`, the last with `finish_reason` and "
-    "`usage`; a failure after the stream began ends it with an Error event instead. "
-    f"The stream ends with `data: {SSE_DONE}`."
-)
 
 
 class ChatCompletionsSchemaView(APIView):
@@ -217,7 +230,8 @@ class ChatCompletionsSchemaView(APIView):
                 ChatCompletionOutput,
                 description="The answer: whole (`stream: false`) or streamed (`stream: true`)",
             ),
-            (200, EVENT_STREAM): OpenApiResponse({"type": "string"}),
+            # Its schema is the event's: see _ChatCompletionsSchema.
+            (200, EVENT_STREAM): OpenApiResponse(OpenApiTypes.OBJECT),
             **error_responses(
                 e400="invalid_request, invalid_json, context_length_exceeded, invalid_route, "
                 "or a node's refusal of the request (its code)",
