@@ -148,6 +148,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     # 3.1: JSON Schema 2020-12, whose contentSchema describes the chat stream's events.
     "OAS_VERSION": "3.1.0",
+    # Request and response components apart: only requests refuse a blank string.
+    "COMPONENT_SPLIT_REQUEST": True,
     # The chat consumer, health and metrics are served outside DRF; the hook adds
     # their documentation (tracker_app.schema), and the schema tests check all of it
     # against a live tracker.

@@ -71,7 +71,7 @@ class NodeOutput(serializers.ModelSerializer[Node]):
 class RegisterNodeApi(APIView):
     """A node announces the shard it serves, signed with its wallet key."""
 
-    @extend_schema_serializer(component_name="NodeRegistrationRequest")
+    @extend_schema_serializer(component_name="NodeRegistration")
     class Input(serializers.Serializer[dict[str, Any]]):
         wallet = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
         endpoint = serializers.URLField(max_length=300)
@@ -94,7 +94,7 @@ class RegisterNodeApi(APIView):
                 )
             return attrs
 
-    @extend_schema_serializer(component_name="NodeRegistration")
+    @extend_schema_serializer(component_name="NodeRegistered")
     class Output(serializers.Serializer[dict[str, Any]]):
         node_id = serializers.CharField()
         node_token = serializers.CharField()
@@ -166,7 +166,7 @@ class RegisterNodeApi(APIView):
 class HeartbeatNodeApi(APIView):
     """A node reports that it is alive and how loaded it is."""
 
-    @extend_schema_serializer(component_name="NodeHeartbeatRequest")
+    @extend_schema_serializer(component_name="NodeHeartbeat")
     class Input(serializers.Serializer[dict[str, Any]]):
         # Bounded far above any real node and far below any column's overflow.
         active_sessions = serializers.IntegerField(min_value=0, max_value=MAX_REPORTED_SESSIONS)

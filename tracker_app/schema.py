@@ -91,7 +91,7 @@ class _DocumentedMessage(_Message):
     content = _MessageContent()
 
 
-@extend_schema_serializer(component_name="ChatCompletionRequest")
+@extend_schema_serializer(component_name="ChatCompletion")
 class ChatCompletionRequest(_ChatRequest):
     # What tracker_app.chat.chat_params_parse accepts: every field, range and default
     # is the parser's; only its two free-form JSON fields are described here.
@@ -119,7 +119,7 @@ class MeshnetRouteOutput(serializers.Serializer[dict[str, Any]]):
     hops = HopOutput(many=True)
 
 
-@extend_schema_serializer(component_name="ChatMessageOutput")
+@extend_schema_serializer(component_name="AssistantMessage")
 class _AssistantMessage(serializers.Serializer[dict[str, Any]]):
     role = constant("assistant")
     content = serializers.CharField()
@@ -184,7 +184,16 @@ _STREAM_DESCRIPTION = (
 class _ChatCompletionsSchema(AutoSchema):
     """Describes each event of the stream (the schema of an event-stream media type, as
     OpenAPI before 3.2 reads it): its ``data`` is a chunk or an error as JSON, or the
-    closing ``[DONE]``."""
+    closing ``[DONE]``. A list the parser refuses empty (``allow_empty=False``, which
+    drf-spectacular does not read) gets its ``minItems``."""
+
+    def _map_serializer_field(
+        self, field: Any, direction: str, bypass_extensions: bool = False
+    ) -> dict[str, Any]:
+        schema: dict[str, Any] = super()._map_serializer_field(field, direction, bypass_extensions)
+        if getattr(field, "allow_empty", True) is False and schema.get("type") == "array":
+            schema["minItems"] = max(1, schema.get("minItems", 0))
+        return schema
 
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         operation = super().get_operation(*args, **kwargs)

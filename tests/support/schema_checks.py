@@ -1,14 +1,19 @@
-"""The tracker's OpenAPI schema, as a live tracker serves it, and schemathesis' checks.
+"""The tracker's OpenAPI schema, as a live tracker serves it, held to schemathesis' checks.
 
-``live_schema`` loads ``/api/schema/`` from a running tracker, aimed at that
-tracker. ``assert_conforms`` runs the four checks the schema tests hold every
-answer to (no 5xx, a documented status, a documented content type, a body
-that matches the documented schema) on a real response of one operation;
-``CHECKS`` are the same four for schemathesis' own generated requests.
+``CHECKS`` are the four checks every answer is held to: no 5xx, a documented
+status, a documented content type, a body that matches the documented schema.
+``assert_conforms`` runs them on one real answer; ``schemathesis_run`` runs
+``schemathesis run`` (its CLI, every phase) against a live tracker and reads
+its JSON report.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,21 +32,104 @@ CHECKS = [
     response_schema_conformance,
 ]
 
+# A chat for a model no node serves is answered 503 no_route: the documented answer
+# of a tracker without capacity, not a crash. not_a_server_error still fails every
+# other 5xx, and every 5xx of every other operation.
+SCHEMATHESIS_CONFIG = """
+[[operations]]
+include-path = "/v1/chat/completions"
+include-method = "POST"
+checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]
+"""
 
-def live_schema(tracker_url: str, **config: Any) -> Any:
-    """The schema ``tracker_url`` serves, its operations aimed at that tracker.
+# A fuzzed tracker counts every request against the rate limits; limits this high
+# let the fuzz reach what lies behind them (the 429s are documented all the same).
+FUZZED_TRACKER_SETTINGS = {
+    "MESHNET_RATE_LIMIT_PER_MINUTE": "1000000",
+    "MESHNET_REGISTRATION_RATE_LIMIT": "1000000",
+}
 
-    ``config`` updates schemathesis' project configuration (e.g. ``headers``).
-    """
+
+def live_schema(tracker_url: str) -> Any:
+    """The schema ``tracker_url`` serves, its operations aimed at that tracker."""
     raw = httpx.get(f"{tracker_url}/api/schema/", params={"format": "json"}, timeout=30)
     raw.raise_for_status()
     schema = schemathesis.openapi.from_dict(raw.json())
-    schema.config.update(base_url=tracker_url, **config)
+    schema.config.update(base_url=tracker_url)
     return schema
 
 
-def assert_conforms(schema: Any, method: str, path: str, response: httpx.Response) -> None:
+def operations_of(tracker_url: str) -> list[tuple[str, str]]:
+    """(method, path) of every operation in the schema ``tracker_url`` serves."""
+    raw = httpx.get(f"{tracker_url}/api/schema/", params={"format": "json"}, timeout=30)
+    return [(method.upper(), path) for path, item in raw.json()["paths"].items() for method in item]
+
+
+def assert_conforms(schema: Any, method: str, path: str, response: Any) -> None:
     """``response``, a real answer of ``method path`` (the schema's path template), passes
     every check of ``CHECKS``; a failure names what the schema did not expect."""
     case = schema[path][method].Case()
     case.validate_response(response, checks=CHECKS)
+
+
+@dataclass(frozen=True)
+class FuzzRun:
+    """What one ``schemathesis run`` did: its exit status, its output and its report."""
+
+    returncode: int
+    output: str
+    report: dict[str, Any]
+
+    @property
+    def examples(self) -> int:
+        """Requests generated and sent, over every operation and phase."""
+        return int(self.report["test_cases"]["generated"])
+
+    @property
+    def failures(self) -> int:
+        """Requests whose answer failed a check, or that failed to run (0 on a clean run)."""
+        cases = self.report["test_cases"]
+        return int(cases["with_failures"]) + int(cases["errored"])
+
+    @property
+    def operations(self) -> int:
+        """Operations of the schema that were tested."""
+        return int(self.report["operations"]["tested"])
+
+
+def schemathesis_run(
+    tracker_url: str,
+    *,
+    api_key: str,
+    max_examples: int,
+    workdir: Path,
+    seed: int = 12,
+    phases: str = "examples,coverage,fuzzing,stateful",
+    timeout: float = 600,
+) -> FuzzRun:
+    """``schemathesis run`` against the schema ``tracker_url`` serves, every request with
+    ``api_key``, deterministic for a ``seed``; the checks are :data:`CHECKS`, configured
+    by :data:`SCHEMATHESIS_CONFIG`."""
+    report = workdir / "schemathesis.json"
+    config = workdir / "schemathesis.toml"
+    config.write_text(SCHEMATHESIS_CONFIG)
+    argv = [
+        str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config), "run",
+        f"{tracker_url}/api/schema/?format=json",
+        "--checks", ",".join(check.__name__ for check in CHECKS),
+        "--header", f"Authorization: Bearer {api_key}",
+        "--max-examples", str(max_examples),
+        "--seed", str(seed), "--generation-deterministic",
+        "--phases", phases,
+        "--workers", "1",
+        "--request-timeout", "30",
+        "--report", "json", "--report-json-path", str(report),
+        "--output-truncate", "false",
+        "--suppress-health-check", "all",
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=workdir, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    output = done.stdout + done.stderr
+    assert report.exists(), f"schemathesis wrote no report:\n{output}"
+    return FuzzRun(done.returncode, output, json.loads(report.read_text()))
