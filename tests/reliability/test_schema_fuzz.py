@@ -4,11 +4,13 @@ A real runtracker over a database of its own, and ``schemathesis run`` on the
 schema it serves: requests generated for every operation (examples, boundary
 values, valid and invalid data, then stateful sequences), each answer held to
 four checks: no 5xx, a documented status, a documented content type, a body
-matching the documented schema. Every request carries a real API key; the
-node registry's credentials cannot be generated (a wallet's signature over
-the body, a node token from a registration), so the registry is fuzzed for
-its refusals here and its signed happy path is checked in ``test_schema.py``.
-No node serves, so a chat request never reaches generation. This is the
+matching the documented schema. Every request carries a real API key, but a
+heartbeat's or deregistration's, which carry a real node's id and token (a
+node registered with a real wallet signature before the run). A
+registration's signature over its body cannot be generated, so registrations
+are fuzzed for their refusals here; the signed happy path is checked in
+``test_schema.py``. No node serves (the registered one's shard completes no
+route), so a chat request never reaches generation. This is the
 short, deterministic run; ``bench/bench_schemathesis.py`` runs the long one.
 """
 
@@ -19,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.challenge import ChallengeResponder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tests.support.schema_checks import (
     FUZZED_TRACKER_SETTINGS,
     operations_of,
+    registered_node,
     schemathesis_run,
 )
 
@@ -37,11 +41,12 @@ def fuzzed_tracker(tmp_path: Path) -> Iterator[Network]:
 
 
 def test_no_generated_request_gets_a_server_error_or_an_undocumented_answer(
-    fuzzed_tracker: Network, tmp_path: Path
+    fuzzed_tracker: Network, responder: ChallengeResponder, tmp_path: Path
 ) -> None:
     run = schemathesis_run(
         fuzzed_tracker.url,
         api_key=fuzzed_tracker.api_key,
+        node=registered_node(fuzzed_tracker.url, responder),
         max_examples=EXAMPLES,
         workdir=tmp_path,
     )
@@ -50,3 +55,5 @@ def test_no_generated_request_gets_a_server_error_or_an_undocumented_answer(
     # Every operation was tested but the schema document, which schemathesis reads.
     assert run.operations == len(operations_of(fuzzed_tracker.url)) - 1, run.output
     assert run.examples > 100
+    # The node operations ran as the registered node, not only into its refusals.
+    assert run.accepted("POST /api/nodes/{node_id}/heartbeat") > 0, run.output

@@ -25,6 +25,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.support.challenge import ChallengeResponder
+from tests.support.registration import proven_registration
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -91,28 +94,61 @@ class FuzzRun:
         cases = self.report["test_cases"]
         return int(cases["with_failures"]) + int(cases["errored"])
 
+    def accepted(self, operation: str) -> int:
+        """Requests of ``operation`` (e.g. ``"GET /v1/models"``) the tracker accepted."""
+        rates = self.report["valid_rates"].get(operation, {})
+        return sum(int(phase["accepted"]) for phase in rates.values())
+
     @property
     def operations(self) -> int:
         """Operations of the schema that were tested."""
         return int(self.report["operations"]["tested"])
 
 
+@dataclass(frozen=True)
+class NodeCredentials:
+    """A registered node's id and token: what a heartbeat and a deregistration carry."""
+
+    node_id: str
+    token: str
+
+    def config(self) -> str:
+        """Schemathesis configuration: the node operations as this node."""
+        return f"""
+[[operations]]
+include-path-regex = "^/api/nodes/[{{]node_id[}}]/"
+parameters = {{ "path.node_id" = "{self.node_id}" }}
+headers = {{ Authorization = "Bearer {self.token}" }}
+"""
+
+
+def registered_node(tracker_url: str, responder: ChallengeResponder) -> NodeCredentials:
+    """A node of the tiny model registered at ``tracker_url`` by a real wallet, its endpoint
+    proven by ``responder``. Its layers (1-2) complete no route: no chat is sent to it."""
+    body = proven_registration(responder, shard_start=1, shard_end=2)
+    answer = httpx.post(f"{tracker_url}/api/nodes/register", json=body, timeout=30)
+    assert answer.status_code == 201, answer.text
+    return NodeCredentials(answer.json()["node_id"], answer.json()["node_token"])
+
+
 def schemathesis_run(
     tracker_url: str,
     *,
     api_key: str,
+    node: NodeCredentials | None = None,
     max_examples: int,
     workdir: Path,
     seed: int = 12,
     phases: str = "examples,coverage,fuzzing,stateful",
     timeout: float = 600,
 ) -> FuzzRun:
-    """``schemathesis run`` against the schema ``tracker_url`` serves, every request with
-    ``api_key``, deterministic for a ``seed``; the checks are :data:`CHECKS`, configured
-    by :data:`SCHEMATHESIS_CONFIG`."""
+    """``schemathesis run`` against the schema ``tracker_url`` serves, deterministic for a
+    ``seed``: every request with ``api_key``, but those of the node operations, which are
+    ``node``'s own when given. The checks are :data:`CHECKS`, configured by
+    :data:`SCHEMATHESIS_CONFIG`."""
     report = workdir / "schemathesis.json"
     config = workdir / "schemathesis.toml"
-    config.write_text(SCHEMATHESIS_CONFIG)
+    config.write_text(SCHEMATHESIS_CONFIG + (node.config() if node else ""))
     argv = [
         str(Path(sys.executable).parent / "schemathesis"), "--config-file", str(config), "run",
         f"{tracker_url}/api/schema/?format=json",
