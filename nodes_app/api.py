@@ -8,6 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -28,6 +29,11 @@ from nodes_app.protocol import (
 from nodes_app.registration_limit import registration_rate_limit_check
 
 HARDWARE = ("cpu", "cuda", "mps")
+
+# Nodes speak JSON: a registration's signature covers its fields as JSON values,
+# and daphne refuses a malformed multipart body itself, with a bare 400 that is
+# not the documented error (found by schemathesis). Anything else is a 415.
+NODE_PARSERS = [JSONParser]
 
 
 def _bearer_token(request: Request) -> str:
@@ -71,13 +77,17 @@ class NodeOutput(serializers.ModelSerializer[Node]):
 class RegisterNodeApi(APIView):
     """A node announces the shard it serves, signed with its wallet key."""
 
+    parser_classes = NODE_PARSERS
+
     @extend_schema_serializer(component_name="NodeRegistration")
     class Input(serializers.Serializer[dict[str, Any]]):
         wallet = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
         endpoint = serializers.URLField(max_length=300)
         model = serializers.SlugField(max_length=64)
         shard_start = serializers.IntegerField(min_value=0, max_value=MAX_LAYERS - 1)
-        shard_end = serializers.IntegerField(min_value=0, max_value=MAX_LAYERS - 1)
+        shard_end = serializers.IntegerField(
+            min_value=0, max_value=MAX_LAYERS - 1, help_text="At least shard_start"
+        )
         num_layers = serializers.IntegerField(min_value=1, max_value=MAX_LAYERS)
         hardware = serializers.ChoiceField(choices=HARDWARE)
         device_name = serializers.CharField(max_length=200, allow_blank=True, default="")
@@ -165,6 +175,8 @@ class RegisterNodeApi(APIView):
 
 class HeartbeatNodeApi(APIView):
     """A node reports that it is alive and how loaded it is."""
+
+    parser_classes = NODE_PARSERS
 
     @extend_schema_serializer(component_name="NodeHeartbeat")
     class Input(serializers.Serializer[dict[str, Any]]):

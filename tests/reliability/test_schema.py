@@ -248,6 +248,14 @@ REFUSALS = [
         "unsupported_media_type",
     ),
     (
+        "a registration as a form",
+        "POST",
+        "/api/nodes/register",
+        {"data": {"wallet": "ab" * 32}},
+        415,
+        "unsupported_media_type",
+    ),
+    (
         "a heartbeat without a token",
         "POST",
         "/api/nodes/{node_id}/heartbeat",
