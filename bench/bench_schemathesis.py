@@ -5,13 +5,16 @@ over a fresh database, PostgreSQL when DATABASE_URL names one; a real API key;
 a node registered with a real wallet for the heartbeat and deregistration;
 every phase; the checks not_a_server_error, status_code_conformance,
 content_type_conformance and response_schema_conformance) with
-``EXAMPLES`` examples per operation instead of the test's 10. A ratio means
-nothing here: it prints the examples run and the failures, and exits 1 on
-any failure.
+``EXAMPLES`` examples per operation instead of the test's 10, and new
+requests each run: a random seed, printed (``SCHEMATHESIS_SEED=<seed>``
+repeats a run). A ratio means nothing here: it prints the examples run and
+the failures, and exits 1 on any failure.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import sys
 import tempfile
 import time
@@ -33,6 +36,7 @@ EXAMPLES = 200
 
 
 def main() -> None:
+    seed = int(os.environ.get("SCHEMATHESIS_SEED") or random.randrange(2**32))
     workdir = Path(tempfile.mkdtemp(prefix="meshnet-schemathesis-"))
     began = time.perf_counter()
     with fresh_process_database() as database_url, challenge_responder() as responder:
@@ -42,6 +46,7 @@ def main() -> None:
                 api_key=network.api_key,
                 node=registered_node(network.url, responder),
                 max_examples=EXAMPLES,
+                seed=seed,
                 workdir=workdir,
                 timeout=1800,
             )
@@ -49,7 +54,7 @@ def main() -> None:
     seconds = time.perf_counter() - began
     if run.failures or run.returncode:
         print(run.output)
-    print(f"schemathesis: {EXAMPLES} examples per operation, every phase, one seed")
+    print(f"schemathesis: {EXAMPLES} examples per operation, every phase, seed {seed}")
     print(
         f"  operations tested   {run.operations} of {len(operations)} (the schema itself unfuzzed)"
     )
