@@ -36,14 +36,18 @@ HARDWARE = ("cpu", "cuda", "mps")
 NODE_PARSERS = [JSONParser]
 
 
-def _bearer_token(request: Request) -> str:
+def _authenticated_node(request: Request, node_id: str) -> Node:
+    """The node of the path whose token the request carries, or ``NodeTokenInvalid``."""
     token = bearer_token(request.headers.get("Authorization", ""))
     if token is None:
         raise services.NodeTokenInvalid(
             "Missing node token: send 'Authorization: Bearer <node token>'",
             code="missing_node_token",
         )
-    return token
+    if "\x00" in node_id:
+        # No node has such an id, and PostgreSQL cannot even compare one (a 500).
+        raise services.NodeTokenInvalid("Unknown node or wrong node token")
+    return services.node_authenticate(node_id=node_id, token=token)
 
 
 @extend_schema_serializer(component_name="Node")
@@ -201,7 +205,7 @@ class HeartbeatNodeApi(APIView):
         },
     )
     def post(self, request: Request, node_id: str) -> Response:
-        node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
+        node = _authenticated_node(request, node_id)
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
         node = services.node_heartbeat(
@@ -225,7 +229,7 @@ class DeregisterNodeApi(APIView):
         },
     )
     def post(self, request: Request, node_id: str) -> Response:
-        node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
+        node = _authenticated_node(request, node_id)
         services.node_deregister(node=node)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -216,6 +216,14 @@ REFUSALS = [
         "model_not_found",
     ),
     (
+        "routing of a model that is not a slug",
+        "GET",
+        "/v1/routing",
+        {"params": {"model": "tiny\x00"}, "key": True},
+        400,
+        "invalid_request",
+    ),
+    (
         "a registration signed by another wallet",
         "POST",
         "/api/nodes/register",
@@ -272,6 +280,14 @@ REFUSALS = [
         "invalid_node_token",
     ),
     (
+        "a heartbeat for a node id with a NUL byte",
+        "POST",
+        "/api/nodes/{node_id}/heartbeat",
+        {"json": {"active_sessions": 0, "queue_depth": 0}, "key": True, "node_id": "a%00b"},
+        401,
+        "invalid_node_token",
+    ),
+    (
         "a deregistration with a wrong token",
         "POST",
         "/api/nodes/{node_id}/deregister",
@@ -298,7 +314,7 @@ def test_a_refusal_is_a_documented_status_with_the_error_body(
 ) -> None:
     request = dict(request_)
     headers = {**request.pop("headers", {}), **(network.headers() if request.pop("key", 0) else {})}
-    url = network.url + path.replace("{node_id}", "no-such-node")
+    url = network.url + path.replace("{node_id}", request.pop("node_id", "no-such-node"))
 
     response = httpx.request(method, url, headers=headers, timeout=30, **request)
 
