@@ -2,7 +2,7 @@
 
 The same run as ``tests/reliability/test_schema_fuzz.py`` (a real runtracker
 over a fresh database, PostgreSQL when DATABASE_URL names one; a real API key;
-a node registered with a real wallet for the heartbeat and deregistration;
+a node registered with a real wallet for the heartbeats;
 every phase; the checks not_a_server_error, status_code_conformance,
 content_type_conformance and response_schema_conformance) with
 ``EXAMPLES`` examples per operation instead of the test's 10, and new

@@ -5,8 +5,8 @@ schema it serves: requests generated for every operation (examples, boundary
 values, valid and invalid data, then stateful sequences), each answer held to
 four checks: no 5xx, a documented status, a documented content type, a body
 matching the documented schema. Every request carries a real API key, but a
-heartbeat's or deregistration's, which carry a real node's id and token (a
-node registered with a real wallet signature before the run). A
+heartbeat, which carries a real node's id and token (a node registered with a
+real wallet signature before the run); a deregistration's node id is fuzzed. A
 registration's signature over its body cannot be generated, so registrations
 are fuzzed for their refusals here; the signed happy path is checked in
 ``test_schema.py``. No node serves (the registered one's shard completes no
@@ -55,5 +55,5 @@ def test_no_generated_request_gets_a_server_error_or_an_undocumented_answer(
     # Every operation was tested but the schema document, which schemathesis reads.
     assert run.operations == len(operations_of(fuzzed_tracker.url)) - 1, run.output
     assert run.examples > 100
-    # The node operations ran as the registered node, not only into its refusals.
+    # Heartbeats ran as the registered node, not only into their refusals.
     assert run.accepted("POST /api/nodes/{node_id}/heartbeat") > 0, run.output
