@@ -32,7 +32,7 @@ ROUTE_STATUSES = [str(s) for s in ArmStatus]
 @extend_schema_serializer(component_name="RouteHop")
 class HopOutput(serializers.Serializer[dict[str, Any]]):
     node_id = serializers.CharField()
-    endpoint = serializers.CharField(required=False, help_text="Shown to staff only")
+    endpoint = serializers.CharField(required=False, help_text="/v1/routing shows it to staff only")
     start_layer = serializers.IntegerField()
     end_layer = serializers.IntegerField()
 

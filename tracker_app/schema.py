@@ -46,6 +46,8 @@ from meshnet_site.api_schema import (
 from nodes_app.protocol import MAX_STOP_LENGTH, MAX_STOPS, SSE_DONE
 from routing_app.api import HopOutput
 from routing_app.choice import DecisionMode
+
+# The parser's own serializers, private to tracker_app.chat: the schema documents them.
 from tracker_app.chat import _ChatRequest, _Message
 
 FINISH_REASONS = ["stop", "length"]
@@ -97,7 +99,7 @@ class ChatCompletionRequest(_ChatRequest):
     # is the parser's; only its two free-form JSON fields are described here.
 
     messages = _DocumentedMessage(many=True, allow_empty=False)
-    stop = _StopSequences(required=False, default=None)
+    stop = _StopSequences(required=False, default=None, allow_null=True)
 
 
 # --- the chat answers: chat.completion, its chunks, the meshnet route ----------------
