@@ -146,6 +146,26 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Meshnet tracker API",
     "DESCRIPTION": "Node registry, routing and OpenAI-compatible chat for a Meshnet network.",
     "VERSION": "0.1.0",
+    # 3.1: JSON Schema 2020-12, whose contentSchema describes the chat stream's events.
+    "OAS_VERSION": "3.1.0",
+    # Request and response components apart: only requests refuse a blank string.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The chat consumer, health and metrics are served outside DRF; the hook adds
+    # their documentation (tracker_app.schema), and the schema tests check all of it
+    # against a live tracker.
+    "PREPROCESSING_HOOKS": ["tracker_app.schema.add_endpoints_outside_drf"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "meshnet_site.api_schema.add_security_schemes",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStatusEnum": "nodes_app.models.NodeStatus",
+        "RouteStatusEnum": "routing_app.api.ROUTE_STATUSES",
+        "ErrorTypeEnum": "meshnet_site.api_schema.ERROR_TYPES",
+        "ChatRoleEnum": "tracker_app.chat.ROLES",
+        "AssistantRoleEnum": ["assistant"],
+        "HealthStateEnum": ["ok", "unavailable"],
+    },
 }
 
 if not DEBUG:

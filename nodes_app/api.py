@@ -6,12 +6,14 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from meshnet_site.api_schema import NODE_TOKEN, body_error_responses, error_responses, security
 from meshnet_site.bearer import bearer_token
 from nodes_app import services
 from nodes_app.endpoints import EndpointGate
@@ -28,17 +30,27 @@ from nodes_app.registration_limit import registration_rate_limit_check
 
 HARDWARE = ("cpu", "cuda", "mps")
 
+# Nodes speak JSON: a registration's signature covers its fields as JSON values,
+# and daphne refuses a malformed multipart body itself, with a bare 400 that is
+# not the documented error (found by schemathesis). Anything else is a 415.
+NODE_PARSERS = [JSONParser]
 
-def _bearer_token(request: Request) -> str:
+
+def _authenticated_node(request: Request, node_id: str) -> Node:
+    """The node of the path whose token the request carries, or ``NodeTokenInvalid``."""
     token = bearer_token(request.headers.get("Authorization", ""))
     if token is None:
         raise services.NodeTokenInvalid(
             "Missing node token: send 'Authorization: Bearer <node token>'",
             code="missing_node_token",
         )
-    return token
+    if "\x00" in node_id:
+        # No node has such an id, and PostgreSQL cannot even compare one (a 500).
+        raise services.NodeTokenInvalid("Unknown node or wrong node token")
+    return services.node_authenticate(node_id=node_id, token=token)
 
 
+@extend_schema_serializer(component_name="Node")
 class NodeOutput(serializers.ModelSerializer[Node]):
     model: serializers.SlugRelatedField[LanguageModel] = serializers.SlugRelatedField(
         slug_field="key", read_only=True
@@ -69,12 +81,17 @@ class NodeOutput(serializers.ModelSerializer[Node]):
 class RegisterNodeApi(APIView):
     """A node announces the shard it serves, signed with its wallet key."""
 
+    parser_classes = NODE_PARSERS
+
+    @extend_schema_serializer(component_name="NodeRegistration")
     class Input(serializers.Serializer[dict[str, Any]]):
         wallet = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
         endpoint = serializers.URLField(max_length=300)
         model = serializers.SlugField(max_length=64)
         shard_start = serializers.IntegerField(min_value=0, max_value=MAX_LAYERS - 1)
-        shard_end = serializers.IntegerField(min_value=0, max_value=MAX_LAYERS - 1)
+        shard_end = serializers.IntegerField(
+            min_value=0, max_value=MAX_LAYERS - 1, help_text="At least shard_start"
+        )
         num_layers = serializers.IntegerField(min_value=1, max_value=MAX_LAYERS)
         hardware = serializers.ChoiceField(choices=HARDWARE)
         device_name = serializers.CharField(max_length=200, allow_blank=True, default="")
@@ -91,6 +108,7 @@ class RegisterNodeApi(APIView):
                 )
             return attrs
 
+    @extend_schema_serializer(component_name="NodeRegistered")
     class Output(serializers.Serializer[dict[str, Any]]):
         node_id = serializers.CharField()
         node_token = serializers.CharField()
@@ -98,7 +116,24 @@ class RegisterNodeApi(APIView):
         heartbeat_interval = serializers.FloatField()
         node = NodeOutput()
 
-    @extend_schema(request=Input, responses={201: Output})
+    @extend_schema(
+        description="No credential: the body is signed by the node's wallet key (``signature`` "
+        "over every other field, see nodes_app.signing), and the endpoint must answer the "
+        "tracker's challenge for that wallet before anything is written.",
+        auth=[],
+        request=Input,
+        responses={
+            201: Output,
+            **body_error_responses(
+                e400="invalid_request, unknown_model, layer_count_mismatch, "
+                "layers_out_of_range, benchmark_out_of_range, endpoint_not_allowed",
+                e401="invalid_signature, stale_registration, replayed_registration",
+                e403="node_banned, endpoint_unproven",
+                e409="endpoint_taken",
+                e429="registration_rate_limited",
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         now = timezone.now()
         # Counted first, before parsing or any signature work: a flood of
@@ -145,6 +180,9 @@ class RegisterNodeApi(APIView):
 class HeartbeatNodeApi(APIView):
     """A node reports that it is alive and how loaded it is."""
 
+    parser_classes = NODE_PARSERS
+
+    @extend_schema_serializer(component_name="NodeHeartbeat")
     class Input(serializers.Serializer[dict[str, Any]]):
         # Bounded far above any real node and far below any column's overflow.
         active_sessions = serializers.IntegerField(min_value=0, max_value=MAX_REPORTED_SESSIONS)
@@ -153,9 +191,21 @@ class HeartbeatNodeApi(APIView):
             min_value=0.0, max_value=MAX_REPORTED_TPS, default=0.0
         )
 
-    @extend_schema(request=Input, responses={200: NodeOutput})
+    @extend_schema(
+        auth=security(NODE_TOKEN),
+        request=Input,
+        responses={
+            200: NodeOutput,
+            **body_error_responses(
+                e400="invalid_request, endpoint_not_allowed",
+                e401="missing_node_token, invalid_node_token",
+                e403="node_banned, endpoint_unproven (an offline node's endpoint must prove "
+                "itself again)",
+            ),
+        },
+    )
     def post(self, request: Request, node_id: str) -> Response:
-        node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
+        node = _authenticated_node(request, node_id)
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
         node = services.node_heartbeat(
@@ -170,9 +220,16 @@ class HeartbeatNodeApi(APIView):
 class DeregisterNodeApi(APIView):
     """A node leaves the network (it is shutting down)."""
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(
+        auth=security(NODE_TOKEN),
+        request=None,
+        responses={
+            204: None,
+            **error_responses(e401="missing_node_token, invalid_node_token"),
+        },
+    )
     def post(self, request: Request, node_id: str) -> Response:
-        node = services.node_authenticate(node_id=node_id, token=_bearer_token(request))
+        node = _authenticated_node(request, node_id)
         services.node_deregister(node=node)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -180,11 +237,12 @@ class DeregisterNodeApi(APIView):
 class TrackerKeyApi(APIView):
     """The key this tracker signs plans with; nodes fetch and pin it when they register."""
 
+    @extend_schema_serializer(component_name="TrackerKey")
     class Output(serializers.Serializer[dict[str, Any]]):
         algorithm = serializers.CharField()
         public_key = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="ed25519 public key, hex")
 
-    @extend_schema(responses={200: Output})
+    @extend_schema(auth=[], responses={200: Output})
     def get(self, request: Request) -> Response:
         body = {"algorithm": TRACKER_KEY_ALGORITHM, "public_key": tracker_public_key()}
         return Response(self.Output(body).data)

@@ -11,27 +11,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from meshnet_site.api_schema import error_responses
 from meshnet_site.errors import DomainError, ErrorKind
 from routing_app.config import RoutingConfig
 from routing_app.stats import ArmStatus
 from routing_app.table import routing_table
 from routing_app.tracker_store import route_stats_store
 
+# The schema names this enum (ENUM_NAME_OVERRIDES); a node's status is another.
+ROUTE_STATUSES = [str(s) for s in ArmStatus]
 
+
+@extend_schema_serializer(component_name="RouteHop")
 class HopOutput(serializers.Serializer[dict[str, Any]]):
     node_id = serializers.CharField()
-    endpoint = serializers.CharField(required=False, help_text="Shown to staff only")
+    endpoint = serializers.CharField(required=False, help_text="/v1/routing shows it to staff only")
     start_layer = serializers.IntegerField()
     end_layer = serializers.IntegerField()
 
 
+@extend_schema_serializer(component_name="Route")
 class RouteOutput(serializers.Serializer[dict[str, Any]]):
     signature = serializers.CharField()
     hops = HopOutput(many=True)
@@ -41,15 +47,17 @@ class RouteOutput(serializers.Serializer[dict[str, Any]]):
     expected_share = serializers.FloatField(help_text="Share of traffic under the policy")
     samples = serializers.IntegerField()
     weight = serializers.FloatField(help_text="Decayed sample mass")
-    status = serializers.ChoiceField(choices=[str(s) for s in ArmStatus])
+    status = serializers.ChoiceField(choices=ROUTE_STATUSES)
 
 
+@extend_schema_serializer(component_name="ModelRouting")
 class ModelRoutingOutput(serializers.Serializer[dict[str, Any]]):
     model = serializers.CharField()
     epoch = serializers.IntegerField()
     routes = RouteOutput(many=True)
 
 
+@extend_schema_serializer(component_name="RoutingConfig")
 class ConfigOutput(serializers.Serializer[dict[str, Any]]):
     explore_share = serializers.FloatField()
     weight_alpha = serializers.FloatField()
@@ -90,17 +98,35 @@ class RoutingTableApi(APIView):
 
     permission_classes = [ClientOrStaff]
 
+    class Query(serializers.Serializer[dict[str, Any]]):
+        # A catalogue key is a slug; anything else (a NUL byte, which PostgreSQL cannot
+        # even compare, answered 500; found by schemathesis) is refused as invalid.
+        model = serializers.SlugField(
+            max_length=64, required=False, allow_blank=True, help_text="Only this model's table"
+        )
+
+    @extend_schema_serializer(component_name="RoutingTable")
     class Output(serializers.Serializer[dict[str, Any]]):
         config = ConfigOutput()
         models = ModelRoutingOutput(many=True)
 
     @extend_schema(
-        parameters=[OpenApiParameter("model", str, description="Only this model's table")],
-        responses={200: Output},
+        parameters=[Query],
+        responses={
+            200: Output,
+            **error_responses(
+                e400="invalid_request (a model that is not a slug)",
+                e401="invalid_api_key (none sent, or a wrong or revoked one)",
+                e403="staff_only (a signed-in account that is not staff)",
+                e404="model_not_found",
+            ),
+        },
     )
     def get(self, request: Request) -> Response:
+        query = self.Query(data=request.query_params)
+        query.is_valid(raise_exception=True)
         table = routing_table(
-            model_key=request.query_params.get("model") or None,
+            model_key=query.validated_data.get("model") or None,
             store=route_stats_store(),
             config=RoutingConfig.from_settings(),
         )

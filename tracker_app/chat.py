@@ -85,7 +85,7 @@ class _ChatRequest(serializers.Serializer[dict[str, Any]]):
     presence_penalty = serializers.FloatField(
         min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False
     )
-    stop = serializers.JSONField(required=False, default=None)
+    stop = serializers.JSONField(required=False, default=None, allow_null=True)
     n = serializers.IntegerField(min_value=1, max_value=1, default=1)
     route = serializers.ListField(
         child=serializers.CharField(max_length=64), allow_empty=False, required=False
