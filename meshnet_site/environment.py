@@ -212,7 +212,9 @@ def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     try:
-        config = dict(dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True))
+        config: dict[str, Any] = dict(
+            dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        )
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.postgresql":
