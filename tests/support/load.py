@@ -80,6 +80,13 @@ class Answer:
         return self.text, self.completion_tokens, self.finish_reason
 
 
+def chat_mix(count: int, *, distinct: int, max_tokens: int) -> list[Chat]:
+    """``count`` chats over ``distinct`` different prompts, interleaved: neighbours in the
+    load ask different things, so tokens crossing between streams would show."""
+    prompts = [f"Tell me about mesh number {i}." for i in range(distinct)]
+    return [Chat(prompts[i % distinct], max_tokens) for i in range(count)]
+
+
 async def stream_chat(client: httpx.AsyncClient, url: str, model: str, chat: Chat) -> Answer:
     """POST ``chat`` to the chat endpoint ``url`` and read the whole stream.
 
@@ -307,18 +314,125 @@ def settled_rss(pid: int, *, window: float = 2.0, limit: float = 20.0, slack: in
 
 
 @dataclass(frozen=True)
-class Memory:
-    """The tracker's RSS in bytes: idle before the load, its peak, idle after."""
+class Footprint:
+    """What an idle tracker process holds: resident memory (bytes), open file descriptors,
+    connections still open on its ``port`` (clients', and the nodes' own) and threads."""
 
-    baseline: int
-    peak: int
-    after: int
+    rss: int
+    fds: int
+    client_connections: int
+    threads: int
 
-    def grew_by(self) -> int:
-        return self.after - self.baseline
+    @classmethod
+    def of_idle(cls, pid: int, port: int) -> Footprint:
+        """Read once the RSS settled (see :func:`settled_rss`)."""
+        rss = settled_rss(pid)
+        process = psutil.Process(pid)
+        clients = [
+            c
+            for c in process.net_connections(kind="tcp")
+            if c.laddr and c.laddr.port == port and c.status != psutil.CONN_LISTEN
+        ]
+        return cls(
+            rss=rss,
+            fds=process.num_fds(),
+            client_connections=len(clients),
+            threads=process.num_threads(),
+        )
 
     def line(self) -> str:
         return (
-            f"tracker RSS: baseline {self.baseline / MIB:.0f} MiB, peak {self.peak / MIB:.0f} MiB,"
-            f" after {self.after / MIB:.0f} MiB ({self.grew_by() / MIB:+.1f} MiB)"
+            f"{self.rss / MIB:.1f} MiB, {self.fds} fds, {self.client_connections} client "
+            f"connections, {self.threads} threads"
         )
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The tracker process around a load.
+
+    ``cold``: idle before any concurrent chat; ``baseline``: idle after the
+    warm-up round; ``peak_rss``: the highest RSS sampled during the measured
+    round; ``after``: idle after it.
+    """
+
+    cold: Footprint
+    baseline: Footprint
+    peak_rss: int
+    after: Footprint
+
+    @property
+    def rss_grew_by(self) -> int:
+        """What the measured round left in RSS (bytes; negative when it shrank)."""
+        return self.after.rss - self.baseline.rss
+
+    def lines(self) -> list[str]:
+        return [
+            f"tracker cold:           {self.cold.line()}",
+            f"tracker after warm-up:  {self.baseline.line()}",
+            f"tracker peak:           {self.peak_rss / MIB:.1f} MiB",
+            f"tracker after the load: {self.after.line()} ({self.rss_grew_by / MIB:+.1f} MiB)",
+        ]
+
+
+def load_client(headers: dict[str, str], *, chats: int, timeout: float) -> httpx.AsyncClient:
+    """A client for ``chats`` concurrent chats that keeps no idle connection: like as many
+    separate clients, each chat has a connection of its own, closed when it ends."""
+    limits = httpx.Limits(max_connections=chats, max_keepalive_connections=0)
+    return httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    """A measured load: the lone answers, a warm-up round and the measured round."""
+
+    expected: dict[Chat, Answer]
+    warm_up: list[Answer]
+    answers: list[Answer]
+    figures: LoadFigures
+    memory: Memory
+
+    @property
+    def every_answer(self) -> list[Answer]:
+        return [*self.warm_up, *self.answers]
+
+
+async def measured_load(
+    client: httpx.AsyncClient,
+    tracker_url: str,
+    model: str,
+    chats: Sequence[Chat],
+    *,
+    tracker_pid: int,
+) -> LoadRun:
+    """The lone answers, then ``chats`` all at once twice: a warm-up round, then the
+    measured one, the tracker's footprint read idle before and after each.
+
+    The warm-up round is the same load: the first burst of concurrency grows
+    what a process keeps once grown (the allocator's arenas, the thread pool,
+    kept-alive connections to the nodes), so "back to baseline" compares the
+    measured round's after with the warm one's before; what it still leaves
+    behind is what every such burst would leave, a leak.
+    """
+    url = f"{tracker_url}/v1/chat/completions"
+    port = httpx.URL(tracker_url).port or 80
+
+    def idle() -> Footprint:
+        return Footprint.of_idle(tracker_pid, port)
+
+    expected = await expected_answers(client, url, model, chats)
+    cold = await asyncio.to_thread(idle)
+    warm_up = await run_load(client, url, model, chats)
+    baseline = await asyncio.to_thread(idle)
+    with RssSampler(tracker_pid) as sampler:
+        began = time.perf_counter()
+        answers = await run_load(client, url, model, chats)
+        seconds = time.perf_counter() - began
+    after = await asyncio.to_thread(idle)
+    return LoadRun(
+        expected=expected,
+        warm_up=warm_up,
+        answers=answers,
+        figures=LoadFigures.of(answers, seconds),
+        memory=Memory(cold=cold, baseline=baseline, peak_rss=sampler.peak, after=after),
+    )
