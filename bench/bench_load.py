@@ -23,7 +23,10 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -45,25 +48,57 @@ MODEL = "tiny-random-llama"
 DISTINCT_PROMPTS = 10
 
 
-async def drive(
-    network: Network, args: argparse.Namespace
-) -> tuple[LoadRun, LoadFigures, list[Answer]]:
+@dataclass
+class Figures:
+    run: LoadRun
+    baseline: LoadFigures
+    one_at_a_time: list[Answer]
+    cpu_concurrent: str  # CPU ms per token of each process: lone answers and both rounds
+    cpu_one_at_a_time: str
+
+
+def cpu_seconds(network: Network) -> dict[str, float]:
+    """CPU time (user + system) each process of the network has used so far."""
+    assert network.tracker is not None
+    pids = {"tracker": network.tracker.process.pid}
+    pids.update({name: node.process.pid for name, node in network.nodes.items()})
+    return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> str:
+    return ", ".join(
+        f"{name} {(after[name] - before[name]) * 1000 / tokens:.1f}" for name in before
+    )
+
+
+async def drive(network: Network, args: argparse.Namespace) -> Figures:
     assert network.tracker is not None
     chats = chat_mix(args.chats, distinct=DISTINCT_PROMPTS, max_tokens=args.tokens)
     async with load_client(network.headers(), chats=args.chats, timeout=600) as client:
+        cpu = [cpu_seconds(network)]
         run = await measured_load(
             client, network.url, MODEL, chats, tracker_pid=network.tracker.process.pid
         )
+        cpu.append(cpu_seconds(network))
         began = time.perf_counter()
         one_at_a_time = await run_load(
             client, f"{network.url}/v1/chat/completions", MODEL, chats, concurrency=1
         )
         baseline = LoadFigures.of(one_at_a_time, time.perf_counter() - began)
-    return run, baseline, one_at_a_time
+        cpu.append(cpu_seconds(network))
+    concurrent_tokens = sum(a.completion_tokens or 0 for a in run.every_answer)
+    return Figures(
+        run=run,
+        baseline=baseline,
+        one_at_a_time=one_at_a_time,
+        cpu_concurrent=cpu_per_token(cpu[0], cpu[1], concurrent_tokens),
+        cpu_one_at_a_time=cpu_per_token(cpu[1], cpu[2], args.chats * args.tokens),
+    )
 
 
 def report(network: Network, args: argparse.Namespace) -> int:
-    run, baseline, one_at_a_time = asyncio.run(drive(network, args))
+    figures = asyncio.run(drive(network, args))
+    run, baseline, one_at_a_time = figures.run, figures.baseline, figures.one_at_a_time
     assert network.database_url is not None
     problems = load_problems([*run.every_answer, *one_at_a_time], run.expected)
     problems += ledger_problems(network.database_url, [*run.every_answer, *one_at_a_time])
@@ -78,6 +113,8 @@ def report(network: Network, args: argparse.Namespace) -> int:
     print(f"  one at a time:   {baseline.line()}")
     ratio = run.figures.tokens_per_second / baseline.tokens_per_second
     print(f"  ratio aggregate tokens/s, all at once / one at a time = {ratio:.2f}")
+    print(f"  CPU ms per token, all at once:   {figures.cpu_concurrent}")
+    print(f"  CPU ms per token, one at a time: {figures.cpu_one_at_a_time}")
     for line in run.memory.lines():
         print(f"  {line}")
     answered = len(run.every_answer) + len(one_at_a_time)
