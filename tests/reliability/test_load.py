@@ -9,8 +9,11 @@ runs the full 200 and prints the time to first token and throughput.
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.support.databases import fresh_process_database
@@ -23,7 +26,8 @@ from tests.support.load import (
     load_problems,
     measured_load,
 )
-from tests.support.network import Network, start_network
+from tests.support.network import Network, Tracker, start_network
+from tracker_app.localnet import LOOPBACK
 
 TINY = "tiny-random-llama"
 CHATS = 48
@@ -37,6 +41,8 @@ MAX_SESSIONS = 16
 # leak of 64 KiB or more per chat (a body, a client or task per request); keeping
 # the request's ChatProxy (~5 KiB) is below RSS noise (tried: +0.25 MiB a round).
 MEMORY_TOLERANCE = 3 * MIB
+# New connections at once: four times Twisted's default listen backlog (50).
+CONNECTION_BURST = 200
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +113,32 @@ def test_no_node_holds_a_session_once_the_load_is_over(network: Network, load: L
     for node in network.nodes.values():
         health = node.health()
         assert (health["active_sessions"], health["streams"]) == (0, 0), node.name
+
+
+def test_a_burst_of_new_clients_is_queued_by_the_kernel_while_the_tracker_is_busy(
+    tracker_process: Tracker,
+) -> None:
+    port = httpx.URL(tracker_process.url).port
+    assert port is not None
+    clients: list[socket.socket] = []
+    # A stopped tracker accepts nothing: every connection must wait in its listen queue.
+    tracker_process.process.signal(signal.SIGSTOP)
+    try:
+        for _ in range(CONNECTION_BURST):
+            # The kernel drops a SYN to a full queue; the client's retry comes after 1 s.
+            clients.append(socket.create_connection((LOOPBACK, port), timeout=0.9))
+    except TimeoutError:
+        pytest.fail(f"the tracker's queue held {len(clients)} of {CONNECTION_BURST} connections")
+    finally:
+        tracker_process.process.signal(signal.SIGCONT)
+    answers = []
+    try:
+        # One request at a time: this is about the connections, not concurrent views.
+        for client in clients:
+            client.settimeout(30)
+            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answers.append(client.makefile("rb").readline())
+    finally:
+        for client in clients:
+            client.close()
+    assert answers == [b"HTTP/1.1 200 OK\r\n"] * CONNECTION_BURST
