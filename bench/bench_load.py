@@ -100,8 +100,9 @@ def report(network: Network, args: argparse.Namespace) -> int:
     figures = asyncio.run(drive(network, args))
     run, baseline, one_at_a_time = figures.run, figures.baseline, figures.one_at_a_time
     assert network.database_url is not None
-    problems = load_problems([*run.every_answer, *one_at_a_time], run.expected)
-    problems += ledger_problems(network.database_url, [*run.every_answer, *one_at_a_time])
+    answers = [*run.every_answer, *one_at_a_time]
+    problems = load_problems(answers, run.expected)
+    problems += ledger_problems(network.database_url, answers)
     database = "PostgreSQL" if network.database_url.startswith("postgres") else "SQLite"
     redis = "Redis" if os.environ.get("REDIS_URL") else "embedded (no Redis)"
     print(
@@ -117,10 +118,9 @@ def report(network: Network, args: argparse.Namespace) -> int:
     print(f"  CPU ms per token, one at a time: {figures.cpu_one_at_a_time}")
     for line in run.memory.lines():
         print(f"  {line}")
-    answered = len(run.every_answer) + len(one_at_a_time)
     print(
-        f"  {answered - len(problems)}/{answered} answers equal to their lone greedy answer, "
-        "recorded completed and billed once"
+        f"  {len(answers)} answers ({len(run.expected)} lone, 2 rounds all at once, 1 one at a "
+        f"time) checked against their lone greedy answer and the ledger: {len(problems)} problems"
     )
     for problem in problems[:20]:
         print(f"  PROBLEM {problem}")
