@@ -119,8 +119,8 @@ def report(network: Network, args: argparse.Namespace) -> int:
     for line in run.memory.lines():
         print(f"  {line}")
     print(
-        f"  {len(answers)} answers ({len(run.expected)} lone, 2 rounds all at once, 1 one at a "
-        f"time) checked against their lone greedy answer and the ledger: {len(problems)} problems"
+        f"  {len(answers)} answers (2 rounds all at once, 1 one at a time) checked against "
+        f"the {len(run.expected)} lone greedy answers and the ledger: {len(problems)} problems"
     )
     for problem in problems[:20]:
         print(f"  PROBLEM {problem}")
