@@ -9,8 +9,10 @@ runs the full 200 and prints the time to first token and throughput.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import signal
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -41,6 +43,10 @@ MAX_SESSIONS = 16
 # leak of 64 KiB or more per chat (a body, a client or task per request); keeping
 # the request's ChatProxy (~5 KiB) is below RSS noise (tried: +0.25 MiB a round).
 MEMORY_TOLERANCE = 3 * MIB
+# How long httpx keeps an idle connection for reuse (its default keepalive_expiry), and so
+# the tracker's pool to the heads and a head's pool to its next hops; a node that closed
+# such a connection sooner could see a request arrive as it closes it.
+CLIENT_KEEPALIVE_SECONDS = 5.0
 # New connections at once: four times Twisted's default listen backlog (50).
 CONNECTION_BURST = 200
 
@@ -142,3 +148,22 @@ def test_a_burst_of_new_clients_is_queued_by_the_kernel_while_the_tracker_is_bus
         for client in clients:
             client.close()
     assert answers == [b"HTTP/1.1 200 OK\r\n"] * CONNECTION_BURST
+
+
+def test_a_node_keeps_an_idle_connection_open_longer_than_its_clients_pool_keeps_it(
+    network: Network,
+) -> None:
+    head = httpx.URL(network.nodes["head"].endpoint)
+    connection = http.client.HTTPConnection(head.host, head.port, timeout=10)
+    try:
+        connection.request("GET", "/v1/health")
+        first = connection.getresponse()
+        first.read()
+        time.sleep(CLIENT_KEEPALIVE_SECONDS + 1)
+        # The same socket: a node that closed it meanwhile makes this raise.
+        connection.request("GET", "/v1/health")
+        again = connection.getresponse()
+        again.read()
+    finally:
+        connection.close()
+    assert (first.status, again.status) == (200, 200)
