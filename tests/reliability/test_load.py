@@ -3,7 +3,10 @@
 A real tracker (daphne, PostgreSQL and Redis in CI) and two real tiny-model
 nodes whose session cap is below the load, so chats also queue on the
 tracker's busy back-off. The reduced load of CI; ``bench/bench_load.py``
-runs the full 200 and prints the time to first token and throughput.
+runs the full 200 and prints the time to first token and throughput. The
+last two tests hold what the 200 found: a burst of new clients beyond
+Twisted's default listen backlog, and a node closing an idle connection its
+clients still had pooled.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ MAX_TOKENS = 8
 MAX_SESSIONS = 16
 # What the measured round may leave in the tracker's idle RSS after an identical
 # warm-up round. Measured on the 2-core VM: the first round of 48 chats grows it by
-# ~4 MiB (allocator arenas, pools), each later round by 0-1.1 MiB. So this sees a
-# leak of 64 KiB or more per chat (a body, a client or task per request); keeping
-# the request's ChatProxy (~5 KiB) is below RSS noise (tried: +0.25 MiB a round).
-MEMORY_TOLERANCE = 3 * MIB
+# ~4 MiB (allocator arenas, pools), the second by 0.6-1.8 MiB (7 runs) as the Call
+# wall's bounded buffers (200 calls, 500 events) go on filling, later ones by 0-0.4 MiB.
+# So this sees a leak of ~85 KiB or more per chat (a body, a client or a task per
+# request); keeping each request's ChatProxy (~5 KiB) is below RSS noise (tried).
+MEMORY_TOLERANCE = 4 * MIB
 # How long httpx keeps an idle connection for reuse (its default keepalive_expiry), and so
 # the tracker's pool to the heads and a head's pool to its next hops; a node that closed
 # such a connection sooner could see a request arrive as it closes it.
@@ -98,10 +102,10 @@ def test_every_concurrent_chat_is_recorded_completed_and_billed_once(
     assert network.database_url is not None
 
     assert ledger_problems(network.database_url, load.every_answer) == []
-    [(processing,)] = network.query(
+    [(unfinished,)] = network.query(
         "SELECT count(*) FROM tracker_app_chatrequest WHERE status <> %s", "completed"
     )
-    assert processing == 0
+    assert unfinished == 0
 
 
 def test_the_tracker_is_back_to_its_memory_with_no_connection_left_once_the_load_is_over(
