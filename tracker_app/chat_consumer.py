@@ -44,12 +44,19 @@ logger = logging.getLogger(__name__)
 
 # One kept-alive connection pool to the head nodes for the whole process.
 _upstream: httpx.AsyncClient | None = None
+# An idle connection is reused for this long only: well inside the 5 s after which a
+# node on uvicorn's default closes it, so a request never goes out on a connection
+# the node is closing (the read fails, and the node would be banned for it).
+UPSTREAM_KEEPALIVE_SECONDS = 2.0
 
 
 def upstream_client() -> httpx.AsyncClient:
     global _upstream
     if _upstream is None:
-        _upstream = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
+        limits = httpx.Limits(
+            max_keepalive_connections=64, keepalive_expiry=UPSTREAM_KEEPALIVE_SECONDS
+        )
+        _upstream = httpx.AsyncClient(limits=limits)
     return _upstream
 
 

@@ -43,6 +43,12 @@ from nodes_app.runtime.tracker_client import (
 from nodes_app.runtime.trust import PlanGate
 from nodes_app.signing import load_or_create_wallet
 
+# How long an idle client connection stays open. Longer than the clients keep one in
+# their pools (the tracker's and a head's httpx pools: 5 s at most): with uvicorn's
+# default, also 5 s, a request could go out on a connection the node was closing,
+# and the node was banned for it (seen under 200 concurrent chats).
+KEEP_ALIVE_SECONDS = 30
+
 
 @dataclass(frozen=True)
 class NodeOptions:
@@ -214,6 +220,7 @@ async def _serve_joined(
         log_level="warning",
         access_log=False,
         lifespan="on",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     server = _Server(config)
     stop = asyncio.Event()

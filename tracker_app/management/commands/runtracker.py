@@ -21,6 +21,12 @@ from meshnet_site.environment import (
     NumberSetting,
 )
 
+# Connections the kernel may hold for the tracker before it accepts them. Twisted's
+# default is 50: a burst of new clients beyond it overflows the queue, and under
+# SYN cookies a few of them are reset unanswered (200 chats at once lost 4 so).
+# 2048 as uvicorn and gunicorn default to; the kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 2048
+
 # flag dest -> the setting it overrides (whose range it must respect)
 ROUTE_FLAGS: dict[str, NumberSetting] = {
     "route_explore_share": ROUTE_EXPLORE_SHARE,
@@ -66,7 +72,12 @@ class Command(BaseCommand):
         self.check_migrated()
         from meshnet_site.asgi import application
 
-        endpoints = build_endpoint_description_strings(host=options["host"], port=options["port"])
+        endpoints = [
+            f"{endpoint}:backlog={LISTEN_BACKLOG}"
+            for endpoint in build_endpoint_description_strings(
+                host=options["host"], port=options["port"]
+            )
+        ]
         base = f"http://{options['host']}:{options['port']}"
         ready_line = (
             f"Meshnet tracker ready: dashboard {base}/dashboard/  API {base}/v1/  "

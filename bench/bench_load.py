@@ -1,0 +1,151 @@
+"""200 concurrent streamed chats through one tracker process ÷ the same chats one at a time.
+
+A tracker and two tiny-model nodes (layers 0-1, 2-3) on loopback, the nodes'
+session cap above the load unless ``--max-sessions`` says otherwise. Each
+distinct prompt is answered once alone first (greedy): every concurrent copy
+must equal it, token for token, and be recorded completed and billed once.
+Then the chats run all at once twice (a warm-up round, then the measured
+one), and the same chats one at a time as the baseline, side by side.
+
+Prints time to first token p50/p99, aggregate tokens/s of both runs and
+their ratio, and the tracker's memory (idle before, peak, idle after).
+PostgreSQL when DATABASE_URL points at one (a fresh database there), else
+SQLite; Redis when REDIS_URL is set, else the embedded mode.
+
+    .venv/bin/python bench/bench_load.py [--chats 200] [--tokens 32] [--max-sessions 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.databases import fresh_process_database
+from tests.support.load import (
+    Answer,
+    LoadFigures,
+    LoadRun,
+    chat_mix,
+    ledger_problems,
+    load_client,
+    load_problems,
+    measured_load,
+    run_load,
+)
+from tests.support.network import Network
+
+MODEL = "tiny-random-llama"
+DISTINCT_PROMPTS = 10
+
+
+@dataclass
+class Figures:
+    run: LoadRun
+    baseline: LoadFigures
+    one_at_a_time: list[Answer]
+    cpu_concurrent: str  # CPU ms per token of each process: lone answers and both rounds
+    cpu_one_at_a_time: str
+
+
+def cpu_seconds(network: Network) -> dict[str, float]:
+    """CPU time (user + system) each process of the network has used so far."""
+    assert network.tracker is not None
+    pids = {"tracker": network.tracker.process.pid}
+    pids.update({name: node.process.pid for name, node in network.nodes.items()})
+    return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
+
+
+def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> str:
+    return ", ".join(
+        f"{name} {(after[name] - before[name]) * 1000 / tokens:.1f}" for name in before
+    )
+
+
+async def drive(network: Network, args: argparse.Namespace) -> Figures:
+    assert network.tracker is not None
+    chats = chat_mix(args.chats, distinct=DISTINCT_PROMPTS, max_tokens=args.tokens)
+    async with load_client(network.headers(), chats=args.chats, timeout=600) as client:
+        cpu = [cpu_seconds(network)]
+        run = await measured_load(
+            client, network.url, MODEL, chats, tracker_pid=network.tracker.process.pid
+        )
+        cpu.append(cpu_seconds(network))
+        began = time.perf_counter()
+        one_at_a_time = await run_load(
+            client, f"{network.url}/v1/chat/completions", MODEL, chats, concurrency=1
+        )
+        baseline = LoadFigures.of(one_at_a_time, time.perf_counter() - began)
+        cpu.append(cpu_seconds(network))
+    concurrent_tokens = sum(a.completion_tokens or 0 for a in run.every_answer)
+    return Figures(
+        run=run,
+        baseline=baseline,
+        one_at_a_time=one_at_a_time,
+        cpu_concurrent=cpu_per_token(cpu[0], cpu[1], concurrent_tokens),
+        cpu_one_at_a_time=cpu_per_token(cpu[1], cpu[2], args.chats * args.tokens),
+    )
+
+
+def report(network: Network, args: argparse.Namespace) -> int:
+    figures = asyncio.run(drive(network, args))
+    run, baseline, one_at_a_time = figures.run, figures.baseline, figures.one_at_a_time
+    assert network.database_url is not None
+    answers = [*run.every_answer, *one_at_a_time]
+    problems = load_problems(answers, run.expected)
+    problems += ledger_problems(network.database_url, answers)
+    database = "PostgreSQL" if network.database_url.startswith("postgres") else "SQLite"
+    redis = "Redis" if os.environ.get("REDIS_URL") else "embedded (no Redis)"
+    print(
+        f"{args.chats} streamed chats, tiny model, {args.tokens} tokens each, "
+        f"{DISTINCT_PROMPTS} distinct prompts, node cap {args.max_sessions} sessions; "
+        f"{database}, {redis}"
+    )
+    print(f"  all at once:     {run.figures.line()}")
+    print(f"  one at a time:   {baseline.line()}")
+    ratio = run.figures.tokens_per_second / baseline.tokens_per_second
+    print(f"  ratio aggregate tokens/s, all at once / one at a time = {ratio:.2f}")
+    print(f"  CPU ms per token, all at once:   {figures.cpu_concurrent}")
+    print(f"  CPU ms per token, one at a time: {figures.cpu_one_at_a_time}")
+    for line in run.memory.lines():
+        print(f"  {line}")
+    print(
+        f"  {len(answers)} answers (2 rounds all at once, 1 one at a time) checked against "
+        f"the {len(run.expected)} lone greedy answers and the ledger: {len(problems)} problems"
+    )
+    for problem in problems[:20]:
+        print(f"  PROBLEM {problem}")
+    return 1 if problems else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chats", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--max-sessions", type=int, default=256)
+    args = parser.parse_args()
+    cap = ("--max-sessions", str(args.max_sessions))
+    with fresh_process_database() as database_url:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
+        # No rate limit on the benchmark's key.
+        settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "1000000"}
+        with Network.throwaway(workdir=tmp, database_url=database_url, env=settings) as network:
+            network.start_tracker()
+            network.api_key = network.create_api_key("bench")
+            network.add_node("head", MODEL, (0, 1), extra=cap, wait=False)
+            network.add_node("tail", MODEL, (2, 3), extra=cap, wait=False)
+            network.wait_for_route(MODEL)
+            return report(network, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
