@@ -198,10 +198,28 @@ def tracker_key_file(env: Mapping[str, str], var_dir: Path) -> Path:
 
 # Seconds to wait for PostgreSQL to accept a connection (libpq's connect_timeout).
 DATABASE_CONNECT_TIMEOUT = 5
+# Seconds a request waits for a free pooled connection before its 503: short,
+# because the consumers' database calls share one thread, where each wait
+# holds up the calls queued behind it while the database is away.
+DATABASE_POOL_TIMEOUT = 2
+# Seconds the pool retries a failed connection (backing off 1, 2 s) before it
+# gives up and lets the next request start afresh: a database that came back
+# is used within about two seconds.
+DATABASE_RECONNECT_SECONDS = 3
 
 
 def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
-    """PostgreSQL (or any dj-database-url URL) from DATABASE_URL, else a SQLite file."""
+    """PostgreSQL (or any dj-database-url URL) from DATABASE_URL, else a SQLite file.
+
+    PostgreSQL connections come from one pool per process
+    (``MESHNET_DATABASE_POOL_SIZE``): under ASGI every concurrent request to a
+    plain view runs on a thread of its own, and persistent per-thread
+    connections grew with the load until PostgreSQL refused more (200
+    concurrent ``/healthz``: 106 "too many clients"). A request past the pool
+    waits ``DATABASE_POOL_TIMEOUT`` for a connection, then gets a 503
+    (``database_unavailable``); each connection is checked before it is
+    handed out, and a database that came back is used without a restart.
+    """
     url = env.get("DATABASE_URL", "").strip()
     if not url:
         return {
@@ -212,16 +230,23 @@ def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     try:
-        config: dict[str, Any] = dict(
-            dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
-        )
+        # No persistent connections (the pool keeps them); a pooled connection
+        # is checked before it is handed out.
+        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_health_checks=True))
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.postgresql":
+        options = config.setdefault("OPTIONS", {})
         # A server that takes the connection and never answers must give a 503
         # (``database_unavailable``), not a request that hangs; the URL's own
         # ``?connect_timeout=`` wins.
-        config.setdefault("OPTIONS", {}).setdefault("connect_timeout", DATABASE_CONNECT_TIMEOUT)
+        options.setdefault("connect_timeout", DATABASE_CONNECT_TIMEOUT)
+        options["pool"] = {
+            "min_size": 1,
+            "max_size": int(DATABASE_POOL_SIZE.read(env)),
+            "timeout": DATABASE_POOL_TIMEOUT,
+            "reconnect_timeout": DATABASE_RECONNECT_SECONDS,
+        }
     return config
 
 
@@ -386,6 +411,11 @@ MAX_REQUEST_BYTES = NumberSetting("MESHNET_MAX_REQUEST_BYTES", 2**20, minimum=10
 # latter; the node runtime's own default (no Django) is the same 30 s.
 BUSY_DEADLINE = NumberSetting("MESHNET_BUSY_DEADLINE", 120.0, minimum=1.0, maximum=3600.0)
 HOP_STEP_TIMEOUT = NumberSetting("MESHNET_HOP_STEP_TIMEOUT", 30.0, minimum=1.0, maximum=600.0)
+
+# PostgreSQL connections one process holds at most (its pool; see database_config).
+DATABASE_POOL_SIZE = NumberSetting(
+    "MESHNET_DATABASE_POOL_SIZE", 20, minimum=1, maximum=1000, integer=True
+)
 
 # Durable route learning and its pruning (ADR-0003).
 ROUTE_ARM_TTL = NumberSetting("MESHNET_ROUTE_ARM_TTL", 24 * 3600.0, minimum=1.0)

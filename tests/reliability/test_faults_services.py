@@ -279,7 +279,10 @@ def test_with_postgresql_unreachable_clients_get_503s_and_the_tracker_recovers_b
         assert "unavailable" in error["message"]
         assert answer.headers["Retry-After"] == "5"
     assert health.status_code == 503
-    # The link is back: the very next requests connect afresh, no restart.
+    # The link is back: no restart. The worker (its own connection) may have swept
+    # the nodes whose heartbeats the tracker could not record meanwhile; their next
+    # heartbeats, which the tracker now records, bring the route back.
+    network.wait_for_route(TINY, timeout=HEARTBEAT_SECONDS + 10)
     reply = served(network.url, network.api_key)
     assert reply["usage"]["completion_tokens"] == 12
     assert httpx.get(f"{network.url}/v1/models", timeout=30).status_code == 200
