@@ -13,7 +13,7 @@ from django.conf import settings
 from tests.support.challenge import ChallengeResponder, challenge_responder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Tracker, running_tracker
-from tracker_app.localnet import LOOPBACK, ManagedProcess, free_port, wait_for_port
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,18 +41,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if configured:
         yield configured
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         pytest.fail("these tests need Redis: set REDIS_URL or install redis-server")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    argv = [
-        binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
-        "--dir", str(workdir),
-    ]  # fmt: skip
-    with ManagedProcess("redis", argv, env=os.environ, log_path=workdir / "redis.log") as redis:
-        wait_for_port(LOOPBACK, port, process=redis)
-        yield f"redis://{LOOPBACK}:{port}/0"
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")
