@@ -243,10 +243,13 @@ def test_it_reports_each_node_load_and_warms_up_all_three_routes(demo: Demo) -> 
         assert re.search(rf"node {name} \(tiny-random-llama layers \S+\) serves", out), out
     assert f"[{TINY_NODES}/{TINY_NODES}]" in out
     warmed = re.findall(r"warm-up tiny-random-llama via (.+): \d+ tokens", out)
-    # The partial head's route ends on whichever of full and tail scores better.
+    # One route per head. The head's and the partial head's routes end on whichever of
+    # full (which can run layers 2-3 too) and tail scores better when they are planned:
+    # the speeds the nodes measure during the warm-up decide it.
     assert len(warmed) == 3, out
-    assert {"full", "head -> tail"} < set(warmed), out
-    assert any(route.startswith("partial-head -> ") for route in warmed), out
+    heads = sorted(route.split(" -> ")[0] for route in warmed)
+    assert heads == ["full", "head", "partial-head"], out
+    assert all(route == "full" or route.endswith(("-> full", "-> tail")) for route in warmed), out
     assert out.index("warm-up") < out.index(READY_HEADLINE)
 
 
