@@ -332,8 +332,9 @@ class ChatProxy:
         )
 
         async def connected() -> None:
-            # Waiting for a slot is over, and the route's clock starts.
-            self._busy_over()
+            # The route's clock starts. Waiting for a slot is over only at the first
+            # token: a downstream hop may still answer busy (hop_busy) after the
+            # head's 200 and its prefill, and the back-off must keep growing then.
             segment.started = self.clock()
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
@@ -352,6 +353,8 @@ class ChatProxy:
             )
             async with aclosing(frames):
                 async for frame in frames:
+                    if frame.token_ids:  # the whole route took the step: a slot at last
+                        self._busy_over()
                     chunk = self._absorb(frame, segment)
                     if chunk is not None:
                         yield chunk

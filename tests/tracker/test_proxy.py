@@ -635,6 +635,31 @@ def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_
     assert record(proxy).status == RequestStatus.FAILED
 
 
+def test_a_hop_busy_behind_a_head_that_accepted_still_backs_off_to_the_deadline(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=0, then="busy"))  # 200, then hop_busy
+    proxy = net.proxy()
+    now = [1000.0]
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == "route_busy"
+    # The head's 200 is not a slot: the back-off grows as when the head itself is full.
+    steps = [min(1.0, 0.05 * 2**attempt) for attempt in range(len(waits))]
+    assert all(step / 2 <= wait <= step for wait, step in zip(waits[:-1], steps, strict=False))
+    assert sum(waits) == pytest.approx(10.0) and len(waits) < 20
+    assert net.banned() == set()
+
+
 def test_the_busy_deadline_counts_every_wait_of_a_request_not_each_wait_afresh(net: Net) -> None:
     net.node("first", 0, 3, tps=200.0)
     net.node("second", 0, 3, tps=100.0)
