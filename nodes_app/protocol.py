@@ -112,6 +112,7 @@ GENERATE_MAX_PROMPT_CHARS = 2_000_000
 # block of as many positions, so a long prompt on a slow CPU node is not taken
 # for a hung one, while a hung decode step is found within one step timeout.
 STEP_TIMEOUT_SECONDS = 30.0
+STEP_TIMEOUT_RANGE = (1.0, 600.0)  # as MESHNET_HOP_STEP_TIMEOUT allows
 STEP_TIMEOUT_POSITIONS = 512
 # What a head streams after a step that gave the client no text (a token held
 # back by the detokenizer or a stop sequence): an SSE comment, so the head's

@@ -20,6 +20,7 @@ from contextlib import aclosing
 from datetime import datetime, timedelta
 
 import httpx
+from django.conf import settings
 
 from meshnet_site.celery import app as celery_app
 from nodes_app.models import LanguageModel
@@ -37,7 +38,13 @@ from routing_app.probing import (
     quarantines_held,
 )
 from routing_app.selectors import routing_nodes
-from tracker_app.head_stream import HeadRefused, HopFailure, RouteBusy, head_stream
+from tracker_app.head_stream import (
+    HeadRefused,
+    HopFailure,
+    RouteBusy,
+    head_stream,
+    silence_limit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +80,14 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
     token_ids: list[int] = []
 
     async def read() -> None:
-        frames = head_stream(
-            client=client, request=plan_sign(probe_request(plan)), silence=PROBE_TIMEOUT_SECONDS
+        request = plan_sign(probe_request(plan))
+        silence = silence_limit(
+            step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,
+            hops=len(plan.hops),
+            # Characters bound the probe's short prompt in tokens from above.
+            positions=sum(len(m["content"]) for m in request.messages) + PROBE_MAX_TOKENS,
         )
+        frames = head_stream(client=client, request=request, silence=silence)
         async with aclosing(frames):
             async for frame in frames:
                 token_ids.extend(frame.token_ids)

@@ -13,11 +13,27 @@ import sys
 from nodes_app.protocol import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
+    STEP_TIMEOUT_RANGE,
     STEP_TIMEOUT_SECONDS,
 )
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
+
+
+def step_timeout_argument(value: str) -> float:
+    """``--step-timeout``'s argparse type: seconds within ``STEP_TIMEOUT_RANGE``.
+
+    At 0 every hop would time out at once and be banned for it.
+    """
+    low, high = STEP_TIMEOUT_RANGE
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not low <= seconds <= high:
+        raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} seconds")
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
     parser.add_argument("--max-request-bytes", type=int, default=GENERATE_MAX_BYTES)
     parser.add_argument("--max-prompt-chars", type=int, default=GENERATE_MAX_PROMPT_CHARS)
-    parser.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_SECONDS)
+    parser.add_argument("--step-timeout", type=step_timeout_argument, default=STEP_TIMEOUT_SECONDS)
     args = parser.parse_args(argv)
     start, end = args.layers
     options = NodeOptions(

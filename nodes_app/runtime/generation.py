@@ -256,6 +256,7 @@ class Generation:
                     timeout=deadline,
                 )
             except (httpx.ReadTimeout, httpx.WriteTimeout) as error:
+                logger.warning("hop %s: no answer to the step within %g s", hop.node_id, limit)
                 raise HopFailed(
                     hop, f"did not answer the step within {limit:g} s", code=HOP_TIMED_OUT
                 ) from error

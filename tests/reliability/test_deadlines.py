@@ -9,6 +9,7 @@ never answers) on the route the tracker prefers.
 
 from __future__ import annotations
 
+import argparse
 import random
 import threading
 import time
@@ -25,10 +26,12 @@ from starlette.testclient import TestClient
 from meshnet_site.environment import BUSY_DEADLINE, HOP_STEP_TIMEOUT
 from nodes_app.protocol import (
     STEP_TIMEOUT_POSITIONS,
+    STEP_TIMEOUT_RANGE,
     STEP_TIMEOUT_SECONDS,
     sse_frames,
     step_time_limit,
 )
+from nodes_app.runtime.__main__ import step_timeout_argument
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
@@ -97,6 +100,7 @@ def test_deadlines_out_of_range_are_refused_by_name(setting: Any, value: str) ->
 
 def test_a_node_without_django_defaults_to_the_trackers_step_timeout() -> None:
     assert HOP_STEP_TIMEOUT.default == STEP_TIMEOUT_SECONDS
+    assert (HOP_STEP_TIMEOUT.minimum, HOP_STEP_TIMEOUT.maximum) == STEP_TIMEOUT_RANGE
     assert HOP_STEP_TIMEOUT.read({}) == 30.0 and BUSY_DEADLINE.read({}) == 120.0
 
 
@@ -106,6 +110,12 @@ def test_runnode_refuses_a_step_timeout_out_of_range_before_loading_anything() -
             "runnode", "--model", TINY, "--layers", "0-3", "--port", "1",
             "--tracker", "http://127.0.0.1:9", "--step-timeout", "0",
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "601", "soon"])
+def test_a_node_process_refuses_a_step_timeout_out_of_range(value: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        step_timeout_argument(value)
 
 
 def test_a_head_streams_something_after_every_step_even_when_it_holds_the_text_back() -> None:
