@@ -15,14 +15,18 @@ same shape, and the next request connects afresh (``CONN_HEALTH_CHECKS``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import psycopg
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
+
+logger = logging.getLogger(__name__)
 
 
 class ErrorKind(StrEnum):
@@ -94,14 +98,33 @@ class DatabaseUnavailable(DomainError):
     code = "database_unavailable"
 
 
-# What a database that is down or just cut the connection raises (not a bad
-# query, a broken constraint or a missing table: those stay bugs, 500).
-DATABASE_OUTAGES = (OperationalError, InterfaceError)
 DATABASE_RETRY_AFTER_SECONDS = 5
+# SQLSTATEs of a server going away: admin shutdown, crash shutdown, cannot
+# connect now. Class 08 (connection exceptions) counts whole.
+_SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_database_outage(error: BaseException) -> bool:
+    """Whether ``error`` says the database could not be reached: down, restarting,
+    the connection cut, or no pooled connection free in time.
+
+    Not a deadlock, a serialisation failure, a lock or statement timeout, a
+    bad query or a missing table (on PostgreSQL or SQLite): those stay 500s,
+    logged as bugs.
+    """
+    if isinstance(error, InterfaceError):
+        return True
+    if not isinstance(error, OperationalError):
+        return False
+    cause = error.__cause__
+    if not isinstance(cause, psycopg.Error):
+        return False
+    state = cause.sqlstate  # None: the client's own failure to connect or to get one
+    return state is None or state.startswith("08") or state in _SHUTDOWN_STATES
 
 
 def database_unavailable() -> DatabaseUnavailable:
-    """The error to answer when the database raised one of :data:`DATABASE_OUTAGES`."""
+    """The error to answer for a database outage (see :func:`is_database_outage`)."""
     # Not the driver's message: it names the database's host and user.
     return DatabaseUnavailable(
         "The tracker's database is unavailable; retry shortly",
@@ -151,7 +174,8 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
 
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler that answers every error in OpenAI's shape."""
-    if isinstance(exc, DATABASE_OUTAGES):
+    if is_database_outage(exc):
+        logger.warning("the database is unavailable", exc_info=exc)
         exc = database_unavailable()
     if isinstance(exc, DomainError):
         answer = http_error(exc)

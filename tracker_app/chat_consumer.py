@@ -24,11 +24,11 @@ from django.conf import settings
 from meshnet_site.asgi_limits import RequestTooLarge
 from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import (
-    DATABASE_OUTAGES,
     DomainError,
     ErrorKind,
     database_unavailable,
     http_error,
+    is_database_outage,
 )
 from nodes_app.protocol import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
@@ -112,12 +112,15 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             if self.proxy is not None:
                 await asyncio.shield(self.proxy.fail("client disconnected", cancelled=True))
             raise
-        except DATABASE_OUTAGES:
-            # Not a bug: the database is away. The record cannot be written now;
-            # if one was opened, the abandoned-request sweep closes it later.
-            logger.warning("request %s: the database is unavailable", self._request_id())
-            await self._end_with(database_unavailable())
-        except Exception:
+        except Exception as error:
+            if is_database_outage(error):
+                # Not a bug: the database is away. The record cannot be written now;
+                # if one was opened, the abandoned-request sweep closes it later.
+                logger.warning(
+                    "request %s: the database is unavailable", self._request_id(), exc_info=True
+                )
+                await self._end_with(database_unavailable())
+                return
             # A bug of ours must still end the request in the documented shape, and
             # its record must not stay "processing".
             logger.exception("request %s: failed inside the tracker", self._request_id())
