@@ -39,7 +39,7 @@ from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.trust import PlanGate
 from tests.support.databases import fresh_process_database
 from tests.support.hung_node import HungNode
-from tests.support.network import Network, head_generate, start_network
+from tests.support.network import Network, head_tail_answer, start_network
 from tests.support.plans import signed, tracker_key
 from tests.support.sse import chunks_of, read_sse, text_of
 from tracker_app.head_stream import silence_limit
@@ -165,20 +165,6 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             yield network
 
 
-def direct_answer(network: Network, max_tokens: int) -> str:
-    """The whole model's greedy answer, from the head over the real tail, tracker bypassed."""
-    head, tail = network.nodes["head"], network.nodes["tail"]
-    return head_generate(
-        network,
-        head,
-        [head.hop(), tail.hop()],
-        model=TINY,
-        messages=PROMPT,
-        max_tokens=max_tokens,
-        temperature=0.0,
-    )
-
-
 def routes(network: Network) -> list[dict[str, Any]]:
     response = httpx.get(
         f"{network.url}/v1/routing", params={"model": TINY}, headers=network.headers(), timeout=30
@@ -219,7 +205,7 @@ def assert_served_whole_through_the_other_route(
     assert hung.node_id in chunks_of(frames)[0]["meshnet"]["route"]
     assert frames[-1] == "[DONE]"
     assert not [f for f in frames if isinstance(f, dict) and "error" in f]
-    assert text_of(frames) == direct_answer(network, max_tokens)
+    assert text_of(frames) == head_tail_answer(network, PROMPT, max_tokens)
     assert chunks_of(frames)[-1]["usage"]["completion_tokens"] == max_tokens
 
     [(request_id, status, signature)] = network.query(

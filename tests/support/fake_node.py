@@ -31,6 +31,45 @@ def challenge_signature(key: Ed25519PrivateKey, nonce: str, endpoint: str) -> st
     return key.sign(CHALLENGE_DOMAIN + nonce.encode() + b"\n" + endpoint.encode()).hex()
 
 
+class NodeHandler(BaseHTTPRequestHandler):
+    """What every fake node answers as a real one does: health, session DELETE and
+    endpoint challenges. A subclass sets ``node`` (``node_id``, ``key``, ``wallet``,
+    ``endpoint``) and answers the work in ``do_POST``."""
+
+    protocol_version = "HTTP/1.1"
+    node: Any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.json(200, {"status": "ok", "node_id": self.node.node_id})
+
+    def do_DELETE(self) -> None:
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def answer_challenge(self, nonce: str) -> None:
+        signature = challenge_signature(self.node.key, nonce, self.node.endpoint)
+        self.json(200, {"wallet": self.node.wallet, "signature": signature})
+
+    def json(self, status: int, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+def serve_node(handler: type[NodeHandler]) -> tuple[ThreadingHTTPServer, str]:
+    """``handler`` served on a free loopback port in a daemon thread; the server and its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 @dataclass
 class Behaviour:
     """What the fake head does with the next ``/v1/generate``."""
@@ -53,35 +92,23 @@ class FakeHead:
     def start(self) -> FakeHead:
         head = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self._json(200, {"status": "ok", "node_id": head.node_id})
-
-            def do_DELETE(self) -> None:
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+        class Handler(NodeHandler):
+            node = head
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path == "/v1/challenge":
-                    signature = challenge_signature(head.key, body["nonce"], head.endpoint)
-                    self._json(200, {"wallet": head.wallet, "signature": signature})
+                    self.answer_challenge(body["nonce"])
                 elif self.path == "/v1/generate":
                     head.generate_calls += 1
                     self._generate(GenerateRequest.parse(body))
                 else:
-                    self._json(404, {"error": {"message": "no", "type": "x", "code": "x"}})
+                    self.json(404, {"error": {"message": "no", "type": "x", "code": "x"}})
 
             def _generate(self, request: GenerateRequest) -> None:
                 if head.behaviour.refuse:
                     refusal = {"message": "too long", "type": "invalid_request_error"}
-                    self._json(400, {"error": {**refusal, "code": "context_length_exceeded"}})
+                    self.json(400, {"error": {**refusal, "code": "context_length_exceeded"}})
                     return
                 tokens = request.max_tokens - len(request.resume_token_ids)
                 usage = Usage(head.behaviour.reported_prompt_tokens, request.max_tokens)
@@ -103,17 +130,7 @@ class FakeHead:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            def _json(self, status: int, body: dict[str, Any]) -> None:
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server, self.endpoint = serve_node(Handler)
         return self
 
     @property

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol import ChunkFrame, sse_event
-from tests.support.fake_node import challenge_signature
+from tests.support.fake_node import NodeHandler, serve_node
 from tests.support.registration import signed_registration
 
 
@@ -40,28 +40,13 @@ class HungNode:
     _server: ThreadingHTTPServer | None = None
 
     def start_serving(self) -> HungNode:
-        node = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self._json(200, {"status": "ok", "node_id": node.node_id})
-
-            def do_DELETE(self) -> None:
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+        class Handler(NodeHandler):
+            node = self
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path == "/v1/challenge":
-                    nonce = json.loads(body)["nonce"]
-                    signature = challenge_signature(node.key, nonce, node.endpoint)
-                    self._json(200, {"wallet": node.wallet, "signature": signature})
+                    self.answer_challenge(json.loads(body)["nonce"])
                     return
                 if self.path == "/v1/generate":
                     self.send_response(200)
@@ -74,21 +59,11 @@ class HungNode:
                         )
                     )
                     self.wfile.flush()
-                node.asked.set()
-                node._released.wait()
+                self.node.asked.set()
+                self.node._released.wait()
                 self.close_connection = True
 
-            def _json(self, status: int, body: dict[str, Any]) -> None:
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server, self.endpoint = serve_node(Handler)
         return self
 
     @property

@@ -108,3 +108,18 @@ def head_generate(
     }
     payload = signed(payload, tracker_key(network.tracker_key_file))
     return text_of(read_sse(f"{head.endpoint}/v1/generate", payload))
+
+
+def head_tail_answer(network: LocalNetwork, messages: list[dict[str, Any]], max_tokens: int) -> str:
+    """The greedy answer of the network's ``head`` node over its real ``tail``, the
+    tracker bypassed: what a chat routed head → tail must equal."""
+    head, tail = network.nodes["head"], network.nodes["tail"]
+    return head_generate(
+        network,
+        head,
+        [head.hop(), tail.hop()],
+        model="tiny-random-llama",
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+    )

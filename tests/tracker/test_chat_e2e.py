@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from tests.support.databases import fresh_process_database
-from tests.support.network import Network, head_generate, start_network
+from tests.support.network import Network, head_generate, head_tail_answer, start_network
 from tests.support.sse import chunks_of, text_of
 from tracker_app.localnet import manage_argv, run_checked, wait_until
 
@@ -35,25 +35,12 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             yield network
 
 
-def direct_answer(network: Network, max_tokens: int) -> str:
-    head, tail = network.nodes["head"], network.nodes["tail"]
-    return head_generate(
-        network,
-        head,
-        [head.hop(), tail.hop()],
-        model=TINY,
-        messages=PROMPT,
-        max_tokens=max_tokens,
-        temperature=0.0,
-    )
-
-
 def test_a_streamed_answer_is_the_nodes_own_answer_in_openai_chunks(network: Network) -> None:
     frames = network.stream(model=TINY, messages=PROMPT, max_tokens=24, temperature=0)
 
     chunks = chunks_of(frames)
     assert frames[-1] == "[DONE]"
-    assert text_of(frames) == direct_answer(network, 24)
+    assert text_of(frames) == head_tail_answer(network, PROMPT, 24)
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert len({c["id"] for c in chunks}) == 1
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -73,7 +60,7 @@ def test_a_non_streamed_answer_is_recorded_and_billed_to_the_cent(network: Netwo
     assert response.status_code == 200, response.text
     reply = response.json()
     assert reply["object"] == "chat.completion"
-    assert reply["choices"][0]["message"]["content"] == direct_answer(network, 20)
+    assert reply["choices"][0]["message"]["content"] == head_tail_answer(network, PROMPT, 20)
     usage = reply["usage"]
     assert usage["completion_tokens"] == 20
     assert usage["total_tokens"] == usage["prompt_tokens"] + 20
@@ -351,7 +338,7 @@ def test_the_openai_python_client_chats_through_the_tracker(network: Network) ->
         if chunk.choices
     ]
 
-    assert reply.choices[0].message.content == direct_answer(network, 12)
+    assert reply.choices[0].message.content == head_tail_answer(network, PROMPT, 12)
     assert "".join(pieces) == reply.choices[0].message.content
     assert reply.usage is not None and reply.usage.completion_tokens == 12
     assert [m.id for m in client.models.list()] == [TINY]

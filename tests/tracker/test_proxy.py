@@ -605,20 +605,26 @@ def test_every_send_to_a_head_carries_a_fresh_plan_signed_by_the_tracker(net: Ne
     assert [r.hops[0].node_id for r in (first, second)] == ["fast", "slow"]
 
 
+def wait_in_frozen_time(proxy: ChatProxy, *, busy_deadline: float) -> list[float]:
+    """Time passes for ``proxy`` only while it waits; returns the list its waits go to."""
+    now = [1000.0]
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, busy_deadline
+    return waits
+
+
 def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_nobody(
     net: Net,
 ) -> None:
     net.node("whole", 0, 3)
     net.heads.plan("whole", Behaviour(status=503))
     proxy = net.proxy()
-    now = [1000.0]
-    waits: list[float] = []
-
-    async def sleep(seconds: float) -> None:  # time passes only while the proxy waits
-        waits.append(seconds)
-        now[0] += seconds
-
-    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
+    waits = wait_in_frozen_time(proxy, busy_deadline=10.0)
 
     chunks = serve(proxy)
 
@@ -641,14 +647,7 @@ def test_a_hop_busy_behind_a_head_that_accepted_still_backs_off_to_the_deadline(
     net.node("whole", 0, 3)
     net.heads.plan("whole", Behaviour(tokens=0, then="busy"))  # 200, then hop_busy
     proxy = net.proxy()
-    now = [1000.0]
-    waits: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        now[0] += seconds
-
-    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
+    waits = wait_in_frozen_time(proxy, busy_deadline=10.0)
 
     chunks = serve(proxy)
 
@@ -666,14 +665,7 @@ def test_the_busy_deadline_counts_every_wait_of_a_request_not_each_wait_afresh(n
     net.heads.plan("first", *[Behaviour(status=503)] * 3, Behaviour(tokens=2, then="die"))
     net.heads.plan("second", Behaviour(status=503))
     proxy = net.proxy()
-    now = [1000.0]
-    waits: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        now[0] += seconds
-
-    proxy.clock, proxy.sleep, proxy.busy_deadline = (lambda: now[0]), sleep, 10.0
+    waits = wait_in_frozen_time(proxy, busy_deadline=10.0)
 
     chunks = serve(proxy)
 
