@@ -59,6 +59,10 @@ TRACKER_KEY_ALGORITHM = "ed25519"
 # Optional on a hop step: the node whose output the body is (the head relays
 # each hop's answer to the next), so a refusal of the tensor names its producer.
 SENDER = "X-Meshnet-Sender"
+# Optional on a hop step: positions the session may reach (prompt + max_tokens),
+# what the hop reserves of its KV budget for it. Absent: the step's own end
+# position plus the node's default (ADR-0010).
+RESERVE = "X-Meshnet-Reserve"
 
 # Limits both sides enforce. OpenAI allows 4 stop sequences; the tracker
 # refuses more before anything reaches a node, and the node refuses them too.

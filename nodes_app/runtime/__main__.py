@@ -16,6 +16,7 @@ from nodes_app.protocol import (
     STEP_TIMEOUT_RANGE,
     STEP_TIMEOUT_SECONDS,
 )
+from nodes_app.runtime.capacity import add_capacity_arguments
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--weights")
     parser.add_argument("--node-id")
-    parser.add_argument("--max-sessions", type=int, default=8)
+    add_capacity_arguments(parser)
     parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
     parser.add_argument(
         "--corrupt-hidden-states",
@@ -72,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         weights=args.weights,
         node_id=args.node_id,
+        kv_budget_mib=args.kv_budget,
         max_sessions=args.max_sessions,
+        batch_wait_ms=args.batch_wait_ms,
+        prefill_chunk=args.prefill_chunk,
         idle_timeout=args.idle_timeout,
         corrupt_hidden_states=args.corrupt_hidden_states,
         tracker_key=args.tracker_key,

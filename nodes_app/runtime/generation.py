@@ -218,9 +218,7 @@ class Generation:
         async with session.lock:
             position = session.position
             try:
-                result = await service.compute(
-                    lambda: service.head_step(session, token_ids, sampling)
-                )
+                result = await service.head_forward(session, token_ids, sampling)
             except NonFiniteOutput as error:
                 raise HopFailed(hops[0], str(error)) from error
             session.position += len(token_ids)

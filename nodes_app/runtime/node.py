@@ -29,6 +29,8 @@ from nodes_app.protocol import (
     STEP_TIMEOUT_SECONDS,
 )
 from nodes_app.runtime.benchmark import measure_decode_tps
+from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
+from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app
 from nodes_app.runtime.service import NodeService
@@ -64,7 +66,11 @@ class NodeOptions:
     wallet_key: Path | None = None
     node_id: str | None = None
     advertise: str | None = None
-    max_sessions: int = 8
+    # MiB of KV cache admitted (None: half the memory free at start); an optional count cap.
+    kv_budget_mib: float | None = None
+    max_sessions: int | None = None
+    batch_wait_ms: float = DEFAULT_MAX_WAIT_SECONDS * 1000
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     idle_timeout: float = IDLE_TIMEOUT_SECONDS
     # What a head reads of a /v1/generate request before tokenising it.
     max_request_bytes: int = GENERATE_MAX_BYTES
@@ -120,13 +126,26 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
     service = NodeService(
         shard,
         node_id=options.node_id or f"local-{options.port}",
+        kv_budget=None if options.kv_budget_mib is None else int(options.kv_budget_mib * 2**20),
         max_sessions=options.max_sessions,
+        batch_wait=options.batch_wait_ms / 1000,
+        prefill_chunk=options.prefill_chunk,
         idle_timeout=options.idle_timeout,
         corrupt_hidden_states=options.corrupt_hidden_states,
         gate=gate,
         max_request_bytes=options.max_request_bytes,
         max_prompt_chars=options.max_prompt_chars,
         step_timeout=options.step_timeout,
+    )
+    store = service.store
+    print(
+        f"KV budget {store.kv_budget / 2**20:.0f} MiB"
+        f"{' (half the memory free at start)' if options.kv_budget_mib is None else ''}, "
+        f"{bytes_per_position(shard, shard.start, shard.end)} bytes a position over the shard; "
+        f"batch wait {options.batch_wait_ms:g} ms, prefill chunk {options.prefill_chunk}"
+        + (f", at most {store.max_sessions} sessions" if store.max_sessions else ""),
+        file=out,
+        flush=True,
     )
     if options.dev_open:
         print(

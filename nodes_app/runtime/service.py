@@ -1,15 +1,17 @@
-"""A node's serving state: the shard, its sessions, and the one thread that runs torch.
+"""A node's serving state: the shard, its sessions, the step batcher and the torch thread.
 
-All torch work goes through :meth:`NodeService.compute`, a single worker
-thread, so the event loop stays responsive (health checks, cancels) while a
-step runs, and torch sees one caller. Session bookkeeping happens on the
-event loop only.
+Every forward step goes through the :class:`~nodes_app.runtime.batching.StepBatcher`,
+which batches decode steps across sessions and runs them on the node's one
+torch thread; other torch-side work (tokenising) runs on the same thread via
+:meth:`NodeService.compute`. So the event loop stays responsive (health
+checks, cancels) while a step runs, and torch sees one caller. Session
+bookkeeping (admission against the KV budget, positions, capabilities)
+happens on the event loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -18,35 +20,21 @@ import torch
 
 from nodes_app import protocol
 from nodes_app.runtime import wire
-from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.batching import StepBatcher, ThroughputMeter
+from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.kv import bytes_per_position, default_kv_budget
 from nodes_app.runtime.loading import LoadedShard
-from nodes_app.runtime.sampling import SamplingParams, new_generator, sample_token
+from nodes_app.runtime.sampling import SamplingParams, new_generator
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.shard import ShardExecutor
 from nodes_app.runtime.trust import PlanGate
 
 T = TypeVar("T")
 
-
-class ThroughputMeter:
-    """Exponentially weighted tokens/s of single-token (decode) steps."""
-
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
-        self.tps = 0.0
-
-    def record(self, tokens: int, seconds: float) -> None:
-        if tokens != 1 or seconds <= 0:
-            return
-        sample = 1.0 / seconds
-        self.tps = sample if self.tps == 0 else self.alpha * sample + (1 - self.alpha) * self.tps
-
-
-def _finite(hidden: torch.Tensor) -> torch.Tensor:
-    """``hidden``, unless this node computed NaN or infinite values: never pass them on."""
-    if not wire.is_finite(hidden):
-        raise NonFiniteOutput("the hidden states this node computed are not finite")
-    return hidden
+# Positions a session reserves past the end of the step that opens (or
+# outgrows) it when nobody said how far it goes (no ``X-Meshnet-Reserve``).
+DEFAULT_RESERVE_POSITIONS = 512
 
 
 class NodeService:
@@ -55,7 +43,10 @@ class NodeService:
         shard: LoadedShard,
         *,
         node_id: str,
-        max_sessions: int = 8,
+        kv_budget: int | None = None,
+        max_sessions: int | None = None,
+        batch_wait: float = DEFAULT_MAX_WAIT_SECONDS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         benchmark_tps: float = 0.0,
         corrupt_hidden_states: float = 0.0,
@@ -69,12 +60,22 @@ class NodeService:
         # Closed unless given: no pinned tracker key, not dev-open.
         self.gate = gate or PlanGate()
         self.executor = ShardExecutor(shard)
-        self.store = SessionStore(max_sessions=max_sessions, idle_timeout=idle_timeout)
+        self.store = SessionStore(
+            kv_budget=default_kv_budget(shard.device) if kv_budget is None else kv_budget,
+            max_sessions=max_sessions,
+            idle_timeout=idle_timeout,
+        )
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshnet-torch")
+        self.batcher = StepBatcher(
+            self.executor,
+            self.worker,
+            max_wait=batch_wait,
+            prefill_chunk=prefill_chunk,
+            transform=self._corrupt,
+        )
         self.dtype_name = wire.DTYPE_NAMES[shard.dtype]
-        self.queued = 0
+        self.computing = 0
         self.streams = 0
-        self.meter = ThroughputMeter()
         self.benchmark_tps = benchmark_tps
         # What a head reads of a generate request before it tokenises anything.
         self.max_request_bytes = max_request_bytes
@@ -87,12 +88,21 @@ class NodeService:
         self.corrupt_hidden_states = corrupt_hidden_states
 
     async def compute(self, work: Callable[[], T]) -> T:
-        """Run ``work`` on the torch thread; ``queued`` counts waiting and running jobs."""
-        self.queued += 1
+        """Run ``work`` (not a forward step: those go through the batcher) on the torch thread."""
+        self.computing += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self.worker, work)
         finally:
-            self.queued -= 1
+            self.computing -= 1
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for or running on the torch thread (the heartbeat's queue depth)."""
+        return self.computing + self.batcher.depth
+
+    @property
+    def meter(self) -> ThroughputMeter:
+        return self.batcher.meter
 
     def health(self) -> dict[str, Any]:
         return {
@@ -108,6 +118,8 @@ class NodeService:
             "streams": self.streams,
             "queue_depth": self.queued,
             "max_sessions": self.store.max_sessions,
+            "kv_budget_bytes": self.store.kv_budget,
+            "kv_reserved_bytes": self.store.reserved,
             "measured_tps": round(self.meter.tps, 3),
             "benchmark_tps": round(self.benchmark_tps, 3),
         }
@@ -138,20 +150,53 @@ class NodeService:
                 code="context_length_exceeded",
             )
 
+    def reservation(self, reserve: int | None, *, reached: int = 0) -> int:
+        """Positions a session reserves: ``reserve``, else ``reached`` plus a default.
+
+        ``reached`` is the end of its latest step; without ``reserve`` the
+        session reserves :data:`DEFAULT_RESERVE_POSITIONS` past it. Never past
+        the model's context, never short of ``reached``.
+        """
+        wanted = reserve if reserve is not None else reached + DEFAULT_RESERVE_POSITIONS
+        return max(1, min(max(wanted, reached), self.context_length))
+
     def open_session(
-        self, session_id: str, start: int, end: int, *, capability: bytes | None = None
+        self,
+        session_id: str,
+        start: int,
+        end: int,
+        *,
+        capability: bytes | None = None,
+        reserve: int | None = None,
     ) -> Session:
+        """Admit a session reserving ``reserve`` positions (see :meth:`reservation`), or 503."""
         self.check_range(start, end)
+        positions = self.reservation(reserve)
         return self.store.create(
             session_id,
             start=start,
             end=end,
-            cache=self.executor.new_cache(),
+            cache=self.executor.new_cache(limit=positions),
+            reserve=positions,
+            reserved_bytes=positions * bytes_per_position(self.shard, start, end),
             capability=capability,
         )
 
+    def _cover(self, session: Session, reached: int, reserve: int | None = None) -> None:
+        """Grow ``session``'s reservation to cover position ``reached`` (never refused)."""
+        if reached <= session.reserve and (reserve is None or reserve <= session.reserve):
+            return
+        positions = self.reservation(reserve, reached=reached)
+        self.store.extend(
+            session,
+            reserve=positions,
+            reserved_bytes=positions * bytes_per_position(self.shard, session.start, session.end),
+        )
+        session.cache.limit = session.reserve
+
     def cancel(self, session_id: str) -> bool:
         """Free a session (the node's own decision: end of a generation, a failed step)."""
+        self.batcher.forget(session_id)
         return self.store.drop(session_id)
 
     def end_session(self, session_id: str, headers: Mapping[str, str]) -> bool:
@@ -164,7 +209,7 @@ class NodeService:
         if session is None:
             return False
         self.gate.check_capability(headers, session.capability)
-        return self.store.drop(session_id)
+        return self.cancel(session_id)
 
     def admit_step(self, step: wire.ForwardStep, headers: Mapping[str, str]) -> bytes | None:
         """The trust check of a step, on its headers alone; the capability hash it presents.
@@ -231,7 +276,11 @@ class NodeService:
                     code="unknown_session",
                 )
             session = self.open_session(
-                step.session_id, step.start, step.end, capability=capability
+                step.session_id,
+                step.start,
+                step.end,
+                capability=capability,
+                reserve=self.reservation(step.reserve, reached=step.position + step.shape[1]),
             )
         elif not session.admits(capability):
             raise RuntimeRequestError(
@@ -255,57 +304,29 @@ class NodeService:
             if last and session.generator is None:
                 assert step.sampling is not None
                 session.generator = new_generator(step.sampling.seed)
-            result = await self.compute(lambda: self._run_step(session, hidden, step.sampling))
+            self._cover(session, step.position + step.shape[1], step.reserve)
+            result = await self.batcher.submit(
+                session, sampling=step.sampling, last=last, hidden=hidden
+            )
             session.position += step.shape[1]
             session.touch()
             return result
 
-    def _run_step(
-        self, session: Session, hidden: torch.Tensor, sampling: SamplingParams | None
-    ) -> bytes | int:
-        began = time.perf_counter()
-        hidden = hidden.to(device=self.shard.device, dtype=self.shard.dtype)
-        out = self._corrupt(
-            self.executor.run_layers(
-                hidden,
-                cache=session.cache,
-                start=session.start,
-                end=session.end,
-                position=session.position,
-            )
-        )
-        result: bytes | int
-        if session.end == self.shard.num_layers - 1:
-            assert sampling is not None
-            result = sample_token(self.executor.last_logits(out), sampling, session.generator)
-        else:
-            result = wire.tensor_to_bytes(_finite(out))
-        self.meter.record(hidden.shape[1], time.perf_counter() - began)
-        return result
-
-    def head_step(
+    async def head_forward(
         self, session: Session, token_ids: list[int], sampling: SamplingParams
     ) -> bytes | int:
-        """The head's layers for ``token_ids``: hidden bytes, or a token if it ends the model."""
-        began = time.perf_counter()
-        hidden = self._corrupt(
-            self.executor.run_layers(
-                self.executor.embed(token_ids),
-                cache=session.cache,
-                start=0,
-                end=session.end,
-                position=session.position,
-            )
+        """The head's layers for ``token_ids``: hidden bytes, or a token if it ends the model.
+
+        The caller holds the session's lock and advances its position after.
+        Raises :class:`NonFiniteOutput` when this node computed non-finite values.
+        """
+        last = session.end == self.shard.num_layers - 1
+        if last and session.generator is None:
+            session.generator = new_generator(sampling.seed)
+        self._cover(session, session.position + len(token_ids))
+        return await self.batcher.submit(
+            session, sampling=sampling if last else None, last=last, tokens=token_ids
         )
-        result: bytes | int
-        if session.end == self.shard.num_layers - 1:
-            if session.generator is None:
-                session.generator = new_generator(sampling.seed)
-            result = sample_token(self.executor.last_logits(hidden), sampling, session.generator)
-        else:
-            result = wire.tensor_to_bytes(_finite(hidden))
-        self.meter.record(len(token_ids), time.perf_counter() - began)
-        return result
 
     def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:
         """The hidden states this node outputs, plus noise when the test-only option is set."""
@@ -314,7 +335,10 @@ class NodeService:
         return hidden + torch.randn_like(hidden) * self.corrupt_hidden_states
 
     def reap_idle(self) -> list[str]:
-        return self.store.reap_idle()
+        reaped = self.store.reap_idle()
+        for session_id in reaped:
+            self.batcher.forget(session_id)
+        return reaped
 
     def close(self) -> None:
         self.worker.shutdown(wait=False, cancel_futures=True)

@@ -1,43 +1,40 @@
-"""Run a range of decoder layers with a per-session KV cache, through transformers' layer classes.
+"""Run a range of decoder layers for a batch of sessions, through transformers' layer classes.
 
-One ``DynamicCache(config=…)`` per session holds this node's layers only:
-attention modules index the cache by their global layer number, so a cache
-for layers 15-29 simply leaves 0-14 empty. Positions are explicit, so a hop
-that starts at layer 22 of a node whose shard starts at 0 runs correctly.
+Each session owns a :class:`~nodes_app.runtime.kv.SessionKV` holding this
+node's layers only: attention modules index the cache by their global layer
+number, so a session of layers 15-29 simply never touches 0-14. Positions are
+explicit per row, so a hop that starts at layer 22 of a node whose shard
+starts at 0 runs correctly, and rows of different context lengths share one
+forward: :func:`~nodes_app.runtime.kv.attention_mask` hides what a row must
+not see.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from nodes_app.runtime.kv import BatchCache, SessionKV, attention_mask
 from nodes_app.runtime.loading import LoadedShard
-
-_MASKS = {
-    "full_attention": create_causal_mask,
-    "sliding_attention": create_sliding_window_causal_mask,
-}
 
 
 class ShardExecutor:
-    """Stateless compute over a :class:`LoadedShard`; sessions own their caches."""
+    """Stateless compute over a :class:`LoadedShard`; sessions own their K/V."""
 
     def __init__(self, shard: LoadedShard) -> None:
         self.shard = shard
         self.config = shard.config
+        window = getattr(self.config, "sliding_window", None)
+        self.sliding_window: int | None = int(window) if window else None
 
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
-
-    @staticmethod
-    def cache_length(cache: DynamicCache, layer: int) -> int:
-        return int(cache.get_seq_length(layer))
+    def new_cache(self, *, limit: int | None = None) -> SessionKV:
+        """An empty K/V store for one session; ``limit`` (positions) caps its buffers' growth."""
+        return SessionKV(limit=limit)
 
     @torch.inference_mode()
     def embed(self, token_ids: list[int]) -> torch.Tensor:
+        """``[1, len(token_ids), hidden]`` input embeddings (the head's shard only)."""
         if self.shard.embed is None:
             raise RuntimeError("this shard does not start at layer 0: it holds no embeddings")
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.shard.device)
@@ -45,27 +42,40 @@ class ShardExecutor:
 
     @torch.inference_mode()
     def run_layers(
-        self, hidden: torch.Tensor, *, cache: DynamicCache, start: int, end: int, position: int
+        self, hidden: torch.Tensor, *, cache: SessionKV, start: int, end: int, position: int
     ) -> torch.Tensor:
-        """Hidden states after layers ``start..end`` at positions ``position…``; fills ``cache``."""
+        """One session's hidden states after layers ``start..end`` at positions ``position…``."""
+        return self.run_batch(hidden, caches=[cache], pasts=[position], start=start, end=end)
+
+    @torch.inference_mode()
+    def run_batch(
+        self,
+        hidden: torch.Tensor,
+        *,
+        caches: Sequence[SessionKV],
+        pasts: Sequence[int],
+        start: int,
+        end: int,
+    ) -> torch.Tensor:
+        """Hidden states ``[N, q, H]`` after layers ``start..end``; row ``i`` fills ``caches[i]``.
+
+        Row ``i`` holds ``q`` new positions from ``pasts[i]`` on (its cache
+        already holds ``pasts[i]``). Rows are independent: one row's values
+        never reach another's output.
+        """
         length = hidden.shape[1]
-        position_ids = torch.arange(
-            position, position + length, device=hidden.device, dtype=torch.long
-        ).unsqueeze(0)
-        masks: dict[str, Any] = {}
+        device = hidden.device
+        position_ids = torch.tensor(list(pasts), device=device, dtype=torch.long).unsqueeze(
+            1
+        ) + torch.arange(length, device=device, dtype=torch.long)
+        masks: dict[str, torch.Tensor | None] = {}
         for index in range(start, end + 1):
             kind = self.shard.layer_types[index]
             if kind not in masks:
-                # Size the mask by a layer this shard owns (layer 0 may be empty here).
-                masks[kind] = _MASKS[kind](
-                    config=self.config,
-                    inputs_embeds=hidden,
-                    attention_mask=None,
-                    cache=cache,
-                    position_ids=position_ids,
-                    layer_idx=index,
-                )
+                window = self.sliding_window if kind == "sliding_attention" else None
+                masks[kind] = attention_mask(pasts, length, window=window, device=device)
         position_embeddings = self.shard.rotary(hidden, position_ids)
+        cache = BatchCache(caches)
         for index in range(start, end + 1):
             hidden = self.shard.layers[index](
                 hidden,
@@ -79,8 +89,8 @@ class ShardExecutor:
 
     @torch.inference_mode()
     def last_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits (float32, shape ``[vocab]``) for the last position: final norm + LM head."""
+        """Logits (float32, ``[N, vocab]``) for each row's last position: final norm + LM head."""
         if self.shard.norm is None or self.shard.lm_head is None:
             raise RuntimeError("this shard does not end at the last layer: it holds no LM head")
         normed = self.shard.norm(hidden[:, -1:, :])
-        return self.shard.lm_head(normed)[0, -1].float()
+        return self.shard.lm_head(normed)[:, -1].float()

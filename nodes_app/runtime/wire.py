@@ -12,6 +12,7 @@ Request ``POST /v1/forward``:
   X-Meshnet-Shape        1,T,H  (comma-separated)
   X-Meshnet-Sampling     JSON {temperature, top_p, top_k, seed}: only when End-Layer is the last
   X-Meshnet-Sender       optional: the node that produced the body (named when it is refused)
+  X-Meshnet-Reserve      optional: positions the session may reach (its KV reservation)
   body                   T*H little-endian values, row-major
 Response: 200 with the same Dtype/Shape headers and the output hidden states as
 the body, or, from the hop that ends at the last layer, JSON ``{"token_id": N}``.
@@ -30,6 +31,7 @@ from nodes_app.protocol import (
     END_LAYER,
     MAX_SESSION_ID,
     POSITION,
+    RESERVE,
     SAMPLING,
     SENDER,
     SESSION,
@@ -46,6 +48,7 @@ __all__ = [
     "DTYPE_NAMES",
     "END_LAYER",
     "POSITION",
+    "RESERVE",
     "SAMPLING",
     "SENDER",
     "SESSION",
@@ -78,6 +81,8 @@ class ForwardStep:
     shape: tuple[int, int, int]
     sampling: SamplingParams | None
     sender: str | None = None
+    # Positions the session may reach; None: the node's default (ADR-0010).
+    reserve: int | None = None
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -127,6 +132,7 @@ def parse_step_headers(headers: Mapping[str, str]) -> ForwardStep:
         shape=(dims[0], dims[1], dims[2]),
         sampling=sampling,
         sender=(headers.get(SENDER) or "").strip()[:MAX_SESSION_ID] or None,
+        reserve=_int_header(headers, RESERVE) if headers.get(RESERVE) else None,
     )
 
 
@@ -140,6 +146,7 @@ def step_headers(
     shape: tuple[int, ...],
     sampling: SamplingParams | None,
     sender: str | None = None,
+    reserve: int | None = None,
 ) -> dict[str, str]:
     headers = {
         SESSION: session_id,
@@ -154,6 +161,8 @@ def step_headers(
         headers[SAMPLING] = sampling.to_header()
     if sender is not None:
         headers[SENDER] = sender
+    if reserve is not None:
+        headers[RESERVE] = str(reserve)
     return headers
 
 

@@ -1,4 +1,4 @@
-"""The per-session cache store: cap, positions' owner, idle reaping on the store's clock."""
+"""The per-session cache store: KV-budget admission, ceiling, idle reaping on the store's clock."""
 
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ class Clock:
         return self.now
 
 
-def store(clock: Clock | None = None, *, cap: int = 2, idle: float = 60.0) -> SessionStore:
-    return SessionStore(max_sessions=cap, idle_timeout=idle, clock=clock or Clock())
+def store(
+    clock: Clock | None = None, *, cap: int | None = 2, idle: float = 60.0, budget: int = 1000
+) -> SessionStore:
+    return SessionStore(
+        kv_budget=budget, max_sessions=cap, idle_timeout=idle, clock=clock or Clock()
+    )
 
 
 def test_it_refuses_a_second_session_with_the_same_id() -> None:
@@ -73,3 +77,42 @@ def test_a_session_mid_step_is_never_reaped() -> None:
 
     assert asyncio.run(reap_while_locked()) == []
     assert sessions.reap_idle() == ["busy"]
+
+
+def test_sessions_are_admitted_while_their_reservations_fit_the_kv_budget() -> None:
+    sessions = store(cap=None, budget=1000)
+    sessions.create("a", start=0, end=1, cache=None, reserve=60, reserved_bytes=600)
+    sessions.create("b", start=0, end=1, cache=None, reserve=40, reserved_bytes=400)
+    with pytest.raises(RuntimeRequestError) as refused:
+        sessions.create("c", start=0, end=1, cache=None, reserve=1, reserved_bytes=10)
+    assert (refused.value.code, refused.value.status) == ("node_busy", 503)
+    assert "KV budget" in str(refused.value)
+    assert sessions.reserved == 1000
+
+
+def test_a_session_that_ends_gives_its_reservation_back() -> None:
+    sessions = store(cap=None, budget=1000)
+    sessions.create("a", start=0, end=1, cache=None, reserve=100, reserved_bytes=1000)
+    sessions.drop("a")
+    assert sessions.reserved == 0
+    assert sessions.create("b", start=0, end=1, cache=None, reserved_bytes=1000).session_id == "b"
+
+
+def test_an_outgrown_reservation_grows_without_failing_the_session_and_blocks_newcomers() -> None:
+    sessions = store(cap=None, budget=1000)
+    grown = sessions.create("a", start=0, end=1, cache=None, reserve=50, reserved_bytes=500)
+    sessions.extend(grown, reserve=120, reserved_bytes=1200)
+    assert (grown.reserve, sessions.reserved) == (120, 1200)
+    with pytest.raises(RuntimeRequestError):
+        sessions.create("b", start=0, end=1, cache=None, reserved_bytes=1)
+    sessions.drop("a")
+    assert sessions.reserved == 0
+
+
+def test_a_reaped_session_gives_its_reservation_back_and_is_marked_closed() -> None:
+    clock = Clock()
+    sessions = store(clock, cap=None, idle=1.0, budget=1000)
+    idle = sessions.create("idle", start=0, end=1, cache=None, reserved_bytes=700)
+    clock.now += 5
+    assert sessions.reap_idle() == ["idle"]
+    assert (sessions.reserved, idle.closed) == (0, True)

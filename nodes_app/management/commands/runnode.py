@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from meshnet_site.environment import HOP_STEP_TIMEOUT
 from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
+from nodes_app.runtime.capacity import add_capacity_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
@@ -57,7 +58,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--weights", help="local directory, .gguf file or hub id for KEY")
         parser.add_argument("--advertise", help="URL other nodes reach this one at")
-        parser.add_argument("--max-sessions", type=int, default=8)
+        add_capacity_arguments(parser)
         parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
         parser.add_argument(
             "--max-request-bytes",
@@ -115,7 +116,10 @@ class Command(BaseCommand):
             wallet_key=options["wallet_key"]
             or Path(settings.VAR_DIR) / "wallets" / f"node-{options['port']}.key",
             advertise=options["advertise"],
+            kv_budget_mib=options["kv_budget"],
             max_sessions=options["max_sessions"],
+            batch_wait_ms=options["batch_wait_ms"],
+            prefill_chunk=options["prefill_chunk"],
             idle_timeout=options["idle_timeout"],
             corrupt_hidden_states=options["corrupt_hidden_states"],
             tracker_key=options["tracker_key"],

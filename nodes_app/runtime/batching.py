@@ -1,0 +1,314 @@
+"""The step batcher: every forward step of a node runs here, batched across sessions when it can.
+
+Decode steps (one position each) of different sessions that are ready
+together run as one batched forward through the node's layers, with
+per-session sampling (each session's own generator and parameters) on the
+last layer. Sessions join and leave between batches; a step of a cancelled
+or closed session is dropped before it runs; one session's non-finite output
+fails that session alone.
+
+Policy (ADR-0010):
+
+- **A lone step runs at once.** A decode step waits only while other
+  sessions that finished a step recently (``RECENT_SECONDS``) have not yet
+  submitted their next one, and never longer than ``max_wait`` after the
+  oldest waiting step arrived. While a batch runs, new steps simply queue:
+  that queueing is the batching, and adds no wait of its own.
+- **Prefill is chunked.** A step of many positions runs ``prefill_chunk``
+  positions at a time, its chunks alternating with decode batches, so a
+  newcomer's long prompt does not stall the sessions already decoding. A
+  middle hop still answers every position's hidden states; the last layer
+  samples from the last chunk's last position only.
+- **A batch ends in one event-loop callback.** Every future of a batch is
+  resolved by one ``loop.call_soon_threadsafe``, so the head's generations
+  continue in the same loop tick and their next-hop messages go out together.
+
+All torch work runs on the node's one torch thread (the ``worker`` given);
+the queue and the policy live on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
+from nodes_app.runtime.errors import NonFiniteOutput
+from nodes_app.runtime.sampling import SamplingParams, sample_token
+from nodes_app.runtime.sessions import Session
+from nodes_app.runtime.shard import ShardExecutor
+
+# Rows of one batched forward at most; the KV budget bounds sessions anyway.
+MAX_BATCH = 64
+# A session whose last step ended longer ago than this is not waited for.
+RECENT_SECONDS = 0.5
+
+
+class ThroughputMeter:
+    """Exponentially weighted decode steps/s that one session sees (one batch: one step each)."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.tps = 0.0
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens != 1 or seconds <= 0:
+            return
+        sample = 1.0 / seconds
+        self.tps = sample if self.tps == 0 else self.alpha * sample + (1 - self.alpha) * self.tps
+
+
+@dataclass(eq=False)
+class StepJob:
+    """One session's step in the queue: token ids (the head) or hidden states ``[1, T, H]``."""
+
+    session: Session
+    sampling: SamplingParams | None
+    last: bool
+    future: asyncio.Future[bytes | int]
+    arrived: float
+    tokens: list[int] | None = None
+    hidden: torch.Tensor | None = None
+    # Positions already computed (a chunked prefill) and, on a middle hop, their outputs.
+    done: int = 0
+    outputs: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        if self.tokens is not None:
+            return len(self.tokens)
+        assert self.hidden is not None
+        return int(self.hidden.shape[1])
+
+    @property
+    def abandoned(self) -> bool:
+        return self.future.done() or self.session.closed
+
+
+class _More:
+    """The outcome of a chunk that is not its prefill's last."""
+
+
+_MORE = _More()
+Outcome = bytes | int | BaseException | _More
+
+
+def _finite(hidden: torch.Tensor) -> torch.Tensor:
+    """``hidden``, unless this node computed NaN or infinite values: never pass them on."""
+    if not wire.is_finite(hidden):
+        raise NonFiniteOutput("the hidden states this node computed are not finite")
+    return hidden
+
+
+class StepBatcher:
+    """Queues steps, forms batches by the policy above, runs them on the torch thread."""
+
+    def __init__(
+        self,
+        executor: ShardExecutor,
+        worker: ThreadPoolExecutor,
+        *,
+        max_wait: float = DEFAULT_MAX_WAIT_SECONDS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_wait < 0 or prefill_chunk < 1:
+            raise ValueError("max_wait must be >= 0 and prefill_chunk >= 1")
+        self.executor = executor
+        self.worker = worker
+        self.max_wait = max_wait
+        self.prefill_chunk = prefill_chunk
+        # TEST ONLY hook (the node's --corrupt-hidden-states): applied to every output.
+        self.transform = transform
+        self.clock = clock
+        self.meter = ThroughputMeter()
+        # Sizes of the batches run so far, newest last (a short window, for health and tests).
+        self.batch_sizes: deque[int] = deque(maxlen=64)
+        self._decodes: list[StepJob] = []
+        self._prefills: deque[StepJob] = deque()
+        self._running = 0
+        self._prefill_turn = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._recent: dict[str, float] = {}
+
+    @property
+    def depth(self) -> int:
+        """Steps waiting or running."""
+        return len(self._decodes) + len(self._prefills) + self._running
+
+    async def submit(
+        self,
+        session: Session,
+        *,
+        sampling: SamplingParams | None,
+        last: bool,
+        tokens: list[int] | None = None,
+        hidden: torch.Tensor | None = None,
+    ) -> bytes | int:
+        """The step's result: hidden-state bytes, or (``last``) the sampled token id.
+
+        The session's position is the caller's to advance, after the result;
+        raises :class:`NonFiniteOutput` when this session's output is not finite.
+        """
+        loop = asyncio.get_running_loop()
+        job = StepJob(
+            session=session,
+            sampling=sampling,
+            last=last,
+            future=loop.create_future(),
+            arrived=self.clock(),
+            tokens=tokens,
+            hidden=hidden,
+        )
+        if job.length == 1:
+            self._decodes.append(job)
+        else:
+            self._prefills.append(job)
+        self._kick(loop)
+        return await job.future
+
+    def forget(self, session_id: str) -> None:
+        """A session ended: never wait for its next step."""
+        self._recent.pop(session_id, None)
+
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the next batch if the torch thread is free and the policy says go."""
+        if self._running:
+            return
+        self._decodes = [job for job in self._decodes if not job.abandoned]
+        self._prefills = deque(job for job in self._prefills if not job.abandoned)
+        if not self._decodes and not self._prefills:
+            self._cancel_timer()
+            return
+        if self._prefills and (not self._decodes or self._prefill_turn):
+            batch = [self._prefills.popleft()]
+            self._prefill_turn = False
+        else:
+            wait = self._wait_left()
+            if wait > 0:
+                if self._timer is None:
+                    self._timer = loop.call_later(wait, self._on_timer, loop)
+                return
+            batch = self._take_decodes()
+            self._prefill_turn = True
+        self._cancel_timer()
+        self._running = len(batch)
+        self.worker.submit(self._run, batch, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._kick(loop)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _wait_left(self) -> float:
+        """Seconds the waiting decode steps may still wait for recently active sessions."""
+        now = self.clock()
+        for sid, ended in list(self._recent.items()):
+            if now - ended > RECENT_SECONDS:
+                del self._recent[sid]
+        left = min(job.arrived for job in self._decodes) + self.max_wait - now
+        if left <= 0:
+            return 0.0
+        queued = {job.session.session_id for job in (*self._decodes, *self._prefills)}
+        return left if any(sid not in queued for sid in self._recent) else 0.0
+
+    def _take_decodes(self) -> list[StepJob]:
+        """The oldest decode step and those of the same layer range, up to ``MAX_BATCH``."""
+        first = self._decodes[0]
+        group = (first.session.start, first.session.end)
+        batch: list[StepJob] = []
+        rest: list[StepJob] = []
+        for job in self._decodes:
+            same = (job.session.start, job.session.end) == group
+            (batch if same and len(batch) < MAX_BATCH else rest).append(job)
+        self._decodes = rest
+        return batch
+
+    def _run(self, batch: list[StepJob], loop: asyncio.AbstractEventLoop) -> None:
+        """On the torch thread: compute, then hand every outcome back in one callback."""
+        outcomes: list[Outcome]
+        try:
+            outcomes = self._compute(batch)
+        except Exception as error:  # one failed forward fails its batch, not the node
+            outcomes = [error] * len(batch)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the node stopped
+            loop.call_soon_threadsafe(self._finish, batch, outcomes, loop)
+
+    @torch.inference_mode()
+    def _compute(self, batch: list[StepJob]) -> list[Outcome]:
+        began = time.perf_counter()
+        executor, shard = self.executor, self.executor.shard
+        first = batch[0]
+        length = min(self.prefill_chunk, first.length - first.done)
+        rows = []
+        for job in batch:
+            span = slice(job.done, job.done + length)
+            if job.tokens is not None:
+                rows.append(executor.embed(job.tokens[span]))
+            else:
+                assert job.hidden is not None
+                rows.append(job.hidden[:, span].to(device=shard.device, dtype=shard.dtype))
+        out = executor.run_batch(
+            rows[0] if len(rows) == 1 else torch.cat(rows),
+            caches=[job.session.cache for job in batch],
+            pasts=[job.session.position + job.done for job in batch],
+            start=first.session.start,
+            end=first.session.end,
+        )
+        if self.transform is not None:
+            out = self.transform(out)
+        final = first.done + length == first.length
+        logits = executor.last_logits(out) if final and first.last else None
+        outcomes: list[Outcome] = []
+        for row, job in enumerate(batch):
+            job.done += length
+            try:
+                if not final:
+                    if not job.last:
+                        job.outputs.append(out[row : row + 1])
+                    outcomes.append(_MORE)
+                elif logits is not None:
+                    assert job.sampling is not None
+                    outcomes.append(sample_token(logits[row], job.sampling, job.session.generator))
+                else:
+                    hidden = torch.cat([*job.outputs, out[row : row + 1]], dim=1)
+                    outcomes.append(wire.tensor_to_bytes(_finite(hidden)))
+            except NonFiniteOutput as error:
+                outcomes.append(error)
+        if length == 1:
+            self.meter.record(1, time.perf_counter() - began)
+        return outcomes
+
+    def _finish(
+        self, batch: list[StepJob], outcomes: list[Outcome], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._running = 0
+        self.batch_sizes.append(len(batch))
+        now = self.clock()
+        for job, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, _More):
+                if not job.abandoned:
+                    self._prefills.appendleft(job)
+                continue
+            if not job.session.closed:
+                self._recent[job.session.session_id] = now
+            if job.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
+        self._kick(loop)
