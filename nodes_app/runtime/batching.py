@@ -11,9 +11,10 @@ Policy (ADR-0010):
 
 - **A lone step runs at once.** A decode step waits only while other
   sessions that finished a step recently (``RECENT_SECONDS``) have not yet
-  submitted their next one, and never longer than ``max_wait`` after the
-  oldest waiting step arrived. While a batch runs, new steps simply queue:
-  that queueing is the batching, and adds no wait of its own.
+  submitted their next one, and never longer than ``max_wait`` with the
+  torch thread idle (counted from the later of its arrival and the end of
+  the last batch). While a batch runs, new steps simply queue: that
+  queueing is the batching, and adds no wait of its own.
 - **Prefill is chunked.** A step of many positions runs ``prefill_chunk``
   positions at a time, its chunks alternating with decode batches, so a
   newcomer's long prompt does not stall the sessions already decoding. A
@@ -41,7 +42,7 @@ import torch
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
-from nodes_app.runtime.errors import NonFiniteOutput
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.sampling import SamplingParams, sample_token
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.shard import ShardExecutor
@@ -139,6 +140,7 @@ class StepBatcher:
         self._prefill_turn = False
         self._timer: asyncio.TimerHandle | None = None
         self._recent: dict[str, float] = {}
+        self._free_since = clock()
 
     @property
     def depth(self) -> int:
@@ -184,8 +186,8 @@ class StepBatcher:
         """Start the next batch if the torch thread is free and the policy says go."""
         if self._running:
             return
-        self._decodes = [job for job in self._decodes if not job.abandoned]
-        self._prefills = deque(job for job in self._prefills if not job.abandoned)
+        self._decodes = [job for job in self._decodes if not self._settle_abandoned(job)]
+        self._prefills = deque(job for job in self._prefills if not self._settle_abandoned(job))
         if not self._decodes and not self._prefills:
             self._cancel_timer()
             return
@@ -204,6 +206,22 @@ class StepBatcher:
         self._running = len(batch)
         self.worker.submit(self._run, batch, loop)
 
+    @staticmethod
+    def _settle_abandoned(job: StepJob) -> bool:
+        """Whether ``job`` is not to run: its caller left, or its session was closed (answered)."""
+        if job.session.closed and not job.future.done():
+            job.future.set_exception(
+                RuntimeRequestError(
+                    f"session {job.session.session_id} was cancelled", code="unknown_session"
+                )
+            )
+        return job.abandoned
+
+    @property
+    def waiting(self) -> bool:
+        """Whether ready decode steps are being held back for other sessions' steps."""
+        return self._timer is not None
+
     def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         self._kick(loop)
@@ -219,7 +237,12 @@ class StepBatcher:
         for sid, ended in list(self._recent.items()):
             if now - ended > RECENT_SECONDS:
                 del self._recent[sid]
-        left = min(job.arrived for job in self._decodes) + self.max_wait - now
+        # Counted from when the torch thread fell free, not from arrival: steps that
+        # queued behind a running batch wait for that batch's sessions to come
+        # back (they do within the loop tick that ended it), so two groups of
+        # sessions merge into one batch instead of alternating forever.
+        since = max(min(job.arrived for job in self._decodes), self._free_since)
+        left = since + self.max_wait - now
         if left <= 0:
             return 0.0
         queued = {job.session.session_id for job in (*self._decodes, *self._prefills)}
@@ -297,11 +320,10 @@ class StepBatcher:
     ) -> None:
         self._running = 0
         self.batch_sizes.append(len(batch))
-        now = self.clock()
+        now = self._free_since = self.clock()
         for job, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, _More):
-                if not job.abandoned:
-                    self._prefills.appendleft(job)
+                self._prefills.appendleft(job)  # the next _kick settles it if abandoned
                 continue
             if not job.session.closed:
                 self._recent[job.session.session_id] = now

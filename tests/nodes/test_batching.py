@@ -1,0 +1,322 @@
+"""The step batcher in a real NodeService on the tiny model: batched equals alone, and the policy.
+
+Greedy outputs are compared token for token: a session decoded in a batch
+with others (joining, leaving, cancelled mid-way) must answer what it answers
+alone. The policy tests watch the batcher's own state (``waiting``, the
+sizes of the batches it ran) on a clock the test controls, never wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+import torch
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.batching import RECENT_SECONDS
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.kv import bytes_per_position
+from nodes_app.runtime.loading import load_shard
+from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.service import DEFAULT_RESERVE_POSITIONS, NodeService
+from nodes_app.runtime.sessions import Session
+from nodes_app.runtime.sources import resolve_source
+from nodes_app.runtime.trust import PlanGate
+
+TINY = "tiny-random-llama"
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+PROMPTS = [
+    [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97],
+    [257, 40, 41],
+    [257, *range(60, 90), 258],
+    [257, 100, 101, 102, 103, 104, 105, 106],
+]
+NEW_TOKENS = 8
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tiny_service(start: int = 0, end: int = 3, **options) -> NodeService:  # type: ignore[no-untyped-def]
+    torch.set_num_threads(1)
+    shard = load_shard(
+        model_key=TINY, source=resolve_source(TINY), start=start, end=end, progress=False
+    )
+    options.setdefault("kv_budget", 2**30)
+    return NodeService(shard, node_id="batching", gate=PlanGate(dev_open=True), **options)
+
+
+async def head_step(service: NodeService, session: Session, ids: list[int]) -> int:
+    async with session.lock:
+        token = await service.head_forward(session, ids, GREEDY)
+        session.position += len(ids)
+    assert isinstance(token, int)
+    return token
+
+
+async def decode(
+    service: NodeService,
+    name: str,
+    prompt: list[int],
+    *,
+    after_token: Callable[[int], Awaitable[None]] | None = None,
+) -> list[int]:
+    """Greedy tokens of ``prompt`` through the whole model on ``service``'s head."""
+    session = service.open_session(name, 0, 3)
+    tokens, ids = [], prompt
+    try:
+        for _ in range(NEW_TOKENS):
+            token = await head_step(service, session, ids)
+            tokens.append(token)
+            ids = [token]
+            if after_token is not None:
+                await after_token(len(tokens))
+    finally:
+        service.cancel(name)
+    return tokens
+
+
+def alone(prompt: list[int]) -> list[int]:
+    async def run() -> list[int]:
+        service = tiny_service()
+        try:
+            return await decode(service, "alone", prompt)
+        finally:
+            service.close()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def alone_outputs() -> list[list[int]]:
+    return [alone(prompt) for prompt in PROMPTS]
+
+
+def test_every_session_in_a_batch_decodes_what_it_decodes_alone(
+    alone_outputs: list[list[int]],
+) -> None:
+    async def run() -> tuple[list[list[int]], list[int]]:
+        service = tiny_service()
+        try:
+            outputs = await asyncio.gather(
+                *(decode(service, f"s{i}", prompt) for i, prompt in enumerate(PROMPTS))
+            )
+            return list(outputs), list(service.batcher.batch_sizes)
+        finally:
+            service.close()
+
+    outputs, sizes = asyncio.run(run())
+    assert outputs == alone_outputs
+    assert max(sizes) == len(PROMPTS)  # the decode steps really ran as one batch
+
+
+def test_a_session_joining_mid_batch_and_one_cancelled_mid_batch_leave_the_others_intact(
+    alone_outputs: list[list[int]],
+) -> None:
+    async def run() -> tuple[list[int], list[int], list[int], list[int]]:
+        service = tiny_service(prefill_chunk=4)  # the newcomer's prefill runs in chunks
+        joined = asyncio.Event()
+
+        async def let_in(count: int) -> None:
+            if count == 3:
+                joined.set()
+
+        async def newcomer() -> list[int]:
+            await joined.wait()
+            return await decode(service, "late", PROMPTS[2])
+
+        cancelled = asyncio.create_task(decode(service, "doomed", PROMPTS[3]))
+
+        async def cancel_doomed(count: int) -> None:
+            if count == 2:
+                cancelled.cancel()
+
+        try:
+            first, second, late = await asyncio.gather(
+                decode(service, "first", PROMPTS[0], after_token=let_in),
+                decode(service, "second", PROMPTS[1], after_token=cancel_doomed),
+                newcomer(),
+            )
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            assert service.store.get("doomed") is None
+            return first, second, late, list(service.batcher.batch_sizes)
+        finally:
+            service.close()
+
+    first, second, late, sizes = asyncio.run(run())
+    assert (first, second, late) == (alone_outputs[0], alone_outputs[1], alone_outputs[2])
+    assert max(sizes) >= 3
+
+
+def test_a_session_closed_while_its_step_waits_is_answered_and_the_batch_runs_without_it(
+    alone_outputs: list[list[int]],
+) -> None:
+    async def run() -> tuple[list[int], RuntimeRequestError]:
+        service = tiny_service()
+        try:
+            kept = service.open_session("kept", 0, 3)
+            closed = service.open_session("closed", 0, 3)
+            # Both queued before the loop lets the batcher run: one batch of two...
+            steps = [
+                asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY)),
+                asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY)),
+            ]
+            await asyncio.sleep(0)
+            service.cancel("closed")  # ...but one leaves before it runs.
+            token = await steps[0]
+            with pytest.raises(RuntimeRequestError) as refused:
+                await steps[1]
+            return [int(token)], refused.value
+        finally:
+            service.close()
+
+    (token,), error = asyncio.run(run())
+    assert token == alone_outputs[1][0]
+    assert error.code == "unknown_session"
+
+
+def test_a_lone_step_runs_at_once_whatever_the_wait_bound() -> None:
+    async def run() -> tuple[bool, int]:
+        service = tiny_service(batch_wait=3600.0)
+        try:
+            session = service.open_session("lone", 0, 3)
+            step = asyncio.ensure_future(head_step(service, session, PROMPTS[1]))
+            await asyncio.sleep(0)
+            held = service.batcher.waiting
+            await step
+            # Its next step too: it is the only recently active session.
+            step = asyncio.ensure_future(head_step(service, session, [65]))
+            await asyncio.sleep(0)
+            held = held or service.batcher.waiting
+            await step
+            return held, service.batcher.depth
+        finally:
+            service.close()
+
+    assert asyncio.run(run()) == (False, 0)
+
+
+def test_a_step_waits_for_a_recently_active_session_then_runs_with_it_as_one_batch() -> None:
+    clock = Clock()
+
+    async def run() -> tuple[bool, int, bool]:
+        service = tiny_service(batch_wait=3600.0)
+        service.batcher.clock = clock
+        try:
+            a, b = service.open_session("a", 0, 3), service.open_session("b", 0, 3)
+            await asyncio.gather(
+                head_step(service, a, PROMPTS[1]), head_step(service, b, PROMPTS[1])
+            )
+            step_a = asyncio.ensure_future(head_step(service, a, [65]))
+            await asyncio.sleep(0)
+            held_for_b = service.batcher.waiting
+            await head_step(service, b, [66])
+            await step_a
+            together = service.batcher.batch_sizes[-1]
+            # b goes quiet past the recent window: a is no longer held for it.
+            clock.now += RECENT_SECONDS + 1
+            step_a = asyncio.ensure_future(head_step(service, a, [67]))
+            await asyncio.sleep(0)
+            held_again = service.batcher.waiting
+            await step_a
+            return held_for_b, together, held_again
+        finally:
+            service.close()
+
+    assert asyncio.run(run()) == (True, 2, False)
+
+
+def test_a_chunked_prefill_on_a_middle_hop_answers_every_position_as_one_piece_would() -> None:
+    hidden = torch.randn(1, 11, 64, generator=torch.Generator().manual_seed(3))
+    body = wire.tensor_to_bytes(hidden)
+
+    def hop_output(chunk: int) -> torch.Tensor:
+        async def run() -> bytes | int:
+            service = tiny_service(prefill_chunk=chunk)
+            step = wire.ForwardStep("mid", 1, 2, 0, "float32", (1, 11, 64), None)
+            try:
+                return await service.forward(step, body)
+            finally:
+                service.close()
+
+        out = asyncio.run(run())
+        assert isinstance(out, bytes)
+        return wire.tensor_from_bytes(out, "float32", (1, 11, 64))
+
+    torch.testing.assert_close(hop_output(3), hop_output(128), rtol=1e-5, atol=1e-6)
+
+
+def test_one_sessions_non_finite_output_fails_it_alone(alone_outputs: list[list[int]]) -> None:
+    async def run() -> tuple[int, BaseException | int]:
+        service = tiny_service()
+
+        def poison_second_row(out: torch.Tensor) -> torch.Tensor:
+            if out.shape[0] == 2:
+                out = out.clone()
+                out[1] = float("nan")
+            return out
+
+        try:
+            good, bad = service.open_session("good", 0, 3), service.open_session("bad", 0, 3)
+            first = await head_step(service, good, PROMPTS[1])
+            await head_step(service, bad, PROMPTS[1])
+            service.batcher.transform = poison_second_row
+            results = await asyncio.gather(
+                head_step(service, good, [first]),
+                head_step(service, bad, [first]),
+                return_exceptions=True,
+            )
+            assert isinstance(results[0], int)
+            return results[0], results[1]
+        finally:
+            service.close()
+
+    token, failure = asyncio.run(run())
+    assert token == alone_outputs[1][1]
+    assert isinstance(failure, NonFiniteOutput)
+
+
+def test_a_node_refuses_sessions_past_its_kv_budget_and_admits_again_when_one_ends() -> None:
+    async def run() -> None:
+        probe = tiny_service()
+        probe.close()
+        budget = 100 * bytes_per_position(probe.shard, 0, 3)
+        service = tiny_service(kv_budget=budget)
+        try:
+            service.open_session("first", 0, 3, reserve=60)
+            with pytest.raises(RuntimeRequestError) as refused:
+                service.open_session("second", 0, 3, reserve=60)
+            assert (refused.value.code, refused.value.status) == ("node_busy", 503)
+            health = service.health()
+            assert health["kv_reserved_bytes"] == 60 * bytes_per_position(service.shard, 0, 3)
+            assert health["kv_budget_bytes"] == budget
+            service.cancel("first")
+            assert service.open_session("second", 0, 3, reserve=60).session_id == "second"
+        finally:
+            service.close()
+
+    asyncio.run(run())
+
+
+def test_a_hop_reserves_what_the_head_says_the_session_may_reach() -> None:
+    async def run() -> tuple[int, int]:
+        service = tiny_service(start=0, end=3)
+        hidden = torch.zeros(1, 5, 64)
+        try:
+            told = wire.ForwardStep("told", 2, 3, 0, "float32", (1, 5, 64), GREEDY, reserve=40)
+            untold = wire.ForwardStep("untold", 2, 3, 0, "float32", (1, 5, 64), GREEDY)
+            for step in (told, untold):
+                await service.forward(step, wire.tensor_to_bytes(hidden))
+            return service.store.get("told").reserve, service.store.get("untold").reserve  # type: ignore[union-attr]
+        finally:
+            service.close()
+
+    assert asyncio.run(run()) == (40, 5 + DEFAULT_RESERVE_POSITIONS)
