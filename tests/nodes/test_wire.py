@@ -60,6 +60,12 @@ def test_the_headers_carry_the_step_and_its_sampling() -> None:
     assert wire.parse_step_headers(headers(**{protocol.SAMPLING: None})).sampling is None
 
 
+def test_the_reservation_travels_when_the_head_gives_one_and_is_absent_otherwise() -> None:
+    assert wire.parse_step_headers(headers()).reserve is None
+    assert wire.parse_step_headers(headers(**{protocol.RESERVE: "300"})).reserve == 300
+    assert refused(headers(**{protocol.RESERVE: "many"})).code == "bad_header"
+
+
 def test_the_header_names_are_the_protocols() -> None:
     assert set(headers()) >= {
         "X-Meshnet-Session",
