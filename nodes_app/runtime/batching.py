@@ -134,6 +134,8 @@ class StepBatcher:
         self.meter = ThroughputMeter()
         # Sizes of the batches run so far, newest last (a short window, for health and tests).
         self.batch_sizes: deque[int] = deque(maxlen=64)
+        # Steps run in a batch of more than one session, since the node started.
+        self.batched_steps = 0
         self._decodes: list[StepJob] = []
         self._prefills: deque[StepJob] = deque()
         self._running = 0
@@ -320,6 +322,8 @@ class StepBatcher:
     ) -> None:
         self._running = 0
         self.batch_sizes.append(len(batch))
+        if len(batch) > 1:
+            self.batched_steps += len(batch)
         now = self._free_since = self.clock()
         for job, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, _More):

@@ -120,6 +120,7 @@ class NodeService:
             "max_sessions": self.store.max_sessions,
             "kv_budget_bytes": self.store.kv_budget,
             "kv_reserved_bytes": self.store.reserved,
+            "batched_steps": self.batcher.batched_steps,
             "measured_tps": round(self.meter.tps, 3),
             "benchmark_tps": round(self.benchmark_tps, 3),
         }
