@@ -78,7 +78,7 @@ def stream(
     prompt: str,
     *,
     tail: str = "tail-a",
-    on_content: Callable[[], None] = lambda: None,
+    on_content: Callable[[], object] = lambda: None,
     stop_after: int | None = None,
 ) -> list[Any]:
     """One session's frames; ``on_content`` runs at its first text; ``stop_after`` cancels it."""
