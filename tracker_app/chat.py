@@ -4,7 +4,9 @@
 ``InvalidChatRequest`` (400) naming every bad field; ``completion_chunk`` and
 ``completion_reply`` give OpenAI's ``chat.completion.chunk`` /
 ``chat.completion`` shapes (the chunk's is the protocol's, shared with the
-head). Limits that also bind the nodes (stop sequences) are the protocol's.
+head); :class:`ContentEvents` writes a text chunk's server-sent event with the
+request's fixed fields encoded once, not once per token. Limits that also
+bind the nodes (stop sequences) are the protocol's.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from nodes_app.protocol import (
     ProtocolError,
     SamplingParams,
     completion_chunk,
+    sse_event,
     stop_sequences,
 )
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "ChatParams",
+    "ContentEvents",
     "InvalidChatRequest",
     "chat_params_parse",
     "completion_chunk",
@@ -195,3 +199,38 @@ def completion_reply(
         "usage": usage,
         "meshnet": meshnet,
     }
+
+
+# Stands for the text in the one encoding of a request's text chunk (NULs: no
+# model name or id the tracker accepts holds them, and they are escaped in JSON).
+_TEXT_MARK = "\x00meshnet-text\x00"
+
+
+@dataclass(frozen=True)
+class ContentEvents:
+    """The client's server-sent event of one text chunk of a request, byte for byte
+    ``sse_event(completion_chunk(…, delta={"content": text}))``.
+
+    Everything but the text (id, created, model, the choice's frame) is
+    encoded once per request; each token costs the JSON of its text only.
+    """
+
+    before: bytes
+    after: bytes
+
+    @classmethod
+    def of(cls, *, completion_id: str, created: int, model: str) -> ContentEvents:
+        event = sse_event(
+            completion_chunk(
+                completion_id=completion_id,
+                created=created,
+                model=model,
+                delta={"content": _TEXT_MARK},
+            )
+        )
+        # The text comes after every other string field of the chunk: its mark is the last.
+        before, _, after = event.rpartition(json.dumps(_TEXT_MARK).encode())
+        return cls(before=before, after=after)
+
+    def event(self, text: str) -> bytes:
+        return self.before + json.dumps(text).encode() + self.after

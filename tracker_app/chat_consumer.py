@@ -181,8 +181,8 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 (b"X-Accel-Buffering", b"no"),
             ],
         )
-        async for chunk in proxy.run():
-            await self.send_body(sse_event(chunk), more_body=True)
+        async for event in proxy.run():
+            await self.send_body(event, more_body=True)
         await self.send_body(sse_event(SSE_DONE), more_body=False)
 
     async def _reply(self, proxy: ChatProxy) -> None:

@@ -2,10 +2,18 @@
 
 ``ChatProxy.run()`` chooses the route, streams the head node's frames
 (:mod:`tracker_app.head_stream`; the contract is :mod:`nodes_app.protocol`)
-and yields the client's ``chat.completion.chunk`` dicts as tokens arrive.
-Along the way it emits the console events of the Call wall, and at the end
-it records the request, bills it (:func:`tracker_app.billing.request_work`)
-and teaches the router the route's speed.
+and yields the client's ``chat.completion.chunk`` server-sent events as
+tokens arrive. Along the way it emits the console events of the Call wall,
+and at the end it records the request, bills it
+(:func:`tracker_app.billing.request_work`) and teaches the router the
+route's speed.
+
+Per token (the hot path) it only counts the token ids, writes the client's
+event from a per-request template (:class:`~tracker_app.chat.ContentEvents`)
+and marks progress changed: no database, no channel layer. Progress reaches
+the dashboards through :class:`~tracker_app.progress.ProgressThrottle`, at
+most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
+``proxy complete``.
 
 If a hop dies mid-generation the node is banned with exponential back-off
 (:mod:`routing_app.bans`; a success clears it), a new route is chosen
@@ -42,16 +50,17 @@ from django.utils import timezone
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
-from nodes_app.protocol import ChunkFrame, GenerateRequest, PlanHop, Usage
+from nodes_app.protocol import ChunkFrame, GenerateRequest, PlanHop, Usage, sse_event
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.planner import Hop
 from routing_app.services import route_sample_record, route_select
 from tracker_app import accounting, console
 from tracker_app.billing import request_work
-from tracker_app.chat import ChatParams, completion_chunk
+from tracker_app.chat import ChatParams, ContentEvents, completion_chunk
 from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
 from tracker_app.models import ApiKey
+from tracker_app.progress import ProgressThrottle
 from tracker_app.prompt_tokens import PromptCount, prompt_tokens_count
 
 logger = logging.getLogger(__name__)
@@ -65,6 +74,7 @@ BUSY_RETRY_MAX_SECONDS = 1.0
 # of the tracker's own retry intervals, so the sessions that held the route
 # can end; sooner would only join the same queue.
 BUSY_RETRY_AFTER_SECONDS = 5
+# At most one progress event per request this often (leading and trailing edge).
 PROGRESS_INTERVAL_SECONDS = 0.5
 
 
@@ -117,12 +127,16 @@ class Segment:
 
 @dataclass
 class Outcome:
-    content: str = ""
+    texts: list[str] = field(default_factory=list)  # the completion's text, chunk by chunk
     finish_reason: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: DomainError | None = None
     segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def content(self) -> str:
+        return "".join(self.texts)
 
     @property
     def usage(self) -> dict[str, int]:
@@ -146,9 +160,11 @@ class ChatProxy:
         rng: random.Random | None = None,
         busy_deadline: float | None = None,
         step_timeout: float | None = None,
+        progress_interval: float = PROGRESS_INTERVAL_SECONDS,
     ) -> None:
         """``busy_deadline`` and ``step_timeout`` default to MESHNET_BUSY_DEADLINE and
-        MESHNET_HOP_STEP_TIMEOUT; ``clock``, ``sleep`` and ``rng`` drive the busy back-off."""
+        MESHNET_HOP_STEP_TIMEOUT; ``clock``, ``sleep`` and ``rng`` drive the busy back-off;
+        ``progress_interval``: the least time between two progress events."""
         self.params = params
         self.api_key = api_key
         self.model = model
@@ -175,7 +191,10 @@ class ChatProxy:
         self.prompt = PromptCount(tokens=0, exact=False)
         self._started = clock()
         self._first_token_at: float | None = None
-        self._last_progress = 0.0
+        self._content_events = ContentEvents.of(
+            completion_id=self.completion_id, created=self.created, model=params.model
+        )
+        self._progress = ProgressThrottle(interval=progress_interval, report=self._report_progress)
         # Waiting for a slot: since when (this time), how long before, which retry.
         self._busy_since: float | None = None
         self._busy_waited = 0.0
@@ -213,25 +232,28 @@ class ChatProxy:
         self._started = self.clock()
         await self._use(decision, replayed=0)
 
-    async def run(self) -> AsyncIterator[dict[str, Any]]:
-        """Client chunks, role first, ``finish_reason`` and usage last.
+    async def run(self) -> AsyncIterator[bytes]:
+        """The client's server-sent events (``data: …``, ``[DONE]`` not included):
+        chunks with the role first, text as it comes, ``finish_reason`` and usage last.
 
         A failure with no route left ends the stream with an ``{"error": …}``
-        chunk; the request is then recorded failed and not charged.
+        event; the request is then recorded failed and not charged.
         """
-        yield completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.params.model,
-            delta={"role": "assistant", "content": ""},
-            meshnet=self.meshnet,
+        yield sse_event(
+            completion_chunk(
+                completion_id=self.completion_id,
+                created=self.created,
+                model=self.params.model,
+                delta={"role": "assistant", "content": ""},
+                meshnet=self.meshnet,
+            )
         )
         failovers = 0
         try:
             while True:
                 try:
-                    async for chunk in self._segment():
-                        yield chunk
+                    async for event in self._segment():
+                        yield event
                     break
                 except RouteBusy:
                     await self._wait_for_slot()
@@ -241,16 +263,21 @@ class ChatProxy:
         except DomainError as error:
             self.outcome.error = error
             await self.fail(error.message)
-            yield http_error(error).body
+            yield sse_event(http_error(error).body)
             return
+        finally:
+            # Torn down by its client (cancelled): no progress outlives the request.
+            self._progress.cancel()
         await self._finish_completed()
-        yield completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.params.model,
-            delta={},
-            finish_reason=self.outcome.finish_reason,
-            usage=self.outcome.usage,
+        yield sse_event(
+            completion_chunk(
+                completion_id=self.completion_id,
+                created=self.created,
+                model=self.params.model,
+                delta={},
+                finish_reason=self.outcome.finish_reason,
+                usage=self.outcome.usage,
+            )
         )
 
     async def fail(self, message: str, *, cancelled: bool = False) -> None:
@@ -264,6 +291,8 @@ class ChatProxy:
             request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
         )
         if failed:
+            # The Call wall keeps the last count a failed request reached.
+            await self._progress.close(flush=True)
             await self.emit(console.ERROR, self.request_id, message=message)
 
     async def _wait_for_slot(self) -> None:
@@ -310,7 +339,7 @@ class ChatProxy:
             hops=decision.plan.to_dict(),
         )
 
-    async def _segment(self) -> AsyncIterator[dict[str, Any]]:
+    async def _segment(self) -> AsyncIterator[bytes]:
         """Stream the current route's tokens; raise HopFailure if one of its nodes fails."""
         segment = self.outcome.segments[-1]
         plan = segment.decision.plan
@@ -355,15 +384,15 @@ class ChatProxy:
                 async for frame in frames:
                     if frame.token_ids:  # the whole route took the step: a slot at last
                         self._busy_over()
-                    chunk = self._absorb(frame, segment)
-                    if chunk is not None:
-                        yield chunk
-                        await self._progress()
+                        self._progress.changed()
+                    event = self._absorb(frame, segment)
+                    if event is not None:
+                        yield event
         finally:
             _in_flight[plan.head.endpoint] -= 1
 
-    def _absorb(self, frame: ChunkFrame, segment: Segment) -> dict[str, Any] | None:
-        """Take one head frame; return the client chunk it becomes, if any."""
+    def _absorb(self, frame: ChunkFrame, segment: Segment) -> bytes | None:
+        """Take one head frame; return the client's event it becomes, if any."""
         self.token_ids += frame.token_ids
         segment.produced += len(frame.token_ids)
         if frame.usage is not None:
@@ -377,13 +406,8 @@ class ChatProxy:
             return None
         if self._first_token_at is None:
             self._first_token_at = self.clock()
-        self.outcome.content += frame.content
-        return completion_chunk(
-            completion_id=self.completion_id,
-            created=self.created,
-            model=self.params.model,
-            delta={"content": frame.content},
-        )
+        self.outcome.texts.append(frame.content)
+        return self._content_events.event(frame.content)
 
     def _check_usage(self, usage: Usage, segment: Segment) -> None:
         """Log a head whose usage is not what the tracker counted (it is not billed)."""
@@ -402,12 +426,9 @@ class ChatProxy:
             produced,
         )
 
-    async def _progress(self) -> None:
-        now = self.clock()
-        if now - self._last_progress < PROGRESS_INTERVAL_SECONDS:
-            return
-        self._last_progress = now
-        elapsed = now - self._started
+    async def _report_progress(self) -> None:
+        """Tell the console how far the request is (run by the throttle, off the relay)."""
+        elapsed = self.clock() - self._started
         await self.emit(
             console.PROGRESS,
             self.request_id,
@@ -436,6 +457,8 @@ class ChatProxy:
         await self._use(decision, replayed=len(self.token_ids))
 
     async def _finish_completed(self) -> None:
+        # ``proxy complete`` below carries the final count: no progress after it.
+        await self._progress.close()
         now = self.clock()
         prompt = self.outcome.prompt_tokens
         work = request_work(prompt_tokens=prompt, routes=self.outcome.segments)

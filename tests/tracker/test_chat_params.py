@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from meshnet_site.errors import DomainError, http_error
-from tracker_app.chat import DEFAULT_MAX_TOKENS, chat_params_parse
+from nodes_app.protocol import sse_event
+from tracker_app.chat import (
+    DEFAULT_MAX_TOKENS,
+    ContentEvents,
+    chat_params_parse,
+    completion_chunk,
+)
 
 
 def parse(**body: Any) -> Any:
@@ -89,3 +95,18 @@ def test_bad_fields_are_refused_naming_the_field(body: dict[str, Any], words: st
 
 def test_a_body_that_is_not_an_object_is_refused() -> None:
     assert "JSON object" in refused(b"[1, 2]").message
+
+
+@pytest.mark.parametrize("text", ["hello", "", 'quote " and \\ back', "naïve ✓ 日本", "\x00\n\t"])
+def test_a_text_chunks_event_is_byte_for_byte_the_chunk_the_client_would_get_encoded_whole(
+    text: str,
+) -> None:
+    fields: dict[str, Any] = {
+        "completion_id": "chatcmpl-ab12",
+        "created": 1767225600,
+        "model": 'm"odel\x00',
+    }
+
+    event = ContentEvents.of(**fields).event(text)
+
+    assert event == sse_event(completion_chunk(**fields, delta={"content": text}))

@@ -33,6 +33,7 @@ from nodes_app.protocol import (
     ErrorFrame,
     GenerateRequest,
     Usage,
+    sse_data,
     sse_event,
 )
 from nodes_app.signing import public_key_from_hex, verify_plan
@@ -72,11 +73,21 @@ def answer(max_tokens: int) -> str:
 class EventStream(httpx.AsyncByteStream):
     """SSE bytes, then optionally a connection error, as a dying head would send."""
 
-    def __init__(self, events: list[bytes], error: Exception | None, closed: list[str], node: str):
+    def __init__(
+        self,
+        events: list[bytes],
+        error: Exception | None,
+        closed: list[str],
+        node: str,
+        gap: float = 0.0,
+    ):
         self.events, self.error, self.closed, self.node = events, error, closed, node
+        self.gap = gap  # seconds between two events, as a head's steps take time
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        for event in self.events:
+        for index, event in enumerate(self.events):
+            if index and self.gap:
+                await asyncio.sleep(self.gap)
             yield event
         if self.error is not None:
             raise self.error
@@ -97,6 +108,7 @@ class Behaviour:
     connect_error: bool = False
     body: dict[str, Any] | None = None
     message: str = "failed"  # an error frame's message
+    gap: float = 0.0  # seconds between two frames
 
 
 @dataclass
@@ -127,7 +139,7 @@ class FakeHeads:
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},
-            stream=EventStream(events, error, self.closed, node),
+            stream=EventStream(events, error, self.closed, node, gap=behaviour.gap),
         )
 
     def _events(
@@ -193,7 +205,7 @@ class Net:
             last_heartbeat_at=now,
         )
 
-    def proxy(self, **body: Any) -> ChatProxy:
+    def proxy(self, *, progress_interval: float = 0.5, **body: Any) -> ChatProxy:
         params = chat_params_parse(
             json.dumps(
                 {
@@ -217,6 +229,7 @@ class Net:
             client=httpx.AsyncClient(transport=httpx.MockTransport(self.heads)),
             fee_share=Decimal("0.05"),
             emit=emit,
+            progress_interval=progress_interval,
         )
 
     def banned(self) -> set[str]:
@@ -224,6 +237,14 @@ class Net:
 
     def event_kinds(self) -> list[str]:
         return [kind for kind, _ in self.events]
+
+    def event_data(self, kind: str) -> dict[str, Any]:
+        """The data of the last event of ``kind``."""
+        return [data for seen, data in self.events if seen == kind][-1]
+
+    def progress_counts(self) -> list[int]:
+        """The token counts the Call wall was shown, in order."""
+        return [data["tokens"] for kind, data in self.events if kind == console.PROGRESS]
 
 
 @pytest.fixture
@@ -245,12 +266,19 @@ def net() -> Iterator[Net]:
     node_bans_reset()
 
 
+def chunk_of(event: bytes) -> dict[str, Any]:
+    """The JSON of one server-sent event the proxy yields (one ``data:`` line)."""
+    payload = sse_data(event.decode().strip())
+    assert isinstance(payload, dict), event
+    return payload
+
+
 def serve(proxy: ChatProxy) -> list[dict[str, Any]]:
     """The client's chunks, as the consumer would relay them."""
 
     async def run() -> list[dict[str, Any]]:
         await proxy.start()
-        chunks = [chunk async for chunk in proxy.run()]
+        chunks = [chunk_of(event) async for event in proxy.run()]
         await proxy.client.aclose()
         return chunks
 
@@ -265,8 +293,8 @@ def serve_until_first_token_then_disconnect(proxy: ChatProxy) -> list[dict[str, 
         chunks: list[dict[str, Any]] = []
 
         async def relay() -> None:
-            async for chunk in proxy.run():
-                chunks.append(chunk)
+            async for event in proxy.run():
+                chunks.append(chunk_of(event))
 
         task = asyncio.create_task(relay())
         while not text(chunks):
@@ -322,7 +350,9 @@ def test_a_completed_request_streams_every_token_then_usage_and_bills_each_hop(
     assert work(proxy) == [("head", 0, 1, 19), ("tail", 2, 3, 19)]
     kinds = net.event_kinds()
     assert kinds[:2] == [console.ROUTE_SELECTED, console.CONNECTED]
-    assert set(kinds[2:-1]) == {console.PROGRESS} and kinds[-1] == console.COMPLETE
+    # Progress is pushed off the relay: a head this fast finishes before any is due.
+    assert set(kinds[2:-1]) <= {console.PROGRESS} and kinds[-1] == console.COMPLETE
+    assert net.event_data(console.COMPLETE)["completion_tokens"] == 12
     assert net.heads.requests[0].resume_token_ids == []
 
 
@@ -687,3 +717,81 @@ def test_with_no_route_the_request_is_refused_before_anything_is_streamed(net: N
     assert refused.value.code == "no_route"
     assert http_error(refused.value).status == 503
     assert not ChatRequest.objects.exists()
+
+
+def test_progress_reaches_the_dashboard_while_tokens_stream_throttled_and_the_final_count_is_exact(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(gap=0.02))  # 12 tokens over ~0.25 s
+    proxy = net.proxy(progress_interval=0.06)
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    counts = net.progress_counts()
+    assert len(counts) >= 2, counts  # the dashboard saw the request move…
+    assert len(counts) < 12, counts  # …not once per token
+    assert counts == sorted(counts) and counts[-1] <= 12
+    kinds = net.event_kinds()
+    assert kinds[-1] == console.COMPLETE  # nothing after the final state
+    assert net.event_data(console.COMPLETE)["completion_tokens"] == 12
+
+
+def test_a_burst_of_tokens_before_a_pause_reaches_the_dashboard_at_the_end_of_the_interval(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    # Five tokens ~10 ms apart, then the head goes quiet (a long step, say).
+    net.heads.plan("whole", Behaviour(tokens=5, then="hang", gap=0.01))
+    proxy = net.proxy(progress_interval=0.5)
+
+    async def run() -> None:
+        await proxy.start()
+        relay = asyncio.create_task(consume(proxy))
+        for _ in range(100):
+            if 5 in net.progress_counts():
+                break
+            await asyncio.sleep(0.05)
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+        await proxy.fail("client disconnected", cancelled=True)
+        await proxy.client.aclose()
+
+    asyncio.run(run())
+
+    counts = net.progress_counts()
+    # The first token at once, the rest of the burst when the interval ended: no
+    # further token came to carry it, and none was sent per token.
+    assert counts[-1] == 5 and len(counts) <= 2, counts
+    assert net.event_kinds()[-1] == console.ERROR
+
+
+def test_a_request_that_fails_between_two_progress_events_shows_its_last_count(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=4, then="hang", gap=0.01))
+    proxy = net.proxy(progress_interval=60.0)  # only the first token's event is due
+
+    async def run() -> None:
+        await proxy.start()
+        relay = asyncio.create_task(consume(proxy))
+        while len(proxy.token_ids) < 4:
+            await asyncio.sleep(0.01)
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+        await proxy.fail("client disconnected", cancelled=True)
+        await proxy.client.aclose()
+
+    asyncio.run(run())
+
+    assert net.progress_counts()[-1] == 4
+    assert net.event_kinds()[-2:] == [console.PROGRESS, console.ERROR]
+
+
+async def consume(proxy: ChatProxy) -> None:
+    async for _ in proxy.run():
+        pass
