@@ -184,9 +184,6 @@ class SamplingParams:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_header(self) -> str:
-        return json.dumps(self.to_json(), separators=(",", ":"))
-
     @classmethod
     def from_mapping(cls, data: Any) -> SamplingParams:
         """Checked params from JSON fields (absent ones take the defaults).
@@ -205,14 +202,6 @@ class SamplingParams:
             top_k=_sampling_integer(data.get("top_k", 0), "top_k", TOP_K_MAX),
             seed=None if seed is None else _sampling_integer(seed, "seed", SEED_MAX),
         )
-
-    @classmethod
-    def from_header(cls, value: str) -> SamplingParams:
-        try:
-            data = json.loads(value)
-        except ValueError:
-            raise ProtocolError(f"{SAMPLING} is not JSON", code="bad_sampling") from None
-        return cls.from_mapping(data)
 
 
 def _sampling_number(

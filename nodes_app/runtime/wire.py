@@ -329,7 +329,7 @@ def step_from_fields(raw: Any) -> ForwardStep:
     :data:`DTYPES`, ``sampling`` valid sampling parameters (see
     ``SamplingParams.from_mapping``); any other field must have its declared
     type (integers non-negative, strings at most ``MAX_SESSION_ID``
-    characters); a field without a default must be present.
+    characters); a field must be present unless it has a default or may be None.
     """
     if not isinstance(raw, dict):
         raise RuntimeRequestError("a step entry needs its step fields", code="missing_field")
@@ -340,13 +340,20 @@ def step_from_fields(raw: Any) -> ForwardStep:
     for name, spec in _FIELDS.items():
         value = raw.get(name)
         if value is None:
-            if spec.default is MISSING:
+            if spec.default is MISSING and not _optional(name):
                 raise RuntimeRequestError(f"the step lacks {name}", code="missing_field")
+            if spec.default is MISSING:
+                values[name] = None
             continue
         values[name] = _field_value(name, value)
     if not values["session_id"]:
         raise RuntimeRequestError("the step lacks session_id", code="missing_field")
     return ForwardStep(**values)
+
+
+def _optional(name: str) -> bool:
+    hint = _HINTS[name]
+    return isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
 
 
 def _field_value(name: str, value: Any) -> Any:
@@ -376,7 +383,7 @@ def _field_value(name: str, value: Any) -> Any:
         return str(value)[:MAX_SESSION_ID]
     hint = _HINTS[name]
     allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if isinstance(value, bool) or not isinstance(value, tuple(t for t in allowed if t is not None)):
+    if isinstance(value, bool) or not isinstance(value, allowed):
         raise _bad(f"{name} has the wrong type")
     if isinstance(value, int) and value < 0:
         raise _bad(f"{name} must not be negative")
