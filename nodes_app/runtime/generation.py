@@ -255,7 +255,8 @@ class Generation:
                 ) from error
             except LinkDropped as error:
                 logger.warning("hop %s: %s", hop.node_id, error)
-                raise HopFailed(hop, "its link dropped") from error
+                # The head's own words (a status, a close code), never the hop's text.
+                raise HopFailed(hop, str(error)) from error
             if answer.status != 200:
                 code = relayable_code(answer.code)
                 # A hop refusing non-finite input blames whoever computed it.

@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from nodes_app.protocol import LINK_MAX_FRAME_BYTES, LINK_PATH
 from nodes_app.runtime import wire
@@ -119,9 +119,13 @@ class HopLink:
             self._opening = asyncio.create_task(self._connect())
         try:
             await asyncio.shield(self._opening)
+        except InvalidStatus as error:
+            self.closed = True
+            status = error.response.status_code
+            raise LinkDropped(f"could not open the link (HTTP {status})") from error
         except (OSError, TimeoutError, WebSocketException) as error:
             self.closed = True
-            raise LinkDropped(f"could not open the link: {type(error).__name__}") from error
+            raise LinkDropped(f"could not open the link ({type(error).__name__})") from error
 
     async def _connect(self) -> ClientConnection:
         connection = await connect(

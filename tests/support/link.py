@@ -88,10 +88,19 @@ class LinkClient:
         [answer] = self.exchange([wire.CancelEntry(self.next_id(), session, capability)])
         return answer
 
-    def raw_step(self, fields: dict[str, Any], body: bytes) -> wire.StepAnswer:
+    def raw_step(
+        self,
+        fields: dict[str, Any],
+        body: bytes,
+        *,
+        capability: str | None = None,
+        plan: str | None = None,
+    ) -> wire.StepAnswer:
         """A step whose fields are written by hand (malformed ones included)."""
         step_id = self.next_id()
-        header = json.dumps({"steps": [{"id": step_id, "bytes": len(body), "step": fields}]})
+        entry = {"id": step_id, "bytes": len(body), "step": fields}
+        entry.update({k: v for k, v in (("capability", capability), ("plan", plan)) if v})
+        header = json.dumps({"steps": [entry]})
         self._send(struct.pack("<I", len(header)) + header.encode() + body)
         [answer] = self.answers([step_id])
         return answer
