@@ -29,7 +29,7 @@ from tests.support.registration import signed_registration
 
 def websocket_accept(key: str) -> str:
     """The handshake's ``Sec-WebSocket-Accept`` for the client's key (RFC 6455)."""
-    digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC11B85").encode()).digest()
+    digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
     return base64.b64encode(digest).decode()
 
 
