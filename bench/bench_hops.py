@@ -5,12 +5,16 @@ measures is what a hop costs per token: the transport between head and hop
 (docs/adr/0002-node-runtime.md, "Hop links"). Side by side in one run, one
 torch thread per node, greedy, the same prompt and budget on both routes;
 tokens/s counts the whole request (prefill included), the best of a few runs.
+It also prints the CPU time the route's node processes spent per token
+(Linux ``/proc``), which other load on the machine does not inflate.
 
     .venv/bin/python bench/bench_hops.py
 """
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import tempfile
 import time
@@ -34,6 +38,25 @@ def node(layers: tuple[int, int], node_id: str, log_dir: Path) -> NodeProcess:
         name=node_id, model=MODEL, layers=layers, env=process_env(), log_dir=log_dir,
         node_id=node_id, dev_open=True,
     )  # fmt: skip
+
+
+def cpu_seconds(node: NodeProcess) -> float:
+    """CPU time the node's process has used so far, all threads (Linux ``/proc``)."""
+    fields = Path(f"/proc/{node.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(hops: list[tuple[NodeProcess, int, int]], max_tokens: int) -> tuple[float, float]:
+    """Tokens/s of one streamed generation along ``hops``, and the nodes' CPU ms per token.
+
+    CPU time does not depend on what else the machine runs, so it shows what
+    a hop costs in work even where other processes blur the wall clock.
+    """
+    nodes = [node for node, _, _ in hops]
+    before = sum(cpu_seconds(node) for node in nodes)
+    tps = tokens_per_second(hops, max_tokens)
+    cpu = sum(cpu_seconds(node) for node in nodes) - before
+    return tps, 1000 * cpu / max_tokens
 
 
 def tokens_per_second(hops: list[tuple[NodeProcess, int, int]], max_tokens: int) -> float:
@@ -74,14 +97,18 @@ def main() -> int:
         for route in (one, two):
             tokens_per_second(route, 8)  # warm up: connections, first allocations
         best_one = best_two = 0.0
+        cpu_one = cpu_two = math.inf
         for _ in range(RUNS):
-            best_one = max(best_one, tokens_per_second(one, NEW_TOKENS))
-            best_two = max(best_two, tokens_per_second(two, NEW_TOKENS))
+            tps, cpu = run(one, NEW_TOKENS)
+            best_one, cpu_one = max(best_one, tps), min(cpu_one, cpu)
+            tps, cpu = run(two, NEW_TOKENS)
+            best_two, cpu_two = max(best_two, tps), min(cpu_two, cpu)
         ratio = best_two / best_one
         per_hop_ms = 1000 * (1 / best_two - 1 / best_one)
         print(f"tiny model, {NEW_TOKENS} new tokens, greedy, one torch thread each, best of {RUNS}")
-        print(f"  1 node  (0-3):       {best_one:8.1f} tokens/s")
-        print(f"  2 nodes (0-1, 2-3):  {best_two:8.1f} tokens/s  (+{per_hop_ms:.2f} ms per token)")
+        print(f"  1 node  (0-3):       {best_one:8.1f} tokens/s  node CPU {cpu_one:.2f} ms/token")
+        print(f"  2 nodes (0-1, 2-3):  {best_two:8.1f} tokens/s  node CPU {cpu_two:.2f} ms/token "
+              f"(+{per_hop_ms:.2f} ms per token of wall clock)")  # fmt: skip
         print(f"ratio 2 nodes / 1 node = {ratio:.3f} (target >= {TARGET})")
     finally:
         for started in (whole, head, tail):
