@@ -1,4 +1,4 @@
-"""Hop steps on the link (``/v1/link``) in process: good steps, batches, and every kind of bad input."""
+"""Hop steps on the link (``/v1/link``) in process: good steps, batches, every bad input."""
 
 from __future__ import annotations
 
