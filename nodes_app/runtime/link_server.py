@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from nodes_app.protocol import CAPABILITY, PLAN
 from nodes_app.runtime import wire
@@ -60,9 +60,13 @@ class _Answers:
         self.frames.put_nowait(wire.encode_answers(ready))
 
     async def send_all(self) -> None:
-        while True:
-            frame = await self.frames.get()
-            await self.websocket.send_bytes(frame)
+        """Send frames until the link closes (answers still running are then dropped)."""
+        try:
+            while True:
+                frame = await self.frames.get()
+                await self.websocket.send_bytes(frame)
+        except (OSError, RuntimeError, WebSocketDisconnect):
+            return
 
 
 async def serve_link(websocket: WebSocket, service: NodeService, *, max_frame_bytes: int) -> None:
