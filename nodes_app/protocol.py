@@ -14,8 +14,8 @@ What it holds (docs/adr/0002-node-runtime.md has the prose contract):
   :class:`ChunkFrame` (OpenAI ``chat.completion.chunk`` plus
   ``meshnet_token_ids``, usage on the last) ending ``data: [DONE]``, or an
   :class:`ErrorFrame` (``hop_failed`` / ``hop_busy``) before ``[DONE]``.
-- The ``X-Meshnet-*`` header names of the binary hop step
-  (``POST /v1/forward``; the tensor codec is torch's, in the node runtime).
+- The hop link's path and frame limit (``/v1/link``; the frame and tensor
+  codec is torch's, in the node runtime: ``nodes_app.runtime.wire``).
 - The tracker's signature on a plan (:class:`SignedPlan`: what it covers,
   its header form for hop sessions, :data:`MAX_PLAN_VALIDITY`), the
   per-session capability (:data:`CAPABILITY`) and where a tracker publishes
@@ -37,32 +37,24 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import Any, TypeGuard
 
-# Header names of the hop step (POST /v1/forward).
-SESSION = "X-Meshnet-Session"
-START_LAYER = "X-Meshnet-Start-Layer"
-END_LAYER = "X-Meshnet-End-Layer"
-POSITION = "X-Meshnet-Position"
-DTYPE = "X-Meshnet-Dtype"
-SHAPE = "X-Meshnet-Shape"
-SAMPLING = "X-Meshnet-Sampling"
-# The tracker-signed plan (base64url JSON, see SignedPlan.to_header), sent with
-# the step that opens a hop session (position 0), and the session's capability:
-# a secret the head chooses per hop session, sent with every step and DELETE.
+# The hop link: one websocket per head→hop pair carrying binary frames of steps
+# and answers (the frame codec needs torch: ``nodes_app.runtime.wire``). A node
+# refuses a frame over its frame limit (runnode --max-frame-bytes) by closing the link.
+LINK_PATH = "/v1/link"
+LINK_MAX_FRAME_BYTES = 64 * 2**20
+# What a session's opening step carries besides its fields: the tracker-signed
+# plan (base64url JSON, see SignedPlan.to_header) and the session's capability, a
+# secret the head chooses per hop session, carried by every step and cancel.
+# These names label the credentials wherever they travel (``trust`` reads them).
 PLAN = "X-Meshnet-Plan"
 CAPABILITY = "X-Meshnet-Capability"
+# Named in the refusal of a last-hop step that lacks its sampling parameters.
+SAMPLING = "sampling"
 
 # Where a tracker publishes the ed25519 key it signs plans with (anonymous GET:
 # {"algorithm": "ed25519", "public_key": "<hex>"}); nodes pin it at registration.
 TRACKER_KEY_PATH = "/.well-known/meshnet-tracker-key"
 TRACKER_KEY_ALGORITHM = "ed25519"
-
-# Optional on a hop step: the node whose output the body is (the head relays
-# each hop's answer to the next), so a refusal of the tensor names its producer.
-SENDER = "X-Meshnet-Sender"
-# Optional on a hop step: positions the session may reach (prompt + max_tokens),
-# what the hop reserves of its KV budget for it. Absent: the step's own end
-# position plus the node's default (ADR-0010).
-RESERVE = "X-Meshnet-Reserve"
 
 # Limits both sides enforce. OpenAI allows 4 stop sequences; the tracker
 # refuses more before anything reaches a node, and the node refuses them too.
@@ -175,8 +167,8 @@ def _is_count(value: Any) -> TypeGuard[int]:
 class SamplingParams:
     """``temperature`` 0 (or ``top_k`` 1) is greedy; ``seed`` None draws a fresh seed.
 
-    Travels as top-level fields of the generate request and as the JSON of
-    the ``X-Meshnet-Sampling`` header. Construction does not validate (the
+    Travels as top-level fields of the generate request and as the
+    ``sampling`` field of a last-hop step on the link. Construction does not validate (the
     tracker builds it from its own checked fields); :meth:`from_mapping` does.
     """
 
@@ -191,9 +183,6 @@ class SamplingParams:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-    def to_header(self) -> str:
-        return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
     def from_mapping(cls, data: Any) -> SamplingParams:
@@ -213,14 +202,6 @@ class SamplingParams:
             top_k=_sampling_integer(data.get("top_k", 0), "top_k", TOP_K_MAX),
             seed=None if seed is None else _sampling_integer(seed, "seed", SEED_MAX),
         )
-
-    @classmethod
-    def from_header(cls, value: str) -> SamplingParams:
-        try:
-            data = json.loads(value)
-        except ValueError:
-            raise ProtocolError(f"{SAMPLING} is not JSON", code="bad_sampling") from None
-        return cls.from_mapping(data)
 
 
 def _sampling_number(

@@ -13,6 +13,7 @@ import sys
 from nodes_app.protocol import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
+    LINK_MAX_FRAME_BYTES,
     STEP_TIMEOUT_RANGE,
     STEP_TIMEOUT_SECONDS,
 )
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracker-key", type=tracker_key_argument, metavar="HEX")
     parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
     parser.add_argument("--max-request-bytes", type=int, default=GENERATE_MAX_BYTES)
+    parser.add_argument("--max-frame-bytes", type=int, default=LINK_MAX_FRAME_BYTES)
     parser.add_argument("--max-prompt-chars", type=int, default=GENERATE_MAX_PROMPT_CHARS)
     parser.add_argument("--step-timeout", type=step_timeout_argument, default=STEP_TIMEOUT_SECONDS)
     args = parser.parse_args(argv)
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         tracker_key=args.tracker_key,
         dev_open=args.dev_open,
         max_request_bytes=args.max_request_bytes,
+        max_frame_bytes=args.max_frame_bytes,
         max_prompt_chars=args.max_prompt_chars,
         step_timeout=args.step_timeout,
     )

@@ -1,16 +1,20 @@
 """The head drives a generation along its route and streams OpenAI chat chunks.
 
-Each step runs the head's own layers, then posts the hidden states to every
-downstream hop in order over kept-alive connections (binary, see ``wire``);
-the hop that ends at the last layer samples and answers with the token. The
+Each step runs the head's own layers, then sends the hidden states to every
+downstream hop in order, each over the head's persistent link to that hop
+(``links``; binary frames, see ``wire``): the hop that ends at the last layer
+samples and answers with the token. Steps of different generations that are
+ready together share a frame on each link, but every generation keeps its own
+loop, sessions, cancel and failover. The
 first step is the prefill (the templated prompt plus any resumed tokens); each
 later step sends one position. Every hop keeps its own KV cache for the
 session, freed at the end, on cancel, on failure, and by the idle reaper.
 
 Each hop session gets a capability of its own, chosen here; the step that
 opens it carries the tracker's signed plan as well (see ``trust``). A hop's
-error is reported by its node id, HTTP status and error code only: its
-message is the hop's to write and never reaches the tracker or a client.
+error is reported by its node id, status and error code only: its message
+is the hop's to write, goes to this node's log, and never reaches the
+tracker or a client.
 """
 
 from __future__ import annotations
@@ -22,17 +26,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import httpx
-
 from nodes_app.prompting import TemplateRefused, prompt_token_ids
 from nodes_app.protocol import (
-    CAPABILITY,
-    DTYPE,
     HOP_BUSY,
     HOP_FAILED,
     HOP_TIMED_OUT,
-    PLAN,
-    SHAPE,
     SSE_DONE,
     SSE_STEP_COMMENT,
     ChunkFrame,
@@ -46,16 +44,15 @@ from nodes_app.protocol import (
 )
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
 from nodes_app.runtime.trust import capability_hash, new_capability
 
 logger = logging.getLogger("meshnet.node")
 
-# The downstream client's defaults; each step sets its own read and write
-# deadline (the node's step timeout, see ``protocol.step_time_limit``).
-HOP_CONNECT_SECONDS = 5.0
-HOP_TIMEOUT = httpx.Timeout(connect=HOP_CONNECT_SECONDS, read=300.0, write=60.0, pool=60.0)
+# How long the head waits for a hop to answer the cancel of a session.
+CANCEL_SECONDS = 5.0
 
 
 class HopFailed(Exception):
@@ -117,22 +114,28 @@ class Generation:
     def __init__(
         self,
         service: NodeService,
-        client: httpx.AsyncClient,
+        links: HopLinks,
         request: GenerateRequest,
         prompt: list[int],
     ):
         self.service = service
-        self.client = client
+        self.links = links
         self.request = request
         self.prompt = prompt
         self.session_id = f"{request.request_id}.{uuid.uuid4().hex[:12]}"
         self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         head = request.hops[0]
+        # Positions the generation may reach: what each node reserves of its KV budget.
+        self.reserve = len(prompt) + request.max_tokens
         # Opened now, so a full node answers 503 before the stream starts. Its
         # capability is known to nobody: only this generation frees it.
         self.session = service.open_session(
-            self.session_id, 0, head.end_layer, capability=capability_hash(new_capability())
+            self.session_id,
+            0,
+            head.end_layer,
+            capability=capability_hash(new_capability()),
+            reserve=self.reserve,
         )
         # Indexes (into hops[1:]) of the hops that may hold a session of this generation.
         self.contacted: list[int] = []
@@ -213,8 +216,6 @@ class Generation:
         service, session, sampling = self.service, self.session, self.request.sampling
         hops = self.request.hops
         limit = step_time_limit(service.step_timeout, len(token_ids))
-        # Each hop has the whole limit to take the step's body and to answer it.
-        deadline = httpx.Timeout(limit, connect=HOP_CONNECT_SECONDS)
         async with session.lock:
             position = session.position
             try:
@@ -233,7 +234,7 @@ class Generation:
             # self.contacted and self.capabilities index hops[1:].
             if index - 1 not in self.contacted:
                 self.contacted.append(index - 1)
-            headers = wire.step_headers(
+            step = wire.ForwardStep(
                 session_id=self.session_id,
                 start=hop.start_layer,
                 end=hop.end_layer,
@@ -242,45 +243,44 @@ class Generation:
                 shape=shape,
                 sampling=sampling if last else None,
                 sender=hops[index - 1].node_id,
+                reserve=self.reserve if position == 0 else None,
             )
-            headers[CAPABILITY] = self.capabilities[index - 1]
-            if position == 0 and self.plan_header is not None:
-                headers[PLAN] = self.plan_header
             try:
-                response = await self.client.post(
-                    f"{hop.endpoint}/v1/forward",
-                    content=payload,
-                    headers=headers,
-                    timeout=deadline,
+                answer = await self.links.to(hop.endpoint).step(
+                    step,
+                    payload,
+                    capability=self.capabilities[index - 1],
+                    plan=self.plan_header if position == 0 else None,
+                    timeout=limit,
                 )
-            except (httpx.ReadTimeout, httpx.WriteTimeout) as error:
+            except LinkTimeout as error:
                 logger.warning("hop %s: no answer to the step within %g s", hop.node_id, limit)
                 raise HopFailed(
                     hop, f"did not answer the step within {limit:g} s", code=HOP_TIMED_OUT
                 ) from error
-            except httpx.HTTPError as error:
+            except LinkDropped as error:
                 logger.warning("hop %s: %s", hop.node_id, error)
-                raise HopFailed(hop, f"{type(error).__name__}") from error
-            if response.status_code != 200:
-                code = _error_code(response)
+                # The head's own words (a status, a close code), never the hop's text.
+                raise HopFailed(hop, str(error)) from error
+            if answer.status != 200:
+                code = relayable_code(answer.code)
                 # A hop refusing non-finite input blames whoever computed it.
                 blamed = hops[index - 1] if code == "non_finite_input" else hop
                 raise HopFailed(
                     blamed,
-                    f"{_status_of(hop, response, code)} from {hop.node_id}",
-                    busy=response.status_code == 503,
+                    f"{_status_of(hop, answer, code)} from {hop.node_id}",
+                    busy=answer.status == 503,
                 )
             if last:
-                return self._token_of(hop, response)
-            payload, dtype = _hidden_of(hop, response, shape)
+                return self._token_of(hop, answer)
+            payload, dtype = _hidden_of(hop, answer, shape)
         raise AssertionError("the plan's last hop ends at the last layer")
 
-    def _token_of(self, hop: PlanHop, response: httpx.Response) -> int:
+    def _token_of(self, hop: PlanHop, answer: wire.StepAnswer) -> int:
         """The last hop's token: an id in the vocabulary, or that hop is at fault."""
-        try:
-            token = response.json()["token_id"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise HopFailed(hop, "answered without a token id") from error
+        token = answer.token_id
+        if token is None:
+            raise HopFailed(hop, "answered without a token id")
         vocab = int(self.service.shard.config.vocab_size)
         if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
             raise HopFailed(hop, f"answered a token id outside the vocabulary (0..{vocab - 1})")
@@ -299,47 +299,36 @@ class Generation:
         for index in contacted:
             hop = self.request.hops[index + 1]
             # On failure the hop's idle reaper frees the session.
-            with contextlib.suppress(httpx.HTTPError):
-                await self.client.delete(
-                    f"{hop.endpoint}/v1/sessions/{self.session_id}",
-                    headers={CAPABILITY: self.capabilities[index]},
-                    timeout=5.0,
+            with contextlib.suppress(LinkError):
+                await self.links.to(hop.endpoint).cancel(
+                    self.session_id, capability=self.capabilities[index], timeout=CANCEL_SECONDS
                 )
 
 
-def _error_code(response: httpx.Response) -> str | None:
-    """The ``code`` of a hop's error answer when it looks like one (never its message)."""
-    with contextlib.suppress(ValueError, AttributeError):
-        return relayable_code(response.json().get("error", {}).get("code"))
-    return None
-
-
-def _status_of(hop: PlanHop, response: httpx.Response, code: str | None) -> str:
-    """``HTTP <status>`` and the hop's error code when it looks like one; the rest is logged."""
-    logger.warning(
-        "hop %s answered HTTP %d: %r", hop.node_id, response.status_code, response.text[:300]
-    )
-    return f"HTTP {response.status_code}" + (f" ({code})" if code else "")
+def _status_of(hop: PlanHop, answer: wire.StepAnswer, code: str | None) -> str:
+    """``status <n>`` and the hop's error code when it looks like one; the rest is logged."""
+    logger.warning("hop %s answered %d: %r", hop.node_id, answer.status, answer.message[:300])
+    return f"status {answer.status}" + (f" ({code})" if code else "")
 
 
 def _hidden_of(
-    hop: PlanHop, response: httpx.Response, shape: tuple[int, int, int]
+    hop: PlanHop, answer: wire.StepAnswer, shape: tuple[int, int, int]
 ) -> tuple[bytes, str]:
     """A middle hop's answer, checked before it is relayed: its bytes and dtype.
 
     The answer must have the step's shape, a float dtype, the length they
     give and only finite values; otherwise the hop that answered is at fault.
     """
-    dtype = response.headers.get(DTYPE, "")
-    if dtype not in wire.DTYPES or response.headers.get(SHAPE) != ",".join(map(str, shape)):
+    dtype = answer.dtype or ""
+    if dtype not in wire.DTYPES or answer.shape != shape or answer.hidden is None:
         raise HopFailed(hop, "answered hidden states of another shape or dtype")
     try:
-        hidden = wire.tensor_from_bytes(response.content, dtype, shape)
+        hidden = wire.tensor_from_bytes(answer.hidden, dtype, shape)
     except RuntimeRequestError as error:
         raise HopFailed(hop, f"answered {error.message}") from error
     if not wire.is_finite(hidden):
         raise HopFailed(hop, "answered hidden states that are not finite")
-    return response.content, dtype
+    return answer.hidden, dtype
 
 
 _background: set[asyncio.Task[None]] = set()

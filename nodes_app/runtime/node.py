@@ -26,6 +26,7 @@ import uvicorn
 from nodes_app.protocol import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
+    LINK_MAX_FRAME_BYTES,
     STEP_TIMEOUT_SECONDS,
 )
 from nodes_app.runtime.benchmark import measure_decode_tps
@@ -75,6 +76,8 @@ class NodeOptions:
     # What a head reads of a /v1/generate request before tokenising it.
     max_request_bytes: int = GENERATE_MAX_BYTES
     max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS
+    # The largest hop-link frame this node reads (a larger one closes the link).
+    max_frame_bytes: int = LINK_MAX_FRAME_BYTES
     # Seconds a downstream hop has to answer one step of a generation this node heads.
     step_timeout: float = STEP_TIMEOUT_SECONDS
     # TEST ONLY: noise added to every hidden state this node outputs (0: none).
@@ -233,13 +236,18 @@ async def _serve_joined(
     out: TextIO,
 ) -> int:
     config = uvicorn.Config(
-        create_app(service, identity=identity),
+        create_app(service, identity=identity, max_frame_bytes=options.max_frame_bytes),
         host=options.host,
         port=options.port,
         log_level="warning",
         access_log=False,
         lifespan="on",
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        # Hop links: frames are bounded as they arrive, and carry tensors that
+        # do not compress (deflate would cost more than it saves).
+        ws="websockets-sansio",
+        ws_max_size=options.max_frame_bytes,
+        ws_per_message_deflate=False,
     )
     server = _Server(config)
     stop = asyncio.Event()

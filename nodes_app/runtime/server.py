@@ -1,18 +1,18 @@
-"""The node's ASGI app (Starlette): health, binary hop steps, session cancel, and head generation.
+"""The node's ASGI app (Starlette): health, challenges, the hop link, and head generation.
 
 Routes:
   GET    /v1/health               shard, sessions, queue depth, throughput (open to anyone)
   POST   /v1/challenge            sign the tracker's nonce with the wallet (ADR-0008; open)
-  POST   /v1/forward              one hop step (binary, see ``wire``)
-  DELETE /v1/sessions/{id}        free a session's KV cache (204; 404 if unknown)
+  WS     /v1/link                 a head's link: frames of hop steps and session cancels
+                                  (binary, see ``wire`` and ``link_server``)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
-Every refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status: a 4xx
-only for the requester's fault, a 5xx for this node's.
-Generate, steps and DELETE need the tracker's signed plan or the session's
-capability (``trust``), checked on the headers first; then bodies are bounded
-before they are read: a step must declare exactly its tensor's length (411/413),
-a generate body at most ``max_request_bytes`` (413). Both happen before a session
-slot is taken.
+Every HTTP refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx
+status: a 4xx only for the requester's fault, a 5xx for this node's; a step's
+refusal on the link carries the same status, code and type in its answer.
+Generate, steps and cancels need the tracker's signed plan or the session's
+capability (``trust``), checked before anything else; a generate body is read
+to at most ``max_request_bytes`` (413), a link frame to at most
+``max_frame_bytes`` (the link closes). Both happen before a session slot is taken.
 """
 
 from __future__ import annotations
@@ -25,17 +25,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from nodes_app import protocol
-from nodes_app.runtime import wire
-from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.generation import HOP_TIMEOUT, Generation, prompt_for
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.generation import Generation, prompt_for
+from nodes_app.runtime.link_server import serve_link
+from nodes_app.runtime.links import HopLinks
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
 from nodes_app.runtime.service import NodeService
 from nodes_app.signing import is_challenge_nonce, sign_challenge, wallet_of
@@ -56,7 +57,7 @@ class NodeIdentity:
 
 def _error(error: RuntimeRequestError) -> JSONResponse:
     headers = {"Retry-After": "1"} if error.status == 503 else {}
-    if error.status in (411, 413):
+    if error.status == 413:
         # The body is refused unread: closing stops the sender instead of draining it.
         headers["Connection"] = "close"
     return JSONResponse(error.as_json(), status_code=error.status, headers=headers)
@@ -88,25 +89,27 @@ def create_app(
     *,
     reap_interval: float | None = None,
     identity: NodeIdentity | None = None,
+    max_frame_bytes: int = protocol.LINK_MAX_FRAME_BYTES,
 ) -> Starlette:
-    """The ASGI app serving ``service``; one kept-alive httpx client talks to downstream hops.
+    """The ASGI app serving ``service``; as a head it keeps one link per downstream hop.
 
     ``identity`` is the wallet that answers ``/v1/challenge``; a node without
     one (served without a tracker) answers it 404 ``no_wallet``.
+    ``max_frame_bytes`` bounds a link frame, both ways (serve it with the same
+    websocket ``max_size``, so that a larger one is never read whole).
     """
     state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
-        state["client"] = httpx.AsyncClient(limits=limits, timeout=HOP_TIMEOUT)
+        state["links"] = HopLinks(max_frame_bytes=max_frame_bytes)
         interval = reap_interval or max(0.2, min(5.0, service.store.idle_timeout / 4))
         reaper = asyncio.create_task(_reap(service, interval))
         try:
             yield
         finally:
             reaper.cancel()
-            await state["client"].aclose()
+            await state["links"].aclose()
             service.close()
 
     async def health(request: Request) -> JSONResponse:
@@ -145,71 +148,6 @@ def create_app(
             return _error(error)
         return JSONResponse({"wallet": wallet_of(identity.key), "signature": signature})
 
-    async def forward(request: Request) -> Response:
-        try:
-            step = wire.parse_step_headers(request.headers)
-            # Refuse on the headers alone, and bound the body by its declared
-            # shape, before reading any of it.
-            service.check_step(step)
-            capability = service.admit_step(step, request.headers)
-            expected = wire.body_length(step)
-            declared = request.headers.get("content-length")
-            if declared is None or not declared.isdigit():
-                raise RuntimeRequestError(
-                    "a step needs a Content-Length (its shape and dtype fix it)",
-                    code="length_required",
-                    status=411,
-                )
-            if int(declared) != expected:
-                raise RuntimeRequestError(
-                    f"body has {declared} bytes; the step's shape and dtype need {expected}",
-                    code="bad_length",
-                    status=413 if int(declared) > expected else 400,
-                )
-            body = await _bounded_body(request, expected)
-            result = await service.forward(step, body, capability)
-        except RuntimeRequestError as error:
-            return _error(error)
-        except NonFiniteOutput as error:
-            # This node's own computation went wrong: its fault, a 5xx.
-            service.cancel(request.headers.get(protocol.SESSION, ""))
-            return _error(
-                RuntimeRequestError(
-                    f"this node computed NaN or infinite values: {error}",
-                    code="non_finite_output",
-                    status=500,
-                    error_type="server_error",
-                )
-            )
-        except Exception:
-            logger.exception("step failed")
-            service.cancel(request.headers.get(protocol.SESSION, ""))
-            return _error(
-                RuntimeRequestError(
-                    "the step failed on this node",
-                    code="step_failed",
-                    status=500,
-                    error_type="server_error",
-                )
-            )
-        if isinstance(result, int):
-            return JSONResponse({"token_id": result})
-        shape = ",".join(str(d) for d in step.shape)
-        return Response(
-            result,
-            media_type="application/octet-stream",
-            headers={protocol.DTYPE: service.dtype_name, protocol.SHAPE: shape},
-        )
-
-    async def cancel(request: Request) -> Response:
-        try:
-            ended = service.end_session(request.path_params["session_id"], request.headers)
-        except RuntimeRequestError as error:
-            return _error(error)
-        if ended:
-            return Response(status_code=204)
-        return _error(RuntimeRequestError("no such session", code="unknown_session", status=404))
-
     async def generate(request: Request) -> Response:
         if not service.can_head:
             return _error(
@@ -236,17 +174,19 @@ def create_app(
             generate_request = parse_generate_request(body, head)
             service.gate.admit_plan(generate_request.plan, node_id=service.node_id)
             prompt = await prompt_for(service, generate_request)
-            generation = Generation(service, state["client"], generate_request, prompt)
+            generation = Generation(service, state["links"], generate_request, prompt)
         except RuntimeRequestError as error:
             return _error(error)
         return _SSEResponse(generation.stream(), media_type="text/event-stream")
+
+    async def link(websocket: WebSocket) -> None:
+        await serve_link(websocket, service, max_frame_bytes=max_frame_bytes)
 
     return Starlette(
         routes=[
             Route("/v1/health", health, methods=["GET"]),
             Route("/v1/challenge", challenge, methods=["POST"]),
-            Route("/v1/forward", forward, methods=["POST"]),
-            Route("/v1/sessions/{session_id}", cancel, methods=["DELETE"]),
+            WebSocketRoute(protocol.LINK_PATH, link),
             Route("/v1/generate", generate, methods=["POST"]),
         ],
         lifespan=lifespan,

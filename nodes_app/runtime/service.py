@@ -247,7 +247,7 @@ class NodeService:
             )
         if step.end == self.shard.num_layers - 1 and step.sampling is None:
             raise RuntimeRequestError(
-                f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_header"
+                f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_field"
             )
 
     async def forward(

@@ -1,64 +1,63 @@
-"""The binary node-to-node format: ``X-Meshnet-*`` headers for metadata, raw tensor bytes as body.
+"""The binary node-to-node format: link frames of steps and answers, raw tensor bytes.
 
-The header names and the session id limit are the protocol's
-(:mod:`nodes_app.protocol`); the tensor codec needs torch, so it lives here.
+A head talks to each downstream hop over one persistent websocket, the hop
+*link* (``/v1/link``, docs/adr/0002-node-runtime.md "Hop links"). Every
+websocket message is one binary *frame*::
 
-Request ``POST /v1/forward``:
-  X-Meshnet-Session      session id (one per generation)
-  X-Meshnet-Start-Layer  first layer to run (may exceed this node's shard start)
-  X-Meshnet-End-Layer    last layer to run (inclusive)
-  X-Meshnet-Position     position of the first row (0 starts the session)
-  X-Meshnet-Dtype        float32 | float16 | bfloat16 (must be the node's dtype)
-  X-Meshnet-Shape        1,T,H  (comma-separated)
-  X-Meshnet-Sampling     JSON {temperature, top_p, top_k, seed}: only when End-Layer is the last
-  X-Meshnet-Sender       optional: the node that produced the body (named when it is refused)
-  X-Meshnet-Reserve      optional: positions the session may reach (its KV reservation)
-  body                   T*H little-endian values, row-major
-Response: 200 with the same Dtype/Shape headers and the output hidden states as
-the body, or, from the hop that ends at the last layer, JSON ``{"token_id": N}``.
+    frame   = u32 little-endian header length | header (compact JSON) | bodies
+    header  = {"steps": [entry, ...]}       head → hop
+            | {"answers": [answer, ...]}    hop → head
+    bodies  = the raw bytes of each entry's tensor, in entry order
+
+A step entry is ``{"id", "bytes", "step": {every ForwardStep field},
+"capability"?, "plan"?}``: ``id`` names the step on this link, ``bytes`` the
+length of its tensor (T×H little-endian values, row-major, which must equal
+its shape × dtype), ``capability`` and ``plan`` the session's credentials
+(see ``trust``; the plan only on a session's opening step). A cancel entry
+is ``{"id", "cancel": session_id, "capability"?}``. An answer is ``{"id",
+"bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id"}`` (the
+hop ending at the last layer), ``{"id", "status": 204}`` (a cancel done) or
+``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
+relays only the code, ``protocol.relayable_code``, and logs the rest).
+
+A frame carries as many entries as were ready together, so a batch of
+steps stays a batch along the route. The one JSON header per frame is a few
+hundred bytes; tensors never pass through JSON. The :class:`ForwardStep`
+fields travel generically (by name, checked against their declared types),
+so a field added to it needs no change here.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import struct
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 import torch
 
-from nodes_app.protocol import (
-    DTYPE,
-    END_LAYER,
-    MAX_SESSION_ID,
-    POSITION,
-    RESERVE,
-    SAMPLING,
-    SENDER,
-    SESSION,
-    SHAPE,
-    START_LAYER,
-    ProtocolError,
-    SamplingParams,
-)
+from nodes_app.protocol import MAX_SESSION_ID, ProtocolError, SamplingParams
 from nodes_app.runtime.errors import RuntimeRequestError
 
 __all__ = [
-    "DTYPE",
     "DTYPES",
     "DTYPE_NAMES",
-    "END_LAYER",
-    "POSITION",
-    "RESERVE",
-    "SAMPLING",
-    "SENDER",
-    "SESSION",
-    "SHAPE",
-    "START_LAYER",
+    "CancelEntry",
     "ForwardStep",
+    "FrameError",
+    "LinkStep",
+    "RefusedEntry",
+    "StepAnswer",
     "body_length",
+    "decode_answers",
+    "decode_requests",
+    "encode_answers",
+    "encode_requests",
     "is_finite",
-    "parse_step_headers",
-    "step_headers",
     "tensor_from_bytes",
     "tensor_to_bytes",
 ]
@@ -69,6 +68,13 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+_LENGTH = struct.Struct("<I")
+# The most entries one frame may hold: far more than any batch a node runs.
+MAX_FRAME_ENTRIES = 4096
+# Longest credential strings accepted (a capability is 64 hex digits; a plan is
+# bounded again, more tightly, when it is parsed).
+_MAX_CREDENTIAL = 16384
 
 
 @dataclass(frozen=True)
@@ -81,89 +87,319 @@ class ForwardStep:
     shape: tuple[int, int, int]
     sampling: SamplingParams | None
     sender: str | None = None
-    # Positions the session may reach; None: the node's default (ADR-0010).
+    # Positions the session may reach (prompt + max_tokens), what a hop reserves of
+    # its KV budget for it; sent on a session's opening step (ADR-0010).
     reserve: int | None = None
 
 
-def _header(headers: Mapping[str, str], name: str) -> str:
-    value = headers.get(name)
-    if value is None or not value.strip():
-        raise RuntimeRequestError(f"missing header {name}", code="missing_header")
-    return value.strip()
+class FrameError(Exception):
+    """A frame that is not one: the link that carried it is closed (nothing on it is answered)."""
 
 
-def _int_header(headers: Mapping[str, str], name: str) -> int:
-    value = _header(headers, name)
-    try:
-        number = int(value)
-    except ValueError:
-        raise RuntimeRequestError(f"{name} must be an integer", code="bad_header") from None
-    if number < 0:
-        raise RuntimeRequestError(f"{name} must not be negative", code="bad_header")
-    return number
+@dataclass(frozen=True)
+class LinkStep:
+    """One step as it travels on a link: the step, its tensor bytes, its session's credentials."""
+
+    step_id: int
+    step: ForwardStep
+    body: bytes
+    capability: str | None = None
+    plan: str | None = None
 
 
-def parse_step_headers(headers: Mapping[str, str]) -> ForwardStep:
-    session_id = _header(headers, SESSION)
-    if len(session_id) > MAX_SESSION_ID:
-        raise RuntimeRequestError("session id too long", code="bad_header")
-    dtype = _header(headers, DTYPE)
-    if dtype not in DTYPES:
-        raise RuntimeRequestError(
-            f"unknown dtype {dtype!r} (one of {', '.join(DTYPES)})", code="bad_dtype"
+@dataclass(frozen=True)
+class CancelEntry:
+    """Free ``session_id`` on the hop (its capability presented)."""
+
+    step_id: int
+    session_id: str
+    capability: str | None = None
+
+
+@dataclass(frozen=True)
+class RefusedEntry:
+    """A step whose own fields are malformed: refused alone, the rest of its frame stands."""
+
+    step_id: int
+    error: RuntimeRequestError
+
+
+@dataclass(frozen=True)
+class StepAnswer:
+    """A hop's answer to one entry; ``status`` 200 with ``hidden`` or ``token_id``, else an error.
+
+    ``token_id`` is kept as the hop sent it (any JSON value): the head checks it.
+    """
+
+    step_id: int
+    status: int = 200
+    hidden: bytes | None = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    token_id: Any = None
+    code: str | None = None
+    error_type: str | None = None
+    message: str = field(default="", repr=False)
+
+    @classmethod
+    def refusal(cls, step_id: int, error: RuntimeRequestError) -> StepAnswer:
+        return cls(
+            step_id,
+            status=error.status,
+            code=error.code,
+            error_type=error.error_type,
+            message=error.message,
         )
+
+
+# --- the frame envelope ---------------------------------------------------------------
+
+
+def _frame(header: dict[str, Any], bodies: Sequence[bytes]) -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([_LENGTH.pack(len(raw)), raw, *bodies])
+
+
+def _unframe(frame: bytes, key: str) -> tuple[list[Any], memoryview]:
+    """The entries under ``key`` and the bytes after the header; FrameError if malformed."""
+    if len(frame) < _LENGTH.size:
+        raise FrameError("a frame shorter than its length prefix")
+    (length,) = _LENGTH.unpack_from(frame)
+    if _LENGTH.size + length > len(frame):
+        raise FrameError("a frame shorter than its header")
     try:
-        dims = tuple(int(part) for part in _header(headers, SHAPE).split(","))
+        header = json.loads(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
     except ValueError:
-        raise RuntimeRequestError(f"{SHAPE} must be 1,T,H", code="bad_shape") from None
-    if len(dims) != 3 or dims[0] != 1 or dims[1] < 1 or dims[2] < 1:
-        raise RuntimeRequestError(f"{SHAPE} must be 1,T,H with T >= 1", code="bad_shape")
-    sampling_header = headers.get(SAMPLING)
-    try:
-        sampling = SamplingParams.from_header(sampling_header) if sampling_header else None
-    except ProtocolError as error:
-        raise RuntimeRequestError.refusing(error) from None
-    return ForwardStep(
-        session_id=session_id,
-        start=_int_header(headers, START_LAYER),
-        end=_int_header(headers, END_LAYER),
-        position=_int_header(headers, POSITION),
-        dtype=dtype,
-        shape=(dims[0], dims[1], dims[2]),
-        sampling=sampling,
-        sender=(headers.get(SENDER) or "").strip()[:MAX_SESSION_ID] or None,
-        reserve=_int_header(headers, RESERVE) if headers.get(RESERVE) else None,
-    )
+        raise FrameError("a frame header that is not JSON") from None
+    entries = header.get(key) if isinstance(header, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_FRAME_ENTRIES:
+        raise FrameError(f"a frame header without a list of at most {MAX_FRAME_ENTRIES} {key}")
+    return entries, memoryview(frame)[_LENGTH.size + length :]
 
 
-def step_headers(
-    *,
-    session_id: str,
-    start: int,
-    end: int,
-    position: int,
-    dtype: str,
-    shape: tuple[int, ...],
-    sampling: SamplingParams | None,
-    sender: str | None = None,
-    reserve: int | None = None,
-) -> dict[str, str]:
-    headers = {
-        SESSION: session_id,
-        START_LAYER: str(start),
-        END_LAYER: str(end),
-        POSITION: str(position),
-        DTYPE: dtype,
-        SHAPE: ",".join(str(d) for d in shape),
-        "Content-Type": "application/octet-stream",
-    }
-    if sampling is not None:
-        headers[SAMPLING] = sampling.to_header()
-    if sender is not None:
-        headers[SENDER] = sender
-    if reserve is not None:
-        headers[RESERVE] = str(reserve)
-    return headers
+def _split(entries: list[Any], rest: memoryview) -> list[tuple[dict[str, Any], bytes]]:
+    """Each entry with its body; FrameError unless ids and byte counts account for the frame."""
+    out: list[tuple[dict[str, Any], bytes]] = []
+    offset = 0
+    for entry in entries:
+        if not isinstance(entry, dict) or not _is_count(entry.get("id")):
+            raise FrameError("a frame entry without an integer id")
+        size = entry.get("bytes", 0)
+        if not _is_count(size) or offset + size > len(rest):
+            raise FrameError("a frame entry's bytes run past the frame")
+        out.append((entry, bytes(rest[offset : offset + size])))
+        offset += size
+    if offset != len(rest):
+        raise FrameError(f"a frame with {len(rest) - offset} bytes that no entry declares")
+    return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# --- head → hop ------------------------------------------------------------------------
+
+
+def encode_requests(entries: Sequence[LinkStep | CancelEntry]) -> bytes:
+    """One frame of steps and cancels, in order."""
+    header: list[dict[str, Any]] = []
+    bodies: list[bytes] = []
+    for entry in entries:
+        if isinstance(entry, CancelEntry):
+            item: dict[str, Any] = {"id": entry.step_id, "cancel": entry.session_id}
+        else:
+            item = {"id": entry.step_id, "bytes": len(entry.body), "step": step_fields(entry.step)}
+            if entry.plan is not None:
+                item["plan"] = entry.plan
+            bodies.append(entry.body)
+        if entry.capability is not None:
+            item["capability"] = entry.capability
+        header.append(item)
+    return _frame({"steps": header}, bodies)
+
+
+def decode_requests(frame: bytes) -> list[LinkStep | CancelEntry | RefusedEntry]:
+    """The entries of a head's frame; FrameError if the frame itself is malformed.
+
+    A step whose fields are malformed (a missing field, a bad shape, dtype or
+    sampling) comes back as a :class:`RefusedEntry` with its 400, so that it
+    fails alone.
+    """
+    entries, rest = _unframe(frame, "steps")
+    decoded: list[LinkStep | CancelEntry | RefusedEntry] = []
+    for entry, body in _split(entries, rest):
+        step_id = entry["id"]
+        try:
+            capability = _credential(entry, "capability")
+            if "cancel" in entry:
+                session_id = entry["cancel"]
+                if not isinstance(session_id, str) or len(session_id) > MAX_SESSION_ID:
+                    raise _bad("cancel must name a session id")
+                decoded.append(CancelEntry(step_id, session_id, capability))
+                continue
+            step = step_from_fields(entry.get("step"))
+            decoded.append(LinkStep(step_id, step, body, capability, _credential(entry, "plan")))
+        except RuntimeRequestError as error:
+            decoded.append(RefusedEntry(step_id, error))
+    return decoded
+
+
+def _credential(entry: dict[str, Any], name: str) -> str | None:
+    value = entry.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > _MAX_CREDENTIAL:
+        raise _bad(f"{name} must be a string")
+    return value
+
+
+# --- hop → head ------------------------------------------------------------------------
+
+
+def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
+    """One frame of answers, in order."""
+    header: list[dict[str, Any]] = []
+    bodies: list[bytes] = []
+    for answer in answers:
+        item: dict[str, Any] = {"id": answer.step_id}
+        if answer.status != 200:
+            item.update(
+                status=answer.status,
+                code=answer.code,
+                type=answer.error_type,
+                message=answer.message,
+            )
+        elif answer.hidden is not None:
+            item.update(bytes=len(answer.hidden), dtype=answer.dtype, shape=answer.shape)
+            bodies.append(answer.hidden)
+        else:
+            item["token_id"] = answer.token_id
+        header.append(item)
+    return _frame({"answers": header}, bodies)
+
+
+def decode_answers(frame: bytes) -> list[StepAnswer]:
+    """The answers of a hop's frame, as sent (the head checks each); FrameError if malformed."""
+    entries, rest = _unframe(frame, "answers")
+    answers: list[StepAnswer] = []
+    for entry, body in _split(entries, rest):
+        status = entry.get("status", 200)
+        if not _is_count(status):
+            raise FrameError("an answer's status must be an integer")
+        shape = entry.get("shape")
+        answers.append(
+            StepAnswer(
+                entry["id"],
+                status=status,
+                hidden=body if "bytes" in entry else None,
+                dtype=entry.get("dtype") if isinstance(entry.get("dtype"), str) else None,
+                shape=tuple(shape) if isinstance(shape, list) else None,
+                token_id=entry.get("token_id"),
+                code=entry.get("code") if isinstance(entry.get("code"), str) else None,
+                error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
+                message=str(entry.get("message") or "")[:300],
+            )
+        )
+    return answers
+
+
+# --- the step's fields, generically ----------------------------------------------------
+
+_HINTS = typing.get_type_hints(ForwardStep)
+_FIELDS = {f.name: f for f in fields(ForwardStep)}
+
+
+def step_fields(step: ForwardStep) -> dict[str, Any]:
+    """Every field of ``step`` as JSON values (None fields left out)."""
+    out: dict[str, Any] = {}
+    for name in _FIELDS:
+        value = getattr(step, name)
+        if value is None:
+            continue
+        if isinstance(value, SamplingParams):
+            value = value.to_json()
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[name] = value
+    return out
+
+
+def step_from_fields(raw: Any) -> ForwardStep:
+    """A :class:`ForwardStep` from its JSON fields; a 400 naming the first bad one.
+
+    ``shape`` must be ``[1, T, H]`` with T, H >= 1, ``dtype`` one of
+    :data:`DTYPES`, ``sampling`` valid sampling parameters (see
+    ``SamplingParams.from_mapping``); any other field must have its declared
+    type (integers non-negative, strings at most ``MAX_SESSION_ID``
+    characters); a field must be present unless it has a default or may be None.
+    """
+    if not isinstance(raw, dict):
+        raise RuntimeRequestError("a step entry needs its step fields", code="missing_field")
+    unknown = set(raw) - set(_FIELDS)
+    if unknown:
+        raise _bad(f"unknown step fields: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name, spec in _FIELDS.items():
+        value = raw.get(name)
+        if value is None:
+            if spec.default is MISSING and not _optional(name):
+                raise RuntimeRequestError(f"the step lacks {name}", code="missing_field")
+            if spec.default is MISSING:
+                values[name] = None
+            continue
+        values[name] = _field_value(name, value)
+    if not values["session_id"]:
+        raise RuntimeRequestError("the step lacks session_id", code="missing_field")
+    return ForwardStep(**values)
+
+
+def _optional(name: str) -> bool:
+    hint = _HINTS[name]
+    return isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _field_value(name: str, value: Any) -> Any:
+    if name == "shape":
+        if (
+            not isinstance(value, list)
+            or len(value) != 3
+            or not all(isinstance(d, int) and not isinstance(d, bool) for d in value)
+            or value[0] != 1
+            or value[1] < 1
+            or value[2] < 1
+        ):
+            raise RuntimeRequestError("shape must be [1, T, H] with T >= 1", code="bad_shape")
+        return (value[0], value[1], value[2])
+    if name == "dtype":
+        if value not in DTYPES:
+            raise RuntimeRequestError(
+                f"unknown dtype {value!r} (one of {', '.join(DTYPES)})", code="bad_dtype"
+            )
+        return value
+    if name == "sampling":
+        try:
+            return SamplingParams.from_mapping(value)
+        except ProtocolError as error:
+            raise RuntimeRequestError.refusing(error) from None
+    if name == "sender":
+        return str(value)[:MAX_SESSION_ID]
+    hint = _HINTS[name]
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        raise _bad(f"{name} has the wrong type")
+    if isinstance(value, int) and value < 0:
+        raise _bad(f"{name} must not be negative")
+    if isinstance(value, str) and len(value) > MAX_SESSION_ID:
+        raise _bad(f"{name} is too long")
+    return value
+
+
+def _bad(message: str) -> RuntimeRequestError:
+    return RuntimeRequestError(message, code="bad_field")
+
+
+# --- tensors ---------------------------------------------------------------------------
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:

@@ -1,4 +1,4 @@
-"""The binary hop step (``POST /v1/forward``) in process: good steps and every kind of bad input."""
+"""Hop steps on the link (``/v1/link``) in process: good steps, batches, every bad input."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.loading import load_shard
@@ -14,7 +15,9 @@ from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.trust import PlanGate
-from tests.support.nodes import HIDDEN, forward_headers
+from tests.support.link import HIDDEN, LinkClient, in_process_link, tiny_step
+
+MAX_FRAME_BYTES = 256 * 1024
 
 
 def hidden_bytes(rows: int, seed: int = 0) -> bytes:
@@ -34,92 +37,171 @@ def client() -> Iterator[TestClient]:
         end=3,
         progress=False,
     )
-    with TestClient(
-        create_app(NodeService(shard, node_id="in-process", gate=PlanGate(dev_open=True)))
-    ) as test_client:
+    service = NodeService(shard, node_id="in-process", gate=PlanGate(dev_open=True))
+    with TestClient(create_app(service, max_frame_bytes=MAX_FRAME_BYTES)) as test_client:
         yield test_client
 
 
-def test_a_prefill_then_decode_steps_return_tokens(client: TestClient) -> None:
-    first = client.post("/v1/forward", content=hidden_bytes(5), headers=forward_headers("a", 5))
-    assert first.status_code == 200
-    assert isinstance(first.json()["token_id"], int)
-    step = client.post(
-        "/v1/forward", content=hidden_bytes(1), headers=forward_headers("a", 1, position=5)
-    )
-    assert step.status_code == 200
-    assert client.delete("/v1/sessions/a").status_code == 204
+@pytest.fixture
+def link(client: TestClient) -> Iterator[LinkClient]:
+    with in_process_link(client) as opened:
+        yield opened
 
 
-def test_a_middle_hop_returns_hidden_states_in_the_wire_format(client: TestClient) -> None:
-    response = client.post(
-        "/v1/forward", content=hidden_bytes(4), headers=forward_headers("mid", 4, end=2)
-    )
-    assert response.status_code == 200
-    assert response.headers[wire.DTYPE] == "float32"
-    assert response.headers[wire.SHAPE] == f"1,4,{HIDDEN}"
-    assert len(response.content) == 4 * HIDDEN * 4
-    client.delete("/v1/sessions/mid")
+def test_a_prefill_then_decode_steps_return_tokens(link: LinkClient) -> None:
+    first = link.step(tiny_step("a", 5), hidden_bytes(5))
+    assert first.status == 200
+    assert isinstance(first.token_id, int)
+    step = link.step(tiny_step("a", 1, position=5), hidden_bytes(1))
+    assert step.status == 200
+    assert link.cancel("a").status == 204
 
 
-@pytest.mark.parametrize(
-    ("headers", "body", "code"),
-    [
-        (forward_headers("x", 3, dtype="float16"), hidden_bytes(1), "bad_length"),
-        (forward_headers("x", 2, dtype="int8"), hidden_bytes(2), "bad_dtype"),
-        (forward_headers("x", 2, shape="1,2,63"), hidden_bytes(2), "bad_shape"),
-        (forward_headers("x", 2, shape="2,x"), hidden_bytes(2), "bad_shape"),
-        (forward_headers("x", 3), hidden_bytes(2), "bad_length"),
-        (forward_headers("x", 1, position=7), hidden_bytes(1), "unknown_session"),
-        (forward_headers("x", 2, position=4095), hidden_bytes(2), "context_length_exceeded"),
-        (forward_headers("x", 2, start=0), hidden_bytes(2), "layers_out_of_range"),
-        (forward_headers("x", 2, start=2, end=4), hidden_bytes(2), "layers_out_of_range"),
-        ({"X-Meshnet-Session": "x"}, hidden_bytes(2), "missing_header"),
-    ],
-)
-def test_bad_input_is_refused_with_400_and_the_node_keeps_serving(
-    client: TestClient, headers: dict[str, str], body: bytes, code: str
+def test_a_middle_hop_returns_hidden_states_in_the_wire_format(link: LinkClient) -> None:
+    answer = link.step(tiny_step("mid", 4, end=2), hidden_bytes(4))
+    assert answer.status == 200
+    assert answer.dtype == "float32"
+    assert answer.shape == (1, 4, HIDDEN)
+    assert answer.hidden is not None and len(answer.hidden) == 4 * HIDDEN * 4
+    link.cancel("mid")
+
+
+def test_a_batch_frame_of_several_sessions_is_answered_per_session(
+    client: TestClient, link: LinkClient
 ) -> None:
-    response = client.post("/v1/forward", content=body, headers=headers)
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == code
-    assert error["type"] == "invalid_request_error"
-    assert error["message"]
+    sessions = [f"batch-{i}" for i in range(4)]
+    prefill = [
+        wire.LinkStep(link.next_id(), tiny_step(s, 3), hidden_bytes(3, seed=i))
+        for i, s in enumerate(sessions)
+    ]
+    first = link.exchange(prefill)
+    decode = [
+        wire.LinkStep(link.next_id(), tiny_step(s, 1, position=3), hidden_bytes(1, seed=i))
+        for i, s in enumerate(sessions)
+    ]
+    second = link.exchange(decode)
+
+    assert [a.status for a in first + second] == [200] * 8
+    assert all(isinstance(a.token_id, int) for a in first + second)
+    # Each session ran alone what it runs in the batch: the same token as a lone step.
+    alone = link.step(tiny_step("alone", 3), hidden_bytes(3, seed=2))
+    assert alone.token_id == first[2].token_id
+    assert client.get("/v1/health").json()["cached_sessions"] == 5
+    for session in [*sessions, "alone"]:
+        assert link.cancel(session).status == 204
+
+
+def test_one_bad_step_in_a_frame_fails_only_itself(client: TestClient, link: LinkClient) -> None:
+    good = wire.LinkStep(link.next_id(), tiny_step("good", 2), hidden_bytes(2))
+    short = wire.LinkStep(link.next_id(), tiny_step("short", 3), hidden_bytes(2))
+    unknown = wire.LinkStep(link.next_id(), tiny_step("gone", 1, position=9), hidden_bytes(1))
+    other = wire.LinkStep(link.next_id(), tiny_step("other", 1, end=2), hidden_bytes(1))
+
+    answers = link.exchange([good, short, unknown, other])
+
+    assert [(a.status, a.code) for a in answers] == [
+        (200, None),
+        (400, "bad_length"),
+        (400, "unknown_session"),
+        (200, None),
+    ]
+    assert client.get("/v1/health").json()["cached_sessions"] == 2
+    link.cancel("good")
+    link.cancel("other")
+
+
+BAD_STEPS = [
+    (tiny_step("x", 3, dtype="float16"), hidden_bytes(1), "bad_length"),
+    (tiny_step("x", 3), hidden_bytes(2), "bad_length"),
+    (tiny_step("x", 1, position=7), hidden_bytes(1), "unknown_session"),
+    (tiny_step("x", 2, position=4095), hidden_bytes(2), "context_length_exceeded"),
+    (tiny_step("x", 2, start=0), hidden_bytes(2), "layers_out_of_range"),
+    (tiny_step("x", 2, start=2, end=4), hidden_bytes(2), "layers_out_of_range"),
+]
+BAD_FIELDS = [
+    ({"dtype": "int8"}, hidden_bytes(2), "bad_dtype"),
+    ({"shape": [1, 2, 63]}, hidden_bytes(2), "bad_shape"),
+    ({"shape": [2, "x"]}, hidden_bytes(2), "bad_shape"),
+    ({"end": None}, hidden_bytes(2), "missing_field"),
+]
+
+
+def assert_refused_and_still_serving(
+    client: TestClient, link: LinkClient, answer: wire.StepAnswer, code: str
+) -> None:
+    assert answer.status == 400
+    assert answer.code == code
+    assert answer.error_type == "invalid_request_error"
+    assert answer.message
     health = client.get("/v1/health").json()
     assert health["status"] == "ok"
     assert health["cached_sessions"] == 0
-    good = client.post("/v1/forward", content=hidden_bytes(1), headers=forward_headers("ok", 1))
-    assert good.status_code == 200
-    client.delete("/v1/sessions/ok")
+    good = link.step(tiny_step("ok", 1), hidden_bytes(1))
+    assert good.status == 200
+    link.cancel("ok")
 
 
-def test_hidden_states_in_another_float_dtype_are_cast_on_arrival(client: TestClient) -> None:
+@pytest.mark.parametrize(("step", "body", "code"), BAD_STEPS)
+def test_bad_input_is_refused_with_400_and_the_node_keeps_serving(
+    client: TestClient, link: LinkClient, step: wire.ForwardStep, body: bytes, code: str
+) -> None:
+    assert_refused_and_still_serving(client, link, link.step(step, body), code)
+
+
+@pytest.mark.parametrize(("changes", "body", "code"), BAD_FIELDS)
+def test_malformed_step_fields_are_refused_with_400_and_the_node_keeps_serving(
+    client: TestClient, link: LinkClient, changes: dict[str, object], body: bytes, code: str
+) -> None:
+    fields = {**wire.step_fields(tiny_step("x", 2)), **changes}
+    assert_refused_and_still_serving(client, link, link.raw_step(fields, body), code)
+
+
+def test_hidden_states_in_another_float_dtype_are_cast_on_arrival(link: LinkClient) -> None:
     # A GPU head in float16 handing over to this float32 node (ADR-0020's topology).
     half = torch.randn(1, 3, HIDDEN, generator=torch.Generator().manual_seed(3)).half()
 
-    response = client.post(
-        "/v1/forward",
-        content=wire.tensor_to_bytes(half),
-        headers=forward_headers("half", 3, dtype="float16"),
-    )
+    answer = link.step(tiny_step("half", 3, dtype="float16"), wire.tensor_to_bytes(half))
 
-    assert response.status_code == 200, response.text
-    assert isinstance(response.json()["token_id"], int)
-    client.delete("/v1/sessions/half")
+    assert answer.status == 200, answer.message
+    assert isinstance(answer.token_id, int)
+    link.cancel("half")
 
 
-def test_a_step_at_the_wrong_position_is_refused(client: TestClient) -> None:
-    client.post("/v1/forward", content=hidden_bytes(3), headers=forward_headers("p", 3))
-    skipped = client.post(
-        "/v1/forward", content=hidden_bytes(1), headers=forward_headers("p", 1, position=4)
-    )
-    assert skipped.status_code == 400
-    assert skipped.json()["error"]["code"] == "position_mismatch"
-    client.delete("/v1/sessions/p")
+def test_a_step_at_the_wrong_position_is_refused(link: LinkClient) -> None:
+    link.step(tiny_step("p", 3), hidden_bytes(3))
+    skipped = link.step(tiny_step("p", 1, position=4), hidden_bytes(1))
+    assert skipped.status == 400
+    assert skipped.code == "position_mismatch"
+    link.cancel("p")
 
 
-def test_cancelling_an_unknown_session_is_404(client: TestClient) -> None:
-    response = client.delete("/v1/sessions/never")
-    assert response.status_code == 404
-    assert response.json()["error"]["code"] == "unknown_session"
+def test_cancelling_an_unknown_session_is_404(link: LinkClient) -> None:
+    answer = link.cancel("never")
+    assert answer.status == 404
+    assert answer.code == "unknown_session"
+
+
+def test_a_frame_that_is_not_one_closes_the_link_and_the_node_keeps_serving(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with in_process_link(client) as link, pytest.raises(WebSocketDisconnect) as closed:
+        link.send_frame(b"\x05\x00\x00\x00nope!")
+        link.answers([1])
+
+    assert closed.value.code == 1007
+    assert "link from" in caplog.text and "not JSON" in caplog.text
+    with in_process_link(client) as fresh:
+        assert fresh.step(tiny_step("after", 1), hidden_bytes(1)).status == 200
+        fresh.cancel("after")
+
+
+def test_a_frame_over_the_size_limit_is_refused(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = MAX_FRAME_BYTES // (HIDDEN * 4) + 1
+    with in_process_link(client) as link, pytest.raises(WebSocketDisconnect) as closed:
+        link.step(tiny_step("huge", rows), hidden_bytes(rows))
+
+    assert closed.value.code == 1009
+    assert f"a frame over {MAX_FRAME_BYTES} bytes" in caplog.text
+    assert client.get("/v1/health").json()["cached_sessions"] == 0

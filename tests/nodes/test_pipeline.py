@@ -1,21 +1,24 @@
-"""Generation across tiny-model node processes over HTTP: equality, streaming, cancel, failures."""
+"""Generation across tiny-model node processes over hop links: equality, cancel, failures."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from time import time_ns
 
 import httpx
 import pytest
 
+from tests.support.link import node_link, tiny_step
 from tests.support.nodes import (
     TINY,
-    forward_headers,
     generate_body,
     read_stream,
     start_node,
 )
 from tests.support.sse import completion
-from tracker_app.localnet import NodeProcess, free_port, wait_until
+from tracker_app.localnet import NodeProcess, free_port, process_env, wait_until
+from tracker_app.localnet import start_node as start_localnet_node
 
 
 def test_split_route_streams_the_same_tokens_as_the_whole_model(
@@ -183,21 +186,16 @@ def test_idle_sessions_are_freed_and_a_full_node_answers_503(
     try:
         node.wait_serving()
         hidden = bytes(4 * 64 * 3)
-        first = httpx.post(
-            f"{node.endpoint}/v1/forward", content=hidden, headers=forward_headers("s1", 3)
-        )
-        assert first.status_code == 200
-        busy = httpx.post(
-            f"{node.endpoint}/v1/forward", content=hidden, headers=forward_headers("s2", 3)
-        )
-        assert busy.status_code == 503
-        assert busy.json()["error"]["code"] == "node_busy"
-        assert node.health()["cached_sessions"] == 1
-        wait_until(lambda: node.health()["cached_sessions"] == 0, timeout=10)
-        again = httpx.post(
-            f"{node.endpoint}/v1/forward", content=hidden, headers=forward_headers("s2", 3)
-        )
-        assert again.status_code == 200
+        with node_link(node.endpoint) as link:
+            first = link.step(tiny_step("s1", 3), hidden)
+            assert first.status == 200
+            busy = link.step(tiny_step("s2", 3), hidden)
+            assert busy.status == 503
+            assert busy.code == "node_busy"
+            assert node.health()["cached_sessions"] == 1
+            wait_until(lambda: node.health()["cached_sessions"] == 0, timeout=10)
+            again = link.step(tiny_step("s2", 3), hidden)
+            assert again.status == 200
     finally:
         node.stop()
 
@@ -210,12 +208,8 @@ def test_a_hop_at_its_session_cap_ends_the_stream_as_busy_not_failed(
     )
     try:
         full.wait_serving()
-        taken = httpx.post(
-            f"{full.endpoint}/v1/forward",
-            content=bytes(4 * 64 * 3),
-            headers=forward_headers("occupier", 3),
-        )
-        assert taken.status_code == 200
+        with node_link(full.endpoint) as link:
+            assert link.step(tiny_step("occupier", 3), bytes(4 * 64 * 3)).status == 200
 
         head = tiny_nodes["head"]
         frames = read_stream(head.endpoint, generate_body([(head, 0, 1), (full, 2, 3)]))
@@ -225,3 +219,60 @@ def test_a_hop_at_its_session_cap_ends_the_stream_as_busy_not_failed(
         wait_until(lambda: head.health()["cached_sessions"] == 0)
     finally:
         full.stop()
+
+
+def test_concurrent_generations_through_one_link_each_stream_their_own_tokens(
+    tiny_nodes: dict[str, NodeProcess],
+) -> None:
+    # Their steps share the head's link to the tail (frames of several sessions).
+    head, tail, whole = tiny_nodes["head"], tiny_nodes["tail"], tiny_nodes["whole"]
+    prompts = ["Hello there", "Tell me about meshes.", "Count to ten", "Why is the sky blue?"]
+    alone = [
+        completion(read_stream(whole.endpoint, generate_body([(whole, 0, 3)], content=p)))[1]
+        for p in prompts
+    ]
+
+    def split(prompt: str) -> list[int]:
+        body = generate_body([(head, 0, 1), (tail, 2, 3)], content=prompt)
+        return completion(read_stream(head.endpoint, body))[1]
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(split, prompts))
+
+    assert together == alone
+    wait_until(lambda: tail.health()["cached_sessions"] == 0)
+
+
+def test_a_link_that_drops_mid_generation_fails_the_hop_and_the_next_generation_reconnects(
+    tmp_path: Path, tiny_nodes: dict[str, NodeProcess]
+) -> None:
+    head, whole = tiny_nodes["head"], tiny_nodes["whole"]
+    port = free_port()
+
+    def tail() -> NodeProcess:
+        node = start_localnet_node(
+            name=f"drop-{time_ns()}", model=TINY, layers=(2, 3), env=process_env(),
+            log_dir=tmp_path, port=port, node_id="tiny-drop", dev_open=True,
+        )  # fmt: skip
+        node.wait_serving()
+        return node
+
+    crashing = tail()
+    body = generate_body([(head, 0, 1), (crashing, 2, 3)], max_tokens=4000)
+    with httpx.stream("POST", f"{head.endpoint}/v1/generate", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+        crashing.process.kill()  # mid-generation: no close frame, no goodbye
+        frames = [line for line in lines if line.startswith("data:")]
+    crashing.stop()
+
+    assert frames[-1] == "data: [DONE]"
+    assert '"code":"hop_failed"' in frames[-2] and '"node_id":"tiny-drop"' in frames[-2]
+    restarted = tail()
+    try:
+        again = read_stream(head.endpoint, generate_body([(head, 0, 1), (restarted, 2, 3)]))
+        alone = read_stream(whole.endpoint, generate_body([(whole, 0, 3)]))
+        assert completion(again)[1] == completion(alone)[1]
+    finally:
+        restarted.stop()

@@ -172,15 +172,15 @@ def test_the_tracker_and_the_node_apply_the_same_stop_rule() -> None:
         stop_sequences(["a"] * (MAX_STOPS + 1))
 
 
-def test_sampling_params_round_trip_through_their_header() -> None:
+def test_sampling_params_round_trip_through_their_json() -> None:
     params = SamplingParams(temperature=1.2, top_p=0.5, top_k=3, seed=None)
-    assert SamplingParams.from_header(params.to_header()) == params
+    assert SamplingParams.from_mapping(params.to_json()) == params
     assert SamplingParams(temperature=0.0).greedy and SamplingParams(1.0, top_k=1).greedy
 
 
-def test_a_sampling_header_that_is_not_json_is_refused() -> None:
+def test_sampling_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(ProtocolError) as caught:
-        SamplingParams.from_header("{temperature")
+        SamplingParams.from_mapping("{temperature")
     assert caught.value.code == "bad_sampling"
 
 

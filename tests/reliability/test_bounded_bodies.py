@@ -1,8 +1,9 @@
 """Issue 12: every body is bounded before it is read; reported numbers are bounded too.
 
 The tracker refuses an over-size body (413) or a chunked one without
-Content-Length (411) on its headers, before daphne spools it; a hop step must
-declare the exact length its shape needs; a head caps the generate body and
+Content-Length (411) on its headers, before daphne spools it; a node reads a
+hop-link frame only up to its frame limit, and a step's bytes must be exactly
+what its shape needs; a head caps the generate body and
 the prompt's characters before tokenising; registrations and heartbeats carry
 numbers in sane ranges or get a 400. The attacks run against real processes.
 """
@@ -12,20 +13,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from rest_framework.test import APIClient
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from meshnet_site.asgi_limits import BoundedBodies
 from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
+from nodes_app.runtime.links import link_url
 from tests.support.challenge import ChallengeResponder
+from tests.support.link import node_link, tiny_step
 from tests.support.network import Tracker
-from tests.support.nodes import TINY, forward_headers, running_nodes
+from tests.support.nodes import TINY, running_nodes, start_node
 from tests.support.registration import proven_registration
 from tests.support.uploads import footprint, stream_upload
-from tracker_app.localnet import NodeProcess
+from tracker_app.localnet import NodeProcess, wait_until
 
 MIB = 2**20
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
@@ -138,36 +144,55 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodePr
         yield started
 
 
-def test_a_forward_step_without_content_length_is_a_411_before_its_body_is_read(
-    nodes: dict[str, NodeProcess],
+def test_a_link_frame_over_the_nodes_limit_closes_the_link_before_it_is_read_whole(
+    tmp_path: Path,
 ) -> None:
-    tail = nodes["tail"]
-    before = footprint(tail.process.pid)
-
-    upload = stream_upload(
-        f"{tail.endpoint}/v1/forward", total=300 * MIB, headers=forward_headers("chunked", 2)
+    tail = start_node(
+        tmp_path, TINY, (2, 3), node_id="bounded-frames", extra_args=["--max-frame-bytes", str(MIB)]
     )
+    try:
+        tail.wait_serving(timeout=120)
+        before = footprint(tail.process.pid)
+        sent = 0
 
-    after = footprint(tail.process.pid)
-    assert_error(upload.status, upload.json_error(), 411, "length_required")
-    assert upload.sent <= 8 * MIB and upload.seconds < 10
-    assert after.rss - before.rss < 32 * MIB
-    assert tail.health()["cached_sessions"] == 0
+        def fragments() -> Iterator[bytes]:
+            nonlocal sent
+            while sent < 300 * MIB:
+                sent += MIB // 4
+                yield bytes(MIB // 4)
+
+        with (
+            connect(link_url(tail.endpoint), compression=None) as websocket,
+            pytest.raises(ConnectionClosed) as closed,
+        ):
+            websocket.send(fragments())
+            websocket.recv(timeout=30)
+
+        after = footprint(tail.process.pid)
+        # The node closes with 1009 (message too big); its close frame may be lost
+        # to the connection reset while the sender is still writing.
+        assert closed.value.rcvd is None or closed.value.rcvd.code == 1009
+        assert sent <= 8 * MIB, f"{sent} bytes went out before the refusal"
+        assert after.rss - before.rss < 32 * MIB
+        with node_link(tail.endpoint) as link:
+            assert link.step(tiny_step("after", 2), bytes(2 * 64 * 4)).status == 200
+    finally:
+        tail.stop()
 
 
-def test_a_forward_step_longer_than_its_shape_is_a_413_before_its_body_is_read(
+def test_a_step_longer_than_its_shape_is_refused_before_any_tensor_work(
     nodes: dict[str, NodeProcess],
 ) -> None:
     tail = nodes["tail"]
-    headers = {**forward_headers("long", 2), "Content-Length": str(300 * MIB)}
-    before = footprint(tail.process.pid)
 
-    upload = stream_upload(f"{tail.endpoint}/v1/forward", total=300 * MIB, headers=headers)
+    with node_link(tail.endpoint) as link:
+        long = link.step(tiny_step("long", 2), bytes(8 * MIB))
+        good = link.step(tiny_step("good", 2), bytes(2 * 64 * 4))
+        link.cancel("good")
 
-    after = footprint(tail.process.pid)
-    assert_error(upload.status, upload.json_error(), 413, "bad_length")
-    assert upload.sent <= 8 * MIB and upload.seconds < 10
-    assert after.rss - before.rss < 32 * MIB
+    assert (long.status, long.code) == (400, "bad_length")
+    assert good.status == 200
+    wait_until(lambda: tail.health()["cached_sessions"] == 0)
 
 
 def generate_body(head: NodeProcess, tail: NodeProcess, content: str) -> dict[str, Any]:

@@ -23,8 +23,6 @@ from starlette.testclient import TestClient
 
 from meshnet_site.errors import DomainError
 from nodes_app.protocol import (
-    CAPABILITY,
-    PLAN,
     SEED_MAX,
     TEMPERATURE_MAX,
     TOP_K_MAX,
@@ -45,8 +43,9 @@ from nodes_app.runtime.tiny import tiny_tokenizer
 from nodes_app.runtime.trust import PlanGate, new_capability
 from tests.support.databases import fresh_process_database
 from tests.support.fake_hop import fake_hop
+from tests.support.link import HIDDEN, in_process_link, node_link, tiny_step
 from tests.support.network import Network, start_network
-from tests.support.nodes import HIDDEN, TINY, forward_headers
+from tests.support.nodes import TINY
 from tests.support.plans import signed_plan, tracker_key
 from tracker_app.chat import chat_params_parse
 
@@ -212,21 +211,17 @@ def nan_hidden(rows: int) -> bytes:
 def test_nan_hidden_states_are_a_400_naming_their_producer_and_the_hop_keeps_serving(
     tail: TestClient,
 ) -> None:
-    headers = {**forward_headers("nan", 3), wire.SENDER: "node-upstream"}
+    with in_process_link(tail) as link:
+        refusal = link.step(tiny_step("nan", 3, sender="node-upstream"), nan_hidden(3))
 
-    response = tail.post("/v1/forward", content=nan_hidden(3), headers=headers)
-
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == "non_finite_input"
-    assert "node-upstream" in error["message"]
-    assert tail.get("/v1/health").json()["cached_sessions"] == 0
-    good = torch.randn(1, 3, HIDDEN)
-    answer = tail.post(
-        "/v1/forward", content=wire.tensor_to_bytes(good), headers=forward_headers("ok", 3)
-    )
-    assert answer.status_code == 200 and isinstance(answer.json()["token_id"], int)
-    tail.delete("/v1/sessions/ok")
+        assert refusal.status == 400
+        assert refusal.code == "non_finite_input"
+        assert "node-upstream" in refusal.message
+        assert tail.get("/v1/health").json()["cached_sessions"] == 0
+        good = torch.randn(1, 3, HIDDEN)
+        answer = link.step(tiny_step("ok", 3), wire.tensor_to_bytes(good))
+        assert answer.status == 200 and isinstance(answer.token_id, int)
+        link.cancel("ok")
 
 
 @pytest.mark.parametrize(
@@ -235,14 +230,13 @@ def test_nan_hidden_states_are_a_400_naming_their_producer_and_the_hop_keeps_ser
 def test_a_hop_refuses_sampling_out_of_range_with_a_400_not_a_crash(
     tail: TestClient, sampling: dict[str, Any]
 ) -> None:
-    headers = {**forward_headers("s", 2), wire.SAMPLING: json.dumps(sampling)}
+    fields = {**wire.step_fields(tiny_step("s", 2)), "sampling": sampling}
 
-    response = tail.post(
-        "/v1/forward", content=wire.tensor_to_bytes(torch.randn(1, 2, HIDDEN)), headers=headers
-    )
+    with in_process_link(tail) as link:
+        answer = link.raw_step(fields, wire.tensor_to_bytes(torch.randn(1, 2, HIDDEN)))
 
-    assert response.status_code == 400
-    assert response.json()["error"]["code"] == "bad_sampling"
+    assert answer.status == 400
+    assert answer.code == "bad_sampling"
 
 
 def generate_through(head: TestClient, hops: list[dict[str, Any]]) -> list[Any]:
@@ -276,7 +270,7 @@ def blamed(frames: list[Any]) -> tuple[str, str]:
 def test_a_token_id_outside_the_vocabulary_is_the_tails_fault_not_the_heads(
     head: TestClient, token: Any
 ) -> None:
-    with fake_hop(200, json.dumps({"token_id": token}).encode()) as url:
+    with fake_hop({"token_id": token}) as url:
         frames = generate_through(head, [head_hop(), fake("liar-tail", url, 2, 3)])
 
     assert blamed(frames) == ("liar-tail", "hop_failed")
@@ -284,8 +278,8 @@ def test_a_token_id_outside_the_vocabulary_is_the_tails_fault_not_the_heads(
 
 
 def test_a_middle_hop_answering_the_wrong_shape_is_that_hops_fault(head: TestClient) -> None:
-    one_row = {wire.DTYPE: "float32", wire.SHAPE: f"1,1,{HIDDEN}"}  # the prefill has many
-    with fake_hop(200, wire.tensor_to_bytes(torch.randn(1, 1, HIDDEN)), one_row) as url:
+    one_row = {"dtype": "float32", "shape": [1, 1, HIDDEN]}  # the prefill has many
+    with fake_hop(one_row, wire.tensor_to_bytes(torch.randn(1, 1, HIDDEN))) as url:
         frames = generate_through(
             head, [head_hop(), fake("odd-middle", url, 2, 2), fake("tail", url, 3, 3)]
         )
@@ -297,9 +291,12 @@ def test_a_hop_refusing_non_finite_input_blames_the_node_that_computed_it(
     head: TestClient,
 ) -> None:
     refusal = {
-        "error": {"message": "x", "type": "invalid_request_error", "code": "non_finite_input"}
+        "status": 400,
+        "message": "x",
+        "type": "invalid_request_error",
+        "code": "non_finite_input",
     }
-    with fake_hop(400, json.dumps(refusal).encode()) as url:
+    with fake_hop(refusal) as url:
         frames = generate_through(head, [head_hop(), fake("judging-tail", url, 2, 3)])
 
     # The head computed what the tail refused: the head is named.
@@ -309,8 +306,8 @@ def test_a_hop_refusing_non_finite_input_blames_the_node_that_computed_it(
 def test_a_hop_answer_with_nan_in_it_is_never_relayed(head: TestClient) -> None:
     prompt_rows = len(prompt_token_ids(tiny_tokenizer(), PROMPT))
     nan = nan_hidden(prompt_rows)
-    answer = {wire.DTYPE: "float32", wire.SHAPE: f"1,{prompt_rows},{HIDDEN}"}
-    with fake_hop(200, nan, answer) as middle, fake_hop(200, b'{"token_id": 1}') as tail_url:
+    answer = {"dtype": "float32", "shape": [1, prompt_rows, HIDDEN]}
+    with fake_hop(answer, nan) as middle, fake_hop({"token_id": 1}) as tail_url:
         frames = generate_through(
             head, [head_hop(), fake("nan-middle", middle, 2, 2), fake("tail", tail_url, 3, 3)]
         )
@@ -408,31 +405,19 @@ def test_past_the_tracker_the_nodes_refuse_the_same_input_themselves(network: Ne
     body["plan"] = {**body["plan"], **seal}
     direct = httpx.post(f"{head.endpoint}/v1/generate", json=body, timeout=60)
 
-    def opening(request_id: str, rows: int) -> dict[str, str]:
+    def opening(request_id: str, rows: int) -> dict[str, Any]:
         plan = signed_plan(key, request_id=request_id, model=TINY, hops=hops)
-        return {
-            **forward_headers(f"{request_id}.step", rows),
-            PLAN: plan.to_header(),
-            CAPABILITY: new_capability(),
-        }
+        return {"plan": plan.to_header(), "capability": new_capability()}
 
-    step_headers = {**opening("bad-seed", 2), wire.SAMPLING: '{"seed": 18446744073709551616}'}
-    step = httpx.post(
-        f"{tail.endpoint}/v1/forward",
-        content=wire.tensor_to_bytes(torch.randn(1, 2, HIDDEN)),
-        headers=step_headers,
-        timeout=60,
-    )
-    nan = httpx.post(
-        f"{tail.endpoint}/v1/forward",
-        content=nan_hidden(2),
-        headers=opening("nan", 2),
-        timeout=60,
-    )
+    with node_link(tail.endpoint) as link:
+        bad_seed = {**wire.step_fields(tiny_step("bad-seed.step", 2)), "sampling": {"seed": 2**64}}
+        step = link.raw_step(bad_seed, wire.tensor_to_bytes(torch.randn(1, 2, HIDDEN)),
+                               **opening("bad-seed", 2))  # fmt: skip
+        nan = link.step(tiny_step("nan.step", 2), nan_hidden(2), **opening("nan", 2))
 
     assert (direct.status_code, direct.json()["error"]["code"]) == (400, "bad_sampling")
-    assert (step.status_code, step.json()["error"]["code"]) == (400, "bad_sampling")
-    assert (nan.status_code, nan.json()["error"]["code"]) == (400, "non_finite_input")
+    assert (step.status, step.code) == (400, "bad_sampling")
+    assert (nan.status, nan.code) == (400, "non_finite_input")
     assert tail.health()["cached_sessions"] == 0
     assert_nobody_banned_and_the_next_chat_succeeds(network)
 

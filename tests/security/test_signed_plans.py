@@ -28,12 +28,12 @@ from meshnet_site.environment import PLAN_VALIDITY
 from nodes_app.protocol import (
     CAPABILITY,
     MAX_PLAN_VALIDITY,
-    PLAN,
     TRACKER_KEY_PATH,
     PlanHop,
     ProtocolError,
     SignedPlan,
 )
+from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.trust import PlanGate, capability_hash, new_capability
 from nodes_app.signing import (
@@ -45,8 +45,10 @@ from nodes_app.signing import (
 )
 from tests.support.databases import fresh_process_database
 from tests.support.decoy import MARKER, Decoy, running_decoy
+from tests.support.fake_hop import fake_hop
+from tests.support.link import node_link, tiny_step
 from tests.support.network import Network, start_network
-from tests.support.nodes import TINY, forward_headers, running_nodes
+from tests.support.nodes import TINY, running_nodes
 from tests.support.plans import signed, signed_plan, tracker_key
 from tests.support.sse import chunks_of, completion, read_sse
 from tracker_app.localnet import NodeProcess, start_node, wait_until
@@ -109,25 +111,28 @@ def step(
     rows: int = HIDDEN_ROWS,
     plan: SignedPlan | None = None,
     capability: str | None = None,
-) -> httpx.Response:
-    """One binary step of layers 2-3 (hidden states of zeros) to ``node``."""
-    headers = forward_headers(session, rows, position=position)
-    if plan is not None:
-        headers[PLAN] = plan.to_header()
-    if capability is not None:
-        headers[CAPABILITY] = capability
-    return httpx.post(
-        f"{node.endpoint}/v1/forward", content=bytes(4 * 64 * rows), headers=headers, timeout=30
-    )
+) -> wire.StepAnswer:
+    """One binary step of layers 2-3 (hidden states of zeros) to ``node``, on a link."""
+    with node_link(node.endpoint) as link:
+        return link.step(
+            tiny_step(session, rows, position=position),
+            bytes(4 * 64 * rows),
+            capability=capability,
+            plan=None if plan is None else plan.to_header(),
+        )
 
 
-def delete(node: NodeProcess, session: str, capability: str | None = None) -> httpx.Response:
-    headers = {} if capability is None else {CAPABILITY: capability}
-    return httpx.delete(f"{node.endpoint}/v1/sessions/{session}", headers=headers, timeout=30)
+def delete(node: NodeProcess, session: str, capability: str | None = None) -> wire.StepAnswer:
+    with node_link(node.endpoint) as link:
+        return link.cancel(session, capability=capability)
 
 
-def refused(response: httpx.Response, status: int, code: str) -> str:
+def refused(response: httpx.Response | wire.StepAnswer, status: int, code: str) -> str:
     """The refusal's message, after checking its status, code and the error shape."""
+    if isinstance(response, wire.StepAnswer):
+        assert (response.status, response.code) == (status, code), response
+        assert response.error_type and response.message
+        return response.message
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "code"}
@@ -200,10 +205,10 @@ def test_eight_anonymous_requests_no_longer_fill_a_nodes_slots(
 ) -> None:
     # Reproduced on a dev-open node: eight anonymous steps take all eight slots.
     flood = [f"flood.{i}" for i in range(8)]
-    assert [step(open_node, sid).status_code for sid in flood] == [200] * 8
+    assert [step(open_node, sid).status for sid in flood] == [200] * 8
     assert sessions(open_node) == 8
     refused(step(open_node, "flood.9"), 503, "node_busy")
-    assert {delete(open_node, sid).status_code for sid in flood} == {204}
+    assert {delete(open_node, sid).status for sid in flood} == {204}
 
     whole = network.nodes["whole"]
     for i in range(8):
@@ -223,7 +228,7 @@ def test_a_wrong_capability_can_neither_step_nor_delete_anothers_session(
     plan = head_tail_plan(network, "owned")
     mine = new_capability()
     opened = step(tail, "owned.a1", plan=plan, capability=mine)
-    assert opened.status_code == 200, opened.text
+    assert opened.status == 200, opened
 
     position = {"position": HIDDEN_ROWS, "rows": 1}
     refused(step(tail, "owned.a1", **position), 401, "capability_required")
@@ -231,8 +236,8 @@ def test_a_wrong_capability_can_neither_step_nor_delete_anothers_session(
             "capability_invalid")  # fmt: skip
     refused(delete(tail, "owned.a1"), 401, "capability_required")
     refused(delete(tail, "owned.a1", new_capability()), 403, "capability_invalid")
-    assert step(tail, "owned.a1", capability=mine, **position).status_code == 200
-    assert delete(tail, "owned.a1", mine).status_code == 204
+    assert step(tail, "owned.a1", capability=mine, **position).status == 200
+    assert delete(tail, "owned.a1", mine).status == 204
     assert sessions(tail) == 0
 
 
@@ -284,7 +289,7 @@ def test_an_expired_plan_is_refused(network: Network) -> None:
 def test_a_plan_altered_after_signing_never_sends_hidden_states_elsewhere(
     network: Network, open_node: NodeProcess, decoy: Decoy, alteration: str
 ) -> None:
-    # Reproduced on a dev-open head: it posts hidden states wherever the plan says.
+    # Reproduced on a dev-open head: it sends hidden states wherever the plan says.
     reproduced = read_sse(
         f"{open_node.endpoint}/v1/generate",
         generate_body(open_node.hop(0, 1), {**open_node.hop(2, 3), "endpoint": decoy.endpoint}),
@@ -292,7 +297,7 @@ def test_a_plan_altered_after_signing_never_sends_hidden_states_elsewhere(
     assert reproduced[-2]["error"]["code"] == "hop_failed"
     # The head also asks the decoy to free the session it failed to open.
     wait_until(lambda: len(decoy.calls) == 2, timeout=10)
-    assert decoy.calls[0] == "POST /v1/forward"
+    assert decoy.calls[0] == "GET /v1/link"
     decoy.calls.clear()
 
     head, tail = network.nodes["head"], network.nodes["tail"]
@@ -316,9 +321,9 @@ def test_a_replayed_plan_is_refused_on_the_head_and_on_every_hop(network: Networ
 
     plan, capability = head_tail_plan(network, "once"), new_capability()
     opened = step(tail, "once.a", plan=plan, capability=capability)
-    assert opened.status_code == 200, opened.text
+    assert opened.status == 200, opened
     refused(step(tail, "once.b", plan=plan, capability=new_capability()), 403, "plan_replayed")
-    assert delete(tail, "once.a", capability).status_code == 204
+    assert delete(tail, "once.a", capability).status == 204
     assert sessions(head) == sessions(tail) == 0
 
 
@@ -359,6 +364,16 @@ def test_a_hops_error_text_never_reaches_the_heads_caller(
     error = frames[-2]["error"]
     assert error["node_id"] == open_node.node_id
     assert "HTTP 500" in error["message"]
+    assert MARKER not in str(frames)
+    # A hop that speaks the link and answers a refusal in its own words.
+    refusal = {"status": 500, "code": MARKER, "type": "server_error", "message": MARKER}
+    with fake_hop(refusal) as liar:
+        frames = read_sse(
+            f"{open_node.endpoint}/v1/generate",
+            generate_body(open_node.hop(0, 1), {**open_node.hop(2, 3), "endpoint": liar}),
+        )
+    assert frames[-2]["error"]["code"] == "hop_failed"
+    assert "status 500" in frames[-2]["error"]["message"]
     assert MARKER not in str(frames)
 
 

@@ -34,6 +34,8 @@ def running_decoy() -> Iterator[Decoy]:
     decoy = Decoy(endpoint="")
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def _answer(self) -> None:
             decoy.calls.append(f"{self.command} {self.path}")
             length = int(self.headers.get("content-length") or 0)

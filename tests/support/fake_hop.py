@@ -1,43 +1,51 @@
-"""A fake downstream hop: a real HTTP server on loopback that answers every step as told.
+"""A fake downstream hop: a real websocket server on loopback that answers every step as told.
 
 For what an honest node never does (answer an impossible token id, NaN hidden
 states, an error naming someone else), so the head's checks can be watched.
+It speaks the hop link (``/v1/link``): each step of a frame gets ``answer``
+(an answer entry of ``wire``'s format without its id, written as given, so
+malformed values go out as they are), plus ``body`` as its bytes; a cancel
+gets 204.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import struct
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from websockets.sync.server import ServerConnection, serve
+
+from nodes_app.runtime import wire
 
 
 @contextlib.contextmanager
-def fake_hop(status: int, body: bytes, headers: dict[str, str] | None = None) -> Iterator[str]:
-    """Serve ``POST /v1/forward`` with this answer (and 204 to any DELETE); yields the URL."""
+def fake_hop(answer: dict[str, Any], body: bytes = b"") -> Iterator[str]:
+    """Serve the link with this answer to every step; yields the endpoint URL."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(status)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def handler(websocket: ServerConnection) -> None:
+        for message in websocket:
+            assert isinstance(message, bytes)
+            entries: list[dict[str, Any]] = []
+            bodies = b""
+            for entry in wire.decode_requests(message):
+                if isinstance(entry, wire.CancelEntry):
+                    entries.append({"id": entry.step_id, "status": 204})
+                    continue
+                entries.append(
+                    {**answer, "id": entry.step_id, **({"bytes": len(body)} if body else {})}
+                )
+                bodies += body
+            header = json.dumps({"answers": entries}).encode()
+            websocket.send(struct.pack("<I", len(header)) + header + bodies)
 
-        def do_DELETE(self) -> None:
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(handler, "127.0.0.1", 0, compression=None) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.socket.getsockname()[1]}"
+        finally:
+            server.shutdown()

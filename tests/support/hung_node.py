@@ -1,15 +1,18 @@
 """A hung node: a real HTTP server, registered like a node, that takes work and never answers.
 
 It registers under a wallet of its own, proves its endpoint when the tracker
-challenges it, answers health checks and session cancels, and then hangs on
-the work itself: a ``/v1/forward`` step is read whole and never answered; a
-``/v1/generate`` is accepted (200, the role frame) and then goes silent. It
-holds every such connection open until :meth:`HungNode.release` (or stop),
-which closes them unanswered. It runs in threads of the test process.
+challenges it, answers health checks, and then hangs on the work itself: a
+hop link (``/v1/link``) is accepted (the websocket handshake) and its frames
+are read and never answered; a ``/v1/generate`` is accepted (200, the role
+frame) and then goes silent. It holds every such connection open until
+:meth:`HungNode.release` (or stop), which closes them unanswered. It runs in
+threads of the test process.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -19,9 +22,15 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import ChunkFrame, sse_event
+from nodes_app.protocol import LINK_PATH, ChunkFrame, sse_event
 from tests.support.fake_node import NodeHandler, serve_node
 from tests.support.registration import signed_registration
+
+
+def websocket_accept(key: str) -> str:
+    """The handshake's ``Sec-WebSocket-Accept`` for the client's key (RFC 6455)."""
+    digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+    return base64.b64encode(digest).decode()
 
 
 @dataclass
@@ -42,6 +51,24 @@ class HungNode:
     def start_serving(self) -> HungNode:
         class Handler(NodeHandler):
             node = self
+
+            def do_GET(self) -> None:
+                if self.path != LINK_PATH:
+                    super().do_GET()
+                    return
+                key = self.headers.get("Sec-WebSocket-Key", "")
+                self.send_response(101)
+                self.send_header("Upgrade", "websocket")
+                self.send_header("Connection", "Upgrade")
+                self.send_header("Sec-WebSocket-Accept", websocket_accept(key))
+                self.end_headers()
+                self.wfile.flush()
+                # The first frame's bytes: work reached this node.
+                self.connection.settimeout(None)
+                if self.rfile.read1(65536):
+                    self.node.asked.set()
+                self.node._released.wait()
+                self.close_connection = True
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -8,8 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.sampling import SamplingParams
 from tests.support.network import Tracker
 from tests.support.sse import read_sse
 from tracker_app.localnet import NodeProcess, free_port, process_env
@@ -17,7 +15,6 @@ from tracker_app.localnet import start_node as start_localnet_node
 
 TINY = "tiny-random-llama"
 SMOLLM2 = "smollm2-135m"
-HIDDEN = 64  # the tiny model's hidden size
 
 # head + tail, the whole model, and a partial head (ADR-0020's topology).
 LAYOUTS = {"head": (0, 1), "tail": (2, 3), "whole": (0, 3), "partial": (0, 2)}
@@ -81,31 +78,6 @@ def running_nodes(
     finally:
         for node in nodes.values():
             node.stop()
-
-
-def forward_headers(
-    session: str,
-    rows: int,
-    *,
-    start: int = 2,
-    end: int = 3,
-    position: int = 0,
-    dtype: str = "float32",
-    shape: str | None = None,
-) -> dict[str, str]:
-    """The headers of one binary hop step of the tiny model (``shape`` overrides the header)."""
-    headers = wire.step_headers(
-        session_id=session,
-        start=start,
-        end=end,
-        position=position,
-        dtype=dtype,
-        shape=(1, rows, HIDDEN),
-        sampling=SamplingParams() if end == 3 else None,
-    )
-    if shape is not None:
-        headers[wire.SHAPE] = shape
-    return headers
 
 
 def generate_body(

@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from meshnet_site.environment import HOP_STEP_TIMEOUT
-from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
+from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS, LINK_MAX_FRAME_BYTES
 from nodes_app.runtime.capacity import add_capacity_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
@@ -65,6 +65,13 @@ class Command(BaseCommand):
             type=_positive,
             default=GENERATE_MAX_BYTES,
             help=f"largest /v1/generate body read, in bytes (default {GENERATE_MAX_BYTES})",
+        )
+        parser.add_argument(
+            "--max-frame-bytes",
+            type=_positive,
+            default=LINK_MAX_FRAME_BYTES,
+            help="largest hop-link frame read, in bytes; a larger one closes the link "
+            f"(default {LINK_MAX_FRAME_BYTES})",
         )
         parser.add_argument(
             "--max-prompt-chars",
@@ -125,6 +132,7 @@ class Command(BaseCommand):
             tracker_key=options["tracker_key"],
             dev_open=options["dev_open"],
             max_request_bytes=options["max_request_bytes"],
+            max_frame_bytes=options["max_frame_bytes"],
             max_prompt_chars=options["max_prompt_chars"],
             step_timeout=step_timeout,
         )

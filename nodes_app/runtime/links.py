@@ -1,0 +1,228 @@
+"""The head's end of its hop links: one persistent websocket per downstream endpoint.
+
+Every generation this head runs sends its steps for a hop over that hop's one
+link (``/v1/link``, frame format: ``wire``), so a step costs one websocket
+message each way instead of an HTTP request. Steps queued for the same link
+within one event-loop tick leave as one frame (the flush is scheduled with
+``loop.call_soon``, never a timer: a lone step goes at once), so the steps of
+many sessions that are ready together reach the hop together.
+
+Each step waits for its own answer, within its own deadline
+(:class:`LinkTimeout`). A link that drops fails every step pending on it
+(:class:`LinkDropped`) and is forgotten: the next step opens a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from nodes_app.protocol import LINK_MAX_FRAME_BYTES, LINK_PATH
+from nodes_app.runtime import wire
+
+logger = logging.getLogger("meshnet.node")
+
+# How long opening a link may take (TCP connect and websocket handshake).
+LINK_CONNECT_SECONDS = 5.0
+
+
+class LinkError(Exception):
+    """A step that got no answer on its link."""
+
+
+class LinkDropped(LinkError):
+    """The link could not be opened, or closed while the step waited."""
+
+
+class LinkTimeout(LinkError):
+    """No answer within the step's deadline (the link stays open)."""
+
+
+def link_url(endpoint: str) -> str:
+    """The websocket URL of ``endpoint``'s link (http → ws, https → wss)."""
+    scheme, sep, rest = endpoint.partition("://")
+    ws = {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme)
+    return f"{ws}{sep}{rest}{LINK_PATH}"
+
+
+class HopLink:
+    """One open websocket to one hop; many sessions' steps share it."""
+
+    def __init__(self, endpoint: str, *, max_frame_bytes: int) -> None:
+        self.endpoint = endpoint
+        self.max_frame_bytes = max_frame_bytes
+        self.closed = False
+        self._connection: ClientConnection | None = None
+        self._opening: asyncio.Task[ClientConnection] | None = None
+        self._pending: dict[int, asyncio.Future[wire.StepAnswer]] = {}
+        self._queued: list[wire.LinkStep | wire.CancelEntry] = []
+        self._flush_scheduled = False
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def step(
+        self,
+        step: wire.ForwardStep,
+        body: bytes,
+        *,
+        capability: str | None,
+        plan: str | None,
+        timeout: float,
+    ) -> wire.StepAnswer:
+        """The hop's answer to ``step``: LinkTimeout past ``timeout`` s, LinkDropped on a drop."""
+        return await self._ask(
+            lambda step_id: wire.LinkStep(step_id, step, body, capability, plan), timeout
+        )
+
+    async def cancel(
+        self, session_id: str, *, capability: str | None, timeout: float
+    ) -> wire.StepAnswer:
+        """Free ``session_id`` on the hop: its answer (status 204, or a refusal)."""
+        return await self._ask(
+            lambda step_id: wire.CancelEntry(step_id, session_id, capability), timeout
+        )
+
+    async def _ask(
+        self, entry_for: Callable[[int], wire.LinkStep | wire.CancelEntry], timeout: float
+    ) -> wire.StepAnswer:
+        await self._open()
+        step_id = next(self._ids)
+        entry = entry_for(step_id)
+        if isinstance(entry, wire.LinkStep) and len(entry.body) + 4096 > self.max_frame_bytes:
+            raise LinkDropped(f"a step of {len(entry.body)} bytes is over the link's frame limit")
+        answer: asyncio.Future[wire.StepAnswer] = asyncio.get_running_loop().create_future()
+        self._pending[step_id] = answer
+        self._queued.append(entry)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        try:
+            return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            raise LinkTimeout(f"no answer within {timeout:g} s") from None
+        finally:
+            self._pending.pop(step_id, None)
+
+    async def _open(self) -> None:
+        if self.closed:
+            raise LinkDropped("the link is closed")
+        if self._connection is not None:
+            return
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._connect())
+        try:
+            await asyncio.shield(self._opening)
+        except InvalidStatus as error:
+            self.closed = True
+            status = error.response.status_code
+            raise LinkDropped(f"could not open the link (HTTP {status})") from error
+        except (OSError, TimeoutError, WebSocketException) as error:
+            self.closed = True
+            raise LinkDropped(f"could not open the link ({type(error).__name__})") from error
+
+    async def _connect(self) -> ClientConnection:
+        connection = await connect(
+            link_url(self.endpoint),
+            open_timeout=LINK_CONNECT_SECONDS,
+            max_size=self.max_frame_bytes,
+            compression=None,
+            # A hung hop is found by each step's deadline, not by pings.
+            ping_interval=None,
+            close_timeout=1.0,
+        )
+        self._connection = connection
+        self._spawn(self._read(connection))
+        return connection
+
+    def _flush(self) -> None:
+        """Send what was queued this tick, as few frames as the frame limit allows."""
+        self._flush_scheduled = False
+        queued, self._queued = self._queued, []
+        frame: list[wire.LinkStep | wire.CancelEntry] = []
+        size = 0
+        for entry in queued:
+            length = len(entry.body) if isinstance(entry, wire.LinkStep) else 0
+            if frame and size + length + 4096 > self.max_frame_bytes:
+                self._spawn(self._send(wire.encode_requests(frame)))
+                frame, size = [], 0
+            frame.append(entry)
+            size += length + 512
+        if frame:
+            self._spawn(self._send(wire.encode_requests(frame)))
+
+    async def _send(self, frame: bytes) -> None:
+        connection = self._connection
+        if connection is None:
+            self._drop("the link is closed")
+            return
+        try:
+            await connection.send(frame)
+        except (ConnectionClosed, OSError) as error:
+            self._drop(f"sending failed: {type(error).__name__}")
+
+    async def _read(self, connection: ClientConnection) -> None:
+        reason = "the hop closed the link"
+        try:
+            async for message in connection:
+                if isinstance(message, str):
+                    raise wire.FrameError("a text message, not a frame")
+                for answer in wire.decode_answers(message):
+                    waiting = self._pending.get(answer.step_id)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(answer)
+        except ConnectionClosed as error:
+            reason = f"the link closed ({error.rcvd.code if error.rcvd else 'no close frame'})"
+        except wire.FrameError as error:
+            reason = f"the hop sent a malformed frame: {error}"
+            logger.warning("link to %s: %s", self.endpoint, reason)
+        finally:
+            self._drop(reason)
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    def _drop(self, reason: str) -> None:
+        """Forget this link and fail every step pending on it."""
+        if not self.closed:
+            logger.info("link to %s dropped: %s", self.endpoint, reason)
+        self.closed = True
+        pending, self._pending = self._pending, {}
+        for waiting in pending.values():
+            if not waiting.done():
+                waiting.set_exception(LinkDropped(reason))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        self._drop("the head is closing")
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+
+
+class HopLinks:
+    """The head's links, one per downstream endpoint, opened on first use and after a drop."""
+
+    def __init__(self, *, max_frame_bytes: int = LINK_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._links: dict[str, HopLink] = {}
+
+    def to(self, endpoint: str) -> HopLink:
+        link = self._links.get(endpoint)
+        if link is None or link.closed:
+            link = self._links[endpoint] = HopLink(endpoint, max_frame_bytes=self.max_frame_bytes)
+        return link
+
+    async def aclose(self) -> None:
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            await link.aclose()
