@@ -24,6 +24,7 @@ STEP = wire.ForwardStep(
     shape=(1, 3, 8),
     sampling=SamplingParams(temperature=0.5, seed=9),
     sender="node-head",
+    reserve=64,
 )
 
 
