@@ -18,6 +18,9 @@ Policy (ADR-0010):
 - **Prefill is chunked.** A step of many positions runs ``prefill_chunk``
   positions at a time, its chunks alternating with decode batches, so a
   newcomer's long prompt does not stall the sessions already decoding. A
+  prefill turn runs several short prompts back to back, up to
+  ``prefill_chunk`` positions in all, so a burst of newcomers is not
+  admitted one per decode batch. A
   middle hop still answers every position's hidden states; the last layer
   samples from the last chunk's last position only.
 - **A batch ends in one event-loop callback.** Every future of a batch is
@@ -194,7 +197,7 @@ class StepBatcher:
             self._cancel_timer()
             return
         if self._prefills and (not self._decodes or self._prefill_turn):
-            batch = [self._prefills.popleft()]
+            forwards = self._take_prefills()
             self._prefill_turn = False
         else:
             wait = self._wait_left()
@@ -202,11 +205,11 @@ class StepBatcher:
                 if self._timer is None:
                     self._timer = loop.call_later(wait, self._on_timer, loop)
                 return
-            batch = self._take_decodes()
+            forwards = [self._take_decodes()]
             self._prefill_turn = True
         self._cancel_timer()
-        self._running = len(batch)
-        self.worker.submit(self._run, batch, loop)
+        self._running = sum(len(batch) for batch in forwards)
+        self.worker.submit(self._run, forwards, loop)
 
     @staticmethod
     def _settle_abandoned(job: StepJob) -> bool:
@@ -250,6 +253,23 @@ class StepBatcher:
         queued = {job.session.session_id for job in (*self._decodes, *self._prefills)}
         return left if any(sid not in queued for sid in self._recent) else 0.0
 
+    def _take_prefills(self) -> list[list[StepJob]]:
+        """The next prefill chunks of one turn, each its own forward: ``prefill_chunk`` positions.
+
+        Short prompts share a turn (at least one chunk runs), so a burst of
+        newcomers is not served one per decode batch.
+        """
+        forwards: list[list[StepJob]] = []
+        budget = self.prefill_chunk
+        while self._prefills:
+            job = self._prefills[0]
+            length = min(self.prefill_chunk, job.length - job.done)
+            if forwards and length > budget:
+                break
+            forwards.append([self._prefills.popleft()])
+            budget -= length
+        return forwards
+
     def _take_decodes(self) -> list[StepJob]:
         """The oldest decode step and those of the same layer range, up to ``MAX_BATCH``."""
         first = self._decodes[0]
@@ -262,15 +282,16 @@ class StepBatcher:
         self._decodes = rest
         return batch
 
-    def _run(self, batch: list[StepJob], loop: asyncio.AbstractEventLoop) -> None:
-        """On the torch thread: compute, then hand every outcome back in one callback."""
-        outcomes: list[Outcome]
-        try:
-            outcomes = self._compute(batch)
-        except Exception as error:  # one failed forward fails its batch, not the node
-            outcomes = [error] * len(batch)
+    def _run(self, forwards: list[list[StepJob]], loop: asyncio.AbstractEventLoop) -> None:
+        """On the torch thread: run each forward, then hand every outcome back in one callback."""
+        outcomes: list[list[Outcome]] = []
+        for batch in forwards:
+            try:
+                outcomes.append(self._compute(batch))
+            except Exception as error:  # one failed forward fails its batch, not the node
+                outcomes.append([error] * len(batch))
         with contextlib.suppress(RuntimeError):  # the loop closed while the node stopped
-            loop.call_soon_threadsafe(self._finish, batch, outcomes, loop)
+            loop.call_soon_threadsafe(self._finish, forwards, outcomes, loop)
 
     @torch.inference_mode()
     def _compute(self, batch: list[StepJob]) -> list[Outcome]:
@@ -318,14 +339,23 @@ class StepBatcher:
         return outcomes
 
     def _finish(
-        self, batch: list[StepJob], outcomes: list[Outcome], loop: asyncio.AbstractEventLoop
+        self,
+        forwards: list[list[StepJob]],
+        outcomes: list[list[Outcome]],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._running = 0
-        self.batch_sizes.append(len(batch))
-        if len(batch) > 1:
-            self.batched_steps += len(batch)
+        for batch in forwards:
+            self.batch_sizes.append(len(batch))
+            if len(batch) > 1:
+                self.batched_steps += len(batch)
         now = self._free_since = self.clock()
-        for job, outcome in zip(batch, outcomes, strict=True):
+        done = zip(
+            (job for batch in forwards for job in batch),
+            (outcome for results in outcomes for outcome in results),
+            strict=True,
+        )
+        for job, outcome in done:
             if isinstance(outcome, _More):
                 self._prefills.appendleft(job)  # the next _kick settles it if abandoned
                 continue

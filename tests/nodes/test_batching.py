@@ -234,6 +234,38 @@ def test_a_step_waits_for_a_recently_active_session_then_runs_with_it_as_one_bat
     assert asyncio.run(run()) == (True, 2, False)
 
 
+def test_a_burst_of_short_prompts_is_prefilled_in_one_turn_between_two_decode_steps() -> None:
+    async def run() -> list[str]:
+        service = tiny_service(prefill_chunk=64)
+        finished: list[str] = []
+
+        async def keep_decoding(session: Session) -> None:
+            for token in range(65, 70):
+                await head_step(service, session, [token])
+                finished.append("decode")
+
+        async def prefill(session: Session, prompt: list[int]) -> None:
+            await head_step(service, session, prompt)
+            finished.append("prefill")
+
+        try:
+            running = service.open_session("running", 0, 3)
+            await head_step(service, running, PROMPTS[1])
+            decoding = asyncio.ensure_future(keep_decoding(running))
+            await asyncio.sleep(0)  # its first step holds the torch thread
+            newcomers = [service.open_session(f"new-{i}", 0, 3) for i in range(3)]
+            await asyncio.gather(*(prefill(s, PROMPTS[i]) for i, s in enumerate(newcomers)))
+            await decoding
+            return finished
+        finally:
+            service.close()
+
+    # Prompts of 12, 3 and 32 positions fit one turn of 64 positions: after the
+    # step that was running when they came, none waits for another decode step.
+    order = asyncio.run(run())
+    assert order[:4] == ["decode", "prefill", "prefill", "prefill"], order
+
+
 def test_a_chunked_prefill_on_a_middle_hop_answers_every_position_as_one_piece_would() -> None:
     hidden = torch.randn(1, 11, 64, generator=torch.Generator().manual_seed(3))
     body = wire.tensor_to_bytes(hidden)
