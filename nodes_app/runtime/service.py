@@ -33,7 +33,7 @@ from nodes_app.runtime.trust import PlanGate
 T = TypeVar("T")
 
 # Positions a session reserves past the end of the step that opens (or
-# outgrows) it when nobody said how far it goes (no ``X-Meshnet-Reserve``).
+# outgrows) it when nobody said how far it goes (no ``reserve`` on its opening step).
 DEFAULT_RESERVE_POSITIONS = 512
 
 
