@@ -222,6 +222,9 @@ class Generation:
                 result = await service.head_forward(session, token_ids, sampling)
             except NonFiniteOutput as error:
                 raise HopFailed(hops[0], str(error)) from error
+            except Exception as error:  # the batch this step ran in failed: this head's fault
+                logger.exception("the head's own step failed")
+                raise HopFailed(hops[0], "the head's own step failed") from error
             session.position += len(token_ids)
             session.touch()
         if isinstance(result, int):

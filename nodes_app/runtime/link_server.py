@@ -28,9 +28,13 @@ from nodes_app.runtime.service import NodeService
 
 logger = logging.getLogger("meshnet.node")
 
-# websocket close codes (RFC 6455): the frame is not one of ours / it is too large.
+# websocket close codes (RFC 6455): the frame is not one of ours / it is too large /
+# the peer breaks the protocol's flow (answers left unread, steps piled up).
 CLOSE_MALFORMED = 1007
+CLOSE_POLICY = 1008
 CLOSE_TOO_LARGE = 1009
+# Steps of one link running at once, at most: a head has one in flight per session.
+MAX_RUNNING_STEPS = 4096
 
 
 def _credentials(capability: str | None, plan: str | None = None) -> Mapping[str, str]:
@@ -47,6 +51,8 @@ class _Answers:
         self.ready: list[wire.StepAnswer] = []
         self.frames: asyncio.Queue[bytes] = asyncio.Queue()
         self.flush_scheduled = False
+        # Bytes of answer frames not yet sent: what a peer that stops reading holds here.
+        self.unsent = 0
 
     def put(self, answer: wire.StepAnswer) -> None:
         self.ready.append(answer)
@@ -57,7 +63,9 @@ class _Answers:
     def _flush(self) -> None:
         self.flush_scheduled = False
         ready, self.ready = self.ready, []
-        self.frames.put_nowait(wire.encode_answers(ready))
+        frame = wire.encode_answers(ready)
+        self.unsent += len(frame)
+        self.frames.put_nowait(frame)
 
     async def send_all(self) -> None:
         """Send frames until the link closes (answers still running are then dropped)."""
@@ -65,6 +73,7 @@ class _Answers:
             while True:
                 frame = await self.frames.get()
                 await self.websocket.send_bytes(frame)
+                self.unsent -= len(frame)
         except (OSError, RuntimeError, WebSocketDisconnect):
             return
 
@@ -105,6 +114,11 @@ async def serve_link(websocket: WebSocket, service: NodeService, *, max_frame_by
                     running.add(task)
                     task.add_done_callback(running.discard)
             if writer.done():
+                return
+            if answers.unsent > max_frame_bytes or len(running) > MAX_RUNNING_STEPS:
+                # An honest head reads its answers as they come and waits for
+                # each step's answer before the next: this peer does neither.
+                await _close(websocket, peer, CLOSE_POLICY, "the peer does not read its answers")
                 return
     finally:
         writer.cancel()

@@ -9,7 +9,10 @@ many sessions that are ready together reach the hop together.
 
 Each step waits for its own answer, within its own deadline
 (:class:`LinkTimeout`). A link that drops fails every step pending on it
-(:class:`LinkDropped`) and is forgotten: the next step opens a new one.
+(:class:`LinkDropped`) and is forgotten: the next step opens a new one. So is
+a link on which nothing at all arrived while a step timed out: a half-open
+connection (a hop host gone without closing it) would otherwise make every
+later step wait out its deadline.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class HopLink:
         self._flush_scheduled = False
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Answer frames received so far: a step that times out while none came
+        # since it was sent finds the link dead, not the step slow.
+        self._received = 0
 
     async def step(
         self,
@@ -103,9 +109,14 @@ class HopLink:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+        received = self._received
         try:
             return await asyncio.wait_for(answer, timeout)
         except TimeoutError:
+            if self._received == received:
+                # Nothing at all came back meanwhile (a half-open connection, a
+                # hop that died without closing it): later steps get a new link.
+                self._drop(f"nothing received within {timeout:g} s")
             raise LinkTimeout(f"no answer within {timeout:g} s") from None
         finally:
             self._pending.pop(step_id, None)
@@ -173,6 +184,7 @@ class HopLink:
             async for message in connection:
                 if isinstance(message, str):
                     raise wire.FrameError("a text message, not a frame")
+                self._received += 1
                 for answer in wire.decode_answers(message):
                     waiting = self._pending.get(answer.step_id)
                     if waiting is not None and not waiting.done():

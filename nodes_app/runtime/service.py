@@ -222,7 +222,12 @@ class NodeService:
         if session is not None:
             return self.gate.check_capability(headers, session.capability)
         if step.position != 0:
-            return None  # refused as unknown_session by forward()
+            # Refused here, before its bytes become a tensor: only a session's
+            # opening step may come without one.
+            raise RuntimeRequestError(
+                f"unknown session {step.session_id} (expired or cancelled?)",
+                code="unknown_session",
+            )
         return self.gate.admit_session(
             headers,
             node_id=self.node_id,

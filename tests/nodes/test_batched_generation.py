@@ -2,11 +2,12 @@
 
 Real node processes on the tiny model (dev-open, called straight at the
 head's ``/v1/generate``): a head over layers 0-1 and two tails over 2-3, so
-sessions of different routes share the head's batches. Every session's
+sessions of different routes share the head's batches (a third tail,
+started by the test that kills it, stands in for a dying hop). Every session's
 greedy token ids must equal those of the same prompt run alone, whether the
 sessions start together, join a running batch, or run beside one that is
 cancelled or whose hop dies. SmolLM2's batched steps are compared in
-``test_batching.py`` at the executor, where its load time is paid once.
+``test_batching_smollm2.py`` on a NodeService, where its load is paid once.
 """
 
 from __future__ import annotations
@@ -156,22 +157,31 @@ def test_a_session_cancelled_mid_batch_leaves_the_others_their_lone_answers(
 
 
 def test_a_hop_dying_mid_batch_fails_only_the_sessions_it_served(
-    nodes: dict[str, NodeProcess], alone: dict[str, Answer]
+    nodes: dict[str, NodeProcess], alone: dict[str, Answer], tmp_path: Path
 ) -> None:
-    on_a, on_b = PROMPTS[:3], PROMPTS[3:]
-    decoding = threading.Barrier(len(PROMPTS) + 1)
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futures: dict[str, Future[list[Any]]] = {
-            p: pool.submit(
-                stream, nodes, p, tail="tail-a" if p in on_a else "tail-b", on_content=decoding.wait
-            )
-            for p in PROMPTS
-        }
-        decoding.wait(timeout=60)
-        nodes["tail-a"].kill()
-        frames = {p: f.result() for p, f in futures.items()}
+    # A tail of its own to kill, so that the module's nodes serve every test.
+    doomed = start_node(tmp_path, TINY, (2, 3), node_id="batched-doomed")
+    with doomed.process:
+        doomed.wait_serving(timeout=120)
+        route = {**nodes, "doomed": doomed}
+        on_doomed, on_b = PROMPTS[:3], PROMPTS[3:]
+        decoding = threading.Barrier(len(PROMPTS) + 1)
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures: dict[str, Future[list[Any]]] = {
+                p: pool.submit(
+                    stream,
+                    route,
+                    p,
+                    tail="doomed" if p in on_doomed else "tail-b",
+                    on_content=decoding.wait,
+                )
+                for p in PROMPTS
+            }
+            decoding.wait(timeout=60)
+            doomed.kill()
+            frames = {p: f.result() for p, f in futures.items()}
 
-    for prompt in on_a:
+    for prompt in on_doomed:
         errors = [f["error"] for f in frames[prompt] if isinstance(f, dict) and "error" in f]
-        assert [e["node_id"] for e in errors] == ["batched-tail-a"], prompt
+        assert [e["node_id"] for e in errors] == ["batched-doomed"], prompt
     assert {p: answer_of(frames[p]) for p in on_b} == {p: alone[p] for p in on_b}

@@ -164,7 +164,7 @@ def test_a_session_closed_while_its_step_waits_is_answered_and_the_batch_runs_wi
         try:
             kept = service.open_session("kept", 0, 3)
             closed = service.open_session("closed", 0, 3)
-            # Both queued before the loop lets the batcher run: one batch of two...
+            # Both queued before the batcher runs (two prefills: one after the other)...
             steps = [
                 asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY)),
                 asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY)),
