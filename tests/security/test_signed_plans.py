@@ -48,7 +48,8 @@ from tests.support.decoy import MARKER, Decoy, running_decoy
 from tests.support.fake_hop import fake_hop
 from tests.support.link import node_link, tiny_step
 from tests.support.network import Network, start_network
-from tests.support.nodes import TINY, running_nodes
+from tests.support.nodes import TINY
+from tests.support.nodes import start_node as start_dev_open_node
 from tests.support.plans import signed, signed_plan, tracker_key
 from tests.support.sse import chunks_of, completion, read_sse
 from tracker_app.localnet import NodeProcess, start_node, wait_until
@@ -73,10 +74,17 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 
 @pytest.fixture(scope="module")
 def open_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    """A ``--dev-open`` whole-model node without a tracker: every node before issue 11."""
+    """A ``--dev-open`` whole-model node without a tracker: every node before issue 11.
+
+    Its eight session slots are those nodes' old fixed cap (issue 14 admits by KV budget).
+    """
     tmp = tmp_path_factory.mktemp("dev-open")
-    with running_nodes(tmp, TINY, {"whole": (0, 3)}, prefix="open", timeout=120) as nodes:
-        yield nodes["whole"]
+    node = start_dev_open_node(
+        tmp, TINY, (0, 3), node_id="open-whole", extra_args=["--max-sessions", "8"]
+    )
+    with node.process:
+        node.wait_serving(timeout=120)
+        yield node
 
 
 @pytest.fixture
