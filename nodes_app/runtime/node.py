@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import platform
 import signal
@@ -171,6 +172,10 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
         file=out,
         flush=True,
     )
+    # What is loaded by now (torch, transformers, the shard) lives as long as the
+    # process: out of the collector's sight, a full collection does not walk it
+    # while serving, nor for seconds at exit.
+    gc.freeze()
     return asyncio.run(_serve(options, shard, service, out))
 
 

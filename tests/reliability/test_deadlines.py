@@ -160,8 +160,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             MESHNET_BUSY_DEADLINE=str(BUSY),
             MESHNET_ROUTE_MIN_SAMPLE_TOKENS="1000000",
         ):
-            network.add_node("head", TINY, (0, 1), extra=("--max-sessions", "1"))
-            network.add_node("tail", TINY, (2, 3))
+            network.add_node("head", TINY, (0, 1), extra=("--max-sessions", "1"), wait=False)
+            network.add_node("tail", TINY, (2, 3), wait=False)
+            network.wait_for_nodes()
             yield network
 
 

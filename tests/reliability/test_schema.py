@@ -41,9 +41,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
     with fresh_process_database() as database_url:
         tmp = tmp_path_factory.mktemp("schema")
         for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="1000"):
-            network.add_node("whole", TINY, (0, 3))
-            network.wait_for_route(TINY)
+            network.add_node("whole", TINY, (0, 3), wait=False)
             network.create_staff_user("staff", STAFF_PASSWORD)
+            network.wait_for_route(TINY)
             yield network
 
 

@@ -331,8 +331,10 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
                 TINY,
                 (0, 1),
                 extra=("--max-prompt-chars", "2000", "--max-request-bytes", "6000"),
+                wait=False,
             )
-            network.add_node("tail", TINY, (2, 3))
+            network.add_node("tail", TINY, (2, 3), wait=False)
+            network.wait_for_nodes()
             yield network
 
 

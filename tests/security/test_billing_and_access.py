@@ -44,8 +44,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             MESHNET_ROUTE_EXPLORE_SHARE="0",  # the best prior (the liar's claim) goes first
             MESHNET_METRICS_TOKEN=METRICS_TOKEN,
         ):
-            network.add_node("honest", TINY, (0, 3))
+            network.add_node("honest", TINY, (0, 3), wait=False)
             network.create_staff_user(STAFF, PASSWORD)
+            network.wait_for_nodes()
             yield network
 
 

@@ -65,9 +65,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
         tmp = tmp_path_factory.mktemp("signed-plans")
         for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="1000"):
             published = httpx.get(f"{network.url}{TRACKER_KEY_PATH}").json()["public_key"]
-            network.add_node("head", TINY, (0, 1))
-            network.add_node("tail", TINY, (2, 3), extra=["--tracker-key", published])
-            network.add_node("whole", TINY, (0, 3))
+            network.add_node("head", TINY, (0, 1), wait=False)
+            network.add_node("tail", TINY, (2, 3), extra=["--tracker-key", published], wait=False)
+            network.add_node("whole", TINY, (0, 3), wait=False)
             network.wait_for_route(TINY)
             yield network
 

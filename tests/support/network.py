@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,12 @@ class Network(LocalNetwork):
 def start_network(database_url: str, tmp: Path, **settings: str) -> Iterator[Network]:
     """A tracker (with ``settings`` as MESHNET_* env) and an API key; add nodes after."""
     with Network.throwaway(workdir=tmp, database_url=database_url, env=settings) as network:
-        network.start_tracker()
-        network.api_key = network.create_api_key("e2e")
+        # The key is made over the database while the tracker starts: two
+        # process starts overlap.
+        with ThreadPoolExecutor(1) as pool:
+            api_key = pool.submit(network.create_api_key, "e2e")
+            network.start_tracker()
+            network.api_key = api_key.result()
         yield network
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.support.network import Tracker
 from tests.support.sse import read_sse
-from tracker_app.localnet import NodeProcess, free_port, process_env
+from tracker_app.localnet import NodeProcess, free_port, process_env, stop_together
 from tracker_app.localnet import start_node as start_localnet_node
 
 TINY = "tiny-random-llama"
@@ -76,8 +76,7 @@ def running_nodes(
             node.wait_serving(timeout=timeout)
         yield nodes
     finally:
-        for node in nodes.values():
-            node.stop()
+        stop_together(node.process for node in nodes.values())
 
 
 def generate_body(

@@ -30,8 +30,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
     with fresh_process_database() as database_url:
         tmp = tmp_path_factory.mktemp("chat-e2e")
         for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="1000"):
-            network.add_node("head", TINY, (0, 1))
-            network.add_node("tail", TINY, (2, 3))
+            network.add_node("head", TINY, (0, 1), wait=False)
+            network.add_node("tail", TINY, (2, 3), wait=False)
+            network.wait_for_nodes()
             yield network
 
 
@@ -256,9 +257,10 @@ def redundant(tmp_path: Path) -> Iterator[Network]:
     """Two routes for the tiny model: head 0-1 -> tail 2-3, and one whole node 0-3."""
     with fresh_process_database() as database_url:
         for network in start_network(database_url, tmp_path):
-            network.add_node("head", TINY, (0, 1))
-            network.add_node("tail", TINY, (2, 3))
-            network.add_node("whole", TINY, (0, 3))
+            network.add_node("head", TINY, (0, 1), wait=False)
+            network.add_node("tail", TINY, (2, 3), wait=False)
+            network.add_node("whole", TINY, (0, 3), wait=False)
+            network.wait_for_nodes()
             yield network
 
 

@@ -22,8 +22,9 @@ def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
     with fresh_process_database() as database_url:
         tmp: Path = tmp_path_factory.mktemp("smol-chat")
         for network in start_network(database_url, tmp):
-            network.add_node("first", SMOLLM2, (0, 14))
-            network.add_node("second", SMOLLM2, (15, 29))
+            network.add_node("first", SMOLLM2, (0, 14), wait=False)
+            network.add_node("second", SMOLLM2, (15, 29), wait=False)
+            network.wait_for_nodes()
             yield network
 
 

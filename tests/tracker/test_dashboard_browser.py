@@ -38,9 +38,10 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             MESHNET_RATE_LIMIT_PER_MINUTE="1000",
             MESHNET_NODE_HEARTBEAT_INTERVAL="1",
         ):
-            network.add_node("whole", TINY, (0, 3))
-            network.add_node("half", TINY, (0, 1))
+            network.add_node("whole", TINY, (0, 3), wait=False)
+            network.add_node("half", TINY, (0, 1), wait=False)
             network.create_staff_user(USER, PASSWORD)
+            network.wait_for_nodes()
             yield network
 
 

@@ -49,8 +49,10 @@ def network(
         for network in start_network(
             database_url, tmp, REDIS_URL=broker, MESHNET_RATE_LIMIT_PER_MINUTE="1000"
         ):
-            network.add_node("full", TINY, (0, 3))
-            network.add_node("corrupt", TINY, (0, 1), extra=["--corrupt-hidden-states", "5"])
+            network.add_node("full", TINY, (0, 3), wait=False)
+            network.add_node(
+                "corrupt", TINY, (0, 1), extra=["--corrupt-hidden-states", "5"], wait=False
+            )
             network.wait_for_route(TINY)
             yield network, broker
 

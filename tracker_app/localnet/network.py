@@ -27,6 +27,7 @@ from tracker_app.localnet.processes import (
     manage_argv,
     node_argv,
     run_checked,
+    stop_together,
     tracker_argv,
     wait_until,
     worker_argv,
@@ -218,7 +219,7 @@ class LocalNetwork:
 
     Build one with :meth:`throwaway` (tests, benchmarks) or :meth:`operator`
     (``meshnet_up``). Entering creates a throwaway network's database;
-    leaving stops every process, newest first (nodes deregister while the
+    leaving stops the nodes together, then the others newest first (nodes deregister while the
     tracker still runs), each with SIGTERM then SIGKILL.
     """
 
@@ -405,7 +406,9 @@ class LocalNetwork:
             process.check_alive()
 
     def stop(self) -> None:
-        """Stop every process, newest first; harmless to call again."""
+        """Stop the nodes together, then the others newest first; harmless to call again."""
+        nodes = {node.process for node in self.nodes.values()}
+        stop_together(process for process in self._processes if process in nodes)
         for process in reversed(self._processes):
             process.stop()
 

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -135,6 +135,7 @@ class ManagedProcess:
         self.argv = list(argv)
         self.log_path = log_path
         self._stopped = False
+        self._terminated = False
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # The child keeps its own copy of the descriptor; ours is not needed.
         with log_path.open("wb") as log:
@@ -190,6 +191,16 @@ class ManagedProcess:
         self._signal_group(signal.SIGKILL)
         return self._popen.wait()
 
+    def terminate(self) -> None:
+        """SIGTERM to the process alone, once: it begins its own shutdown (see :meth:`stop`).
+
+        A second SIGTERM would make some servers (uvicorn) give up their
+        graceful shutdown, so a process already told is not told again.
+        """
+        if not self._terminated and self._popen.poll() is None:
+            self._terminated = True
+            self._popen.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> int:
         """SIGTERM, then SIGKILL to the whole group after ``timeout`` seconds; the status.
 
@@ -199,7 +210,7 @@ class ManagedProcess:
         Calling it again, or after the process ended by itself, is harmless.
         """
         if self._popen.poll() is None:
-            self._popen.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self._popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -229,6 +240,20 @@ class ManagedProcess:
 
     def __repr__(self) -> str:
         return f"<ManagedProcess {self.name} pid {self.pid}>"
+
+
+def stop_together(processes: Iterable[ManagedProcess], timeout: float = STOP_TIMEOUT) -> None:
+    """Stop ``processes`` side by side: each is told (SIGTERM) before any is waited for,
+    then each is stopped as :meth:`ManagedProcess.stop` does, within one shared ``timeout``.
+
+    Their graceful shutdowns (a node deregistering) overlap instead of adding up.
+    """
+    processes = list(processes)
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.stop(max(deadline - time.monotonic(), 0.0))
 
 
 def free_port(host: str = LOOPBACK) -> int:
