@@ -220,21 +220,19 @@ def database_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any]:
     (``database_unavailable``); each connection is checked before it is
     handed out, and a database that came back is used without a restart.
     """
-    url = env.get("DATABASE_URL", "").strip()
-    if not url:
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(var_dir / "meshnet.sqlite3"),
-            # Several processes (tracker, worker, nodes' registrations) share
-            # the file in the embedded mode: wait for a lock instead of failing.
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
-        }
+    url = env.get("DATABASE_URL", "").strip() or f"sqlite:///{var_dir / 'meshnet.sqlite3'}"
     try:
         # No persistent connections (the pool keeps them); a pooled connection
         # is checked before it is handed out.
         config: dict[str, Any] = dict(dj_database_url.parse(url, conn_health_checks=True))
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # Several processes (tracker, worker) write the file, and concurrent
+        # node registrations write from several threads: each transaction
+        # takes the write lock when it begins and waits for it, where a
+        # deferred one upgrading its lock fails at once ("database is locked").
+        config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     if config["ENGINE"] == "django.db.backends.postgresql":
         options = config.setdefault("OPTIONS", {})
         # A server that takes the connection and never answers must give a 503

@@ -194,3 +194,15 @@ def test_the_metrics_token_is_optional_but_never_short() -> None:
     )
     with pytest.raises(ImproperlyConfigured, match="MESHNET_METRICS_TOKEN"):
         env_.metrics_token({"MESHNET_METRICS_TOKEN": "short"})
+
+
+@pytest.mark.parametrize("url", ["", "sqlite:///{tmp}/tracker.sqlite3"])
+def test_every_sqlite_database_waits_for_the_write_lock(tmp_path: Path, url: str) -> None:
+    # A SQLite DATABASE_URL (throwaway networks, benchmarks) shares the file
+    # between processes as the default does: without these, two nodes
+    # registering at once made the tracker answer 500 "database is locked".
+    env = {"DATABASE_URL": url.format(tmp=tmp_path)} if url else {}
+    config = env_.database_config(env, tmp_path)
+
+    assert config["ENGINE"] == "django.db.backends.sqlite3"
+    assert config["OPTIONS"] == {"timeout": 20, "transaction_mode": "IMMEDIATE"}
