@@ -17,12 +17,12 @@ import time
 from typing import Any
 
 import httpx
-from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
 from meshnet_site.asgi_limits import RequestTooLarge
 from meshnet_site.bearer import bearer_token
+from meshnet_site.database import database_call
 from meshnet_site.errors import (
     DomainError,
     ErrorKind,
@@ -144,8 +144,8 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 raise MethodNotAllowed("Use POST")
             api_key = await self._authenticate()
             params = chat_params_parse(body)
-            model = await database_sync_to_async(language_model_get)(key=params.model)
-            await database_sync_to_async(rate_limit_check)(
+            model = await database_call(language_model_get)(key=params.model)
+            await database_call(rate_limit_check)(
                 key_hash=api_key.key_hash,
                 limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE,
                 now=time.time(),
@@ -211,10 +211,10 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         key = bearer_token(headers.get(b"authorization", b"").decode(errors="replace"))
         api_key = None
         if key is not None:
-            api_key = await database_sync_to_async(api_key_lookup)(plain=key)
+            api_key = await database_call(api_key_lookup)(plain=key)
         else:
             # No key: the dashboard chats as its logged-in staff user.
-            api_key = await database_sync_to_async(dashboard_chat_api_key)(scope=self.scope)
+            api_key = await database_call(dashboard_chat_api_key)(scope=self.scope)
         if api_key is None:
             raise InvalidApiKey("Missing or invalid API key: send 'Authorization: Bearer <key>'")
         return api_key

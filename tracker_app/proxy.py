@@ -43,10 +43,10 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
+from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
@@ -219,10 +219,8 @@ class ChatProxy:
             messages=self.params.messages,
             max_tokens=self.params.max_tokens,
         )
-        decision = await database_sync_to_async(route_select)(
-            model=self.model, pinned=self.params.route
-        )
-        await database_sync_to_async(accounting.chat_request_open)(
+        decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
+        await database_call(accounting.chat_request_open)(
             request_id=self.request_uuid,
             api_key=self.api_key,
             model=self.model,
@@ -287,7 +285,7 @@ class ChatProxy:
         that finds the request still processing changes it and tells the
         console.
         """
-        failed = await database_sync_to_async(accounting.chat_request_fail)(
+        failed = await database_call(accounting.chat_request_fail)(
             request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
         )
         if failed:
@@ -325,7 +323,7 @@ class ChatProxy:
         self.outcome.segments.append(
             Segment(decision=decision, replayed=replayed, started=self.clock())
         )
-        await database_sync_to_async(accounting.chat_request_route)(
+        await database_call(accounting.chat_request_route)(
             request_id=self.request_uuid,
             signature=decision.plan.signature,
             mode=str(decision.mode),
@@ -453,7 +451,7 @@ class ChatProxy:
                 f"Node {failure.node_id} failed mid-generation ({failure.message}); "
                 f"no failover ({why})"
             )
-        decision = await database_sync_to_async(route_select)(model=self.model)
+        decision = await database_call(route_select)(model=self.model)
         await self._use(decision, replayed=len(self.token_ids))
 
     async def _finish_completed(self) -> None:
@@ -465,7 +463,7 @@ class ChatProxy:
         elapsed = now - self._started
         tps = self.outcome.completion_tokens / elapsed if elapsed > 0 else None
         ttft = (self._first_token_at - self._started) * 1000 if self._first_token_at else None
-        await database_sync_to_async(accounting.chat_request_complete)(
+        await database_call(accounting.chat_request_complete)(
             request_id=self.request_uuid,
             model=self.model,
             prompt_tokens=prompt,
