@@ -19,7 +19,7 @@ from nodes_app.runtime.batching import RECENT_SECONDS
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
 from nodes_app.runtime.service import DEFAULT_RESERVE_POSITIONS, NodeService
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.sources import resolve_source
@@ -27,6 +27,7 @@ from nodes_app.runtime.trust import PlanGate
 
 TINY = "tiny-random-llama"
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+GREEDY_TAIL = TailRequest(GREEDY)
 PROMPTS = [
     [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97],
     [257, 40, 41],
@@ -55,10 +56,10 @@ def tiny_service(start: int = 0, end: int = 3, **options) -> NodeService:  # typ
 
 async def head_step(service: NodeService, session: Session, ids: list[int]) -> int:
     async with session.lock:
-        token = await service.head_forward(session, ids, GREEDY)
+        choice = await service.head_forward(session, ids, GREEDY_TAIL)
         session.position += len(ids)
-    assert isinstance(token, int)
-    return token
+    assert isinstance(choice, Choice)
+    return choice.token_id
 
 
 async def decode(
@@ -166,15 +167,16 @@ def test_a_session_closed_while_its_step_waits_is_answered_and_the_batch_runs_wi
             closed = service.open_session("closed", 0, 3)
             # Both queued before the batcher runs (two prefills: one after the other)...
             steps = [
-                asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY)),
-                asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY)),
+                asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY_TAIL)),
+                asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY_TAIL)),
             ]
             await asyncio.sleep(0)
             service.cancel("closed")  # ...but one leaves before it runs.
-            token = await steps[0]
+            choice = await steps[0]
             with pytest.raises(RuntimeRequestError) as refused:
                 await steps[1]
-            return [int(token)], refused.value
+            assert isinstance(choice, Choice)
+            return [choice.token_id], refused.value
         finally:
             service.close()
 
@@ -271,7 +273,7 @@ def test_a_chunked_prefill_on_a_middle_hop_answers_every_position_as_one_piece_w
     body = wire.tensor_to_bytes(hidden)
 
     def hop_output(chunk: int) -> torch.Tensor:
-        async def run() -> bytes | int:
+        async def run() -> bytes | Choice:
             service = tiny_service(prefill_chunk=chunk)
             step = wire.ForwardStep("mid", 1, 2, 0, "float32", (1, 11, 64), None)
             try:
