@@ -354,3 +354,107 @@ def test_a_hop_reserves_what_the_head_says_the_session_may_reach() -> None:
             service.close()
 
     assert asyncio.run(run()) == (40, 5 + DEFAULT_RESERVE_POSITIONS)
+
+
+# --- issue 15: each row of a batch chooses and reports with its own session's parameters ---
+
+# Each session's opening step (an echo for some) and its later steps.
+MIXED = [
+    (
+        TailRequest(GREEDY, logprobs=3, prompt_ids=tuple(PROMPTS[0])),
+        TailRequest(GREEDY, logprobs=3),
+    ),
+    (TailRequest(GREEDY), TailRequest(GREEDY)),
+    (
+        TailRequest(
+            SamplingParams(frequency_penalty=1.5, presence_penalty=0.5),
+            logprobs=1,
+            generated_ids=(65, 65, 32),
+        ),
+        TailRequest(SamplingParams(frequency_penalty=1.5, presence_penalty=0.5), logprobs=1),
+    ),
+    (
+        TailRequest(SamplingParams(temperature=0.9, seed=7, logit_bias=((101, 3.0), (32, -100.0)))),
+        TailRequest(SamplingParams(temperature=0.9, seed=7, logit_bias=((101, 3.0), (32, -100.0)))),
+    ),
+]
+
+
+async def choices_of(
+    service: NodeService, name: str, prompt: list[int], opening: TailRequest, later: TailRequest
+) -> list[Choice]:
+    """A session's choices: its prefill with ``opening``, then later steps with ``later``."""
+    session = service.open_session(name, 0, 3)
+    choices: list[Choice] = []
+    ids = prompt
+    try:
+        for _ in range(NEW_TOKENS):
+            async with session.lock:
+                choice = await service.head_forward(session, ids, later if choices else opening)
+                session.position += len(ids)
+            assert isinstance(choice, Choice)
+            choices.append(choice)
+            ids = [choice.token_id]
+    finally:
+        service.cancel(name)
+    return choices
+
+
+def assert_same_choices(got: list[Choice], expected: list[Choice]) -> None:
+    """The same tokens, and the same scores up to float rounding (a batch pads its rows)."""
+    assert [c.token_id for c in got] == [c.token_id for c in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert (mine.score is None) == (theirs.score is None)
+        for a, b in zip((mine.score, *mine.prompt), (theirs.score, *theirs.prompt), strict=True):
+            if a is not None and b is not None:
+                assert [t for t, _ in a.top] == [t for t, _ in b.top]
+                assert [a.logprob, *(v for _, v in a.top)] == pytest.approx(
+                    [b.logprob, *(v for _, v in b.top)], abs=1e-5
+                )
+
+
+def test_sessions_with_their_own_penalties_bias_and_logprobs_each_get_their_lone_answer() -> None:
+    async def run() -> tuple[list[list[Choice]], list[list[Choice]], list[int]]:
+        service = tiny_service()
+        try:
+            alone = [
+                await choices_of(service, f"alone-{i}", PROMPTS[i], *MIXED[i])
+                for i in range(len(MIXED))
+            ]
+            together = await asyncio.gather(
+                *(
+                    choices_of(service, f"mixed-{i}", PROMPTS[i], *MIXED[i])
+                    for i in range(len(MIXED))
+                )
+            )
+            return alone, list(together), list(service.batcher.batch_sizes)
+        finally:
+            service.close()
+
+    alone, together, sizes = asyncio.run(run())
+    assert max(sizes) == len(MIXED)  # their decode steps really shared a batch
+    for mine, lone in zip(together, alone, strict=True):
+        assert_same_choices(mine, lone)
+    assert len(together[0][0].prompt) == len(PROMPTS[0]) - 1  # the echo
+    assert all(c.score is None for c in together[1])  # the plain session reports nothing
+    assert 32 not in {c.token_id for c in together[3]}  # its bias bans the space
+
+
+def test_an_echo_scores_every_prompt_token_whatever_the_prefill_chunk() -> None:
+    prompt = PROMPTS[2]
+    echo = TailRequest(GREEDY, logprobs=2, prompt_ids=tuple(prompt))
+
+    def prefill(chunk: int) -> Choice:
+        async def run() -> Choice:
+            service = tiny_service(prefill_chunk=chunk)
+            try:
+                [choice] = (await choices_of(service, "echo", prompt, echo, echo))[:1]
+                return choice
+            finally:
+                service.close()
+
+        return asyncio.run(run())
+
+    chunked, whole = prefill(3), prefill(128)
+    assert len(whole.prompt) == len(prompt) - 1
+    assert_same_choices([chunked], [whole])
