@@ -7,13 +7,18 @@ It needs nothing but the standard library: no Django, no torch.
 
 What it holds (docs/adr/0002-node-runtime.md has the prose contract):
 
-- ``POST {head}/v1/generate``: :class:`GenerateRequest` with its plan of
-  :class:`PlanHop`, sampling as :class:`SamplingParams`, the limits
-  (:data:`MAX_STOPS`, :data:`MAX_STOP_LENGTH`, :data:`MAX_REQUEST_ID`).
+- ``POST {head}/v1/generate``: :class:`GenerateRequest` (chat messages or a
+  raw prompt; logprobs, top_logprobs, echo) with its plan of
+  :class:`PlanHop`, sampling as :class:`SamplingParams` (penalties and
+  logit_bias included), the limits (:data:`MAX_STOPS`,
+  :data:`MAX_STOP_LENGTH`, :data:`MAX_REQUEST_ID`, :data:`TOP_LOGPROBS_MAX`,
+  :data:`LOGIT_BIAS_MAX_ENTRIES`, :data:`ECHO_MAX_SCORES`).
 - The head's answer: an SSE stream (:func:`sse_event`, :func:`sse_data`) of
   :class:`ChunkFrame` (OpenAI ``chat.completion.chunk`` plus
-  ``meshnet_token_ids``, usage on the last) ending ``data: [DONE]``, or an
-  :class:`ErrorFrame` (``hop_failed`` / ``hop_busy``) before ``[DONE]``.
+  ``meshnet_token_ids``, each token's :class:`TokenLogprob` when asked, an
+  echo's prompt logprobs on the first, usage on the last) ending
+  ``data: [DONE]``, or an :class:`ErrorFrame` (``hop_failed`` /
+  ``hop_busy``) before ``[DONE]``.
 - The hop link's path and frame limit (``/v1/link``; the frame and tensor
   codec is torch's, in the node runtime: ``nodes_app.runtime.wire``).
 - The tracker's signature on a plan (:class:`SignedPlan`: what it covers,
@@ -727,9 +732,11 @@ class TokenLogprob:
     ``errors="replace"`` (a partial character shows as U+FFFD). A special
     token (end of turn, role markers: what the text leaves out) has no bytes
     and its written form as ``token`` (``"<|im_end|>"``). So the concatenated
-    ``bytes`` of a completion's entries are its UTF-8 text, up to where a
-    stop string cut it (for byte-level tokenizers, as the shipped models
-    use; a SentencePiece tokenizer writes a word's leading space as a space).
+    ``bytes`` of a completion's entries are the UTF-8 of its text, up to
+    where a stop string cut it (decoded with ``errors="replace"`` if the
+    model produced bytes that are not UTF-8, as the text is; for byte-level
+    tokenizers, as the shipped models use: a SentencePiece tokenizer writes a
+    word's leading space as a space, which its decoder drops at the start).
     ``logprob`` is None only for a prompt's first token (nothing precedes
     it), whose ``top_logprobs`` is then empty; ``top_logprobs`` holds the
     best alternatives at the position, best first (the chosen token may be

@@ -2,8 +2,10 @@
 
 Decode steps (one position each) of different sessions that are ready
 together run as one batched forward through the node's layers, with
-per-session sampling (each session's own generator and parameters) on the
-last layer. Sessions join and leave between batches; a step of a cancelled
+per-session choices on the last layer: each row is chosen and scored with
+its own session's generator, parameters, penalty counts and logprobs asked
+(``sampling.TokenPicker``); an echo's prompt is scored chunk by chunk as its
+prefill runs. Sessions join and leave between batches; a step of a cancelled
 or closed session is dropped before it runs; one session's non-finite output
 fails that session alone.
 
