@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from nodes_app.protocol import (
+    ECHO_MAX_SCORES,
     MAX_SESSION_ID,
     TOP_LOGPROBS_MAX,
     ProtocolError,
@@ -454,6 +455,9 @@ def step_from_fields(raw: Any) -> ForwardStep:
     for name in _TOKEN_LISTS:
         if len(values.get(name) or ()) > values["shape"][1]:
             raise _bad(f"{name} holds more ids than the step has positions")
+    echoed = len(values.get("prompt_ids") or ()) * (1 + (values.get("logprobs") or 0))
+    if echoed > ECHO_MAX_SCORES:
+        raise _bad(f"an echo may ask for at most {ECHO_MAX_SCORES} logprobs")
     return ForwardStep(**values)
 
 

@@ -165,6 +165,11 @@ GOOD = wire.step_fields(STEP)
         ({"prompt_ids": [1, 2, 3, 4]}, "bad_field"),  # more ids than the step's 3 positions
         ({"prompt_ids": [1, -2]}, "bad_field"),
         ({"generated_ids": "1,2"}, "bad_field"),
+        # An echo answering more logprobs than a head may ask for (protocol.ECHO_MAX_SCORES).
+        (
+            {"shape": [1, 20_000, 8], "prompt_ids": [1] * 20_000, "logprobs": 20},
+            "bad_field",
+        ),
     ],
 )
 def test_bad_step_fields_are_refused_with_their_code(changes: dict[str, Any], code: str) -> None:
