@@ -12,7 +12,8 @@ from django.conf import settings
 
 from tests.support.challenge import ChallengeResponder, challenge_responder
 from tests.support.databases import fresh_process_database
-from tests.support.network import Tracker, running_tracker
+from tests.support.network import Network, Tracker, running_tracker, start_network
+from tests.support.nodes import SMOLLM2, SMOLLM2_LAYOUTS
 from tests.support.redis_server import RedisServer
 
 
@@ -66,3 +67,22 @@ def responder() -> Iterator[ChallengeResponder]:
     """A loopback server answering endpoint challenges for the wallets given to it."""
     with challenge_responder() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def smollm2_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
+    """SmolLM2 over a real tracker, for every process test of the real model.
+
+    head 0-14, tail 15-29, whole 0-29 and a partial head 0-21 (ADR-0020's
+    topology). Loading the real model in four processes is the suite's
+    longest wait, so it is done once. The nodes also serve unsigned plans
+    (``--dev-open``) so that node tests can call them directly, without the
+    tracker; the tracker's own plans are signed as always.
+    """
+    tmp = tmp_path_factory.mktemp("smollm2-network")
+    with fresh_process_database() as database_url:
+        for network in start_network(database_url, tmp):
+            for name, layers in SMOLLM2_LAYOUTS.items():
+                network.add_node(name, SMOLLM2, layers, extra=("--dev-open",), wait=False)
+            network.wait_for_nodes(timeout=240)
+            yield network

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.support.nodes import SMOLLM2, generate_body, read_stream, running_nodes
+from tests.support.network import Network
+from tests.support.nodes import SMOLLM2, generate_body, read_stream
 from tests.support.sse import chunks_of, completion
 from tracker_app.localnet import NodeProcess
 
@@ -17,12 +16,10 @@ NEW_TOKENS = 20
 
 
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
-    """head 0-14, tail 15-29, whole 0-29, partial head 0-21 (ADR-0020's topology)."""
-    tmp = tmp_path_factory.mktemp("smollm2")
-    layouts = {"head": (0, 14), "tail": (15, 29), "whole": (0, 29), "partial": (0, 21)}
-    with running_nodes(tmp, SMOLLM2, layouts, prefix="smol", timeout=240) as nodes:
-        yield nodes
+def smol(smollm2_network: Network) -> dict[str, NodeProcess]:
+    """head 0-14, tail 15-29, whole 0-29, partial head 0-21 (ADR-0020's topology), called
+    directly (the session's SmolLM2 network, see tests/conftest.py)."""
+    return smollm2_network.nodes
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ SMOLLM2 = "smollm2-135m"
 
 # head + tail, the whole model, and a partial head (ADR-0020's topology).
 LAYOUTS = {"head": (0, 1), "tail": (2, 3), "whole": (0, 3), "partial": (0, 2)}
+# ADR-0020's topology of the real model: a split, the whole, and a partial head.
+SMOLLM2_LAYOUTS = {"head": (0, 14), "tail": (15, 29), "whole": (0, 29), "partial": (0, 21)}
 
 
 def start_node(
