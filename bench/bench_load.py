@@ -62,16 +62,24 @@ class Figures:
 
 
 def cpu_seconds(network: Network) -> dict[str, float]:
-    """CPU time (user + system) each process of the network has used so far."""
+    """CPU time (user + system) each process of the network, and this load client, has
+    used so far: on one machine they all share its CPUs."""
     assert network.tracker is not None
     pids = {"tracker": network.tracker.process.pid}
     pids.update({name: node.process.pid for name, node in network.nodes.items()})
+    pids["client"] = os.getpid()
     return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
 
 
 def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> str:
-    return ", ".join(
-        f"{name} {(after[name] - before[name]) * 1000 / tokens:.1f}" for name in before
+    """Each process's CPU ms per token, their sum, and the tokens/s that sum allows at most
+    on this machine's CPUs (the bound on any aggregate the load can reach here)."""
+    each = {name: (after[name] - before[name]) * 1000 / tokens for name in before}
+    total = sum(each.values())
+    cpus = os.cpu_count() or 1
+    return (
+        ", ".join(f"{name} {ms:.1f}" for name, ms in each.items())
+        + f"; all {total:.1f}, so at most {cpus * 1000 / total:.0f} tokens/s on {cpus} CPUs"
     )
 
 
