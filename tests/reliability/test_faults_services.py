@@ -14,20 +14,25 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import redis
 
+from meshnet_site.guards.models import WindowCounter
 from tests.support.databases import fresh_process_database
 from tests.support.fault_link import FaultyLink
 from tests.support.network import Network, running_tracker, start_network, start_worker
 from tests.support.redis_server import RedisServer
 from tests.support.sse import text_of
 from tracker_app.localnet import ManagedProcess, wait_until
+from tracker_app.ratelimit import WINDOW_SECONDS as RATE_WINDOW_SECONDS
+from tracker_app.services import api_key_hash
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
@@ -287,3 +292,48 @@ def test_with_postgresql_unreachable_clients_get_503s_and_the_tracker_recovers_b
     assert reply["usage"]["completion_tokens"] == 12
     assert httpx.get(f"{network.url}/v1/models", timeout=30).status_code == 200
     assert httpx.get(f"{network.url}/healthz", timeout=30).status_code == 200
+
+
+def test_a_chat_stuck_on_a_database_lock_does_not_hold_up_another_clients_chat(
+    deployment: Deployment,
+) -> None:
+    # A lock held on one API key's rate-limit counter (a slow query, a long
+    # transaction elsewhere) must stall that key's chat alone: the tracker's
+    # database calls run beside each other, not queued on one shared thread.
+    network = deployment.network
+    stuck_key, other_key = network.api_key, network.create_api_key("unhindered")
+    served(network.url, stuck_key)  # its counter for this minute's window exists now
+    wait_until(
+        lambda: time.time() % RATE_WINDOW_SECONDS < RATE_WINDOW_SECONDS - 20,
+        timeout=RATE_WINDOW_SECONDS,
+        what="a rate-limit window with time to spare",
+    )
+    counter = f"api-key:{api_key_hash(stuck_key)}"
+    pool = ThreadPoolExecutor(1)
+    with psycopg.connect(deployment.database_url) as holder:
+        locked = holder.execute(
+            f"SELECT count FROM {WindowCounter._meta.db_table} WHERE key = %s "
+            "AND window_start = %s FOR UPDATE",
+            [counter, int(time.time()) // RATE_WINDOW_SECONDS * RATE_WINDOW_SECONDS],
+        ).fetchall()
+        assert len(locked) == 1
+        stuck = pool.submit(chat, network.url, stuck_key)
+        wait_until(
+            lambda: bool(
+                network.query(
+                    "SELECT 1 FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ),
+            timeout=30,
+            what="the stuck chat to wait for the lock",
+        )
+
+        other = chat(network.url, other_key)
+
+        assert other.status_code == 200, other.text
+        assert other.json()["usage"]["completion_tokens"] == 12
+        assert not stuck.done()
+        holder.rollback()
+    assert stuck.result(timeout=60).status_code == 200
+    pool.shutdown()
