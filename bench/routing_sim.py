@@ -32,7 +32,10 @@ per event, how many requests passed before the policy's share on the new
 fastest route passed 50 % (for ``thompson-load`` the draw's share: its
 one-off scouts of unmeasured routes are not a move of traffic); and the
 longest time any candidate had neither a request in flight nor a fresh
-sample (the ``max_unsampled_seconds`` bound, for ``thompson-load``).
+sample, and ``overdue``: the most any routing decision left a candidate idle
+past the ``max_unsampled_seconds`` bound (0 for ``thompson-load``, whose
+next request after the bound goes there: the gap itself can exceed the
+bound by the wait for that request).
 
 Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]``.
 """
@@ -279,15 +282,18 @@ class RunResult:
     to_majority: list[int | None]  # per event; None: not before the next event (or the end)
     settled: list[float]  # per event: share on the new best just before the next event
     longest_gap: float  # seconds a candidate had neither a request in flight nor a sample
+    overdue: float  # seconds past the bound a candidate was left so by a decision
 
 
 class GapWatch:
     """Per candidate: since when it has had neither a request in flight nor a fresh sample."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound: float) -> None:
         self.idle_since: dict[str, float] = {}
         self.current: set[str] = set()
         self.longest = 0.0
+        self.bound = bound
+        self.overdue = 0.0  # longest a candidate was left idle past the bound by a decision
 
     def candidates(self, plans: list[RoutePlan], now: float, load: Load) -> None:
         busy = {session.plan.signature for session in load.sessions}
@@ -302,6 +308,11 @@ class GapWatch:
         since = self.idle_since.pop(signature, None)
         if since is not None:
             self.longest = max(self.longest, now - since)
+
+    def decided(self, now: float) -> None:
+        """A request was routed: how far past the bound does it leave an idle candidate?"""
+        for since in self.idle_since.values():
+            self.overdue = max(self.overdue, now - since - self.bound)
 
     def finished(self, signature: str, now: float, load: Load) -> None:
         if signature in self.current and all(
@@ -332,7 +343,7 @@ def simulate(
     rng = random.Random(seed + 3)
     event_at = {requests // 4: "slowdown", requests // 2: "join", 3 * requests // 4: "leave"}
     load = Load(isolated=rate is None)
-    gaps = GapWatch()
+    gaps = GapWatch(THOMPSON.max_unsampled_seconds)
     latencies: list[float] = []
     tokens_total = 0.0
     targets: list[str] = []
@@ -417,8 +428,14 @@ def simulate(
             to_majority[-1] = request - began
         tokens = work.randint(*TOKENS)
         dispatch(tokens, float(tokens), now)
+        gaps.decided(now)
     return RunResult(
-        tokens_total / sum(latencies), latencies, to_majority, settled, gaps.close(now)
+        tokens_total / sum(latencies),
+        latencies,
+        to_majority,
+        settled,
+        gaps.close(now),
+        gaps.overdue,
     )
 
 
@@ -478,8 +495,9 @@ def main() -> None:
     )
     print(
         "columns: mean ratio to the oracle's throughput, p50/p99 end-to-end latency (s), "
-        "longest time a candidate went unsampled (s); per event, median requests until the "
-        "share on the new fastest route passed 50%"
+        "longest time a candidate went unsampled (s) and the most a request's routing left "
+        "one idle past the bound; per event, median requests until the share on the new "
+        "fastest route passed 50%"
     )
     for scenario in SCENARIOS:
         capacity = Network(scenario).capacity_rps()
@@ -503,6 +521,7 @@ def main() -> None:
                     f"{name:40} {statistics.mean(ratios):6.3f} x oracle  "
                     f"p50 {percentile(latencies, 0.5):6.2f}  p99 {percentile(latencies, 0.99):7.2f}"
                     f"  gap {max(run.longest_gap for run in runs):6.0f}"
+                    f" (overdue {max(run.overdue for run in runs):5.0f})"
                 )
                 for index, event in enumerate(("slowdown", "join", "leave")):
                     answers = [run.to_majority[index] for run in runs]
