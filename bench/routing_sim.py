@@ -1,25 +1,43 @@
-"""Routing simulator: the ADR-0021 bandit against round-robin and an all-knowing oracle.
+"""Routing simulator: the route choice policies against round-robin and an oracle, under load.
 
-Seeded, no network, no database. Two scenarios (ADR-0020's GPU head + CPU
-full node, and a five-node mesh with four candidate routes) whose nodes' *true*
-speed differs from the benchmark they advertise (the prior). Requests arrive
-(Poisson, 1 per second), each generating 16-256 tokens; a route's true speed
-is the inverse of the per-token time summed over its hops (layers run times
-the node's per-layer time, plus 4 ms of network per hop after the head), and
-every observed sample carries 10 % log-normal noise. Three events, at a
-quarter, a half and three quarters of the run:
+Seeded, no network, no database: the policies are ``routing_app``'s own
+(``policy_choose`` over a real ``RouteStatsStore``), only the nodes are made up.
 
-1. the fastest route's own costliest node slows down 5x (no epoch bump: the
-   statistics must notice on their own);
-2. a fast full-model node joins (topology epoch bump);
-3. the fastest route's own node leaves (epoch bump).
+Two topologies (ADR-0020's GPU head + CPU full node, and a five-node mesh
+with four candidate routes) whose nodes' *true* speed differs from the
+benchmark they advertise (the prior). Requests arrive as a Poisson stream,
+each generating 16-256 tokens. A session's speed is the inverse of its
+per-token time summed over its hops: layers run × the node's per-layer time
+× the node's batching slowdown, plus 4 ms of network per hop after the head.
+A node serving k sessions at once runs a batch step k^0.6 times slower than
+one alone, so its aggregate throughput grows as k^0.4 (2.3x at 8, as measured
+with 64 tiny streams) up to ``BATCH_CAP`` sessions and stays flat beyond
+(processor sharing: every session queues for its share). Each observed
+sample carries 10 % log-normal noise; a sample is recorded when a request
+completes (its tokens ÷ its time on the route).
 
-For each policy it reports the throughput (tokens delivered ÷ generation
-time) as a ratio of the oracle's, which always takes the truly fastest
-candidate, and, after each event, how many requests were served before the
-policy's expected traffic share on the new fastest route passed 50 %.
+Load levels: ``isolated`` is the first simulator's setting (1 request/s,
+each request served as if alone), the others put arrivals at a share of the
+topology's estimated capacity (node-disjoint routes, fastest first, each at
+its batching cap). Three events, at a quarter, a half and three quarters of
+the run: the fastest route's own costliest node slows down 5x (no epoch
+bump: the statistics must notice on their own); a fast full-model node joins
+(epoch bump); the then fastest route's own node leaves (epoch bump; its
+sessions fail over to a route the policy picks).
 
-Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N]``.
+For each policy: throughput (tokens delivered ÷ the requests' end-to-end
+time) as a ratio of the oracle's, which knows every true speed and load and
+sends each request where it runs fastest now; p50/p99 end-to-end latency;
+per event, how many requests passed before the policy's share on the new
+fastest route passed 50 % (for ``thompson-load`` the draw's share: its
+one-off scouts of unmeasured routes are not a move of traffic); and the
+longest time any candidate had neither a request in flight nor a fresh
+sample, and ``overdue``: the most any routing decision left a candidate idle
+past the ``max_unsampled_seconds`` bound (0 for ``thompson-load``, whose
+next request after the bound goes there: the gap itself can exceed the
+bound by the wait for that request).
+
+Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]``.
 """
 
 from __future__ import annotations
@@ -30,20 +48,26 @@ import math
 import random
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing_app.choice import choose_arm, policy_shares
-from routing_app.config import RoutingConfig
+from routing_app import thompson
+from routing_app.choice import policy_choose, policy_shares
+from routing_app.config import POLICY_ADR0021, RoutingConfig
+from routing_app.load import LoadSnapshot
 from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
 from routing_app.stats import RouteStatsStore
 
 HOP_SECONDS = 0.004  # network time per token for every hop after the head
-ARRIVALS_PER_SECOND = 1.0
 NOISE_SIGMA = 0.10
+BATCH_EXPONENT = 0.4  # a node's aggregate throughput grows as k^0.4 ...
+BATCH_CAP = 8  # ... up to this many sessions; beyond, the sessions share it
+TOKENS = (16, 256)
+ISOLATED_RATE = 1.0  # requests/s of the first simulator (no interaction)
 
 
 @dataclass
@@ -96,6 +120,14 @@ SCENARIOS = [
 ]
 
 
+def batch_slowdown(sessions: int) -> float:
+    """How much slower one session's step runs on a node serving ``sessions`` at once."""
+    k = max(sessions, 1)
+    if k <= BATCH_CAP:
+        return float(k ** (1.0 - BATCH_EXPONENT))
+    return BATCH_CAP ** (1.0 - BATCH_EXPONENT) * k / BATCH_CAP
+
+
 @dataclass
 class Network:
     scenario: Scenario
@@ -112,16 +144,18 @@ class Network:
             nodes=[n.record for n in self.nodes.values()],
         )
 
-    def true_tps(self, plan: RoutePlan) -> float:
+    def session_tps(self, plan: RoutePlan, sessions: Counter[str] | None = None) -> float:
+        """Tokens/s of one session on ``plan`` with ``sessions`` per node (None: alone)."""
         seconds = 0.0
         for index, hop in enumerate(plan.hops):
             layers = hop.end_layer - hop.start_layer + 1
-            seconds += layers * self.nodes[hop.node_id].layer_seconds
+            load = 1 if sessions is None else sessions[hop.node_id]
+            seconds += layers * self.nodes[hop.node_id].layer_seconds * batch_slowdown(load)
             seconds += HOP_SECONDS if index else 0.0
         return 1.0 / seconds
 
     def fastest(self, plans: list[RoutePlan]) -> RoutePlan:
-        return max(plans, key=self.true_tps)
+        return max(plans, key=self.session_tps)
 
     def victim(self, plans: list[RoutePlan]) -> str:
         """The fastest route's own node (in no other candidate) that costs it most time."""
@@ -136,15 +170,57 @@ class Network:
         )
         return costliest.node_id
 
+    def capacity_rps(self) -> float:
+        """Requests/s the topology sustains, roughly: node-disjoint routes, fastest first,
+        each at its batching cap."""
+        used: set[str] = set()
+        tokens_per_second = 0.0
+        for plan in sorted(self.candidates(), key=self.session_tps, reverse=True):
+            if used.intersection(plan.node_ids):
+                continue
+            used.update(plan.node_ids)
+            tokens_per_second += self.session_tps(plan) * BATCH_CAP**BATCH_EXPONENT
+        return tokens_per_second / (sum(TOKENS) / 2)
 
-Policy = Callable[[list[RoutePlan], RouteStatsStore, Network, random.Random], RoutePlan]
+
+@dataclass
+class Session:
+    plan: RoutePlan
+    epoch: int
+    tokens: int
+    remaining: float
+    arrived: float
+    started: float
+
+
+@dataclass
+class Load:
+    """What is in flight now: the simulator's truth, and the tracker's view of it."""
+
+    sessions: list[Session] = field(default_factory=list)
+    isolated: bool = False  # sessions do not slow each other down
+
+    def per_node(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for session in self.sessions:
+            counts.update(session.plan.node_ids)
+        return counts
+
+    def snapshot(self) -> LoadSnapshot:
+        if self.isolated:  # requests as if alone: nothing is load
+            return LoadSnapshot()
+        return LoadSnapshot(routes=dict(Counter(s.plan.signature for s in self.sessions)))
+
+
+Policy = Callable[[list[RoutePlan], RouteStatsStore, Network, Load, random.Random], RoutePlan]
 
 
 def bandit(config: RoutingConfig) -> Policy:
     def choose(
-        plans: list[RoutePlan], store: RouteStatsStore, net: Network, rng: random.Random
+        plans: list[RoutePlan], store: RouteStatsStore, net: Network, load: Load, rng: random.Random
     ) -> RoutePlan:
-        picked = choose_arm(arms=store.views(plans=plans, epoch=net.epoch), config=config, rng=rng)
+        arms = store.views(plans=plans, epoch=net.epoch)
+        picked = policy_choose(arms=arms, config=config, rng=rng, loads=load.snapshot())
         assert picked is not None
         return picked[0].plan
 
@@ -155,19 +231,31 @@ def round_robin() -> Policy:
     counter = itertools.count()
 
     def choose(
-        plans: list[RoutePlan], store: RouteStatsStore, net: Network, rng: random.Random
+        plans: list[RoutePlan], store: RouteStatsStore, net: Network, load: Load, rng: random.Random
     ) -> RoutePlan:
         return plans[next(counter) % len(plans)]
 
     return choose
 
 
-def oracle(plans: list[RoutePlan], store: RouteStatsStore, net: Network, rng: random.Random):
-    return net.fastest(plans)
+def oracle(
+    plans: list[RoutePlan],
+    store: RouteStatsStore | None,
+    net: Network,
+    load: Load,
+    rng: random.Random | None,
+) -> RoutePlan:
+    """Where the request runs fastest now, knowing every true speed and load."""
+    counts = load.per_node()
+
+    def speed(plan: RoutePlan) -> float:
+        return net.session_tps(plan, None if load.isolated else counts + Counter(plan.node_ids))
+
+    return max(plans, key=speed)
 
 
 def expected_share(
-    name: str, config: RoutingConfig | None, plans, store, net: Network, target: str
+    name: str, config: RoutingConfig | None, plans, store, net: Network, load: Load, target: str
 ) -> float:
     signatures = [plan.signature for plan in plans]
     if target not in signatures:
@@ -175,17 +263,67 @@ def expected_share(
     if name == "round-robin":
         return 1.0 / len(plans)
     if name == "oracle":
-        return 1.0 if net.fastest(plans).signature == target else 0.0
+        return 1.0 if oracle(plans, store, net, load, None).signature == target else 0.0
     assert config is not None
-    shares = policy_shares(arms=store.views(plans=plans, epoch=net.epoch), config=config)
+    arms = store.views(plans=plans, epoch=net.epoch)
+    if config.policy == POLICY_ADR0021:
+        shares = policy_shares(arms=arms, config=config)
+    else:
+        shares = thompson.expected_shares(
+            arms=arms, loads=load.snapshot(), config=config, include_scout=False
+        )
     return shares[signatures.index(target)]
 
 
 @dataclass
 class RunResult:
     throughput: float
+    latencies: list[float]
     to_majority: list[int | None]  # per event; None: not before the next event (or the end)
     settled: list[float]  # per event: share on the new best just before the next event
+    longest_gap: float  # seconds a candidate had neither a request in flight nor a sample
+    overdue: float  # seconds past the bound a candidate was left so by a decision
+
+
+class GapWatch:
+    """Per candidate: since when it has had neither a request in flight nor a fresh sample."""
+
+    def __init__(self, bound: float) -> None:
+        self.idle_since: dict[str, float] = {}
+        self.current: set[str] = set()
+        self.longest = 0.0
+        self.bound = bound
+        self.overdue = 0.0  # longest a candidate was left idle past the bound by a decision
+
+    def candidates(self, plans: list[RoutePlan], now: float, load: Load) -> None:
+        busy = {session.plan.signature for session in load.sessions}
+        self.current = {plan.signature for plan in plans}
+        for signature in list(self.idle_since):
+            if signature not in self.current:
+                del self.idle_since[signature]
+        for signature in self.current - busy:
+            self.idle_since.setdefault(signature, now)
+
+    def dispatched(self, signature: str, now: float) -> None:
+        since = self.idle_since.pop(signature, None)
+        if since is not None:
+            self.longest = max(self.longest, now - since)
+
+    def decided(self, now: float) -> None:
+        """A request was routed: how far past the bound does it leave an idle candidate?"""
+        for since in self.idle_since.values():
+            self.overdue = max(self.overdue, now - since - self.bound)
+
+    def finished(self, signature: str, now: float, load: Load) -> None:
+        if signature in self.current and all(
+            session.plan.signature != signature for session in load.sessions
+        ):
+            self.idle_since[signature] = now
+
+    def close(self, now: float) -> float:
+        for since in self.idle_since.values():
+            self.longest = max(self.longest, now - since)
+        return self.longest
 
 
 def simulate(
@@ -195,26 +333,71 @@ def simulate(
     config: RoutingConfig | None,
     seed: int,
     requests: int,
+    rate: float | None,
 ) -> RunResult:
+    """One run; ``rate`` requests/s with interaction, or ``None`` for the isolated setting."""
     net = Network(scenario)
-    now = [0.0]
-    store = RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=lambda: now[0])
+    now = 0.0
+    store = RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=lambda: now)
     arrivals, work, noise = random.Random(seed), random.Random(seed + 1), random.Random(seed + 2)
     rng = random.Random(seed + 3)
     event_at = {requests // 4: "slowdown", requests // 2: "join", 3 * requests // 4: "leave"}
-    tokens_total = seconds_total = 0.0
+    load = Load(isolated=rate is None)
+    gaps = GapWatch(THOMPSON.max_unsampled_seconds)
+    latencies: list[float] = []
+    tokens_total = 0.0
     targets: list[str] = []
     to_majority: list[int | None] = []
     settled: list[float] = []
     began = 0
     plans = net.candidates()
-    for request in range(requests + 1):
+    gaps.candidates(plans, now, load)
+    next_arrival = arrivals.expovariate(rate or ISOLATED_RATE)
+    arrived = 0
+
+    def dispatch(session_tokens: int, remaining: float, arrived_at: float) -> None:
+        plan = policy(plans, store, net, load, rng)
+        gaps.dispatched(plan.signature, now)
+        load.sessions.append(
+            Session(plan, net.epoch, session_tokens, remaining, arrived_at, started=now)
+        )
+
+    while arrived <= requests or load.sessions:
+        counts = None if rate is None else load.per_node()
+        speeds = [net.session_tps(s.plan, counts) for s in load.sessions]
+        finish_in = [s.remaining / v for s, v in zip(load.sessions, speeds, strict=True)]
+        soonest = min(range(len(finish_in)), key=finish_in.__getitem__, default=None)
+        arrival_open = arrived <= requests
+        if soonest is not None and (not arrival_open or now + finish_in[soonest] < next_arrival):
+            step = finish_in[soonest]
+        else:
+            step = next_arrival - now
+        for session, speed in zip(load.sessions, speeds, strict=True):
+            session.remaining -= speed * step
+        now += step
+        if soonest is not None and load.sessions[soonest].remaining <= 1e-9:
+            done = load.sessions.pop(soonest)
+            latencies.append(now - done.arrived)
+            tokens_total += done.tokens
+            observed = done.tokens / (now - done.started) * math.exp(noise.gauss(0, NOISE_SIGMA))
+            store.record_sample(
+                model_key="sim",
+                signature=done.plan.signature,
+                epoch=done.epoch,
+                output_tokens=done.tokens,
+                tokens_per_second=observed,
+            )
+            gaps.finished(done.plan.signature, now, load)
+            continue
+        # An arrival: first the event due at this request, then the request itself.
+        request = arrived
+        arrived += 1
+        next_arrival = now + arrivals.expovariate(rate or ISOLATED_RATE)
         event = event_at.get(request)
-        if event is not None or request == requests:
-            if targets:
-                settled.append(expected_share(name, config, plans, store, net, targets[-1]))
-            if request == requests:
-                break
+        if (event is not None or request == requests) and targets:
+            settled.append(expected_share(name, config, plans, store, net, load, targets[-1]))
+        if request == requests:
+            continue
         if event is not None:
             victim = net.victim(plans)
             if event == "slowdown":
@@ -227,36 +410,52 @@ def simulate(
                 del net.nodes[victim]
                 net.epoch += 1
             plans = net.candidates()
+            gaps.candidates(plans, now, load)
+            if event == "leave":  # its sessions fail over, their segment unrecorded
+                failed = [s for s in load.sessions if victim in s.plan.node_ids]
+                load.sessions = [s for s in load.sessions if victim not in s.plan.node_ids]
+                for session in failed:
+                    gaps.finished(session.plan.signature, now, load)
+                    dispatch(session.tokens, session.remaining, session.arrived)
             targets.append(net.fastest(plans).signature)
             to_majority.append(None)
             began = request
         if (
             targets
             and to_majority[-1] is None
-            and expected_share(name, config, plans, store, net, targets[-1]) > 0.5
+            and expected_share(name, config, plans, store, net, load, targets[-1]) > 0.5
         ):
             to_majority[-1] = request - began
-        now[0] += arrivals.expovariate(ARRIVALS_PER_SECOND)
-        plan = policy(plans, store, net, rng)
-        tokens = work.randint(16, 256)
-        observed = net.true_tps(plan) * math.exp(noise.gauss(0.0, NOISE_SIGMA))
-        tokens_total += tokens
-        seconds_total += tokens / observed
-        store.record_sample(
-            model_key="sim",
-            signature=plan.signature,
-            epoch=net.epoch,
-            output_tokens=tokens,
-            tokens_per_second=observed,
-        )
-    return RunResult(tokens_total / seconds_total, to_majority, settled)
+        tokens = work.randint(*TOKENS)
+        dispatch(tokens, float(tokens), now)
+        gaps.decided(now)
+    return RunResult(
+        tokens_total / sum(latencies),
+        latencies,
+        to_majority,
+        settled,
+        gaps.close(now),
+        gaps.overdue,
+    )
 
 
+THOMPSON = RoutingConfig(policy="thompson-load")
 POLICIES: list[tuple[str, RoutingConfig | None]] = [
-    ("ADR-0021 default (explore 0.3, alpha 1)", RoutingConfig()),
-    ("ADR-0021 tuned (explore 0.1, alpha 2)", RoutingConfig(explore_share=0.1, weight_alpha=2.0)),
+    ("thompson-load (ADR-0011 default)", THOMPSON),
+    ("adr0021 default (explore 0.3, alpha 1)", RoutingConfig(policy=POLICY_ADR0021)),
+    (
+        "adr0021 tuned (explore 0.1, alpha 2)",
+        RoutingConfig(policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0),
+    ),
     ("round-robin", None),
     ("oracle", None),
+]
+# (label, share of the estimated capacity; None: the isolated setting)
+LOADS: list[tuple[str, float | None]] = [
+    ("isolated (1 req/s, no interaction)", None),
+    ("light (10% of capacity)", 0.1),
+    ("medium (50% of capacity)", 0.5),
+    ("near capacity (90%)", 0.9),
 ]
 
 
@@ -274,40 +473,60 @@ def describe(answers: list[int | None], settled: list[float]) -> str:
     return f"{statistics.median(reached):.0f} (max {max(reached)}; settles {share})"
 
 
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="ADR-0021 routing simulator")
+    parser = argparse.ArgumentParser(description="Routing policy simulator")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.requests = 3, 1000
     seeds = range(1, args.seeds + 1)
     quarter = args.requests // 4
     print(
         f"routing simulator: {args.seeds} seeds x {args.requests} requests; events at request "
-        f"{quarter} (5x slowdown), {2 * quarter} (join), {3 * quarter} (leave)"
+        f"{quarter} (5x slowdown), {2 * quarter} (join), {3 * quarter} (leave); "
+        f"thompson-load bound {THOMPSON.max_unsampled_seconds:.0f} s unsampled"
     )
-    print("columns: mean tok/s, mean ratio to the oracle; per event, median requests served")
-    print("until the policy's expected share on the new fastest route passed 50%")
+    print(
+        "columns: mean ratio to the oracle's throughput, p50/p99 end-to-end latency (s), "
+        "longest time a candidate went unsampled (s) and the most a request's routing left "
+        "one idle past the bound; per event, median requests until the share on the new "
+        "fastest route passed 50%"
+    )
     for scenario in SCENARIOS:
-        print(f"\n== {scenario.name}")
-        results = {
-            name: [
-                simulate(scenario, name, policy_for(name, config), config, seed, args.requests)
-                for seed in seeds
-            ]
-            for name, config in POLICIES
-        }
-        oracle_tp = [run.throughput for run in results["oracle"]]
-        for name, _ in POLICIES:
-            runs = results[name]
-            ratios = [run.throughput / best for run, best in zip(runs, oracle_tp, strict=True)]
-            print(
-                f"{name:40} {statistics.mean(run.throughput for run in runs):6.2f} tok/s "
-                f"{statistics.mean(ratios):6.3f} x oracle"
-            )
-            for index, event in enumerate(("slowdown", "join", "leave")):
-                answers = [run.to_majority[index] for run in runs]
-                settled = [run.settled[index] for run in runs]
-                print(f"    {event:9} {describe(answers, settled)}")
+        capacity = Network(scenario).capacity_rps()
+        for label, utilisation in LOADS:
+            rate = None if utilisation is None else utilisation * capacity
+            shown = "" if rate is None else f", {rate:.2f} req/s"
+            print(f"\n== {scenario.name} — {label}{shown}")
+            results = {
+                name: [
+                    simulate(scenario, name, policy_for(name, cfg), cfg, seed, args.requests, rate)
+                    for seed in seeds
+                ]
+                for name, cfg in POLICIES
+            }
+            oracle_tp = [run.throughput for run in results["oracle"]]
+            for name, _ in POLICIES:
+                runs = results[name]
+                ratios = [run.throughput / best for run, best in zip(runs, oracle_tp, strict=True)]
+                latencies = [value for run in runs for value in run.latencies]
+                print(
+                    f"{name:40} {statistics.mean(ratios):6.3f} x oracle  "
+                    f"p50 {percentile(latencies, 0.5):6.2f}  p99 {percentile(latencies, 0.99):7.2f}"
+                    f"  gap {max(run.longest_gap for run in runs):6.0f}"
+                    f" (overdue {max(run.overdue for run in runs):5.0f})"
+                )
+                for index, event in enumerate(("slowdown", "join", "leave")):
+                    answers = [run.to_majority[index] for run in runs]
+                    settled = [run.settled[index] for run in runs]
+                    print(f"    {event:9} {describe(answers, settled)}")
 
 
 if __name__ == "__main__":

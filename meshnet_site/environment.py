@@ -384,6 +384,41 @@ class NumberSetting:
         )
 
 
+@dataclass(frozen=True)
+class ChoiceSetting:
+    """One setting that names one of a fixed set of values (e.g. a policy).
+
+    ``read`` takes it from the environment (blank: the default); ``check``
+    holds a value that arrived another way (a flag) to the same choices,
+    raising ``ImproperlyConfigured`` that names ``label`` (default: the variable).
+    """
+
+    name: str
+    default: str
+    choices: tuple[str, ...]
+
+    def read(self, env: Mapping[str, str]) -> str:
+        raw = env.get(self.name)
+        if raw is None or raw.strip() == "":
+            return self.default
+        return self.check(raw.strip())
+
+    def check(self, value: str, *, label: str | None = None) -> str:
+        if value not in self.choices:
+            allowed = ", ".join(self.choices)
+            raise ImproperlyConfigured(
+                f"{label or self.name} must be one of {allowed}, got {value!r}"
+            )
+        return value
+
+
+# The route choice (ADR-0011): which policy, and the load-aware policy's knobs.
+ROUTE_POLICY = ChoiceSetting(
+    "MESHNET_ROUTE_POLICY", "thompson-load", choices=("thompson-load", "adr0021")
+)
+ROUTE_MAX_UNSAMPLED = NumberSetting("MESHNET_ROUTE_MAX_UNSAMPLED", 600.0, minimum=1.0)
+ROUTE_LOAD_EXPONENT = NumberSetting("MESHNET_ROUTE_LOAD_EXPONENT", 0.5, minimum=0.0, maximum=4.0)
+
 # The routing policy (ADR-0021).
 ROUTE_EXPLORE_SHARE = NumberSetting("MESHNET_ROUTE_EXPLORE_SHARE", 0.3, minimum=0.0, maximum=1.0)
 ROUTE_WEIGHT_ALPHA = NumberSetting(

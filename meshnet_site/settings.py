@@ -182,6 +182,10 @@ MESHNET_ROUTE_EXPLORE_SHARE = env_.ROUTE_EXPLORE_SHARE.read(ENV)
 MESHNET_ROUTE_WEIGHT_ALPHA = env_.ROUTE_WEIGHT_ALPHA.read(ENV)
 MESHNET_ROUTE_STATS_HALF_LIFE = env_.ROUTE_STATS_HALF_LIFE.read(ENV)
 MESHNET_ROUTE_MIN_SAMPLE_TOKENS = int(env_.ROUTE_MIN_SAMPLE_TOKENS.read(ENV))
+# The route choice policy and its own knobs (ADR-0011).
+MESHNET_ROUTE_POLICY = env_.ROUTE_POLICY.read(ENV)
+MESHNET_ROUTE_MAX_UNSAMPLED = env_.ROUTE_MAX_UNSAMPLED.read(ENV)
+MESHNET_ROUTE_LOAD_EXPONENT = env_.ROUTE_LOAD_EXPONENT.read(ENV)
 
 # Durable route statistics (ADR-0003): this tracker's name in the database
 # ("" until `runtracker` derives it from host and port), how long an arm

@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from meshnet_site.api_schema import error_responses
+from meshnet_site.environment import ROUTE_POLICY
 from meshnet_site.errors import DomainError, ErrorKind
 from routing_app.config import RoutingConfig
 from routing_app.stats import ArmStatus
@@ -59,10 +60,19 @@ class ModelRoutingOutput(serializers.Serializer[dict[str, Any]]):
 
 @extend_schema_serializer(component_name="RoutingConfig")
 class ConfigOutput(serializers.Serializer[dict[str, Any]]):
-    explore_share = serializers.FloatField()
-    weight_alpha = serializers.FloatField()
+    policy = serializers.ChoiceField(
+        choices=list(ROUTE_POLICY.choices), help_text="The route choice policy (ADR-0011)"
+    )
+    explore_share = serializers.FloatField(help_text="adr0021: share of requests that scout")
+    weight_alpha = serializers.FloatField(help_text="adr0021: exploit P ∝ tps^alpha")
     stats_half_life = serializers.FloatField()
     min_sample_tokens = serializers.IntegerField()
+    max_unsampled_seconds = serializers.FloatField(
+        help_text="thompson-load: a candidate is re-measured once its latest sample is older"
+    )
+    load_exponent = serializers.FloatField(
+        help_text="thompson-load: score lowered by load_exponent × ln(1 + sessions in flight)"
+    )
 
 
 class CredentialsRequired(DomainError):

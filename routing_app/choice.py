@@ -1,8 +1,11 @@
-"""The ADR-0021 route choice: scout, exploit, or fall back to the best prior.
+"""The route choice: the active policy picks a candidate for each request.
 
-``choose_route`` decides for one request; ``policy_shares`` states what that
-same policy does on average (the ``expected_share`` of ``/v1/routing``). Both
-read the candidates through ``ArmView`` so they can never disagree.
+Two policies (``RoutingConfig.policy``): ``adr0021`` (``choose_arm``: scout,
+exploit P ∝ tps^alpha, or fall back to the best prior) and ``thompson-load``
+(``routing_app.thompson``, ADR-0011). ``choose_route`` decides for one
+request with the active one; ``route_shares`` states what that same policy
+does next (the ``expected_share`` of ``/v1/routing``). Both read the
+candidates through ``ArmView`` so they can never disagree.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from enum import StrEnum
 from typing import Any
 
 from meshnet_site.errors import DomainError, ErrorKind
-from routing_app.config import RoutingConfig
+from routing_app import thompson
+from routing_app.config import POLICY_ADR0021, RoutingConfig
+from routing_app.load import NO_LOAD, LoadSnapshot
 from routing_app.planner import RoutePlan
 from routing_app.stats import ArmStatus, ArmView, RouteStatsStore
 
@@ -77,7 +82,8 @@ def _exploit_weights(proven: Sequence[ArmView], alpha: float) -> list[float]:
 def choose_arm(
     *, arms: Sequence[ArmView], config: RoutingConfig, rng: random.Random
 ) -> tuple[ArmView, DecisionMode] | None:
-    """The ADR-0021 policy over ``arms`` (best prior first); ``None`` when every arm is held.
+    """The ADR-0021 policy (``adr0021``) over ``arms`` (best prior first); ``None`` when
+    every arm is held.
 
     With no proven arm: the first (best-prior) arm that is not quarantined,
     deterministically. Otherwise with probability ``explore_share`` the
@@ -107,7 +113,7 @@ def choose_arm(
 
 
 def policy_shares(*, arms: Sequence[ArmView], config: RoutingConfig) -> list[float]:
-    """Each arm's expected share of traffic under ``choose_arm``, in the order given."""
+    """Each arm's expected share of traffic under ``choose_arm`` (``adr0021``), in order."""
     shares = [0.0] * len(arms)
     eligible = [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
     if not eligible:
@@ -131,6 +137,29 @@ def policy_shares(*, arms: Sequence[ArmView], config: RoutingConfig) -> list[flo
     return shares
 
 
+def policy_choose(
+    *,
+    arms: Sequence[ArmView],
+    config: RoutingConfig,
+    rng: random.Random,
+    loads: LoadSnapshot = NO_LOAD,
+) -> tuple[ArmView, DecisionMode] | None:
+    """The active policy's pick among ``arms`` (best prior first); ``None`` when all are held."""
+    if config.policy == POLICY_ADR0021:
+        return choose_arm(arms=arms, config=config, rng=rng)
+    picked = thompson.choose_arm(arms=arms, loads=loads, config=config, rng=rng)
+    return None if picked is None else (picked[0], DecisionMode(picked[1]))
+
+
+def route_shares(
+    *, arms: Sequence[ArmView], config: RoutingConfig, loads: LoadSnapshot = NO_LOAD
+) -> list[float]:
+    """Each arm's expected share of traffic under the active policy, in the order given."""
+    if config.policy == POLICY_ADR0021:
+        return policy_shares(arms=arms, config=config)
+    return thompson.expected_shares(arms=arms, loads=loads, config=config)
+
+
 def choose_route(
     *,
     plans: Sequence[RoutePlan],
@@ -138,14 +167,18 @@ def choose_route(
     epoch: int,
     config: RoutingConfig,
     rng: random.Random,
+    loads: LoadSnapshot = NO_LOAD,
 ) -> RouteDecision:
     """Pick one of ``plans`` (best prior first, at least one) for a request.
 
-    Raises ``NoRouteAvailable`` when every plan is quarantined.
+    ``loads`` are the sessions in flight (the ``thompson-load`` policy weighs
+    them). Raises ``NoRouteAvailable`` when every plan is quarantined.
     """
     if not plans:
         raise ValueError("choose_route needs at least one candidate plan")
-    picked = choose_arm(arms=store.views(plans=plans, epoch=epoch), config=config, rng=rng)
+    picked = policy_choose(
+        arms=store.views(plans=plans, epoch=epoch), config=config, rng=rng, loads=loads
+    )
     if picked is None:
         raise NoRouteAvailable(plans[0].model_key, "every candidate route is quarantined")
     arm, mode = picked

@@ -1,4 +1,4 @@
-"""The routing policy's knobs (ADR-0021), read from Django settings at call time.
+"""The routing policy and its knobs (ADR-0021, ADR-0011), read from Django settings at call time.
 
 ``meshnet_site.settings`` reads the ``MESHNET_ROUTE_*`` environment variables
 and ``runtracker`` overrides the same settings attributes from its flags, so
@@ -15,10 +15,17 @@ from django.conf import settings
 
 from meshnet_site.environment import (
     ROUTE_EXPLORE_SHARE,
+    ROUTE_LOAD_EXPONENT,
+    ROUTE_MAX_UNSAMPLED,
     ROUTE_MIN_SAMPLE_TOKENS,
+    ROUTE_POLICY,
     ROUTE_STATS_HALF_LIFE,
     ROUTE_WEIGHT_ALPHA,
 )
+
+# The policy names MESHNET_ROUTE_POLICY accepts.
+POLICY_THOMPSON_LOAD = "thompson-load"
+POLICY_ADR0021 = "adr0021"
 
 # At most this many candidate routes per model take part in the choice.
 MAX_CANDIDATES = 8
@@ -32,12 +39,18 @@ class RoutingConfig:
     Defaults and ranges are the settings' own (``meshnet_site.environment``).
     """
 
+    policy: str = ROUTE_POLICY.default
     explore_share: float = ROUTE_EXPLORE_SHARE.default
     weight_alpha: float = ROUTE_WEIGHT_ALPHA.default
     stats_half_life: float = ROUTE_STATS_HALF_LIFE.default
     min_sample_tokens: int = int(ROUTE_MIN_SAMPLE_TOKENS.default)
+    max_unsampled_seconds: float = ROUTE_MAX_UNSAMPLED.default
+    load_exponent: float = ROUTE_LOAD_EXPONENT.default
 
     def __post_init__(self) -> None:
+        ROUTE_POLICY.check(self.policy)
+        ROUTE_MAX_UNSAMPLED.check(self.max_unsampled_seconds)
+        ROUTE_LOAD_EXPONENT.check(self.load_exponent)
         ROUTE_EXPLORE_SHARE.check(self.explore_share)
         ROUTE_WEIGHT_ALPHA.check(self.weight_alpha)
         ROUTE_STATS_HALF_LIFE.check(self.stats_half_life)
@@ -47,10 +60,13 @@ class RoutingConfig:
     def from_settings(cls) -> RoutingConfig:
         """The policy as the settings say now (after any ``runtracker`` flag overrides)."""
         return cls(
+            policy=str(settings.MESHNET_ROUTE_POLICY),
             explore_share=float(settings.MESHNET_ROUTE_EXPLORE_SHARE),
             weight_alpha=float(settings.MESHNET_ROUTE_WEIGHT_ALPHA),
             stats_half_life=float(settings.MESHNET_ROUTE_STATS_HALF_LIFE),
             min_sample_tokens=int(settings.MESHNET_ROUTE_MIN_SAMPLE_TOKENS),
+            max_unsampled_seconds=float(settings.MESHNET_ROUTE_MAX_UNSAMPLED),
+            load_exponent=float(settings.MESHNET_ROUTE_LOAD_EXPONENT),
         )
 
     def to_dict(self) -> dict[str, Any]:

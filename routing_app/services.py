@@ -1,8 +1,9 @@
 """Routing writes and decisions: route choice, samples, quarantine.
 
-The chat proxy needs three calls: ``route_select`` before it opens the
-stream, ``route_sample_record`` when the stream completes, and
-``route_quarantine_node`` when a hop fails. Each reads the policy from the
+The chat proxy needs four calls: ``route_select`` before it opens the
+stream, ``route_sample_record`` when the stream completes,
+``route_session_close`` when a route's stream ends any way (its load is
+gone), and ``route_quarantine_node`` when a hop fails. Each reads the policy from the
 settings at call time and uses the process's ``route_stats_store()`` unless
 given another store.
 """
@@ -17,6 +18,7 @@ from nodes_app.selectors import topology_epoch_current
 from routing_app import selectors
 from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision, choose_route
 from routing_app.config import RoutingConfig
+from routing_app.load import RouteLoad, route_load
 from routing_app.planner import (
     RoutePlan,
     enumerate_routes,
@@ -62,8 +64,13 @@ def route_select(
     rng: random.Random | None = None,
     store: RouteStatsStore | None = None,
     config: RoutingConfig | None = None,
+    load: RouteLoad | None = None,
 ) -> RouteDecision:
     """The route for one chat request: the pinned node ids' plan, or the bandit's choice.
+
+    The decision counts as a session in flight on its route (the load the
+    ``thompson-load`` policy weighs) until ``route_sample_record`` or
+    ``route_session_close`` is called with it.
 
     Raises ``InvalidPinnedRoute`` for a pinned route that cannot serve the
     model, ``PinnedNodeUnavailable`` when a pinned node is not online and
@@ -71,6 +78,7 @@ def route_select(
     to ``decision.plan.head.endpoint`` with ``decision.plan.to_dict()`` as hops.
     """
     store = store or route_stats_store()
+    load = load or route_load()
     epoch = topology_epoch_current(model=model)
     if pinned is not None:
         nodes = selectors.routing_nodes(model=model)
@@ -81,17 +89,29 @@ def route_select(
             online={node.node_id: node for node in nodes},
             known=selectors.node_ids_known(model=model, node_ids=pinned),
         )
-        return RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
-    plans = route_candidates(model=model, store=store)
-    if not plans:
-        raise NoRouteAvailable(model.key, _coverage_gap(model))
-    return choose_route(
-        plans=plans,
-        store=store,
-        epoch=epoch,
-        config=config or RoutingConfig.from_settings(),
-        rng=rng or _route_rng,
-    )
+        decision = RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
+    else:
+        plans = route_candidates(model=model, store=store)
+        if not plans:
+            raise NoRouteAvailable(model.key, _coverage_gap(model))
+        decision = choose_route(
+            plans=plans,
+            store=store,
+            epoch=epoch,
+            config=config or RoutingConfig.from_settings(),
+            rng=rng or _route_rng,
+            loads=load.snapshot(),
+        )
+    load.open(decision, decision.plan)
+    return decision
+
+
+def route_session_close(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
+    """The request's stream on ``decision``'s route ended (any way): it is no longer load.
+
+    Idempotent; ``route_sample_record`` calls it too.
+    """
+    (load or route_load()).close(decision)
 
 
 def _coverage_gap(model: LanguageModel) -> str:
@@ -109,12 +129,16 @@ def route_sample_record(
     output_tokens: int,
     elapsed_seconds: float,
     store: RouteStatsStore | None = None,
+    load: RouteLoad | None = None,
 ) -> bool:
     """Learn the speed of a completed request (pinned ones too); returns whether it counted.
+
+    The decision's session ends here (it is no longer load on its route).
 
     ``elapsed_seconds`` is the end-to-end time of the generation as the
     tracker saw it. Near-empty completions are rejected (see ``RouteStatsStore``).
     """
+    route_session_close(decision=decision, load=load)
     if elapsed_seconds <= 0:
         return False
     store = store or route_stats_store()

@@ -109,6 +109,9 @@ class ArmView:
     tps: float | None
     weight: float
     samples: int
+    # Seconds since the arm's latest sample (None: never sampled), for the bound on
+    # how long a candidate may go unmeasured (ADR-0011).
+    last_sample_age: float | None = None
 
     @property
     def current_weight(self) -> float:
@@ -278,11 +281,13 @@ class RouteStatsStore:
             or self._route_held_until(key) > now
             or any(node_id in held_nodes for node_id in plan.node_ids)
         )
+        age: float | None = None
         if state is None or state.samples == 0:
             status = ArmStatus.UNSAMPLED
             tps, weight, samples = None, 0.0, 0
         else:
             tps, samples = state.value, state.samples
+            age = max(now - state.at, 0.0)
             weight = state.mass_at(now, self.half_life)
             if state.epoch < epoch:
                 status = ArmStatus.STALE
@@ -292,7 +297,7 @@ class RouteStatsStore:
                 status = ArmStatus.PROVEN
         if held:
             status = ArmStatus.QUARANTINED
-        return ArmView(plan, status, tps, weight, samples)
+        return ArmView(plan, status, tps, weight, samples, age)
 
     # --- quarantine ----------------------------------------------------------
 

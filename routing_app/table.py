@@ -2,7 +2,7 @@
 
 Per model: the topology epoch and every candidate with its hops, prior,
 learned tps, coefficient (tps ÷ best proven tps), expected traffic share
-under the current policy, sample count, decayed weight and status.
+under the active policy (with the sessions in flight now), sample count, decayed weight and status.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 
 from nodes_app.models import LanguageModel
 from nodes_app.selectors import language_model_get, topology_epoch_current
-from routing_app.choice import policy_shares
+from routing_app.choice import route_shares
 from routing_app.config import RoutingConfig
+from routing_app.load import route_load
 from routing_app.services import route_candidates
 from routing_app.stats import ArmStatus, RouteStatsStore
 
@@ -37,7 +38,7 @@ def _model_table(
     epoch = topology_epoch_current(model=model)
     plans = route_candidates(model=model, store=store)
     arms = store.views(plans=plans, epoch=epoch)
-    shares = policy_shares(arms=arms, config=config)
+    shares = route_shares(arms=arms, config=config, loads=route_load().snapshot())
     proven = [arm.tps for arm in arms if arm.status is ArmStatus.PROVEN and arm.tps]
     best = max(proven, default=None)
     routes = []

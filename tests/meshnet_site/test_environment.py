@@ -148,7 +148,17 @@ ROUTE_BOUNDS = [
     (env_.ROUTE_WEIGHT_ALPHA, "route_weight_alpha", "weight_alpha", 0.0, 0.001),
     (env_.ROUTE_STATS_HALF_LIFE, "route_stats_half_life", "stats_half_life", 0.0, 0.001),
     (env_.ROUTE_MIN_SAMPLE_TOKENS, None, "min_sample_tokens", 0, 1),
+    (env_.ROUTE_MAX_UNSAMPLED, "route_max_unsampled", "max_unsampled_seconds", 0.5, 1.0),
+    (env_.ROUTE_LOAD_EXPONENT, "route_load_exponent", "load_exponent", 4.5, 4.0),
+    (env_.ROUTE_LOAD_EXPONENT, "route_load_exponent", "load_exponent", -0.1, 0.0),
 ]
+
+
+def test_the_route_policy_is_read_by_name_and_an_unknown_one_is_refused() -> None:
+    assert env_.ROUTE_POLICY.read({}) == "thompson-load"
+    assert env_.ROUTE_POLICY.read({"MESHNET_ROUTE_POLICY": " adr0021 "}) == "adr0021"
+    with pytest.raises(ImproperlyConfigured, match="MESHNET_ROUTE_POLICY must be one of"):
+        env_.ROUTE_POLICY.read({"MESHNET_ROUTE_POLICY": "fastest"})
 
 
 @pytest.mark.parametrize(("setting", "flag", "field", "outside", "inside"), ROUTE_BOUNDS)

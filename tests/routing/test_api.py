@@ -69,10 +69,13 @@ def test_it_shows_config_epoch_and_every_candidate(mixed):
     body = table(mixed.key)
 
     assert body["config"] == {
+        "policy": "thompson-load",
         "explore_share": 0.3,
         "weight_alpha": 1.0,
         "stats_half_life": 600.0,
         "min_sample_tokens": 8,
+        "max_unsampled_seconds": 600.0,
+        "load_exponent": 0.5,
     }
     (entry,) = body["models"]
     assert (entry["model"], entry["epoch"]) == (mixed.key, 1)
@@ -151,10 +154,18 @@ def test_it_answers_an_unknown_model_with_an_openai_style_404(store):
 
 
 def test_it_reports_the_policy_the_settings_hold_now(mixed):
-    with override_settings(MESHNET_ROUTE_EXPLORE_SHARE=0.05, MESHNET_ROUTE_WEIGHT_ALPHA=2.0):
+    with override_settings(
+        MESHNET_ROUTE_POLICY="adr0021",
+        MESHNET_ROUTE_EXPLORE_SHARE=0.05,
+        MESHNET_ROUTE_WEIGHT_ALPHA=2.0,
+    ):
         config = table(mixed.key)["config"]
 
-    assert (config["explore_share"], config["weight_alpha"]) == (0.05, 2.0)
+    assert (config["policy"], config["explore_share"], config["weight_alpha"]) == (
+        "adr0021",
+        0.05,
+        2.0,
+    )
 
 
 def test_it_documents_the_endpoint_in_the_openapi_schema():
@@ -163,25 +174,32 @@ def test_it_documents_the_endpoint_in_the_openapi_schema():
     assert "/v1/routing" in response.json()["paths"]
 
 
-def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
-    """Two registered routes, one twice as fast: the table learns it from real samples."""
-    model = make_model(num_layers=30)
+def serve_scripted_client(model, clock, requests, checkpoints):
+    """``requests`` chats on two registered routes, one twice as fast; the table at each
+    checkpoint, keyed by head node."""
     make_node(model, "quick", 0, 29, tps=50.0)
     make_node(model, "steady", 0, 29, tps=50.0)
     true_tps = {"quick": 60.0, "steady": 30.0}
     rng, noise = random.Random(5), random.Random(6)
     snapshots = []
-    for request in range(1, 301):
+    for request in range(1, requests + 1):
         decision = route_select(model=model, rng=rng)
         tokens = 64
         speed = true_tps[decision.plan.head.node_id] * noise.uniform(0.9, 1.1)
         route_sample_record(decision=decision, output_tokens=tokens, elapsed_seconds=tokens / speed)
         clock.advance(1.0)
-        if request in (1, 10, 300):
+        if request in checkpoints:
             routes = {r["hops"][0]["node_id"]: r for r in table(model.key)["models"][0]["routes"]}
             snapshots.append(routes)
+    return snapshots
 
-    first, early, last = snapshots
+
+@override_settings(MESHNET_ROUTE_POLICY="adr0021")
+def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
+    """Two registered routes, one twice as fast: the table learns it from real samples."""
+    model = make_model(num_layers=30)
+    first, early, last = serve_scripted_client(model, clock, 300, (1, 10, 300))
+
     assert {r["status"] for r in first.values()} == {"proven", "unsampled"}
     assert {r["coefficient"] for r in first.values()} == {1.0, None}
     assert {r["status"] for r in early.values()} == {"proven"}
@@ -192,6 +210,20 @@ def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
     assert last["steady"]["expected_share"] == pytest.approx(1 / 3, abs=0.05)
     assert last["quick"]["samples"] + last["steady"]["samples"] == 300
     assert last["quick"]["samples"] > last["steady"]["samples"]
+
+
+def test_the_default_policy_gives_the_twice_as_fast_route_nearly_all_traffic(store, clock):
+    """thompson-load: the scout of the unsampled route shows as its share of the next
+    request; once both are measured the faster one takes nearly every draw."""
+    model = make_model(num_layers=30)
+    first, last = serve_scripted_client(model, clock, 100, (1, 100))
+
+    assert first["steady"]["expected_share"] == 1.0  # measured next: the scout
+    assert last["quick"]["expected_share"] >= 0.95
+    assert last["quick"]["expected_share"] + last["steady"]["expected_share"] == pytest.approx(1)
+    assert last["steady"]["status"] == "proven"
+    assert last["quick"]["samples"] + last["steady"]["samples"] == 100
+    assert last["quick"]["samples"] >= 90
 
 
 def test_it_refuses_an_anonymous_caller_with_a_401_in_the_error_shape(mixed):

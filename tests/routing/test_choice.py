@@ -1,4 +1,5 @@
-"""choose_route: greedy fallback, scouting, exploiting P ∝ tps^alpha, quarantine, pinning."""
+"""choose_route under the adr0021 policy: greedy fallback, scouting, exploiting P ∝ tps^alpha,
+quarantine, pinning."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rest_framework import status
 
 from meshnet_site.errors import http_error
 from routing_app.choice import DecisionMode, NoRouteAvailable, choose_route, policy_shares
-from routing_app.config import RoutingConfig
+from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.planner import enumerate_routes
 from routing_app.services import route_sample_record, route_select
 from tests.support.routing import make_model, make_node, record
@@ -22,7 +23,7 @@ NODES = [
 ]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
 FAST, SLOW, THIRD = PLANS
-DEFAULT = RoutingConfig()
+DEFAULT = RoutingConfig(policy=POLICY_ADR0021)
 
 
 def learn(store, plan, tps, *, times=3, epoch=1):
@@ -64,7 +65,7 @@ def test_it_splits_traffic_in_proportion_to_speed_at_alpha_one(store):
 def test_it_shifts_traffic_toward_the_winner_as_alpha_grows(store):
     learn(store, FAST, 60.0)
     learn(store, SLOW, 40.0)
-    config = RoutingConfig(weight_alpha=2.0)
+    config = RoutingConfig(policy=POLICY_ADR0021, weight_alpha=2.0)
 
     counts = Counter(d.plan.signature for d in draw(store, plans=[FAST, SLOW], config=config))
 
@@ -85,7 +86,7 @@ def test_it_scouts_at_the_explore_share(store):
 def test_it_never_scouts_at_an_explore_share_of_zero(store):
     learn(store, FAST, 60.0)
 
-    decisions = draw(store, config=RoutingConfig(explore_share=0.0), n=500)
+    decisions = draw(store, config=RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0), n=500)
 
     assert {d.mode for d in decisions} == {DecisionMode.EXPLOIT}
 
@@ -177,7 +178,9 @@ def test_it_expects_all_traffic_on_the_best_prior_before_any_sample(store):
 def test_it_returns_the_decision_with_its_plan_mode_and_epoch(store):
     learn(store, FAST, 60.0, epoch=4)
 
-    (decision,) = draw(store, n=1, epoch=4, config=RoutingConfig(explore_share=0.0))
+    (decision,) = draw(
+        store, n=1, epoch=4, config=RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0)
+    )
 
     assert decision.epoch == 4
     assert decision.to_dict() == {
@@ -241,7 +244,7 @@ def test_it_refuses_to_choose_among_no_candidates(store):
 def test_a_very_large_alpha_sends_all_exploit_traffic_to_the_fastest_route(store):
     learn(store, FAST, 600.0)
     learn(store, SLOW, 400.0)
-    config = RoutingConfig(explore_share=0.0, weight_alpha=400.0)
+    config = RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0, weight_alpha=400.0)
 
     shares = policy_shares(arms=store.views(plans=[FAST, SLOW], epoch=1), config=config)
     decisions = draw(store, plans=[FAST, SLOW], config=config, n=50)

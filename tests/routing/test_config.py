@@ -1,4 +1,5 @@
-"""RoutingConfig: ADR-0021 defaults, read from the settings at call time, ranges enforced."""
+"""RoutingConfig: the default policy and its knobs, read from the settings at call time,
+ranges enforced."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from django.test import override_settings
 from routing_app.config import RoutingConfig
 
 
-def test_it_defaults_to_the_adr_values():
+def test_it_defaults_to_the_thompson_load_policy_with_the_adr_values():
     assert RoutingConfig().to_dict() == {
+        "policy": "thompson-load",
         "explore_share": 0.3,
         "weight_alpha": 1.0,
         "stats_half_life": 600.0,
         "min_sample_tokens": 8,
+        "max_unsampled_seconds": 600.0,
+        "load_exponent": 0.5,
     }
 
 
@@ -24,11 +28,20 @@ def test_it_reads_the_settings_as_they_are_when_called():
         MESHNET_ROUTE_WEIGHT_ALPHA=2.0,
         MESHNET_ROUTE_STATS_HALF_LIFE=60.0,
         MESHNET_ROUTE_MIN_SAMPLE_TOKENS=4,
+        MESHNET_ROUTE_POLICY="adr0021",
+        MESHNET_ROUTE_MAX_UNSAMPLED=30.0,
+        MESHNET_ROUTE_LOAD_EXPONENT=1.5,
     ):
         config = RoutingConfig.from_settings()
 
     assert config == RoutingConfig(
-        explore_share=0.1, weight_alpha=2.0, stats_half_life=60.0, min_sample_tokens=4
+        policy="adr0021",
+        explore_share=0.1,
+        weight_alpha=2.0,
+        stats_half_life=60.0,
+        min_sample_tokens=4,
+        max_unsampled_seconds=30.0,
+        load_exponent=1.5,
     )
 
 
@@ -40,6 +53,9 @@ def test_it_reads_the_settings_as_they_are_when_called():
         ("weight_alpha", 0.0, "MESHNET_ROUTE_WEIGHT_ALPHA must be greater than 0.0"),
         ("stats_half_life", -1.0, "MESHNET_ROUTE_STATS_HALF_LIFE must be greater than 0.0"),
         ("min_sample_tokens", 0, "MESHNET_ROUTE_MIN_SAMPLE_TOKENS must be at least 1"),
+        ("policy", "greedy", "MESHNET_ROUTE_POLICY must be one of thompson-load, adr0021"),
+        ("max_unsampled_seconds", 0.5, "MESHNET_ROUTE_MAX_UNSAMPLED must be at least 1.0"),
+        ("load_exponent", 5.0, "MESHNET_ROUTE_LOAD_EXPONENT must be at most 4.0"),
     ],
 )
 def test_it_refuses_an_out_of_range_value_naming_the_setting(field, value, message):

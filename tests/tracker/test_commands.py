@@ -38,16 +38,21 @@ def test_create_api_key_prints_the_key_alone_on_the_last_line_and_stores_only_a_
         ("route_explore_share", -0.5, "--route-explore-share must be at least 0.0"),
         ("route_weight_alpha", 0.0, "--route-weight-alpha must be greater than 0.0"),
         ("route_stats_half_life", -1.0, "--route-stats-half-life must be greater than 0.0"),
+        ("route_policy", "greedy", "--route-policy must be one of thompson-load, adr0021"),
+        ("route_max_unsampled", 0.0, "--route-max-unsampled must be at least 1.0"),
+        ("route_load_exponent", 9.0, "--route-load-exponent must be at most 4.0"),
     ],
 )
-def test_runtracker_refuses_out_of_range_routing_flags(flag: str, value: float, words: str) -> None:
+def test_runtracker_refuses_out_of_range_routing_flags(
+    flag: str, value: float | str, words: str
+) -> None:
     with pytest.raises(CommandError, match=words):
         RunTracker().apply_route_overrides({flag: value})
 
 
 @pytest.fixture
 def restored_route_settings() -> Iterator[None]:
-    names = ["MESHNET_ROUTE_EXPLORE_SHARE", "MESHNET_ROUTE_WEIGHT_ALPHA"]
+    names = ["MESHNET_ROUTE_EXPLORE_SHARE", "MESHNET_ROUTE_WEIGHT_ALPHA", "MESHNET_ROUTE_POLICY"]
     saved = {name: getattr(settings, name) for name in names}
     yield
     for name, value in saved.items():
@@ -57,9 +62,15 @@ def restored_route_settings() -> Iterator[None]:
 @pytest.mark.usefixtures("restored_route_settings")
 def test_runtracker_flags_override_the_environment_settings() -> None:
     RunTracker().apply_route_overrides(
-        {"route_explore_share": 0.1, "route_weight_alpha": 2.0, "route_stats_half_life": None}
+        {
+            "route_explore_share": 0.1,
+            "route_weight_alpha": 2.0,
+            "route_stats_half_life": None,
+            "route_policy": "adr0021",
+        }
     )
 
+    assert settings.MESHNET_ROUTE_POLICY == "adr0021"
     assert settings.MESHNET_ROUTE_EXPLORE_SHARE == 0.1
     assert settings.MESHNET_ROUTE_WEIGHT_ALPHA == 2.0
     assert settings.MESHNET_ROUTE_STATS_HALF_LIFE == 600.0

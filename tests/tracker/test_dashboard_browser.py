@@ -118,6 +118,7 @@ def test_every_tab_draws_the_live_network(page: Page, network: Network) -> None:
         assert row.get_attribute("data-state") == "online"
     open_tab(page, "routing")
     assert page.locator(f'[data-routing-model="{TINY}"] tbody tr').count() == 2
+    assert "Policy thompson-load" in page.locator('[data-role="routing-config"]').inner_text()
     for tab in ("calls", "chat", "billing"):
         open_tab(page, tab)
 

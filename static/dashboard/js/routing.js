@@ -17,6 +17,19 @@ import {
 const CHART_HEIGHT = 180;
 const PALETTE = ["--chart-1", "--chart-2", "--chart-3", "--chart-4", "--chart-5", "--chart-6"];
 
+// The active policy (ADR-0011) and the knobs that matter to it.
+function policyLine(config) {
+  const knobs =
+    config.policy === "adr0021"
+      ? `explore share ${pct(config.explore_share)} · weight alpha ${config.weight_alpha}`
+      : `every route re-measured after ${config.max_unsampled_seconds} s unsampled · ` +
+        `load exponent ${config.load_exponent}`;
+  return (
+    `Policy ${config.policy}: ${knobs} · stats half-life ${config.stats_half_life} s · ` +
+    `samples under ${config.min_sample_tokens} tokens ignored`
+  );
+}
+
 export function mountRouting(state) {
   const configLine = $("routing-config");
   const root = $("routing-models");
@@ -24,11 +37,7 @@ export function mountRouting(state) {
 
   const draw = () => {
     const config = state.routingConfig;
-    configLine.textContent = config
-      ? `Active configuration: explore share ${pct(config.explore_share)} · weight alpha ` +
-        `${config.weight_alpha} · stats half-life ${config.stats_half_life} s · ` +
-        `samples under ${config.min_sample_tokens} tokens ignored`
-      : "";
+    configLine.textContent = config ? policyLine(config) : "";
     const cards = [];
     for (const model of state.routing.values()) {
       let chart = charts.get(model.model);

@@ -16,8 +16,12 @@ from django.db.migrations.executor import MigrationExecutor
 from meshnet_site.asgi_limits import BoundedServer
 from meshnet_site.environment import (
     ROUTE_EXPLORE_SHARE,
+    ROUTE_LOAD_EXPONENT,
+    ROUTE_MAX_UNSAMPLED,
+    ROUTE_POLICY,
     ROUTE_STATS_HALF_LIFE,
     ROUTE_WEIGHT_ALPHA,
+    ChoiceSetting,
     NumberSetting,
 )
 
@@ -28,10 +32,13 @@ from meshnet_site.environment import (
 LISTEN_BACKLOG = 2048
 
 # flag dest -> the setting it overrides (whose range it must respect)
-ROUTE_FLAGS: dict[str, NumberSetting] = {
+ROUTE_FLAGS: dict[str, NumberSetting | ChoiceSetting] = {
+    "route_policy": ROUTE_POLICY,
     "route_explore_share": ROUTE_EXPLORE_SHARE,
     "route_weight_alpha": ROUTE_WEIGHT_ALPHA,
     "route_stats_half_life": ROUTE_STATS_HALF_LIFE,
+    "route_max_unsampled": ROUTE_MAX_UNSAMPLED,
+    "route_load_exponent": ROUTE_LOAD_EXPONENT,
 }
 
 
@@ -45,6 +52,12 @@ class Command(BaseCommand):
             help="address to listen on (0.0.0.0: every interface); default 127.0.0.1",
         )
         parser.add_argument("--port", type=int, default=8000, help="default 8000")
+        parser.add_argument(
+            "--route-policy",
+            choices=ROUTE_POLICY.choices,
+            default=None,
+            help="overrides MESHNET_ROUTE_POLICY (ADR-0011)",
+        )
         parser.add_argument(
             "--route-explore-share",
             type=float,
@@ -62,6 +75,18 @@ class Command(BaseCommand):
             type=float,
             default=None,
             help="overrides MESHNET_ROUTE_STATS_HALF_LIFE (seconds, > 0)",
+        )
+        parser.add_argument(
+            "--route-max-unsampled",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_MAX_UNSAMPLED (seconds, >= 1; thompson-load)",
+        )
+        parser.add_argument(
+            "--route-load-exponent",
+            type=float,
+            default=None,
+            help="overrides MESHNET_ROUTE_LOAD_EXPONENT (0-4; thompson-load)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -81,7 +106,8 @@ class Command(BaseCommand):
         base = f"http://{options['host']}:{options['port']}"
         ready_line = (
             f"Meshnet tracker ready: dashboard {base}/dashboard/  API {base}/v1/  "
-            f"admin {base}/admin/  (route explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
+            f"admin {base}/admin/  (route policy {settings.MESHNET_ROUTE_POLICY}, "
+            f"explore share {settings.MESHNET_ROUTE_EXPLORE_SHARE}, "
             f"alpha {settings.MESHNET_ROUTE_WEIGHT_ALPHA}, "
             f"half-life {settings.MESHNET_ROUTE_STATS_HALF_LIFE} s)"
         )

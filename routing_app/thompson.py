@@ -1,0 +1,158 @@
+"""The load-aware discounted Thompson sampling route choice (ADR-0011, ``thompson-load``).
+
+Each measured arm's belief about its log tokens/s is a normal distribution
+centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
+(so a quiet arm's belief widens again and it is retried: discounted Thompson
+sampling). A request draws once from every belief, subtracts the route's
+load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
+saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
+the highest score. Uncertainty, not a fixed share, decides how much to explore.
+
+The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
+taken deterministically; quarantined arms are never chosen; arms not measured
+under the current topology epoch (unsampled, stale) are scouted before any
+draw, one request at a time; and an arm whose latest sample is older than
+``max_unsampled_seconds`` is scouted as soon as nothing is in flight on it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from routing_app.config import RoutingConfig
+from routing_app.load import LoadSnapshot
+from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView
+
+# Spread (in ln tok/s) of a belief resting on one sample: one request's speed
+# varies with prompt length, sampling and neighbours by tens of percent
+# (0.3: ±35 %; 0.5 explored more and lost 1-3 % of the oracle, bench/routing_sim.py).
+LOG_SIGMA = 0.3
+# The EWMA gives every new sample at least SAMPLE_WEIGHT_FLOOR, so however much
+# mass an arm holds its value averages about (2 - w) / w samples: the belief
+# never narrows past what that many samples justify.
+EFFECTIVE_SAMPLES_CAP = (2.0 - SAMPLE_WEIGHT_FLOOR) / SAMPLE_WEIGHT_FLOOR
+# Points of the rule that integrates P(arm draws highest) for expected shares.
+_GRID = [-6.0 + 12.0 * i / 160 for i in range(161)]
+_GRID_WEIGHTS = [math.exp(-z * z / 2) for z in _GRID]
+
+MEASURED = frozenset({ArmStatus.PROVEN, ArmStatus.DECAYED})
+
+
+def belief(arm: ArmView) -> tuple[float, float]:
+    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known)."""
+    assert arm.tps is not None and arm.tps > 0
+    effective = min(arm.weight, EFFECTIVE_SAMPLES_CAP)
+    return math.log(arm.tps), LOG_SIGMA / math.sqrt(1.0 + effective)
+
+
+def load_penalty(arm: ArmView, loads: LoadSnapshot, config: RoutingConfig) -> float:
+    """How much the route's sessions in flight lower its score (ln tok/s).
+
+    A node batching k sessions runs each about k^0.6 times slower than one
+    alone (ADR-0010's 2.3x aggregate at 8), so a new session on a route with k
+    in flight loses about 0.6·ln(1 + k): ``load_exponent`` (0.5) is that slope,
+    a little below it because the measured speed already holds the usual load.
+    """
+    return config.load_exponent * math.log1p(loads.route_sessions(arm.plan))
+
+
+def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig) -> int | None:
+    """Index of the arm that must be measured now, if any (``arms`` exclude quarantined).
+
+    Unmeasured under this epoch first (least measured, then higher prior), then
+    arms past the ``max_unsampled_seconds`` bound, oldest sample first; an arm
+    with a request in flight is being measured already and is skipped.
+    """
+    unmeasured = [
+        i
+        for i, arm in enumerate(arms)
+        if arm.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
+        and loads.route_sessions(arm.plan) == 0
+    ]
+    if unmeasured:
+        return min(unmeasured, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i))
+    overdue = [
+        i
+        for i, arm in enumerate(arms)
+        if arm.last_sample_age is not None
+        and arm.last_sample_age > config.max_unsampled_seconds
+        and loads.route_sessions(arm.plan) == 0
+    ]
+    if overdue:
+        return max(overdue, key=lambda i: (arms[i].last_sample_age or 0.0, -i))
+    return None
+
+
+def choose_arm(
+    *, arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig, rng: random.Random
+) -> tuple[ArmView, str] | None:
+    """The policy's pick among ``arms`` (best prior first) and its mode; ``None`` when all
+    are quarantined. Modes: ``greedy-fallback``, ``scout``, ``exploit``."""
+    eligible = [arm for arm in arms if arm.status is not ArmStatus.QUARANTINED]
+    if not eligible:
+        return None
+    if not any(arm.status is ArmStatus.PROVEN for arm in eligible):
+        return eligible[0], "greedy-fallback"
+    target = scout_target(eligible, loads, config)
+    if target is not None:
+        return eligible[target], "scout"
+    contenders = [arm for arm in eligible if arm.status in MEASURED]
+    best, best_score = contenders[0], -math.inf
+    for arm in contenders:
+        mean, spread = belief(arm)
+        score = rng.gauss(mean, spread) - load_penalty(arm, loads, config)
+        if score > best_score:
+            best, best_score = arm, score
+    return best, "exploit"
+
+
+def expected_shares(
+    *,
+    arms: Sequence[ArmView],
+    loads: LoadSnapshot,
+    config: RoutingConfig,
+    include_scout: bool = True,
+) -> list[float]:
+    """Each arm's chance of taking the next request under ``choose_arm``, in the order given.
+
+    A due scout takes the next request for sure (share 1); with
+    ``include_scout=False`` the draw's shares are given instead (what the
+    policy does once its scouting is done).
+    """
+    shares = [0.0] * len(arms)
+    eligible = [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
+    if not eligible:
+        return shares
+    if not any(arms[i].status is ArmStatus.PROVEN for i in eligible):
+        shares[eligible[0]] = 1.0
+        return shares
+    if include_scout:
+        target = scout_target([arms[i] for i in eligible], loads, config)
+        if target is not None:
+            shares[eligible[target]] = 1.0
+            return shares
+    contenders = [i for i in eligible if arms[i].status in MEASURED]
+    scores = []
+    for i in contenders:
+        mean, spread = belief(arms[i])
+        scores.append((mean - load_penalty(arms[i], loads, config), spread))
+    for position, i in enumerate(contenders):
+        shares[i] = _probability_highest(position, scores)
+    total = sum(shares)
+    return [share / total for share in shares] if total > 0 else shares
+
+
+def _probability_highest(index: int, scores: Sequence[tuple[float, float]]) -> float:
+    """P(draw ``index`` beats every other), each draw normal (mean, spread)."""
+    mean, spread = scores[index]
+    total = 0.0
+    for z, weight in zip(_GRID, _GRID_WEIGHTS, strict=True):
+        x = mean + spread * z
+        product = weight
+        for other, (other_mean, other_spread) in enumerate(scores):
+            if other != index:
+                product *= 0.5 * math.erfc(-(x - other_mean) / (other_spread * math.sqrt(2.0)))
+        total += product
+    return total / sum(_GRID_WEIGHTS)

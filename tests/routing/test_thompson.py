@@ -1,0 +1,278 @@
+"""The thompson-load policy (ADR-0011): ADR-0021's guarantees, uncertainty-driven choice,
+load shedding and the bound on unsampled time."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routing_app import thompson
+from routing_app.choice import route_shares
+from routing_app.config import RoutingConfig
+from routing_app.load import NO_LOAD, LoadSnapshot, RouteLoad
+from routing_app.planner import enumerate_routes
+from routing_app.services import route_sample_record, route_select, route_session_close
+from routing_app.stats import ArmStatus, ArmView
+from tests.support.routing import ManualClock, make_model, make_node, record
+
+NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
+PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
+CONFIG = RoutingConfig()  # the default: thompson-load
+
+
+def arm(index: int, status: ArmStatus, tps: float | None = 50.0, **extra: float) -> ArmView:
+    weight = extra.get("weight", 0.0 if status in (ArmStatus.UNSAMPLED,) else 5.0)
+    age = extra.get("age", None if status is ArmStatus.UNSAMPLED else 1.0)
+    samples = 0 if status is ArmStatus.UNSAMPLED else 5
+    return ArmView(
+        PLANS[index],
+        status,
+        None if status is ArmStatus.UNSAMPLED else tps,
+        weight,
+        samples,
+        age,
+    )
+
+
+def busy(*indices: int, sessions: int = 1) -> LoadSnapshot:
+    return LoadSnapshot(routes={PLANS[i].signature: sessions for i in indices})
+
+
+def picks(arms, *, loads=NO_LOAD, config=CONFIG, n=2000, seed=3):
+    rng = random.Random(seed)
+    return [thompson.choose_arm(arms=arms, loads=loads, config=config, rng=rng) for _ in range(n)]
+
+
+@st.composite
+def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
+    """Up to six candidates in any state, best prior first, with any load."""
+    count = draw(st.integers(min_value=1, max_value=6))
+    arms, routes = [], {}
+    for index in range(count):
+        status = draw(st.sampled_from(list(ArmStatus)))
+        arms.append(
+            arm(
+                index,
+                status,
+                tps=draw(st.floats(min_value=0.1, max_value=1000.0)),
+                weight=draw(st.floats(min_value=0.0, max_value=50.0)),
+                age=draw(st.floats(min_value=0.0, max_value=5000.0)),
+            )
+        )
+        routes[PLANS[index].signature] = draw(st.integers(min_value=0, max_value=20))
+    return arms, LoadSnapshot(routes=routes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(arm_sets(), st.integers(min_value=0, max_value=2**32))
+def test_it_never_chooses_a_quarantined_route_and_answers_none_only_when_all_are(case, seed):
+    arms, loads = case
+    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+
+    if all(a.status is ArmStatus.QUARANTINED for a in arms):
+        assert picked is None
+    else:
+        assert picked is not None
+        assert picked[0].status is not ArmStatus.QUARANTINED
+
+
+@settings(max_examples=300, deadline=None)
+@given(arm_sets(), st.integers(min_value=0, max_value=2**32))
+def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, seed):
+    arms, loads = case
+    arms = [a for a in arms if a.status is not ArmStatus.PROVEN]
+    eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
+    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+
+    if eligible:
+        assert picked == (eligible[0], "greedy-fallback")
+
+
+@settings(max_examples=300, deadline=None)
+@given(arm_sets(), st.integers(min_value=0, max_value=2**32))
+def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed):
+    arms, loads = case
+    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+
+    if picked is not None and picked[1] == "exploit":
+        assert picked[0].status in (ArmStatus.PROVEN, ArmStatus.DECAYED)
+
+
+@settings(max_examples=300, deadline=None)
+@given(arm_sets(), st.integers(min_value=0, max_value=2**32))
+def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, seed):
+    arms, loads = case
+    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
+    due = [
+        a
+        for a in eligible
+        if loads.route_sessions(a.plan) == 0
+        and (
+            a.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
+            or (a.last_sample_age or 0.0) > CONFIG.max_unsampled_seconds
+        )
+    ]
+
+    if picked is not None and any(a.status is ArmStatus.PROVEN for a in eligible) and due:
+        assert picked[1] == "scout"
+        assert picked[0] in due
+
+
+@settings(max_examples=200, deadline=None)
+@given(arm_sets())
+def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(case):
+    arms, loads = case
+    shares = thompson.expected_shares(arms=arms, loads=loads, config=CONFIG)
+
+    assert all(share >= 0.0 for share in shares)
+    for view, share in zip(arms, shares, strict=True):
+        if view.status is ArmStatus.QUARANTINED:
+            assert share == 0.0
+    if all(a.status is ArmStatus.QUARANTINED for a in arms):
+        assert sum(shares) == 0.0
+    else:
+        assert sum(shares) == pytest.approx(1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.floats(min_value=1.0, max_value=500.0),
+    st.floats(min_value=1.0, max_value=500.0),
+    st.integers(min_value=0, max_value=30),
+)
+def test_a_route_never_gains_share_as_its_sessions_in_flight_grow(fast, slow, sessions):
+    arms = [arm(0, ArmStatus.PROVEN, fast), arm(1, ArmStatus.PROVEN, slow)]
+
+    before = thompson.expected_shares(arms=arms, loads=busy(0, sessions=sessions), config=CONFIG)
+    after = thompson.expected_shares(arms=arms, loads=busy(0, sessions=sessions + 1), config=CONFIG)
+
+    assert after[0] <= before[0] + 1e-9
+
+
+def test_it_sends_nearly_everything_to_a_clearly_faster_route():
+    arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=20.0), arm(1, ArmStatus.PROVEN, 30.0)]
+
+    counts = Counter(picked[0].plan.signature for picked in picks(arms) if picked)
+
+    assert counts[PLANS[0].signature] / 2000 >= 0.97
+
+
+def test_it_splits_between_routes_it_cannot_tell_apart():
+    arms = [arm(0, ArmStatus.PROVEN, 50.0), arm(1, ArmStatus.PROVEN, 50.0)]
+
+    counts = Counter(picked[0].plan.signature for picked in picks(arms) if picked)
+
+    assert counts[PLANS[0].signature] / 2000 == pytest.approx(0.5, abs=0.05)
+
+
+def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_one():
+    fresh = [arm(0, ArmStatus.PROVEN, 60.0, weight=20.0), arm(1, ArmStatus.PROVEN, 45.0)]
+    quiet = [
+        arm(0, ArmStatus.PROVEN, 60.0, weight=20.0),
+        arm(1, ArmStatus.DECAYED, 45.0, weight=0.2),
+    ]
+
+    fresh_share = thompson.expected_shares(arms=fresh, loads=NO_LOAD, config=CONFIG)[1]
+    quiet_share = thompson.expected_shares(arms=quiet, loads=NO_LOAD, config=CONFIG)[1]
+
+    assert quiet_share > 2 * fresh_share
+
+
+def test_a_saturated_fast_route_sheds_traffic_to_the_next_one():
+    arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=20.0), arm(1, ArmStatus.PROVEN, 45.0)]
+
+    idle = thompson.expected_shares(arms=arms, loads=NO_LOAD, config=CONFIG)
+    saturated = thompson.expected_shares(arms=arms, loads=busy(0, sessions=8), config=CONFIG)
+
+    assert idle[0] > 0.8
+    assert saturated[1] > 0.8
+
+
+def test_its_draws_follow_the_expected_shares_it_states():
+    arms = [
+        arm(0, ArmStatus.PROVEN, 50.0),
+        arm(1, ArmStatus.PROVEN, 45.0),
+        arm(2, ArmStatus.DECAYED, 40.0, weight=0.3),
+    ]
+    loads = busy(0, sessions=2)
+
+    shares = thompson.expected_shares(arms=arms, loads=loads, config=CONFIG)
+    counts = Counter(p[0].plan.signature for p in picks(arms, loads=loads, n=6000) if p)
+
+    for index, share in enumerate(shares):
+        assert counts[PLANS[index].signature] / 6000 == pytest.approx(share, abs=0.03)
+
+
+def test_it_scouts_a_route_past_the_bound_once_then_waits_for_its_sample():
+    arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=601.0)]
+
+    first = thompson.choose_arm(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
+    while_in_flight = picks(arms, loads=busy(1), n=200)
+
+    assert first is not None and (first[0].plan, first[1]) == (PLANS[1], "scout")
+    assert {p[1] for p in while_in_flight if p} == {"exploit"}
+
+
+def test_the_bound_is_a_setting():
+    arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=100.0)]
+    strict = RoutingConfig(max_unsampled_seconds=60.0)
+
+    picked = thompson.choose_arm(arms=arms, loads=NO_LOAD, config=strict, rng=random.Random(1))
+
+    assert picked is not None and picked[0].plan == PLANS[1]
+
+
+def test_the_table_states_the_active_policys_shares(store):
+    for _ in range(5):
+        store.record_sample(
+            model_key="m",
+            signature=PLANS[0].signature,
+            epoch=1,
+            output_tokens=64,
+            tokens_per_second=60.0,
+        )
+        store.record_sample(
+            model_key="m",
+            signature=PLANS[1].signature,
+            epoch=1,
+            output_tokens=64,
+            tokens_per_second=30.0,
+        )
+    arms = store.views(plans=PLANS[:2], epoch=1)
+
+    adr = route_shares(arms=arms, config=RoutingConfig(policy="adr0021"))
+    ours = route_shares(arms=arms, config=CONFIG)
+
+    assert adr == pytest.approx([2 / 3, 1 / 3])
+    assert ours[0] > 0.95
+
+
+@pytest.mark.django_db
+def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(store):
+    model = make_model(num_layers=30)
+    make_node(model, "solo", 0, 29, tps=50.0)
+    load = RouteLoad()
+    first = route_select(model=model, load=load)
+    second = route_select(model=model, load=load)
+    in_flight = load.snapshot().route_sessions(first.plan)
+
+    route_sample_record(decision=first, output_tokens=64, elapsed_seconds=1.0, load=load)
+    route_session_close(decision=second, load=load)
+    route_session_close(decision=second, load=load)
+
+    assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
+
+
+def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    load.open(object(), PLANS[0])
+
+    clock.advance(901.0)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
