@@ -54,7 +54,7 @@ from nodes_app.protocol import ChunkFrame, GenerateRequest, PlanHop, Usage, sse_
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.planner import Hop
-from routing_app.services import route_sample_record, route_select
+from routing_app.services import route_sample_record, route_select, route_session_close
 from tracker_app import accounting, console
 from tracker_app.billing import request_work
 from tracker_app.chat import ChatParams, ContentEvents, completion_chunk
@@ -388,6 +388,8 @@ class ChatProxy:
                         yield event
         finally:
             _in_flight[plan.head.endpoint] -= 1
+            # However the stream ended, it is no longer load on the route.
+            route_session_close(decision=segment.decision)
 
     def _absorb(self, frame: ChunkFrame, segment: Segment) -> bytes | None:
         """Take one head frame; return the client's event it becomes, if any."""
