@@ -144,10 +144,11 @@ HOP_TIMED_OUT = "hop_timeout"
 
 SSE_DONE = "[DONE]"
 
-_HEX_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
-_CAPABILITY = re.compile(r"^[0-9a-f]{64}$")
-_NONCE = re.compile(r"^[0-9a-f]{0,64}$")
-_ERROR_CODE = re.compile(r"^[a-z_]{1,40}$")
+# Matched whole (``fullmatch``: ``$`` would let a trailing newline through).
+_HEX_SIGNATURE = re.compile(r"[0-9a-f]{128}")
+_CAPABILITY = re.compile(r"[0-9a-f]{64}")
+_NONCE = re.compile(r"[0-9a-f]{0,64}")
+_ERROR_CODE = re.compile(r"[a-z_]{1,40}")
 
 
 def relayable_code(value: Any) -> str | None:
@@ -156,7 +157,7 @@ def relayable_code(value: Any) -> str | None:
     What a node or tracker may repeat of another node's error: never its
     message (an untrusted node could put anything there), only its code.
     """
-    return value if isinstance(value, str) and _ERROR_CODE.match(value) else None
+    return value if isinstance(value, str) and _ERROR_CODE.fullmatch(value) else None
 
 
 class ProtocolError(ValueError):
@@ -257,7 +258,9 @@ class SamplingParams:
         )
 
 
-_TOKEN_KEY = re.compile(r"^(0|[1-9][0-9]{0,9})$")
+# One spelling per id (no sign, no leading zero, nothing after it: ``fullmatch``, since
+# ``$`` would also match before a trailing newline), so no two keys name the same id.
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
@@ -265,7 +268,8 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
 
     None is no bias. Raises :class:`ProtocolError` ``bad_sampling`` unless it
     is an object of at most :data:`LOGIT_BIAS_MAX_ENTRIES` entries, each key a
-    token id written in decimal and each value a finite number in
+    token id written in decimal (its one spelling: ``"5"``, never ``"05"`` or
+    ``"5\\n"``, so two keys never bias one id twice) and each value a finite number in
     -:data:`LOGIT_BIAS_MAX`..:data:`LOGIT_BIAS_MAX`.
     """
     if value is None:
@@ -280,7 +284,7 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
         )
     pairs: list[tuple[int, float]] = []
     for key, bias in value.items():
-        if not isinstance(key, str) or not _TOKEN_KEY.match(key):
+        if not isinstance(key, str) or not _TOKEN_KEY.fullmatch(key):
             raise ProtocolError(
                 f"logit_bias key {str(key)[:20]!r} is not a token id", code="bad_sampling"
             )
@@ -389,9 +393,9 @@ def _plan_seal(plan: Mapping[str, Any]) -> tuple[int, str, str]:
     signature = plan.get("signature", "")
     if not _is_count(expires_at):
         raise ProtocolError("plan.expires_at must be unix seconds", code="invalid_plan")
-    if not isinstance(nonce, str) or not _NONCE.match(nonce):
+    if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
         raise ProtocolError("plan.nonce must be at most 64 hex digits", code="invalid_plan")
-    if not isinstance(signature, str) or (signature and not _HEX_SIGNATURE.match(signature)):
+    if not isinstance(signature, str) or (signature and not _HEX_SIGNATURE.fullmatch(signature)):
         raise ProtocolError("plan.signature must be 128 hex digits", code="invalid_plan")
     return expires_at, nonce, signature
 
@@ -455,7 +459,7 @@ class SignedPlan:
 
 def capability_valid(value: str) -> bool:
     """Whether ``value`` has the form of a session capability (64 hex digits)."""
-    return bool(_CAPABILITY.match(value))
+    return bool(_CAPABILITY.fullmatch(value))
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,10 @@ from nodes_app.protocol import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    capability_valid,
     logit_bias_pairs,
     parse_frame,
+    relayable_code,
     sse_data,
     sse_event,
     sse_frames,
@@ -221,6 +223,8 @@ def test_a_single_stop_string_becomes_a_list_and_endpoints_lose_their_slash() ->
         (body(logit_bias={"-1": 5}), "bad_sampling", "not a token id"),
         (body(logit_bias={"01": 5}), "bad_sampling", "not a token id"),
         (body(logit_bias={"hello": 5}), "bad_sampling", "not a token id"),
+        # A second spelling of id 5 would bias it twice (+200, past the limit).
+        (body(logit_bias={"5": 100, "5\n": 100}), "bad_sampling", "not a token id"),
         (body(logit_bias={"5": 100.5}), "bad_sampling", "-100..100"),
         (body(logit_bias={"5": True}), "bad_sampling", "number"),
         (
@@ -420,3 +424,10 @@ def test_sse_lines_give_their_data_and_skip_everything_else() -> None:
     assert sse_event(SSE_DONE) == b"data: [DONE]\n\n"
     with pytest.raises(ProtocolError):
         sse_data("data: {oops")
+
+
+def test_a_code_or_capability_with_a_trailing_newline_is_not_taken_for_one() -> None:
+    assert relayable_code("hop_failed") == "hop_failed"
+    assert relayable_code("hop_failed\n") is None
+    assert capability_valid("a" * 64)
+    assert not capability_valid("a" * 64 + "\n")
