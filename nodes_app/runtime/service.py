@@ -263,6 +263,13 @@ class NodeService:
                 "logprobs, prompt_ids and generated_ids are for the hop ending at the last layer",
                 code="bad_field",
             )
+        # An echo scores the prompt from position 0 on, and the resumed tokens are
+        # counted when the session's picker is made: both belong to the opening step.
+        if step.position != 0 and (step.prompt_ids is not None or step.generated_ids is not None):
+            raise RuntimeRequestError(
+                "prompt_ids and generated_ids are for the step that opens the session",
+                code="bad_field",
+            )
         if step.sampling is not None:
             self.check_vocabulary(
                 step.sampling, (*(step.prompt_ids or ()), *(step.generated_ids or ()))

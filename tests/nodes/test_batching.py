@@ -443,12 +443,13 @@ def test_sessions_with_their_own_penalties_bias_and_logprobs_each_get_their_lone
 def test_an_echo_scores_every_prompt_token_whatever_the_prefill_chunk() -> None:
     prompt = PROMPTS[2]
     echo = TailRequest(GREEDY, logprobs=2, prompt_ids=tuple(prompt))
+    later = TailRequest(GREEDY, logprobs=2)
 
     def prefill(chunk: int) -> Choice:
         async def run() -> Choice:
             service = tiny_service(prefill_chunk=chunk)
             try:
-                [choice] = (await choices_of(service, "echo", prompt, echo, echo))[:1]
+                [choice] = (await choices_of(service, "echo", prompt, echo, later))[:1]
                 return choice
             finally:
                 service.close()
