@@ -84,7 +84,8 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
     Chat messages go through the model's chat template, a raw ``prompt``
     through the tokenizer alone. Tokenised on the torch worker (never on the
     event loop) and before any byte is streamed, so a template that refuses
-    the messages, an empty prompt or an echo too large to report is a 400.
+    the messages, an empty prompt, a token id past the model's vocabulary (a
+    tokenizer's added token) or an echo too large to report is a 400.
     """
     tokenizer = service.shard.tokenizer
     text = request.prompt
@@ -97,6 +98,14 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
         raise RuntimeRequestError(error.message, code="invalid_request") from error
     if not prompt:
         raise RuntimeRequestError("the prompt has no tokens", code="invalid_request")
+    # A tokenizer may add tokens the model has no row for: run, such an id would
+    # crash this head's embedding, or make it blame the honest tail that refused it.
+    vocab = service.vocab_size
+    if max(prompt) >= vocab:
+        raise RuntimeRequestError(
+            f"the prompt tokenises to ids past the model's vocabulary (0..{vocab - 1})",
+            code="invalid_request",
+        )
     scores = len(prompt) * (1 + request.top_logprobs)
     if request.echo and scores > ECHO_MAX_SCORES:
         raise RuntimeRequestError(
