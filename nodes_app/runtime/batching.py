@@ -341,7 +341,8 @@ class StepBatcher:
                     outcomes.append(_MORE)
                 elif logits is not None:
                     assert job.tail is not None
-                    choice = job.session.picker.choose(logits[row], job.tail)
+                    assert job.session.picker is not None
+                    choice = job.session.picker.choose(logits[row], job.tail.logprobs)
                     outcomes.append(Choice(choice.token_id, choice.score, tuple(job.prompt)))
                 else:
                     hidden = torch.cat([*job.outputs, out[row : row + 1]], dim=1)

@@ -329,7 +329,8 @@ class Generation:
                 position=position,
                 dtype=dtype,
                 shape=shape,
-                sampling=tail.sampling if last else None,
+                # The tail's session keeps the sampling it opened with.
+                sampling=tail.sampling if last and position == 0 else None,
                 sender=hops[index - 1].node_id,
                 reserve=self.reserve if position == 0 else None,
                 logprobs=tail.logprobs if last else None,

@@ -253,9 +253,13 @@ class NodeService:
                 f"hidden size is {self.shard.hidden_size}, not {step.shape[2]}", code="bad_shape"
             )
         last = step.end == self.shard.num_layers - 1
-        if last and step.sampling is None:
+        # A session's sampling is fixed when it opens; later steps need not repeat it
+        # (a head before this one did: it is then read and ignored).
+        if last and step.position == 0 and step.sampling is None:
             raise RuntimeRequestError(
-                f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_field"
+                f"the hop ending at the last layer needs {protocol.SAMPLING} on the step "
+                "that opens the session",
+                code="missing_field",
             )
         tail_fields = (step.logprobs, step.prompt_ids, step.generated_ids)
         if not last and any(value is not None for value in tail_fields):
@@ -351,14 +355,14 @@ class NodeService:
                 )
             tail = None
             if last:
-                assert step.sampling is not None
+                if session.picker is None:
+                    assert step.sampling is not None  # check_step: the opening step has it
+                    session.picker = TokenPicker(step.sampling, step.generated_ids or ())
                 tail = TailRequest(
-                    step.sampling,
+                    session.picker.sampling,
                     logprobs=step.logprobs,
                     prompt_ids=step.prompt_ids or (),
-                    generated_ids=step.generated_ids or (),
                 )
-                _ensure_picker(session, tail)
             self._cover(session, step.position + step.shape[1], step.reserve)
             result = await self.batcher.submit(session, tail=tail, hidden=hidden)
             session.position += step.shape[1]
@@ -375,8 +379,8 @@ class NodeService:
         Raises :class:`NonFiniteOutput` when this node computed non-finite values.
         """
         last = session.end == self.shard.num_layers - 1
-        if last:
-            _ensure_picker(session, tail)
+        if last and session.picker is None:
+            session.picker = TokenPicker(tail.sampling, tail.generated_ids)
         self._cover(session, session.position + len(token_ids))
         return await self.batcher.submit(session, tail=tail if last else None, tokens=token_ids)
 
@@ -394,9 +398,3 @@ class NodeService:
 
     def close(self) -> None:
         self.worker.shutdown(wait=False, cancel_futures=True)
-
-
-def _ensure_picker(session: Session, tail: TailRequest) -> None:
-    """Give a session that ends at the last layer its token picker, at its first step."""
-    if session.picker is None:
-        session.picker = TokenPicker(tail.sampling, tail.generated_ids)

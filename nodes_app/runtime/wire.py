@@ -98,6 +98,8 @@ class ForwardStep:
     position: int
     dtype: str
     shape: tuple[int, int, int]
+    # The hop ending at the last layer's sampling, on the step that opens its session
+    # (the session keeps it: later steps leave it out).
     sampling: SamplingParams | None
     sender: str | None = None
     # Positions the session may reach (prompt + max_tokens), what a hop reserves of
@@ -106,7 +108,8 @@ class ForwardStep:
     # For the hop ending at the last layer only (sampling.TailRequest): report the
     # chosen token's logprob with this many alternatives; an echo's prompt ids (the
     # step's first positions); the completion tokens a resumed session starts with,
-    # which its penalties count. The id lists are at most the step's positions long.
+    # which its penalties count. The id lists are at most the step's positions long,
+    # and only the opening step (position 0) carries them.
     logprobs: int | None = None
     prompt_ids: tuple[int, ...] | None = None
     generated_ids: tuple[int, ...] | None = None
