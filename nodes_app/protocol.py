@@ -38,7 +38,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from typing import Any, TypeGuard
 
@@ -97,9 +97,18 @@ LOGIT_BIAS_MAX = 100.0
 # OpenAI's top_logprobs range (chat completions; the legacy ``logprobs`` int maps onto it).
 TOP_LOGPROBS_MAX = 20
 # An echo reports a logprob and its alternatives for every prompt token: a head
-# refuses (400 ``prompt_too_long``) a prompt whose tokens × (1 + top_logprobs)
-# exceed this, so the tail's answer stays far below a link frame (~30 bytes a value).
-ECHO_MAX_SCORES = 2**18
+# refuses (400 ``prompt_too_long``) a prompt whose echo_scores exceed this. The
+# head's first SSE frame costs Python time per value (~0.2 s of CPU per 2^14,
+# written on a worker thread: the event loop waits at most ~16 ms at a time;
+# ADR-0002). At this bound an evaluation harness's usual echo (logprobs 1)
+# still scores 8192 prompt tokens.
+ECHO_MAX_SCORES = 2**14
+
+
+def echo_scores(prompt_tokens: int, top_logprobs: int) -> int:
+    """Logprobs an echo of ``prompt_tokens`` reports: one per token and its alternatives."""
+    return prompt_tokens * (1 + top_logprobs)
+
 
 # What a node may report about itself (registration, heartbeats): far above
 # any real node, far below what overflows a database column.
@@ -848,6 +857,28 @@ class ChunkFrame:
             logprobs=[entry.to_json() for entry in self.logprobs] if self.logprobs else None,
             **extra,
         )
+
+    def event(self, *, completion_id: str, created: int, model: str) -> bytes:
+        """This frame as a head streams it: one SSE event of :meth:`to_json`.
+
+        An echo's prompt entries (up to :data:`ECHO_MAX_SCORES` values) are
+        written to JSON one by one: a worker thread writing a large echo then
+        lets the event loop run between entries, where one ``json.dumps`` of
+        the whole frame would hold the GIL throughout.
+        """
+        if not self.prompt_logprobs:
+            return sse_event(
+                self.to_json(completion_id=completion_id, created=created, model=model)
+            )
+        payload = replace(self, prompt_logprobs=()).to_json(
+            completion_id=completion_id, created=created, model=model
+        )
+        del payload["meshnet_prompt_logprobs"]
+        head = json.dumps(payload, separators=(",", ":"))
+        entries = ",".join(
+            json.dumps(entry.to_json(), separators=(",", ":")) for entry in self.prompt_logprobs
+        )
+        return sse_event(f'{head[:-1]},"meshnet_prompt_logprobs":[{entries}]}}')
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from nodes_app.protocol import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    echo_scores,
     relayable_code,
     sse_event,
     step_time_limit,
@@ -106,7 +107,7 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
             f"the prompt tokenises to ids past the model's vocabulary (0..{vocab - 1})",
             code="invalid_request",
         )
-    scores = len(prompt) * (1 + request.top_logprobs)
+    scores = echo_scores(len(prompt), request.top_logprobs)
     if request.echo and scores > ECHO_MAX_SCORES:
         raise RuntimeRequestError(
             f"an echo of {len(prompt)} prompt tokens with {request.top_logprobs} alternatives "
@@ -172,10 +173,8 @@ class Generation:
         self.plan_header = request.plan.to_header() if request.signature else None
 
     def _event(self, frame: ChunkFrame) -> bytes:
-        return sse_event(
-            frame.to_json(
-                completion_id=self.completion_id, created=self.created, model=self.request.model
-            )
+        return frame.event(
+            completion_id=self.completion_id, created=self.created, model=self.request.model
         )
 
     async def stream(self) -> AsyncIterator[bytes]:
@@ -215,7 +214,8 @@ class Generation:
                 yield sse_event(SSE_DONE)
                 return
             if produced == 0 and request.echo:
-                yield self._event(self._echo_frame(choice))
+                # Up to ECHO_MAX_SCORES values to write: built off the event loop.
+                yield await asyncio.to_thread(self._echo_event, choice)
                 if budget <= 0:
                     finish = "length"
                     break
@@ -276,8 +276,11 @@ class Generation:
             top.append(TopLogprob(written, logprob, tuple(alternative_raw)))
         return TokenLogprob(token, score.logprob, tuple(raw), tuple(top))
 
-    def _echo_frame(self, choice: Choice) -> ChunkFrame:
-        """The first frame of an echo: the role, the prompt's ids and their logprob entries."""
+    def _echo_event(self, choice: Choice) -> bytes:
+        """The first event of an echo: the role, the prompt's ids and their logprob entries.
+
+        Run on a worker thread (see :meth:`ChunkFrame.event`).
+        """
         prompt = self.prompt
         token, raw = self.service.pieces(prompt[0])
         entries = [TokenLogprob(token, None, tuple(raw))]
@@ -285,8 +288,10 @@ class Generation:
             self._entry(token_id, score)
             for token_id, score in zip(prompt[1:], choice.prompt, strict=True)
         ]
-        return ChunkFrame(
-            role="assistant", prompt_token_ids=tuple(prompt), prompt_logprobs=tuple(entries)
+        return self._event(
+            ChunkFrame(
+                role="assistant", prompt_token_ids=tuple(prompt), prompt_logprobs=tuple(entries)
+            )
         )
 
     async def _step(self, token_ids: list[int], tail: TailRequest) -> Choice:
@@ -364,6 +369,8 @@ class Generation:
                     busy=answer.status == 503,
                 )
             if last:
+                if tail.prompt_ids:  # an echo's answer: up to ECHO_MAX_SCORES values to check
+                    return await asyncio.to_thread(self._choice_of, hop, answer, tail)
                 return self._choice_of(hop, answer, tail)
             payload, dtype = _hidden_of(hop, answer, shape)
         raise AssertionError("the plan's last hop ends at the last layer")

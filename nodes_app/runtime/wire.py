@@ -16,10 +16,11 @@ its shape × dtype), ``capability`` and ``plan`` the session's credentials
 (see ``trust``; the plan only on a session's opening step). A cancel entry
 is ``{"id", "cancel": session_id, "capability"?}``. An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
-"logprob"?, "top"?, "prompt"?}`` (the hop ending at the last layer: the
-chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives when
-the step asked for ``logprobs``, and for an echo one ``[logprob, top]`` per
-prompt token after the first), ``{"id", "status": 204}`` (a cancel done) or
+"logprob"?, "top"?, "prompt"?, "bytes"?}`` (the hop ending at the last layer:
+the chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives
+when the step asked for ``logprobs``, and for an echo ``"prompt": [rows, k]``
+with a body of its prompt scores, :class:`PromptTable`), ``{"id", "status":
+204}`` (a cancel done) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
 relays only the code, ``protocol.relayable_code``, and logs the rest).
 
@@ -35,8 +36,10 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 import types
 import typing
+from array import array
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -49,6 +52,7 @@ from nodes_app.protocol import (
     TOP_LOGPROBS_MAX,
     ProtocolError,
     SamplingParams,
+    echo_scores,
     logprob_valid,
 )
 from nodes_app.runtime.errors import RuntimeRequestError
@@ -62,6 +66,7 @@ __all__ = [
     "ForwardStep",
     "FrameError",
     "LinkStep",
+    "PromptTable",
     "RefusedEntry",
     "StepAnswer",
     "body_length",
@@ -162,7 +167,9 @@ class StepAnswer:
     token_id: Any = None
     logprob: Any = None
     top: Any = None
+    # An echo's prompt scores: ``[rows, k]`` as sent, and their body (PromptTable).
     prompt: Any = None
+    prompt_body: bytes | None = field(default=None, repr=False)
     code: str | None = None
     error_type: str | None = None
     message: str = field(default="", repr=False)
@@ -171,12 +178,14 @@ class StepAnswer:
     def chosen(cls, step_id: int, choice: Choice) -> StepAnswer:
         """The last hop's answer: the token and the scores it was asked for, as JSON values."""
         score = choice.score
+        table = PromptTable.of(choice.prompt) if choice.prompt else None
         return cls(
             step_id,
             token_id=choice.token_id,
             logprob=None if score is None else score.logprob,
             top=None if score is None else _top_json(score),
-            prompt=[[s.logprob, _top_json(s)] for s in choice.prompt] if choice.prompt else None,
+            prompt=None if table is None else [table.rows, table.alternatives],
+            prompt_body=None if table is None else table.body,
         )
 
     @classmethod
@@ -187,6 +196,59 @@ class StepAnswer:
             code=error.code,
             error_type=error.error_type,
             message=error.message,
+        )
+
+
+@dataclass(frozen=True)
+class PromptTable:
+    """An echo's prompt scores as the last hop sends them: binary, never JSON.
+
+    ``rows`` scores of ``alternatives`` each, as one body: ``rows`` float32
+    logprobs, then ``rows × alternatives`` int32 token ids, then as many
+    float32 logprobs (row-major, little-endian). Up to
+    ``protocol.ECHO_MAX_SCORES`` values: written and checked a whole column at
+    a time, not one Python value at a time, so neither node's event loop
+    spends long on them (JSON cost ~2 µs a value on each side).
+    """
+
+    rows: int
+    alternatives: int
+    body: bytes
+
+    @classmethod
+    def of(cls, scores: Sequence[TokenScore]) -> PromptTable:
+        alternatives = len(scores[0].top)
+        columns = (
+            array("f", [score.logprob for score in scores]),
+            array("i", [token for score in scores for token, _ in score.top]),
+            array("f", [value for score in scores for _, value in score.top]),
+        )
+        if sys.byteorder == "big":
+            for column in columns:
+                column.byteswap()
+        return cls(len(scores), alternatives, b"".join(column.tobytes() for column in columns))
+
+    def scores(self, vocab: int) -> tuple[TokenScore, ...]:
+        """The scores, checked; :class:`BadAnswer` unless every id is below ``vocab``,
+        every logprob a finite number of at most 0, and the body exactly this long."""
+        rows, k = self.rows, self.alternatives
+        if len(self.body) != rows * 4 * (1 + 2 * k):
+            raise BadAnswer(f"answered prompt scores of other than {rows} × {k} values")
+        logprobs = torch.frombuffer(bytearray(self.body), dtype=torch.float32)
+        ids = logprobs[rows : rows + rows * k].view(torch.int32)
+        values = torch.cat([logprobs[:rows], logprobs[rows + rows * k :]])
+        if not bool((torch.isfinite(values) & (values <= 0)).all()):
+            raise BadAnswer("answered a prompt logprob that is not a finite number of at most 0")
+        if rows * k and not bool(((ids >= 0) & (ids < vocab)).all()):
+            raise BadAnswer(
+                f"answered a prompt alternative outside the vocabulary (0..{vocab - 1})"
+            )
+        chosen = logprobs[:rows].tolist()
+        top_ids = ids.view(rows, k).tolist()
+        top_values = logprobs[rows + rows * k :].view(rows, k).tolist()
+        return tuple(
+            TokenScore(value, tuple(zip(row_ids, row_values, strict=True)))
+            for value, row_ids, row_values in zip(chosen, top_ids, top_values, strict=True)
         )
 
 
@@ -218,15 +280,12 @@ def choice_of(
         score = _score(answer.logprob, answer.top, vocab, alternatives)
     elif answer.logprob is not None or answer.top is not None:
         raise BadAnswer("answered logprobs it was not asked for")
-    raw_prompt = answer.prompt if answer.prompt is not None else []
-    if not isinstance(raw_prompt, list) or len(raw_prompt) != prompt_scores:
-        raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
-    prompt = []
-    for entry in raw_prompt:
-        if not isinstance(entry, list) or len(entry) != 2:
-            raise BadAnswer("answered a prompt score that is not [logprob, top]")
-        prompt.append(_score(entry[0], entry[1], vocab, alternatives))
-    return Choice(token, score, tuple(prompt))
+    prompt: tuple[TokenScore, ...] = ()
+    if prompt_scores or answer.prompt is not None:
+        if answer.prompt != [prompt_scores, alternatives] or answer.prompt_body is None:
+            raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
+        prompt = PromptTable(prompt_scores, alternatives, answer.prompt_body).scores(vocab)
+    return Choice(token, score, prompt)
 
 
 def _score(logprob: Any, top: Any, vocab: int, alternatives: int) -> TokenScore:
@@ -376,6 +435,9 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
             item["token_id"] = answer.token_id
             scores = {"logprob": answer.logprob, "top": answer.top, "prompt": answer.prompt}
             item.update((key, value) for key, value in scores.items() if value is not None)
+            if answer.prompt_body is not None:
+                item["bytes"] = len(answer.prompt_body)
+                bodies.append(answer.prompt_body)
         header.append(item)
     return _frame({"answers": header}, bodies)
 
@@ -389,17 +451,20 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
         if not _is_count(status):
             raise FrameError("an answer's status must be an integer")
         shape = entry.get("shape")
+        # A last hop's body is an echo's prompt scores; any other's, hidden states.
+        scores = "token_id" in entry
         answers.append(
             StepAnswer(
                 entry["id"],
                 status=status,
-                hidden=body if "bytes" in entry else None,
+                hidden=body if "bytes" in entry and not scores else None,
                 dtype=entry.get("dtype") if isinstance(entry.get("dtype"), str) else None,
                 shape=tuple(shape) if isinstance(shape, list) else None,
                 token_id=entry.get("token_id"),
                 logprob=entry.get("logprob"),
                 top=entry.get("top"),
                 prompt=entry.get("prompt"),
+                prompt_body=body if "bytes" in entry and scores else None,
                 code=entry.get("code") if isinstance(entry.get("code"), str) else None,
                 error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
                 message=str(entry.get("message") or "")[:300],
@@ -458,7 +523,7 @@ def step_from_fields(raw: Any) -> ForwardStep:
     for name in _TOKEN_LISTS:
         if len(values.get(name) or ()) > values["shape"][1]:
             raise _bad(f"{name} holds more ids than the step has positions")
-    echoed = len(values.get("prompt_ids") or ()) * (1 + (values.get("logprobs") or 0))
+    echoed = echo_scores(len(values.get("prompt_ids") or ()), values.get("logprobs") or 0)
     if echoed > ECHO_MAX_SCORES:
         raise _bad(f"an echo may ask for at most {ECHO_MAX_SCORES} logprobs")
     return ForwardStep(**values)

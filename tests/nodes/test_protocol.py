@@ -316,9 +316,10 @@ FRAMES = [
     ids=["role", "content", "last", "last-without-text", "logprobs", "echo"],
 )
 def test_a_chunk_frame_survives_sse_encoding_and_parsing(frame: ChunkFrame) -> None:
-    event = sse_event(frame.to_json(completion_id="c-1", created=1, model="m"))
+    event = frame.event(completion_id="c-1", created=1, model="m")
     [line, blank, end] = event.decode().split("\n")
     assert (blank, end) == ("", "")
+    assert sse_data(line) == frame.to_json(completion_id="c-1", created=1, model="m")
     assert parse_frame(sse_data(line)) == frame
 
 
