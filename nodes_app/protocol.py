@@ -139,9 +139,22 @@ STEP_TIMEOUT_POSITIONS = 512
 SSE_STEP_COMMENT = b": step\n\n"
 
 
-def step_time_limit(step_timeout: float, positions: int) -> float:
-    """Seconds one node may take to answer a step of ``positions`` positions."""
-    return step_timeout * max(1, math.ceil(positions / STEP_TIMEOUT_POSITIONS))
+# An echo's step costs the last hop its final norm, LM head, log-softmax and
+# top-k at every prompt position, not at the last one only: SmolLM2's layers
+# 15-29 took 1.3-2.4 times as long for a 512- or 2048-position prefill with an
+# echo as without (one torch thread, a loaded 2-CPU machine). That hop gets this
+# many times the limit for it.
+ECHO_STEP_TIME_FACTOR = 3
+
+
+def step_time_limit(step_timeout: float, positions: int, *, echo: bool = False) -> float:
+    """Seconds one node may take to answer a step of ``positions`` positions.
+
+    ``echo``: the step is an echo's prefill on the hop ending at the last
+    layer (:data:`ECHO_STEP_TIME_FACTOR` times as long).
+    """
+    blocks = max(1, math.ceil(positions / STEP_TIMEOUT_POSITIONS))
+    return step_timeout * blocks * (ECHO_STEP_TIME_FACTOR if echo else 1)
 
 
 # Error frame codes. A full hop is not a broken one: the tracker waits on

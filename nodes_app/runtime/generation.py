@@ -306,6 +306,10 @@ class Generation:
         service, session = self.service, self.session
         hops = self.request.hops
         limit = step_time_limit(service.step_timeout, len(token_ids))
+        # The last hop of an echo's prefill also scores every prompt position.
+        last_limit = step_time_limit(
+            service.step_timeout, len(token_ids), echo=bool(tail.prompt_ids)
+        )
         async with session.lock:
             position = session.position
             try:
@@ -348,12 +352,13 @@ class Generation:
                     payload,
                     capability=self.capabilities[index - 1],
                     plan=self.plan_header if position == 0 else None,
-                    timeout=limit,
+                    timeout=last_limit if last else limit,
                 )
             except LinkTimeout as error:
-                logger.warning("hop %s: no answer to the step within %g s", hop.node_id, limit)
+                waited = last_limit if last else limit
+                logger.warning("hop %s: no answer to the step within %g s", hop.node_id, waited)
                 raise HopFailed(
-                    hop, f"did not answer the step within {limit:g} s", code=HOP_TIMED_OUT
+                    hop, f"did not answer the step within {waited:g} s", code=HOP_TIMED_OUT
                 ) from error
             except LinkDropped as error:
                 logger.warning("hop %s: %s", hop.node_id, error)

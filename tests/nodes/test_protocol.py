@@ -13,11 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodes_app.protocol import (
+    ECHO_STEP_TIME_FACTOR,
     HOP_BUSY,
     LOGIT_BIAS_MAX_ENTRIES,
     MAX_STOP_LENGTH,
     MAX_STOPS,
     SSE_DONE,
+    STEP_TIMEOUT_POSITIONS,
     TOP_LOGPROBS_MAX,
     ChunkFrame,
     ErrorFrame,
@@ -35,6 +37,7 @@ from nodes_app.protocol import (
     sse_data,
     sse_event,
     sse_frames,
+    step_time_limit,
     stop_sequences,
 )
 
@@ -432,3 +435,9 @@ def test_a_code_or_capability_with_a_trailing_newline_is_not_taken_for_one() -> 
     assert relayable_code("hop_failed\n") is None
     assert capability_valid("a" * 64)
     assert not capability_valid("a" * 64 + "\n")
+
+
+def test_an_echos_last_hop_gets_longer_for_scoring_every_prompt_position() -> None:
+    assert step_time_limit(30.0, 1, echo=True) == 30.0 * ECHO_STEP_TIME_FACTOR
+    blocks = step_time_limit(30.0, 2 * STEP_TIMEOUT_POSITIONS, echo=True)
+    assert blocks == 60.0 * ECHO_STEP_TIME_FACTOR
