@@ -195,7 +195,7 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_count(value: Any) -> TypeGuard[int]:
+def is_count(value: Any) -> TypeGuard[int]:
     """A non-negative integer (a token id, a token count)."""
     return _is_int(value) and value >= 0
 
@@ -413,7 +413,7 @@ def _plan_seal(plan: Mapping[str, Any]) -> tuple[int, str, str]:
     """A plan's ``expires_at``, ``nonce`` and ``signature``: (0, "", "") when it is unsigned."""
     expires_at, nonce = plan.get("expires_at", 0), plan.get("nonce", "")
     signature = plan.get("signature", "")
-    if not _is_count(expires_at):
+    if not is_count(expires_at):
         raise ProtocolError("plan.expires_at must be unix seconds", code="invalid_plan")
     if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
         raise ProtocolError("plan.nonce must be at most 64 hex digits", code="invalid_plan")
@@ -593,7 +593,7 @@ class GenerateRequest:
         )
         stop = stop_sequences(body.get("stop"))
         resume = body.get("resume_token_ids") or []
-        if not isinstance(resume, list) or not all(_is_count(t) for t in resume):
+        if not isinstance(resume, list) or not all(is_count(t) for t in resume):
             raise ProtocolError("resume_token_ids must be a list of token ids")
         plan = body.get("plan")
         if not isinstance(plan, dict):
@@ -696,7 +696,7 @@ class Usage:
         if not isinstance(raw, dict):
             raise ProtocolError("usage must be an object")
         prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-        if not (_is_count(prompt) and _is_count(completion)):
+        if not (is_count(prompt) and is_count(completion)):
             raise ProtocolError("usage needs non-negative integer prompt and completion tokens")
         return cls(prompt_tokens=prompt, completion_tokens=completion)
 
@@ -737,7 +737,7 @@ class TopLogprob:
     utf8: tuple[int, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.utf8)}
+        return _entry_json(self.token, self.logprob, self.utf8)
 
     @classmethod
     def parse(cls, raw: Any) -> TopLogprob:
@@ -776,9 +776,7 @@ class TokenLogprob:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "token": self.token,
-            "logprob": self.logprob,
-            "bytes": list(self.utf8),
+            **_entry_json(self.token, self.logprob, self.utf8),
             "top_logprobs": [top.to_json() for top in self.top_logprobs],
         }
 
@@ -798,6 +796,11 @@ class TokenLogprob:
         if not logprob_valid(logprob):
             raise ProtocolError("a logprob must be a finite number of at most 0")
         return cls(token, float(logprob), utf8, tuple(TopLogprob.parse(top) for top in tops))
+
+
+def _entry_json(token: str, logprob: float | None, utf8: tuple[int, ...]) -> dict[str, Any]:
+    """The fields a token's entry and an alternative share."""
+    return {"token": token, "logprob": logprob, "bytes": list(utf8)}
 
 
 def _token_of(raw: Any) -> tuple[str, tuple[int, ...]]:
@@ -969,7 +972,7 @@ def parse_frame(payload: Any) -> ChunkFrame | ErrorFrame:
 
 
 def _token_ids(raw: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(_is_count(t) for t in raw):
+    if not isinstance(raw, list) or not all(is_count(t) for t in raw):
         raise ProtocolError(f"{name} must be a list of token ids")
     return tuple(raw)
 

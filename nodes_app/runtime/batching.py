@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -346,7 +347,7 @@ class StepBatcher:
                     assert job.tail is not None
                     assert job.session.picker is not None
                     choice = job.session.picker.choose(logits[row], job.tail.logprobs)
-                    outcomes.append(Choice(choice.token_id, choice.score, tuple(job.prompt)))
+                    outcomes.append(dataclasses.replace(choice, prompt=tuple(job.prompt)))
                 else:
                     hidden = torch.cat([*job.outputs, out[row : row + 1]], dim=1)
                     outcomes.append(wire.tensor_to_bytes(_finite(hidden)))

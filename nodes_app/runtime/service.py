@@ -26,6 +26,7 @@ from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position, default_kv_budget
 from nodes_app.runtime.loading import LoadedShard
+from nodes_app.runtime.plan import check_logit_bias
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest, TokenPicker
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.shard import ShardExecutor
@@ -291,11 +292,7 @@ class NodeService:
     def check_vocabulary(self, sampling: SamplingParams, token_ids: Iterable[int] = ()) -> None:
         """Refuse token ids past the vocabulary: logit_bias keys (``bad_sampling``), others."""
         vocab = self.vocab_size
-        if any(token >= vocab for token, _ in sampling.logit_bias):
-            raise RuntimeRequestError(
-                f"logit_bias names token ids past the vocabulary (0..{vocab - 1})",
-                code="bad_sampling",
-            )
+        check_logit_bias(sampling, vocab)
         if any(token >= vocab for token in token_ids):
             raise RuntimeRequestError(
                 f"the step names token ids past the vocabulary (0..{vocab - 1})", code="bad_field"

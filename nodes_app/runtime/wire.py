@@ -53,6 +53,7 @@ from nodes_app.protocol import (
     ProtocolError,
     SamplingParams,
     echo_scores,
+    is_count,
     logprob_valid,
 )
 from nodes_app.runtime.errors import RuntimeRequestError
@@ -307,7 +308,7 @@ def _score(logprob: Any, top: Any, vocab: int, alternatives: int) -> TokenScore:
 
 
 def _is_id(value: Any, vocab: int) -> bool:
-    return _is_count(value) and value < vocab
+    return is_count(value) and value < vocab
 
 
 # --- the frame envelope ---------------------------------------------------------------
@@ -340,20 +341,16 @@ def _split(entries: list[Any], rest: memoryview) -> list[tuple[dict[str, Any], b
     out: list[tuple[dict[str, Any], bytes]] = []
     offset = 0
     for entry in entries:
-        if not isinstance(entry, dict) or not _is_count(entry.get("id")):
+        if not isinstance(entry, dict) or not is_count(entry.get("id")):
             raise FrameError("a frame entry without an integer id")
         size = entry.get("bytes", 0)
-        if not _is_count(size) or offset + size > len(rest):
+        if not is_count(size) or offset + size > len(rest):
             raise FrameError("a frame entry's bytes run past the frame")
         out.append((entry, bytes(rest[offset : offset + size])))
         offset += size
     if offset != len(rest):
         raise FrameError(f"a frame with {len(rest) - offset} bytes that no entry declares")
     return out
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # --- head → hop ------------------------------------------------------------------------
@@ -448,7 +445,7 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
     answers: list[StepAnswer] = []
     for entry, body in _split(entries, rest):
         status = entry.get("status", 200)
-        if not _is_count(status):
+        if not is_count(status):
             raise FrameError("an answer's status must be an integer")
         shape = entry.get("shape")
         # A last hop's body is an echo's prompt scores; any other's, hidden states.
@@ -564,10 +561,10 @@ def _field_value(name: str, value: Any) -> Any:
     if name == "sender":
         return str(value)[:MAX_SESSION_ID]
     if name in _TOKEN_LISTS:
-        if not isinstance(value, list) or not all(_is_count(token) for token in value):
+        if not isinstance(value, list) or not all(is_count(token) for token in value):
             raise _bad(f"{name} must be a list of token ids")
         return tuple(value)
-    if name == "logprobs" and (not _is_count(value) or value > TOP_LOGPROBS_MAX):
+    if name == "logprobs" and (not is_count(value) or value > TOP_LOGPROBS_MAX):
         raise _bad(f"logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
     hint = _HINTS[name]
     allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
