@@ -305,11 +305,6 @@ class Generation:
         """
         service, session = self.service, self.session
         hops = self.request.hops
-        limit = step_time_limit(service.step_timeout, len(token_ids))
-        # The last hop of an echo's prefill also scores every prompt position.
-        last_limit = step_time_limit(
-            service.step_timeout, len(token_ids), echo=bool(tail.prompt_ids)
-        )
         async with session.lock:
             position = session.position
             try:
@@ -328,6 +323,10 @@ class Generation:
         dtype = service.dtype_name
         for index, hop in enumerate(hops[1:], start=1):
             last = index == len(hops) - 1
+            # The last hop of an echo's prefill also scores every prompt position.
+            limit = step_time_limit(
+                service.step_timeout, len(token_ids), echo=last and bool(tail.prompt_ids)
+            )
             # self.contacted and self.capabilities index hops[1:].
             if index - 1 not in self.contacted:
                 self.contacted.append(index - 1)
@@ -352,13 +351,12 @@ class Generation:
                     payload,
                     capability=self.capabilities[index - 1],
                     plan=self.plan_header if position == 0 else None,
-                    timeout=last_limit if last else limit,
+                    timeout=limit,
                 )
             except LinkTimeout as error:
-                waited = last_limit if last else limit
-                logger.warning("hop %s: no answer to the step within %g s", hop.node_id, waited)
+                logger.warning("hop %s: no answer to the step within %g s", hop.node_id, limit)
                 raise HopFailed(
-                    hop, f"did not answer the step within {waited:g} s", code=HOP_TIMED_OUT
+                    hop, f"did not answer the step within {limit:g} s", code=HOP_TIMED_OUT
                 ) from error
             except LinkDropped as error:
                 logger.warning("hop %s: %s", hop.node_id, error)
