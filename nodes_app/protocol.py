@@ -38,7 +38,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from typing import Any, TypeGuard
 
@@ -97,9 +97,18 @@ LOGIT_BIAS_MAX = 100.0
 # OpenAI's top_logprobs range (chat completions; the legacy ``logprobs`` int maps onto it).
 TOP_LOGPROBS_MAX = 20
 # An echo reports a logprob and its alternatives for every prompt token: a head
-# refuses (400 ``prompt_too_long``) a prompt whose tokens × (1 + top_logprobs)
-# exceed this, so the tail's answer stays far below a link frame (~30 bytes a value).
-ECHO_MAX_SCORES = 2**18
+# refuses (400 ``prompt_too_long``) a prompt whose echo_scores exceed this. The
+# head's first SSE frame costs Python time per value (~0.2 s of CPU per 2^14,
+# written on a worker thread: the event loop waits at most ~16 ms at a time;
+# ADR-0002). At this bound an evaluation harness's usual echo (logprobs 1)
+# still scores 8192 prompt tokens.
+ECHO_MAX_SCORES = 2**14
+
+
+def echo_scores(prompt_tokens: int, top_logprobs: int) -> int:
+    """Logprobs an echo of ``prompt_tokens`` reports: one per token and its alternatives."""
+    return prompt_tokens * (1 + top_logprobs)
+
 
 # What a node may report about itself (registration, heartbeats): far above
 # any real node, far below what overflows a database column.
@@ -130,9 +139,22 @@ STEP_TIMEOUT_POSITIONS = 512
 SSE_STEP_COMMENT = b": step\n\n"
 
 
-def step_time_limit(step_timeout: float, positions: int) -> float:
-    """Seconds one node may take to answer a step of ``positions`` positions."""
-    return step_timeout * max(1, math.ceil(positions / STEP_TIMEOUT_POSITIONS))
+# An echo's step costs the last hop its final norm, LM head, log-softmax and
+# top-k at every prompt position, not at the last one only: SmolLM2's layers
+# 15-29 took 1.3-2.4 times as long for a 512- or 2048-position prefill with an
+# echo as without (one torch thread, a loaded 2-CPU machine). That hop gets this
+# many times the limit for it.
+ECHO_STEP_TIME_FACTOR = 3
+
+
+def step_time_limit(step_timeout: float, positions: int, *, echo: bool = False) -> float:
+    """Seconds one node may take to answer a step of ``positions`` positions.
+
+    ``echo``: the step is an echo's prefill on the hop ending at the last
+    layer (:data:`ECHO_STEP_TIME_FACTOR` times as long).
+    """
+    blocks = max(1, math.ceil(positions / STEP_TIMEOUT_POSITIONS))
+    return step_timeout * blocks * (ECHO_STEP_TIME_FACTOR if echo else 1)
 
 
 # Error frame codes. A full hop is not a broken one: the tracker waits on
@@ -144,10 +166,11 @@ HOP_TIMED_OUT = "hop_timeout"
 
 SSE_DONE = "[DONE]"
 
-_HEX_SIGNATURE = re.compile(r"^[0-9a-f]{128}$")
-_CAPABILITY = re.compile(r"^[0-9a-f]{64}$")
-_NONCE = re.compile(r"^[0-9a-f]{0,64}$")
-_ERROR_CODE = re.compile(r"^[a-z_]{1,40}$")
+# Matched whole (``fullmatch``: ``$`` would let a trailing newline through).
+_HEX_SIGNATURE = re.compile(r"[0-9a-f]{128}")
+_CAPABILITY = re.compile(r"[0-9a-f]{64}")
+_NONCE = re.compile(r"[0-9a-f]{0,64}")
+_ERROR_CODE = re.compile(r"[a-z_]{1,40}")
 
 
 def relayable_code(value: Any) -> str | None:
@@ -156,7 +179,7 @@ def relayable_code(value: Any) -> str | None:
     What a node or tracker may repeat of another node's error: never its
     message (an untrusted node could put anything there), only its code.
     """
-    return value if isinstance(value, str) and _ERROR_CODE.match(value) else None
+    return value if isinstance(value, str) and _ERROR_CODE.fullmatch(value) else None
 
 
 class ProtocolError(ValueError):
@@ -172,7 +195,7 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_count(value: Any) -> TypeGuard[int]:
+def is_count(value: Any) -> TypeGuard[int]:
     """A non-negative integer (a token id, a token count)."""
     return _is_int(value) and value >= 0
 
@@ -257,7 +280,9 @@ class SamplingParams:
         )
 
 
-_TOKEN_KEY = re.compile(r"^(0|[1-9][0-9]{0,9})$")
+# One spelling per id (no sign, no leading zero, nothing after it: ``fullmatch``, since
+# ``$`` would also match before a trailing newline), so no two keys name the same id.
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
@@ -265,7 +290,8 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
 
     None is no bias. Raises :class:`ProtocolError` ``bad_sampling`` unless it
     is an object of at most :data:`LOGIT_BIAS_MAX_ENTRIES` entries, each key a
-    token id written in decimal and each value a finite number in
+    token id written in decimal (its one spelling: ``"5"``, never ``"05"`` or
+    ``"5\\n"``, so two keys never bias one id twice) and each value a finite number in
     -:data:`LOGIT_BIAS_MAX`..:data:`LOGIT_BIAS_MAX`.
     """
     if value is None:
@@ -280,7 +306,7 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
         )
     pairs: list[tuple[int, float]] = []
     for key, bias in value.items():
-        if not isinstance(key, str) or not _TOKEN_KEY.match(key):
+        if not isinstance(key, str) or not _TOKEN_KEY.fullmatch(key):
             raise ProtocolError(
                 f"logit_bias key {str(key)[:20]!r} is not a token id", code="bad_sampling"
             )
@@ -387,11 +413,11 @@ def _plan_seal(plan: Mapping[str, Any]) -> tuple[int, str, str]:
     """A plan's ``expires_at``, ``nonce`` and ``signature``: (0, "", "") when it is unsigned."""
     expires_at, nonce = plan.get("expires_at", 0), plan.get("nonce", "")
     signature = plan.get("signature", "")
-    if not _is_count(expires_at):
+    if not is_count(expires_at):
         raise ProtocolError("plan.expires_at must be unix seconds", code="invalid_plan")
-    if not isinstance(nonce, str) or not _NONCE.match(nonce):
+    if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
         raise ProtocolError("plan.nonce must be at most 64 hex digits", code="invalid_plan")
-    if not isinstance(signature, str) or (signature and not _HEX_SIGNATURE.match(signature)):
+    if not isinstance(signature, str) or (signature and not _HEX_SIGNATURE.fullmatch(signature)):
         raise ProtocolError("plan.signature must be 128 hex digits", code="invalid_plan")
     return expires_at, nonce, signature
 
@@ -455,7 +481,7 @@ class SignedPlan:
 
 def capability_valid(value: str) -> bool:
     """Whether ``value`` has the form of a session capability (64 hex digits)."""
-    return bool(_CAPABILITY.match(value))
+    return bool(_CAPABILITY.fullmatch(value))
 
 
 @dataclass(frozen=True)
@@ -567,7 +593,7 @@ class GenerateRequest:
         )
         stop = stop_sequences(body.get("stop"))
         resume = body.get("resume_token_ids") or []
-        if not isinstance(resume, list) or not all(_is_count(t) for t in resume):
+        if not isinstance(resume, list) or not all(is_count(t) for t in resume):
             raise ProtocolError("resume_token_ids must be a list of token ids")
         plan = body.get("plan")
         if not isinstance(plan, dict):
@@ -670,7 +696,7 @@ class Usage:
         if not isinstance(raw, dict):
             raise ProtocolError("usage must be an object")
         prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-        if not (_is_count(prompt) and _is_count(completion)):
+        if not (is_count(prompt) and is_count(completion)):
             raise ProtocolError("usage needs non-negative integer prompt and completion tokens")
         return cls(prompt_tokens=prompt, completion_tokens=completion)
 
@@ -711,7 +737,7 @@ class TopLogprob:
     utf8: tuple[int, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.utf8)}
+        return _entry_json(self.token, self.logprob, self.utf8)
 
     @classmethod
     def parse(cls, raw: Any) -> TopLogprob:
@@ -750,9 +776,7 @@ class TokenLogprob:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "token": self.token,
-            "logprob": self.logprob,
-            "bytes": list(self.utf8),
+            **_entry_json(self.token, self.logprob, self.utf8),
             "top_logprobs": [top.to_json() for top in self.top_logprobs],
         }
 
@@ -772,6 +796,11 @@ class TokenLogprob:
         if not logprob_valid(logprob):
             raise ProtocolError("a logprob must be a finite number of at most 0")
         return cls(token, float(logprob), utf8, tuple(TopLogprob.parse(top) for top in tops))
+
+
+def _entry_json(token: str, logprob: float | None, utf8: tuple[int, ...]) -> dict[str, Any]:
+    """The fields a token's entry and an alternative share."""
+    return {"token": token, "logprob": logprob, "bytes": list(utf8)}
 
 
 def _token_of(raw: Any) -> tuple[str, tuple[int, ...]]:
@@ -844,6 +873,28 @@ class ChunkFrame:
             logprobs=[entry.to_json() for entry in self.logprobs] if self.logprobs else None,
             **extra,
         )
+
+    def event(self, *, completion_id: str, created: int, model: str) -> bytes:
+        """This frame as a head streams it: one SSE event of :meth:`to_json`.
+
+        An echo's prompt entries (up to :data:`ECHO_MAX_SCORES` values) are
+        written to JSON one by one: a worker thread writing a large echo then
+        lets the event loop run between entries, where one ``json.dumps`` of
+        the whole frame would hold the GIL throughout.
+        """
+        if not self.prompt_logprobs:
+            return sse_event(
+                self.to_json(completion_id=completion_id, created=created, model=model)
+            )
+        payload = replace(self, prompt_logprobs=()).to_json(
+            completion_id=completion_id, created=created, model=model
+        )
+        del payload["meshnet_prompt_logprobs"]
+        head = json.dumps(payload, separators=(",", ":"))
+        entries = ",".join(
+            json.dumps(entry.to_json(), separators=(",", ":")) for entry in self.prompt_logprobs
+        )
+        return sse_event(f'{head[:-1]},"meshnet_prompt_logprobs":[{entries}]}}')
 
 
 @dataclass(frozen=True)
@@ -921,7 +972,7 @@ def parse_frame(payload: Any) -> ChunkFrame | ErrorFrame:
 
 
 def _token_ids(raw: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(_is_count(t) for t in raw):
+    if not isinstance(raw, list) or not all(is_count(t) for t in raw):
         raise ProtocolError(f"{name} must be a list of token ids")
     return tuple(raw)
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +57,9 @@ from nodes_app.runtime.shard import ShardExecutor
 MAX_BATCH = 64
 # A session whose last step ended longer ago than this is not waited for.
 RECENT_SECONDS = 0.5
+# Prompt positions an echo scores at once: its memory is a few rows × vocab float32
+# (128 × 152k × 4 B ≈ 78 MB each), not the prefill chunk's (4096 rows: ~7 GB in all).
+ECHO_SCORE_ROWS = 128
 
 
 class ThroughputMeter:
@@ -341,8 +345,9 @@ class StepBatcher:
                     outcomes.append(_MORE)
                 elif logits is not None:
                     assert job.tail is not None
-                    choice = job.session.picker.choose(logits[row], job.tail)
-                    outcomes.append(Choice(choice.token_id, choice.score, tuple(job.prompt)))
+                    assert job.session.picker is not None
+                    choice = job.session.picker.choose(logits[row], job.tail.logprobs)
+                    outcomes.append(dataclasses.replace(choice, prompt=tuple(job.prompt)))
                 else:
                     hidden = torch.cat([*job.outputs, out[row : row + 1]], dim=1)
                     outcomes.append(wire.tensor_to_bytes(_finite(hidden)))
@@ -361,11 +366,13 @@ class StepBatcher:
         assert job.tail is not None
         ids = job.tail.prompt_ids
         rows = min(length, len(ids) - 1 - job.done)
-        if rows <= 0:
-            return
-        logits = self.executor.logits(out[:rows].unsqueeze(0))[0]
-        targets = ids[job.done + 1 : job.done + 1 + rows]
-        job.prompt.extend(prompt_scores(logits, targets, job.tail.alternatives))
+        # A few float32 copies of rows × vocab live at once (logits, log-softmax):
+        # scored ECHO_SCORE_ROWS at a time, whatever the prefill chunk.
+        for first in range(0, max(rows, 0), ECHO_SCORE_ROWS):
+            last = min(first + ECHO_SCORE_ROWS, rows)
+            logits = self.executor.logits(out[first:last].unsqueeze(0))[0]
+            targets = ids[job.done + 1 + first : job.done + 1 + last]
+            job.prompt.extend(prompt_scores(logits, targets, job.tail.alternatives))
 
     def _finish(
         self,

@@ -41,6 +41,7 @@ from nodes_app.protocol import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    echo_scores,
     relayable_code,
     sse_event,
     step_time_limit,
@@ -84,7 +85,8 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
     Chat messages go through the model's chat template, a raw ``prompt``
     through the tokenizer alone. Tokenised on the torch worker (never on the
     event loop) and before any byte is streamed, so a template that refuses
-    the messages, an empty prompt or an echo too large to report is a 400.
+    the messages, an empty prompt, a token id past the model's vocabulary (a
+    tokenizer's added token) or an echo too large to report is a 400.
     """
     tokenizer = service.shard.tokenizer
     text = request.prompt
@@ -97,7 +99,15 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
         raise RuntimeRequestError(error.message, code="invalid_request") from error
     if not prompt:
         raise RuntimeRequestError("the prompt has no tokens", code="invalid_request")
-    scores = len(prompt) * (1 + request.top_logprobs)
+    # A tokenizer may add tokens the model has no row for: run, such an id would
+    # crash this head's embedding, or make it blame the honest tail that refused it.
+    vocab = service.vocab_size
+    if max(prompt) >= vocab:
+        raise RuntimeRequestError(
+            f"the prompt tokenises to ids past the model's vocabulary (0..{vocab - 1})",
+            code="invalid_request",
+        )
+    scores = echo_scores(len(prompt), request.top_logprobs)
     if request.echo and scores > ECHO_MAX_SCORES:
         raise RuntimeRequestError(
             f"an echo of {len(prompt)} prompt tokens with {request.top_logprobs} alternatives "
@@ -163,10 +173,8 @@ class Generation:
         self.plan_header = request.plan.to_header() if request.signature else None
 
     def _event(self, frame: ChunkFrame) -> bytes:
-        return sse_event(
-            frame.to_json(
-                completion_id=self.completion_id, created=self.created, model=self.request.model
-            )
+        return frame.event(
+            completion_id=self.completion_id, created=self.created, model=self.request.model
         )
 
     async def stream(self) -> AsyncIterator[bytes]:
@@ -206,7 +214,8 @@ class Generation:
                 yield sse_event(SSE_DONE)
                 return
             if produced == 0 and request.echo:
-                yield self._event(self._echo_frame(choice))
+                # Up to ECHO_MAX_SCORES values to write: built off the event loop.
+                yield await asyncio.to_thread(self._echo_event, choice)
                 if budget <= 0:
                     finish = "length"
                     break
@@ -267,8 +276,11 @@ class Generation:
             top.append(TopLogprob(written, logprob, tuple(alternative_raw)))
         return TokenLogprob(token, score.logprob, tuple(raw), tuple(top))
 
-    def _echo_frame(self, choice: Choice) -> ChunkFrame:
-        """The first frame of an echo: the role, the prompt's ids and their logprob entries."""
+    def _echo_event(self, choice: Choice) -> bytes:
+        """The first event of an echo: the role, the prompt's ids and their logprob entries.
+
+        Run on a worker thread (see :meth:`ChunkFrame.event`).
+        """
         prompt = self.prompt
         token, raw = self.service.pieces(prompt[0])
         entries = [TokenLogprob(token, None, tuple(raw))]
@@ -276,8 +288,10 @@ class Generation:
             self._entry(token_id, score)
             for token_id, score in zip(prompt[1:], choice.prompt, strict=True)
         ]
-        return ChunkFrame(
-            role="assistant", prompt_token_ids=tuple(prompt), prompt_logprobs=tuple(entries)
+        return self._event(
+            ChunkFrame(
+                role="assistant", prompt_token_ids=tuple(prompt), prompt_logprobs=tuple(entries)
+            )
         )
 
     async def _step(self, token_ids: list[int], tail: TailRequest) -> Choice:
@@ -291,7 +305,6 @@ class Generation:
         """
         service, session = self.service, self.session
         hops = self.request.hops
-        limit = step_time_limit(service.step_timeout, len(token_ids))
         async with session.lock:
             position = session.position
             try:
@@ -310,6 +323,10 @@ class Generation:
         dtype = service.dtype_name
         for index, hop in enumerate(hops[1:], start=1):
             last = index == len(hops) - 1
+            # The last hop of an echo's prefill also scores every prompt position.
+            limit = step_time_limit(
+                service.step_timeout, len(token_ids), echo=last and bool(tail.prompt_ids)
+            )
             # self.contacted and self.capabilities index hops[1:].
             if index - 1 not in self.contacted:
                 self.contacted.append(index - 1)
@@ -320,7 +337,8 @@ class Generation:
                 position=position,
                 dtype=dtype,
                 shape=shape,
-                sampling=tail.sampling if last else None,
+                # The tail's session keeps the sampling it opened with.
+                sampling=tail.sampling if last and position == 0 else None,
                 sender=hops[index - 1].node_id,
                 reserve=self.reserve if position == 0 else None,
                 logprobs=tail.logprobs if last else None,
@@ -354,6 +372,8 @@ class Generation:
                     busy=answer.status == 503,
                 )
             if last:
+                if tail.prompt_ids:  # an echo's answer: up to ECHO_MAX_SCORES values to check
+                    return await asyncio.to_thread(self._choice_of, hop, answer, tail)
                 return self._choice_of(hop, answer, tail)
             payload, dtype = _hidden_of(hop, answer, shape)
         raise AssertionError("the plan's last hop ends at the last layer")

@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodes_app.protocol import GENERATE_MAX_PROMPT_CHARS, GenerateRequest, ProtocolError
+from nodes_app.protocol import (
+    GENERATE_MAX_PROMPT_CHARS,
+    GenerateRequest,
+    ProtocolError,
+    SamplingParams,
+)
 from nodes_app.runtime.errors import RuntimeRequestError
 
 
@@ -77,7 +82,17 @@ def head_check(request: GenerateRequest, head: HeadIdentity) -> None:
         raise RuntimeRequestError(
             f"resume_token_ids must be token ids below {head.vocab_size}", code="invalid_request"
         )
-    if any(token >= head.vocab_size for token, _ in request.sampling.logit_bias):
+    check_logit_bias(request.sampling, head.vocab_size)
+
+
+def check_logit_bias(sampling: SamplingParams, vocab: int) -> None:
+    """Refuse (400 ``bad_sampling``) a logit_bias naming ids past the vocabulary.
+
+    The head checks a request's, the last hop its opening step's: the
+    tracker has no vocabulary to check them against.
+    """
+    if any(token >= vocab for token, _ in sampling.logit_bias):
         raise RuntimeRequestError(
-            f"logit_bias must name token ids below {head.vocab_size}", code="bad_sampling"
+            f"logit_bias names token ids past the vocabulary (0..{vocab - 1})",
+            code="bad_sampling",
         )

@@ -1,7 +1,7 @@
 """Choosing the next token on the last hop, and what it reports of the logits.
 
 Greedy, temperature, top-k, top-p, seeded (:func:`sample_token`), after
-OpenAI's penalties and logit_bias (:func:`adjusted_logits`). Logprobs are the
+OpenAI's penalties and logit_bias (:meth:`TokenPicker.adjusted`). Logprobs are the
 model's own: the log-softmax of the raw float32 logits, before any of those,
 computed from the same logits that pick the token — for the chosen token and
 its best alternatives (:meth:`TokenPicker.choose`), and for an echo, for each
@@ -26,7 +26,6 @@ __all__ = [
     "TailRequest",
     "TokenPicker",
     "TokenScore",
-    "adjusted_logits",
     "new_generator",
     "prompt_scores",
     "sample_token",
@@ -120,29 +119,6 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     return int(torch.multinomial(probabilities, 1, generator=generator))
 
 
-def adjusted_logits(
-    logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None
-) -> torch.Tensor:
-    """``logits`` ``[vocab]`` after OpenAI's penalties and logit_bias (a new tensor if changed).
-
-    ``counts[j]`` is how often token ``j`` occurs in the completion so far;
-    token ``j`` loses ``counts[j] × frequency_penalty`` and, if it occurs,
-    ``presence_penalty``, then gains ``logit_bias[j]``. Without penalties
-    ``counts`` may be None.
-    """
-    scores = logits
-    if params.penalized and counts is not None:
-        present = (counts > 0).to(logits.dtype)
-        scores = scores - counts * params.frequency_penalty - present * params.presence_penalty
-    if params.logit_bias:
-        ids = torch.tensor([token for token, _ in params.logit_bias], device=logits.device)
-        bias = torch.tensor(
-            [value for _, value in params.logit_bias], device=logits.device, dtype=logits.dtype
-        )
-        scores = scores.index_add(0, ids, bias)
-    return scores
-
-
 def _top(logprobs: torch.Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:
     """The ``k`` best ``(id, logprob)`` of each row of ``logprobs`` ``[rows, vocab]``."""
     if k == 0:
@@ -169,18 +145,22 @@ def prompt_scores(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[
 
 
 class TokenPicker:
-    """One session's token choices on the last hop: its seeded generator and its token counts.
+    """One session's token choices on the last hop, with the sampling it was opened with.
 
-    Counts of the completion's tokens (those it was opened with, then every
-    token it chooses) are kept only when the session's sampling has a
-    penalty, so a resumed completion is penalised exactly as the
-    uninterrupted one.
+    A session's sampling is fixed when it opens (its opening step carries
+    it), so what each choice needs of it is built once: the seeded
+    generator, the logit_bias as tensors (on the first logits' device), and
+    the counts of the completion's tokens (those it was opened with, then
+    every token it chooses), kept only when the sampling has a penalty, so a
+    resumed completion is penalised exactly as the uninterrupted one.
     """
 
     def __init__(self, sampling: SamplingParams, generated_ids: Sequence[int] = ()) -> None:
+        self.sampling = sampling
         self.generator = new_generator(sampling.seed)
         self._history: list[int] | None = list(generated_ids) if sampling.penalized else None
         self._counts: torch.Tensor | None = None
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _counts_for(self, logits: torch.Tensor) -> torch.Tensor | None:
         if self._history is None:
@@ -195,20 +175,45 @@ class TokenPicker:
             self._counts = torch.bincount(history, minlength=vocab).to(logits.dtype)
         return self._counts
 
-    def choose(self, logits: torch.Tensor, request: TailRequest) -> Choice:
-        """The next token from float32 ``logits`` ``[vocab]``, with its score when asked.
+    def _bias_for(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._bias is None:
+            pairs = self.sampling.logit_bias
+            ids = torch.tensor([token for token, _ in pairs], device=logits.device)
+            values = torch.tensor(
+                [value for _, value in pairs], device=logits.device, dtype=logits.dtype
+            )
+            self._bias = ids, values
+        return self._bias
 
-        Raises :class:`NonFiniteOutput` for NaN or infinite logits (penalties
-        and biases are finite, so :func:`sample_token`'s check covers them).
+    def adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``[vocab]`` after OpenAI's penalties and logit_bias (a new tensor if changed).
+
+        With ``counts[j]`` the times token ``j`` occurs in the completion so
+        far, token ``j`` loses ``counts[j] × frequency_penalty`` and, if it
+        occurs, ``presence_penalty``, then gains ``logit_bias[j]``.
         """
+        params, scores = self.sampling, logits
         counts = self._counts_for(logits)
-        token = sample_token(
-            adjusted_logits(logits, request.sampling, counts), request.sampling, self.generator
-        )
         if counts is not None:
-            counts[token] += 1
-        if request.logprobs is None:
+            present = (counts > 0).to(logits.dtype)
+            scores = scores - counts * params.frequency_penalty - present * params.presence_penalty
+        if params.logit_bias:
+            scores = scores.index_add(0, *self._bias_for(logits))
+        return scores
+
+    def choose(self, logits: torch.Tensor, logprobs: int | None = None) -> Choice:
+        """The next token from float32 ``logits`` ``[vocab]``; with ``logprobs``, its score.
+
+        ``logprobs`` is how many best alternatives to report with the chosen
+        token's logprob (None: report nothing). Raises
+        :class:`NonFiniteOutput` for NaN or infinite logits (penalties and
+        biases are finite, so :func:`sample_token`'s check covers them).
+        """
+        token = sample_token(self.adjusted(logits), self.sampling, self.generator)
+        if self._counts is not None:
+            self._counts[token] += 1
+        if logprobs is None:
             return Choice(token)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        [top] = _top(logprobs.unsqueeze(0), request.logprobs)
-        return Choice(token, TokenScore(float(logprobs[token]), top))
+        scores = torch.log_softmax(logits, dim=-1)
+        [top] = _top(scores.unsqueeze(0), logprobs)
+        return Choice(token, TokenScore(float(scores[token]), top))

@@ -26,6 +26,7 @@ from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position, default_kv_budget
 from nodes_app.runtime.loading import LoadedShard
+from nodes_app.runtime.plan import check_logit_bias
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest, TokenPicker
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.shard import ShardExecutor
@@ -253,14 +254,25 @@ class NodeService:
                 f"hidden size is {self.shard.hidden_size}, not {step.shape[2]}", code="bad_shape"
             )
         last = step.end == self.shard.num_layers - 1
-        if last and step.sampling is None:
+        # A session's sampling is fixed when it opens; later steps need not repeat it
+        # (a head before this one did: it is then read and ignored).
+        if last and step.position == 0 and step.sampling is None:
             raise RuntimeRequestError(
-                f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_field"
+                f"the hop ending at the last layer needs {protocol.SAMPLING} on the step "
+                "that opens the session",
+                code="missing_field",
             )
         tail_fields = (step.logprobs, step.prompt_ids, step.generated_ids)
         if not last and any(value is not None for value in tail_fields):
             raise RuntimeRequestError(
                 "logprobs, prompt_ids and generated_ids are for the hop ending at the last layer",
+                code="bad_field",
+            )
+        # An echo scores the prompt from position 0 on, and the resumed tokens are
+        # counted when the session's picker is made: both belong to the opening step.
+        if step.position != 0 and (step.prompt_ids is not None or step.generated_ids is not None):
+            raise RuntimeRequestError(
+                "prompt_ids and generated_ids are for the step that opens the session",
                 code="bad_field",
             )
         if step.sampling is not None:
@@ -280,11 +292,7 @@ class NodeService:
     def check_vocabulary(self, sampling: SamplingParams, token_ids: Iterable[int] = ()) -> None:
         """Refuse token ids past the vocabulary: logit_bias keys (``bad_sampling``), others."""
         vocab = self.vocab_size
-        if any(token >= vocab for token, _ in sampling.logit_bias):
-            raise RuntimeRequestError(
-                f"logit_bias names token ids past the vocabulary (0..{vocab - 1})",
-                code="bad_sampling",
-            )
+        check_logit_bias(sampling, vocab)
         if any(token >= vocab for token in token_ids):
             raise RuntimeRequestError(
                 f"the step names token ids past the vocabulary (0..{vocab - 1})", code="bad_field"
@@ -344,14 +352,14 @@ class NodeService:
                 )
             tail = None
             if last:
-                assert step.sampling is not None
+                if session.picker is None:
+                    assert step.sampling is not None  # check_step: the opening step has it
+                    session.picker = TokenPicker(step.sampling, step.generated_ids or ())
                 tail = TailRequest(
-                    step.sampling,
+                    session.picker.sampling,
                     logprobs=step.logprobs,
                     prompt_ids=step.prompt_ids or (),
-                    generated_ids=step.generated_ids or (),
                 )
-                _ensure_picker(session, tail)
             self._cover(session, step.position + step.shape[1], step.reserve)
             result = await self.batcher.submit(session, tail=tail, hidden=hidden)
             session.position += step.shape[1]
@@ -368,8 +376,8 @@ class NodeService:
         Raises :class:`NonFiniteOutput` when this node computed non-finite values.
         """
         last = session.end == self.shard.num_layers - 1
-        if last:
-            _ensure_picker(session, tail)
+        if last and session.picker is None:
+            session.picker = TokenPicker(tail.sampling, tail.generated_ids)
         self._cover(session, session.position + len(token_ids))
         return await self.batcher.submit(session, tail=tail if last else None, tokens=token_ids)
 
@@ -387,9 +395,3 @@ class NodeService:
 
     def close(self) -> None:
         self.worker.shutdown(wait=False, cancel_futures=True)
-
-
-def _ensure_picker(session: Session, tail: TailRequest) -> None:
-    """Give a session that ends at the last layer its token picker, at its first step."""
-    if session.picker is None:
-        session.picker = TokenPicker(tail.sampling, tail.generated_ids)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.sampling import TokenPicker
 
 # Far longer than a head waits on each hop for one step (the step timeout,
 # 30 s by default; a long prefill gets more, protocol.step_time_limit): a live
@@ -38,8 +39,8 @@ class Session:
     end: int
     cache: Any
     position: int = 0
-    # The last hop's token choices (a sampling.TokenPicker), made by the session's first step.
-    picker: Any = None
+    # The last hop's token choices, made by the session's opening step.
+    picker: TokenPicker | None = None
     # SHA-256 of the capability that opened it; None (dev-open): anyone may step it.
     capability: bytes | None = None
     # Positions reserved against the node's KV budget, and what they cost in bytes.

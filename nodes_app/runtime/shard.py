@@ -97,7 +97,4 @@ class ShardExecutor:
     @torch.inference_mode()
     def last_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (float32, ``[N, vocab]``) for each row's last position: final norm + LM head."""
-        if self.shard.norm is None or self.shard.lm_head is None:
-            raise RuntimeError("this shard does not end at the last layer: it holds no LM head")
-        normed = self.shard.norm(hidden[:, -1:, :])
-        return self.shard.lm_head(normed)[:, -1].float()
+        return self.logits(hidden[:, -1:, :])[:, -1]

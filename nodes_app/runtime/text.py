@@ -117,7 +117,7 @@ class TokenPieces:
             return "", b""
         if self.byte_level and all(char in self.alphabet for char in written):
             raw = bytes(self.alphabet[char] for char in written)
-        elif _BYTE_PIECE.match(written):
+        elif _BYTE_PIECE.fullmatch(written):
             raw = bytes([int(written[3:5], 16)])
         else:
             raw = written.replace(_SENTENCEPIECE_SPACE, " ").encode()
@@ -125,4 +125,4 @@ class TokenPieces:
 
 
 _SENTENCEPIECE_SPACE = "\u2581"
-_BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")

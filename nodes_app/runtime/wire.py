@@ -16,10 +16,11 @@ its shape × dtype), ``capability`` and ``plan`` the session's credentials
 (see ``trust``; the plan only on a session's opening step). A cancel entry
 is ``{"id", "cancel": session_id, "capability"?}``. An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
-"logprob"?, "top"?, "prompt"?}`` (the hop ending at the last layer: the
-chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives when
-the step asked for ``logprobs``, and for an echo one ``[logprob, top]`` per
-prompt token after the first), ``{"id", "status": 204}`` (a cancel done) or
+"logprob"?, "top"?, "prompt"?, "bytes"?}`` (the hop ending at the last layer:
+the chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives
+when the step asked for ``logprobs``, and for an echo ``"prompt": [rows, k]``
+with a body of its prompt scores, :class:`PromptTable`), ``{"id", "status":
+204}`` (a cancel done) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
 relays only the code, ``protocol.relayable_code``, and logs the rest).
 
@@ -35,8 +36,10 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 import types
 import typing
+from array import array
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -49,6 +52,8 @@ from nodes_app.protocol import (
     TOP_LOGPROBS_MAX,
     ProtocolError,
     SamplingParams,
+    echo_scores,
+    is_count,
     logprob_valid,
 )
 from nodes_app.runtime.errors import RuntimeRequestError
@@ -62,6 +67,7 @@ __all__ = [
     "ForwardStep",
     "FrameError",
     "LinkStep",
+    "PromptTable",
     "RefusedEntry",
     "StepAnswer",
     "body_length",
@@ -98,6 +104,8 @@ class ForwardStep:
     position: int
     dtype: str
     shape: tuple[int, int, int]
+    # The hop ending at the last layer's sampling, on the step that opens its session
+    # (the session keeps it: later steps leave it out).
     sampling: SamplingParams | None
     sender: str | None = None
     # Positions the session may reach (prompt + max_tokens), what a hop reserves of
@@ -106,7 +114,8 @@ class ForwardStep:
     # For the hop ending at the last layer only (sampling.TailRequest): report the
     # chosen token's logprob with this many alternatives; an echo's prompt ids (the
     # step's first positions); the completion tokens a resumed session starts with,
-    # which its penalties count. The id lists are at most the step's positions long.
+    # which its penalties count. The id lists are at most the step's positions long,
+    # and only the opening step (position 0) carries them.
     logprobs: int | None = None
     prompt_ids: tuple[int, ...] | None = None
     generated_ids: tuple[int, ...] | None = None
@@ -159,7 +168,9 @@ class StepAnswer:
     token_id: Any = None
     logprob: Any = None
     top: Any = None
+    # An echo's prompt scores: ``[rows, k]`` as sent, and their body (PromptTable).
     prompt: Any = None
+    prompt_body: bytes | None = field(default=None, repr=False)
     code: str | None = None
     error_type: str | None = None
     message: str = field(default="", repr=False)
@@ -168,12 +179,14 @@ class StepAnswer:
     def chosen(cls, step_id: int, choice: Choice) -> StepAnswer:
         """The last hop's answer: the token and the scores it was asked for, as JSON values."""
         score = choice.score
+        table = PromptTable.of(choice.prompt) if choice.prompt else None
         return cls(
             step_id,
             token_id=choice.token_id,
             logprob=None if score is None else score.logprob,
             top=None if score is None else _top_json(score),
-            prompt=[[s.logprob, _top_json(s)] for s in choice.prompt] if choice.prompt else None,
+            prompt=None if table is None else [table.rows, table.alternatives],
+            prompt_body=None if table is None else table.body,
         )
 
     @classmethod
@@ -184,6 +197,59 @@ class StepAnswer:
             code=error.code,
             error_type=error.error_type,
             message=error.message,
+        )
+
+
+@dataclass(frozen=True)
+class PromptTable:
+    """An echo's prompt scores as the last hop sends them: binary, never JSON.
+
+    ``rows`` scores of ``alternatives`` each, as one body: ``rows`` float32
+    logprobs, then ``rows × alternatives`` int32 token ids, then as many
+    float32 logprobs (row-major, little-endian). Up to
+    ``protocol.ECHO_MAX_SCORES`` values: written and checked a whole column at
+    a time, not one Python value at a time, so neither node's event loop
+    spends long on them (JSON cost ~2 µs a value on each side).
+    """
+
+    rows: int
+    alternatives: int
+    body: bytes
+
+    @classmethod
+    def of(cls, scores: Sequence[TokenScore]) -> PromptTable:
+        alternatives = len(scores[0].top)
+        columns = (
+            array("f", [score.logprob for score in scores]),
+            array("i", [token for score in scores for token, _ in score.top]),
+            array("f", [value for score in scores for _, value in score.top]),
+        )
+        if sys.byteorder == "big":
+            for column in columns:
+                column.byteswap()
+        return cls(len(scores), alternatives, b"".join(column.tobytes() for column in columns))
+
+    def scores(self, vocab: int) -> tuple[TokenScore, ...]:
+        """The scores, checked; :class:`BadAnswer` unless every id is below ``vocab``,
+        every logprob a finite number of at most 0, and the body exactly this long."""
+        rows, k = self.rows, self.alternatives
+        if len(self.body) != rows * 4 * (1 + 2 * k):
+            raise BadAnswer(f"answered prompt scores of other than {rows} × {k} values")
+        logprobs = torch.frombuffer(bytearray(self.body), dtype=torch.float32)
+        ids = logprobs[rows : rows + rows * k].view(torch.int32)
+        values = torch.cat([logprobs[:rows], logprobs[rows + rows * k :]])
+        if not bool((torch.isfinite(values) & (values <= 0)).all()):
+            raise BadAnswer("answered a prompt logprob that is not a finite number of at most 0")
+        if rows * k and not bool(((ids >= 0) & (ids < vocab)).all()):
+            raise BadAnswer(
+                f"answered a prompt alternative outside the vocabulary (0..{vocab - 1})"
+            )
+        chosen = logprobs[:rows].tolist()
+        top_ids = ids.view(rows, k).tolist()
+        top_values = logprobs[rows + rows * k :].view(rows, k).tolist()
+        return tuple(
+            TokenScore(value, tuple(zip(row_ids, row_values, strict=True)))
+            for value, row_ids, row_values in zip(chosen, top_ids, top_values, strict=True)
         )
 
 
@@ -215,15 +281,12 @@ def choice_of(
         score = _score(answer.logprob, answer.top, vocab, alternatives)
     elif answer.logprob is not None or answer.top is not None:
         raise BadAnswer("answered logprobs it was not asked for")
-    raw_prompt = answer.prompt if answer.prompt is not None else []
-    if not isinstance(raw_prompt, list) or len(raw_prompt) != prompt_scores:
-        raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
-    prompt = []
-    for entry in raw_prompt:
-        if not isinstance(entry, list) or len(entry) != 2:
-            raise BadAnswer("answered a prompt score that is not [logprob, top]")
-        prompt.append(_score(entry[0], entry[1], vocab, alternatives))
-    return Choice(token, score, tuple(prompt))
+    prompt: tuple[TokenScore, ...] = ()
+    if prompt_scores or answer.prompt is not None:
+        if answer.prompt != [prompt_scores, alternatives] or answer.prompt_body is None:
+            raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
+        prompt = PromptTable(prompt_scores, alternatives, answer.prompt_body).scores(vocab)
+    return Choice(token, score, prompt)
 
 
 def _score(logprob: Any, top: Any, vocab: int, alternatives: int) -> TokenScore:
@@ -245,7 +308,7 @@ def _score(logprob: Any, top: Any, vocab: int, alternatives: int) -> TokenScore:
 
 
 def _is_id(value: Any, vocab: int) -> bool:
-    return _is_count(value) and value < vocab
+    return is_count(value) and value < vocab
 
 
 # --- the frame envelope ---------------------------------------------------------------
@@ -278,20 +341,16 @@ def _split(entries: list[Any], rest: memoryview) -> list[tuple[dict[str, Any], b
     out: list[tuple[dict[str, Any], bytes]] = []
     offset = 0
     for entry in entries:
-        if not isinstance(entry, dict) or not _is_count(entry.get("id")):
+        if not isinstance(entry, dict) or not is_count(entry.get("id")):
             raise FrameError("a frame entry without an integer id")
         size = entry.get("bytes", 0)
-        if not _is_count(size) or offset + size > len(rest):
+        if not is_count(size) or offset + size > len(rest):
             raise FrameError("a frame entry's bytes run past the frame")
         out.append((entry, bytes(rest[offset : offset + size])))
         offset += size
     if offset != len(rest):
         raise FrameError(f"a frame with {len(rest) - offset} bytes that no entry declares")
     return out
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # --- head → hop ------------------------------------------------------------------------
@@ -373,6 +432,9 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
             item["token_id"] = answer.token_id
             scores = {"logprob": answer.logprob, "top": answer.top, "prompt": answer.prompt}
             item.update((key, value) for key, value in scores.items() if value is not None)
+            if answer.prompt_body is not None:
+                item["bytes"] = len(answer.prompt_body)
+                bodies.append(answer.prompt_body)
         header.append(item)
     return _frame({"answers": header}, bodies)
 
@@ -383,20 +445,23 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
     answers: list[StepAnswer] = []
     for entry, body in _split(entries, rest):
         status = entry.get("status", 200)
-        if not _is_count(status):
+        if not is_count(status):
             raise FrameError("an answer's status must be an integer")
         shape = entry.get("shape")
+        # A last hop's body is an echo's prompt scores; any other's, hidden states.
+        scores = "token_id" in entry
         answers.append(
             StepAnswer(
                 entry["id"],
                 status=status,
-                hidden=body if "bytes" in entry else None,
+                hidden=body if "bytes" in entry and not scores else None,
                 dtype=entry.get("dtype") if isinstance(entry.get("dtype"), str) else None,
                 shape=tuple(shape) if isinstance(shape, list) else None,
                 token_id=entry.get("token_id"),
                 logprob=entry.get("logprob"),
                 top=entry.get("top"),
                 prompt=entry.get("prompt"),
+                prompt_body=body if "bytes" in entry and scores else None,
                 code=entry.get("code") if isinstance(entry.get("code"), str) else None,
                 error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
                 message=str(entry.get("message") or "")[:300],
@@ -455,7 +520,7 @@ def step_from_fields(raw: Any) -> ForwardStep:
     for name in _TOKEN_LISTS:
         if len(values.get(name) or ()) > values["shape"][1]:
             raise _bad(f"{name} holds more ids than the step has positions")
-    echoed = len(values.get("prompt_ids") or ()) * (1 + (values.get("logprobs") or 0))
+    echoed = echo_scores(len(values.get("prompt_ids") or ()), values.get("logprobs") or 0)
     if echoed > ECHO_MAX_SCORES:
         raise _bad(f"an echo may ask for at most {ECHO_MAX_SCORES} logprobs")
     return ForwardStep(**values)
@@ -496,10 +561,10 @@ def _field_value(name: str, value: Any) -> Any:
     if name == "sender":
         return str(value)[:MAX_SESSION_ID]
     if name in _TOKEN_LISTS:
-        if not isinstance(value, list) or not all(_is_count(token) for token in value):
+        if not isinstance(value, list) or not all(is_count(token) for token in value):
             raise _bad(f"{name} must be a list of token ids")
         return tuple(value)
-    if name == "logprobs" and (not _is_count(value) or value > TOP_LOGPROBS_MAX):
+    if name == "logprobs" and (not is_count(value) or value > TOP_LOGPROBS_MAX):
         raise _bad(f"logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
     hint = _HINTS[name]
     allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)

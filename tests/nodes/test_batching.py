@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nodes_app.runtime import wire
-from nodes_app.runtime.batching import RECENT_SECONDS
+from nodes_app.runtime.batching import ECHO_SCORE_ROWS, RECENT_SECONDS
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import load_shard
@@ -441,20 +441,34 @@ def test_sessions_with_their_own_penalties_bias_and_logprobs_each_get_their_lone
 
 
 def test_an_echo_scores_every_prompt_token_whatever_the_prefill_chunk() -> None:
-    prompt = PROMPTS[2]
+    # Longer than ECHO_SCORE_ROWS, so a whole-prompt chunk is scored in pieces too.
+    prompt = [257, *range(32, 240)]
     echo = TailRequest(GREEDY, logprobs=2, prompt_ids=tuple(prompt))
+    later = TailRequest(GREEDY, logprobs=2)
 
-    def prefill(chunk: int) -> Choice:
-        async def run() -> Choice:
+    def prefill(chunk: int) -> tuple[Choice, int]:
+        """The echo's choice, and the most positions turned into logits at once."""
+
+        async def run() -> tuple[Choice, int]:
             service = tiny_service(prefill_chunk=chunk)
+            executor, widest = service.executor, [0]
+            full_logits = executor.logits
+
+            def logits(hidden: torch.Tensor) -> torch.Tensor:
+                widest[0] = max(widest[0], hidden.shape[1])
+                return full_logits(hidden)
+
+            executor.logits = logits  # type: ignore[method-assign]
             try:
-                [choice] = (await choices_of(service, "echo", prompt, echo, echo))[:1]
-                return choice
+                [choice] = (await choices_of(service, "echo", prompt, echo, later))[:1]
+                return choice, widest[0]
             finally:
                 service.close()
 
         return asyncio.run(run())
 
-    chunked, whole = prefill(3), prefill(128)
+    (chunked, _), (whole, widest) = prefill(3), prefill(1024)
     assert len(whole.prompt) == len(prompt) - 1
     assert_same_choices([chunked], [whole])
+    # An echo's memory does not grow with the prefill chunk.
+    assert widest == ECHO_SCORE_ROWS < len(prompt)

@@ -167,6 +167,33 @@ def test_malformed_step_fields_are_refused_with_400_and_the_node_keeps_serving(
     assert_refused_and_still_serving(client, link, link.raw_step(fields, body), code)
 
 
+def test_the_tail_keeps_the_sampling_its_session_opened_with(link: LinkClient) -> None:
+    unsampled = replace(tiny_step("kept", 2), sampling=None)
+    opening = link.step(unsampled, hidden_bytes(2))
+    assert (opening.status, opening.code) == (400, "missing_field")
+    banned = SamplingParams(logit_bias=((65, 100.0),))
+    assert link.step(replace(tiny_step("kept", 2), sampling=banned), hidden_bytes(2)).token_id == 65
+
+    later = link.step(replace(tiny_step("kept", 1, position=2), sampling=None), hidden_bytes(1))
+
+    assert (later.status, later.token_id) == (200, 65)  # the bias of the opening step
+    link.cancel("kept")
+
+
+@pytest.mark.parametrize("field", ["prompt_ids", "generated_ids"])
+def test_an_echo_or_resumed_tokens_on_a_later_step_are_refused(
+    link: LinkClient, field: str
+) -> None:
+    assert link.step(tiny_step("later", 2), hidden_bytes(2)).status == 200
+    later = replace(tiny_step("later", 1, position=2), **{field: (65,)})
+
+    answer = link.step(later, hidden_bytes(1))
+
+    assert (answer.status, answer.code) == (400, "bad_field")
+    assert "opens the session" in answer.message
+    link.cancel("later")
+
+
 def test_hidden_states_in_another_float_dtype_are_cast_on_arrival(link: LinkClient) -> None:
     # A GPU head in float16 handing over to this float32 node (ADR-0020's topology).
     half = torch.randn(1, 3, HIDDEN, generator=torch.Generator().manual_seed(3)).half()

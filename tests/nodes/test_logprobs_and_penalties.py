@@ -21,6 +21,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from nodes_app.prompting import prompt_token_ids
+from nodes_app.protocol import ECHO_MAX_SCORES
 from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
 from nodes_app.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
 from tests.support.nodes import TINY, generate_body, read_stream, running_nodes
@@ -31,6 +32,7 @@ CONTENT = "Hello there"
 PROMPT = "The quick brown fox jumps over the lazy dog."
 EOS = 258
 TOLERANCE = 1e-4
+PREFILL_CHUNK = 8
 
 
 class WholeModel:
@@ -69,7 +71,17 @@ def whole_model() -> WholeModel:
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodeProcess]]:
     tmp: Path = tmp_path_factory.mktemp("scoring")
     layouts = {"head": (0, 1), "tail": (2, 3), "whole": (0, 3)}
-    with running_nodes(tmp, TINY, layouts, prefix="scoring", timeout=120) as started:
+    # The split route prefills PREFILL_CHUNK positions at a time (an echo's prompt
+    # is scored chunk by chunk on the tail); the whole node in one piece.
+    chunked = ["--prefill-chunk", str(PREFILL_CHUNK)]
+    with running_nodes(
+        tmp,
+        TINY,
+        layouts,
+        prefix="scoring",
+        timeout=120,
+        extra_args={"head": chunked, "tail": chunked},
+    ) as started:
         yield started
 
 
@@ -155,6 +167,20 @@ def test_greedy_logprobs_are_the_whole_models_and_rank_the_chosen_token_first(
     assert bytes(b for entry in entries for b in entry["bytes"]) == text.encode()
 
 
+def test_logprobs_without_alternatives_report_each_tokens_own_on_a_split_route(
+    nodes: dict[str, NodeProcess],
+) -> None:
+    asked = {"max_tokens": 8, "logprobs": True, "top_logprobs": 0}
+    entries = entries_of(split(nodes, **asked))
+
+    assert len(entries) == 8
+    assert all(entry["top_logprobs"] == [] for entry in entries)
+    assert values_of(entries) == [
+        pytest.approx(values, abs=TOLERANCE)
+        for values in values_of(entries_of(one_node(nodes, **asked)))
+    ]
+
+
 def test_a_resumed_completion_reports_the_same_logprobs_and_tokens_under_a_penalty(
     nodes: dict[str, NodeProcess],
 ) -> None:
@@ -188,6 +214,7 @@ def test_an_echo_of_a_raw_prompt_on_a_split_route_reports_what_the_whole_model_d
     expected = whole_model.logprobs(ids)
 
     assert ids == whole_ids == tiny_tokenizer()(PROMPT)["input_ids"]
+    assert len(ids) > 3 * PREFILL_CHUNK  # the split route's tail scored it in several chunks
     assert entries[0] == {"token": "T", "logprob": None, "bytes": [84], "top_logprobs": []}
     assert values_of(entries[1:]) == [
         pytest.approx(values, abs=TOLERANCE) for values in values_of(whole_entries[1:])
@@ -225,6 +252,16 @@ def test_an_echo_with_tokens_reports_the_prompt_first_then_generates_as_without(
         ({"logit_bias": {str(TINY_VOCAB_SIZE): 5}}, "bad_sampling"),
         ({"prompt": ""}, "invalid_request"),  # no tokens at all
         ({"max_tokens": 0}, "invalid_request"),  # only an echo may generate nothing
+        (  # one token (one byte) more than an echo with 20 alternatives may report
+            {
+                "prompt": "a" * (ECHO_MAX_SCORES // 21 + 1),
+                "echo": True,
+                "logprobs": True,
+                "top_logprobs": 20,
+                "max_tokens": 0,
+            },
+            "prompt_too_long",
+        ),
     ],
 )
 def test_what_the_head_cannot_run_is_refused_with_400(

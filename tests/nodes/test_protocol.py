@@ -13,11 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodes_app.protocol import (
+    ECHO_STEP_TIME_FACTOR,
     HOP_BUSY,
     LOGIT_BIAS_MAX_ENTRIES,
     MAX_STOP_LENGTH,
     MAX_STOPS,
     SSE_DONE,
+    STEP_TIMEOUT_POSITIONS,
     TOP_LOGPROBS_MAX,
     ChunkFrame,
     ErrorFrame,
@@ -28,11 +30,14 @@ from nodes_app.protocol import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    capability_valid,
     logit_bias_pairs,
     parse_frame,
+    relayable_code,
     sse_data,
     sse_event,
     sse_frames,
+    step_time_limit,
     stop_sequences,
 )
 
@@ -221,6 +226,8 @@ def test_a_single_stop_string_becomes_a_list_and_endpoints_lose_their_slash() ->
         (body(logit_bias={"-1": 5}), "bad_sampling", "not a token id"),
         (body(logit_bias={"01": 5}), "bad_sampling", "not a token id"),
         (body(logit_bias={"hello": 5}), "bad_sampling", "not a token id"),
+        # A second spelling of id 5 would bias it twice (+200, past the limit).
+        (body(logit_bias={"5": 100, "5\n": 100}), "bad_sampling", "not a token id"),
         (body(logit_bias={"5": 100.5}), "bad_sampling", "-100..100"),
         (body(logit_bias={"5": True}), "bad_sampling", "number"),
         (
@@ -312,9 +319,10 @@ FRAMES = [
     ids=["role", "content", "last", "last-without-text", "logprobs", "echo"],
 )
 def test_a_chunk_frame_survives_sse_encoding_and_parsing(frame: ChunkFrame) -> None:
-    event = sse_event(frame.to_json(completion_id="c-1", created=1, model="m"))
+    event = frame.event(completion_id="c-1", created=1, model="m")
     [line, blank, end] = event.decode().split("\n")
     assert (blank, end) == ("", "")
+    assert sse_data(line) == frame.to_json(completion_id="c-1", created=1, model="m")
     assert parse_frame(sse_data(line)) == frame
 
 
@@ -420,3 +428,16 @@ def test_sse_lines_give_their_data_and_skip_everything_else() -> None:
     assert sse_event(SSE_DONE) == b"data: [DONE]\n\n"
     with pytest.raises(ProtocolError):
         sse_data("data: {oops")
+
+
+def test_a_code_or_capability_with_a_trailing_newline_is_not_taken_for_one() -> None:
+    assert relayable_code("hop_failed") == "hop_failed"
+    assert relayable_code("hop_failed\n") is None
+    assert capability_valid("a" * 64)
+    assert not capability_valid("a" * 64 + "\n")
+
+
+def test_an_echos_last_hop_gets_longer_for_scoring_every_prompt_position() -> None:
+    assert step_time_limit(30.0, 1, echo=True) == 30.0 * ECHO_STEP_TIME_FACTOR
+    blocks = step_time_limit(30.0, 2 * STEP_TIMEOUT_POSITIONS, echo=True)
+    assert blocks == 60.0 * ECHO_STEP_TIME_FACTOR

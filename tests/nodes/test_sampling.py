@@ -12,9 +12,7 @@ from nodes_app.protocol import PENALTY_MAX, PENALTY_MIN
 from nodes_app.runtime.sampling import (
     Choice,
     SamplingParams,
-    TailRequest,
     TokenPicker,
-    adjusted_logits,
     new_generator,
     prompt_scores,
     sample_token,
@@ -85,9 +83,9 @@ def test_penalties_and_bias_change_each_logit_as_openai_defines(
         frequency_penalty=frequency,
         logit_bias=tuple(sorted(bias.items())),
     )
-    adjusted = adjusted_logits(
-        torch.tensor(logits), params, torch.tensor(counts, dtype=torch.float32)
-    )
+    # The counts are those of the tokens the completion was resumed with.
+    resumed = [token for token, count in enumerate(counts) for _ in range(count)]
+    adjusted = TokenPicker(params, generated_ids=resumed).adjusted(torch.tensor(logits))
     # mu[j] - c[j] * frequency - (c[j] > 0) * presence + bias[j]
     expected = [
         mu - c * frequency - (1.0 if c > 0 else 0.0) * presence + bias.get(j, 0.0)
@@ -98,13 +96,13 @@ def test_penalties_and_bias_change_each_logit_as_openai_defines(
 
 def test_a_bias_of_100_makes_greedy_choose_that_token() -> None:
     params = SamplingParams(logit_bias=((4, 100.0),))
-    assert TokenPicker(params).choose(LOGITS, TailRequest(params)).token_id == 4
+    assert TokenPicker(params).choose(LOGITS).token_id == 4
 
 
 def test_a_bias_of_minus_100_bans_the_best_token() -> None:
     params = SamplingParams(temperature=1.0, seed=3, logit_bias=((1, -100.0),))
     picker = TokenPicker(params)
-    assert 1 not in {picker.choose(LOGITS, TailRequest(params)).token_id for _ in range(200)}
+    assert 1 not in {picker.choose(LOGITS).token_id for _ in range(200)}
 
 
 def test_a_frequency_penalty_stops_a_token_from_repeating_once_it_costs_more_than_its_lead() -> (
@@ -113,7 +111,7 @@ def test_a_frequency_penalty_stops_a_token_from_repeating_once_it_costs_more_tha
     # Token 1 leads token 2 by 0.1: once chosen, a frequency penalty of 0.5 sinks it.
     params = SamplingParams(frequency_penalty=0.5)
     picker = TokenPicker(params)
-    chosen = [picker.choose(LOGITS, TailRequest(params)).token_id for _ in range(4)]
+    chosen = [picker.choose(LOGITS).token_id for _ in range(4)]
     assert chosen[:2] == [1, 2]
     assert chosen.count(1) == 2  # after token 2 has paid as much, token 1 leads again
 
@@ -121,7 +119,7 @@ def test_a_frequency_penalty_stops_a_token_from_repeating_once_it_costs_more_tha
 def test_a_presence_penalty_is_paid_once_whatever_the_count() -> None:
     params = SamplingParams(presence_penalty=0.5)
     picker = TokenPicker(params)
-    chosen = [picker.choose(LOGITS, TailRequest(params)).token_id for _ in range(4)]
+    chosen = [picker.choose(LOGITS).token_id for _ in range(4)]
     assert chosen == [1, 2, 1, 1]
 
 
@@ -137,14 +135,13 @@ def test_a_resumed_completion_is_penalised_as_the_uninterrupted_one(
     rows: list[list[float]], cut: int, frequency: float, presence: float
 ) -> None:
     params = SamplingParams(frequency_penalty=frequency, presence_penalty=presence)
-    request = TailRequest(params)
     logits = [torch.tensor(row) for row in rows]
     cut = min(cut, len(rows))
     whole = TokenPicker(params)
-    uninterrupted = [whole.choose(row, request).token_id for row in logits]
+    uninterrupted = [whole.choose(row).token_id for row in logits]
 
     resumed = TokenPicker(params, generated_ids=uninterrupted[:cut])
-    assert [resumed.choose(row, request).token_id for row in logits[cut:]] == uninterrupted[cut:]
+    assert [resumed.choose(row).token_id for row in logits[cut:]] == uninterrupted[cut:]
 
 
 def test_logprobs_are_the_models_own_whatever_the_temperature_penalties_and_bias() -> None:
@@ -154,7 +151,7 @@ def test_logprobs_are_the_models_own_whatever_the_temperature_penalties_and_bias
     )
     picker = TokenPicker(params)
     for _ in range(5):
-        choice = picker.choose(LOGITS, TailRequest(params, logprobs=3))
+        choice = picker.choose(LOGITS, logprobs=3)
         assert choice.token_id == 0  # the bias decides the token...
         assert choice.score is not None
         assert choice.score.logprob == pytest.approx(float(raw[0]))  # ...not its logprob
@@ -163,13 +160,13 @@ def test_logprobs_are_the_models_own_whatever_the_temperature_penalties_and_bias
 
 
 def test_greedy_chooses_its_best_alternative() -> None:
-    choice = TokenPicker(SamplingParams()).choose(LOGITS, TailRequest(SamplingParams(), logprobs=1))
+    choice = TokenPicker(SamplingParams()).choose(LOGITS, logprobs=1)
     assert choice.score is not None
     assert choice.score.top == ((choice.token_id, choice.score.logprob),)
 
 
 def test_without_logprobs_a_choice_carries_no_score() -> None:
-    assert TokenPicker(SamplingParams()).choose(LOGITS, TailRequest(SamplingParams())) == Choice(1)
+    assert TokenPicker(SamplingParams()).choose(LOGITS) == Choice(1)
 
 
 def test_prompt_scores_give_each_targets_logprob_and_the_best_alternatives() -> None:

@@ -124,6 +124,38 @@ def test_a_last_hops_answer_without_what_was_asked_is_that_hops_fault(
         wire.choice_of(answer, vocab=64, logprobs=logprobs, prompt_scores=prompt_scores)
 
 
+def echo_answer(scores: tuple[TokenScore, ...]) -> wire.StepAnswer:
+    [answer] = wire.decode_answers(
+        wire.encode_answers([wire.StepAnswer.chosen(5, Choice(1, None, scores))])
+    )
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("scores", "vocab"),
+    [
+        ((TokenScore(-1.0, ((3, -1.0),)), TokenScore(0.5, ((3, -1.0),))), 64),  # positive
+        ((TokenScore(-1.0, ((3, float("nan")),)), TokenScore(-1.0, ((3, -1.0),))), 64),
+        ((TokenScore(-1.0, ((3, -1.0),)), TokenScore(-1.0, ((64, -1.0),))), 64),  # past vocab
+        ((TokenScore(-1.0, ((3, -1.0),)), TokenScore(-1.0, ((-1, -1.0),))), 64),
+    ],
+)
+def test_an_echos_prompt_scores_that_cannot_be_logprobs_are_that_hops_fault(
+    scores: tuple[TokenScore, ...], vocab: int
+) -> None:
+    with pytest.raises(wire.BadAnswer):
+        wire.choice_of(echo_answer(scores), vocab=vocab, logprobs=1, prompt_scores=2)
+
+
+def test_an_echos_prompt_scores_of_another_size_are_that_hops_fault() -> None:
+    answer = echo_answer((TokenScore(-1.0, ((3, -1.0),)), TokenScore(-1.0, ((3, -1.0),))))
+    with pytest.raises(wire.BadAnswer):
+        wire.choice_of(answer, vocab=64, logprobs=1, prompt_scores=3)
+    short = dataclasses.replace(answer, prompt_body=(answer.prompt_body or b"")[:-4])
+    with pytest.raises(wire.BadAnswer):
+        wire.choice_of(short, vocab=64, logprobs=1, prompt_scores=2)
+
+
 def test_every_field_of_a_step_travels_by_name() -> None:
     # Generic on purpose: a field added to ForwardStep needs no change in the codec.
     names = {field.name for field in dataclasses.fields(wire.ForwardStep)}

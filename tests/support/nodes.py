@@ -67,13 +67,25 @@ def runnode(
 
 @contextlib.contextmanager
 def running_nodes(
-    tmp: Path, model: str, layouts: dict[str, tuple[int, int]], *, prefix: str, timeout: float
+    tmp: Path,
+    model: str,
+    layouts: dict[str, tuple[int, int]],
+    *,
+    prefix: str,
+    timeout: float,
+    extra_args: dict[str, list[str]] | None = None,
 ) -> Iterator[dict[str, NodeProcess]]:
-    """Start one node per named layer range, wait until all serve, stop them all after."""
+    """Start one node per named layer range, wait until all serve, stop them all after.
+
+    ``extra_args`` adds command-line options to the nodes it names.
+    """
     nodes: dict[str, NodeProcess] = {}
+    extra = extra_args or {}
     try:
         for name, layers in layouts.items():
-            nodes[name] = start_node(tmp, model, layers, node_id=f"{prefix}-{name}")
+            nodes[name] = start_node(
+                tmp, model, layers, node_id=f"{prefix}-{name}", extra_args=extra.get(name)
+            )
         for node in nodes.values():
             node.wait_serving(timeout=timeout)
         yield nodes
