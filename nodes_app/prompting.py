@@ -1,4 +1,4 @@
-"""Chat messages to prompt token ids, with every message's content encoded as text.
+"""Chat messages (or a legacy completion's raw text) to prompt token ids.
 
 One function for the head (which runs the prompt) and the tracker (which
 bills it and refuses what the head would refuse), so both count the same
@@ -44,6 +44,13 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list
     except Exception as error:  # the template's own complaint (jinja raise_exception, …)
         raise TemplateRefused(f"the model's chat template refused the messages: {error}") from error
     return [int(token_id) for token_id in encoded["input_ids"]]
+
+
+def text_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """A raw text prompt (legacy completions) as token ids: tokenised as the tokenizer
+    does by default (``tokenizer(text)``: with its BOS if it adds one, special-token
+    strings as those tokens), no chat template."""
+    return [int(token_id) for token_id in tokenizer(text)["input_ids"]]
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:

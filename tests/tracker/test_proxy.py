@@ -494,8 +494,8 @@ def test_a_head_that_refuses_the_request_passes_its_code_on_not_its_text_and_ban
     assert error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error"
     assert "whole" in error["message"] and "too long" not in error["message"]
-    assert isinstance(proxy.outcome.error, DomainError)
-    assert http_error(proxy.outcome.error).status == 400
+    assert isinstance(proxy.error, DomainError)
+    assert http_error(proxy.error).status == 400
     assert net.banned() == set()
     assert record(proxy).status == RequestStatus.FAILED
 
@@ -537,8 +537,8 @@ def test_a_head_refusing_a_counted_prompt_past_its_own_size_caps_bans_nobody(
 
     assert chunks[-1]["error"]["code"] == code
     assert "too big" not in chunks[-1]["error"]["message"]
-    assert isinstance(proxy.outcome.error, DomainError)
-    assert http_error(proxy.outcome.error).status == kind_status
+    assert isinstance(proxy.error, DomainError)
+    assert http_error(proxy.error).status == kind_status
     assert net.banned() == set()
     assert record(proxy).status == RequestStatus.FAILED
 
@@ -659,7 +659,7 @@ def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_
     chunks = serve(proxy)
 
     assert chunks[-1]["error"]["code"] == "route_busy"
-    answer = http_error(proxy.outcome.error)  # type: ignore[arg-type]
+    answer = http_error(proxy.error)  # type: ignore[arg-type]
     assert (answer.status, answer.headers) == (503, {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)})
     # Capped exponential back-off: each wait in the upper half of 50 ms, 100 ms, … 1 s, 1 s…,
     # the last one cut to end exactly at the deadline; one more look, then the 503.
@@ -778,7 +778,7 @@ def test_a_request_that_fails_between_two_progress_events_shows_its_last_count(
     async def run() -> None:
         await proxy.start()
         relay = asyncio.create_task(consume(proxy))
-        while len(proxy.token_ids) < 4:
+        while proxy.completion_tokens < 4:
             await asyncio.sleep(0.01)
         relay.cancel()
         with contextlib.suppress(asyncio.CancelledError):
