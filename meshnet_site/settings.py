@@ -164,6 +164,7 @@ SPECTACULAR_SETTINGS = {
         "ErrorTypeEnum": "meshnet_site.api_schema.ERROR_TYPES",
         "ChatRoleEnum": "tracker_app.chat.ROLES",
         "AssistantRoleEnum": ["assistant"],
+        "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],
     },
 }
