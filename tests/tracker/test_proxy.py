@@ -795,3 +795,84 @@ def test_a_request_that_fails_between_two_progress_events_shows_its_last_count(
 async def consume(proxy: ChatProxy) -> None:
     async for _ in proxy.run():
         pass
+
+
+# --- n choices ----------------------------------------------------------------
+
+
+def texts_by_choice(chunks: list[dict[str, Any]]) -> dict[int, str]:
+    """Each choice's text, joined from the chunks tagged with its index."""
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", []):
+            texts[choice["index"]] = texts.get(choice["index"], "") + (
+                choice["delta"].get("content") or ""
+            )
+    return texts
+
+
+def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_billed_once(
+    net: Net,
+) -> None:
+    net.node("head", 0, 1)
+    net.node("tail", 2, 3)
+    proxy = net.proxy(n=3, seed=40, temperature=0.8)
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12), 2: answer(12)}
+    openings = [c["choices"][0] for c in chunks if "role" in c["choices"][0]["delta"]]
+    assert [o["index"] for o in openings] == [0, 1, 2]
+    assert "meshnet" in chunks[0] and all("meshnet" not in c for c in chunks[1:])
+    finishes = [c for c in chunks if c["choices"][0]["finish_reason"]]
+    assert sorted(c["choices"][0]["index"] for c in finishes) == [0, 1, 2]
+    assert finishes[-1] is chunks[-1] and all("usage" not in c for c in finishes[:-1])
+    assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 36, "total_tokens": 43}
+    # One route, three generations on it, each its own seed.
+    assert net.heads.heads_asked() == ["head"] * 3
+    assert sorted(r.sampling.seed or 0 for r in net.heads.requests) == [40, 41, 42]
+    bill = BillingRecord.objects.get(request=record(proxy))
+    # The prompt once (7 at 0.01/1k), every choice's tokens (36 at 0.03/1k).
+    assert bill.charge == Decimal("0.000070") + Decimal("0.001080")
+    # Each hop ran its layers over the prompt and the tokens of every choice.
+    assert work(proxy) == [("head", 0, 1, 3 * 19), ("tail", 2, 3, 3 * 19)]
+    shares = sum((u.amount for u in WorkUnit.objects.filter(billing=bill)), Decimal(0))
+    assert shares == bill.charge - bill.network_fee
+    assert record(proxy).completion_tokens == 36
+    assert net.event_data(console.COMPLETE)["completion_tokens"] == 36
+
+
+def test_a_choice_whose_head_dies_fails_over_alone_while_the_others_go_on(net: Net) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"), Behaviour())
+    proxy = net.proxy(n=2)
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12)}
+    assert net.heads.heads_asked() == ["fast", "fast", "slow"]
+    assert net.heads.requests[2].resume_token_ids == [token_id(i) for i in range(5)]
+    assert net.banned() == {"fast"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+    # fast: one whole choice (7 + 12) and five tokens of the other (7 + 5);
+    # slow: that choice's prompt and five replayed tokens, then its last seven.
+    assert work(proxy) == [("fast", 0, 3, 19 + 12), ("slow", 0, 3, 7 + 5 + 7)]
+    assert record(proxy).status == RequestStatus.COMPLETED
+
+
+def test_a_choice_that_cannot_fail_over_fails_the_request_and_lets_the_other_heads_go(
+    net: Net,
+) -> None:
+    whole = net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=2, then="hang"), Behaviour(tokens=1, then="die"))
+    proxy = net.proxy(n=2, route=[whole.id])
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == "upstream_failed"
+    request = record(proxy)
+    assert request.status == RequestStatus.FAILED
+    assert not BillingRecord.objects.filter(request=request).exists()
+    # The hanging choice's stream was closed too: its head frees its sessions.
+    assert net.heads.closed == ["whole", "whole"]
