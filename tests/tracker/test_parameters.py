@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from pathlib import Path
+from typing import Any, get_type_hints
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from openai.types import completion_create_params as openai_text_params
+from openai.types.chat import completion_create_params as openai_chat_params
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import SEED_MAX
@@ -281,3 +285,99 @@ def test_a_text_completion_refuses_what_it_cannot_serve_naming_the_field(
 
     assert error["param"] == param
     assert words in error["message"]
+
+
+# --- the README's table is what the client gets ------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+ENDPOINTS = {"chat": (chat, CHAT_REFUSED), "text": (text, COMPLETIONS_REFUSED)}
+# A value of each parameter the table says a client may send.
+SENT: dict[str, Any] = {
+    "model": "tiny-random-llama",
+    "messages": CHAT["messages"],
+    "prompt": ["a", "b"],
+    "max_tokens": 9,
+    "max_completion_tokens": 9,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "seed": 7,
+    "stop": ["\n"],
+    "n": 2,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "logit_bias": {"5": -100},
+    "logprobs": None,  # per endpoint below
+    "top_logprobs": 2,
+    "echo": True,
+    "user": "someone",
+    "metadata": {"run": "1"},
+    "safety_identifier": "hash",
+    "prompt_cache_key": "k",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "implicit"},
+    "top_k": 40,
+    "route": ["node-a"],
+}
+LOGPROBS = {"chat": True, "text": 3}
+
+
+def readme_table() -> dict[str, dict[str, str]]:
+    """The README's parameter table: endpoint → parameter → its first word there."""
+    section = README.read_text().split("### OpenAI API parity", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, dict[str, str]] = {"chat": {}, "text": {}}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        names, chat_cell, text_cell = (cell.strip() for cell in line.strip("|").split("|")[:3])
+        for name in re.findall(r"`([a-z_]+)`", names):
+            table["chat"][name] = chat_cell.split()[0]
+            table["text"][name] = text_cell.split()[0]
+    return table
+
+
+def openai_parameters(params: Any) -> set[str]:
+    """What the official client's request type of an endpoint defines."""
+    return set(get_type_hints(params.CompletionCreateParamsBase)) | {"stream"}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "defined"),
+    [
+        ("chat", openai_parameters(openai_chat_params)),
+        ("text", openai_parameters(openai_text_params)),
+    ],
+)
+def test_the_readme_table_says_what_becomes_of_every_parameter_openai_defines(
+    endpoint: str, defined: set[str]
+) -> None:
+    said = {name for name, status in readme_table()[endpoint].items() if status != "—"}
+
+    assert defined - said == set()
+    assert said - defined <= {"top_k", "route"}  # Meshnet's own
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "text"])
+def test_the_parameters_the_readme_says_are_refused_are_the_ones_refused(endpoint: str) -> None:
+    table = readme_table()[endpoint]
+    parse, refused = ENDPOINTS[endpoint]
+
+    assert {name for name, status in table.items() if status == "refused"} == {
+        r.name for r in refused
+    }
+    for name in (name for name, status in table.items() if status == "refused"):
+        assert refusal(parse, **{name: ASKING[name]})["param"] == name
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "text"])
+def test_the_parameters_the_readme_says_are_taken_are_taken(endpoint: str) -> None:
+    table = readme_table()[endpoint]
+    parse, _ = ENDPOINTS[endpoint]
+    taken = {name for name, status in table.items() if status in {"supported", "accepted"}}
+    assert {status for status in table.values()} <= {"supported", "accepted", "refused", "—"}
+
+    for name in taken:
+        value = LOGPROBS[endpoint] if name == "logprobs" else SENT[name]
+        fields = {name: value, **({"logprobs": True} if name == "top_logprobs" else {})}
+        assert parse(**fields).model == "tiny-random-llama", name
