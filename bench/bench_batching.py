@@ -46,7 +46,7 @@ def main() -> int:
     import torch
 
     from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.sampling import SamplingParams, new_generator, sample_token
+    from nodes_app.runtime.sampling import SamplingParams, TailRequest, TokenPicker, sample_token
     from nodes_app.runtime.service import NodeService
     from nodes_app.runtime.sources import resolve_source
     from nodes_app.runtime.trust import PlanGate
@@ -58,6 +58,7 @@ def main() -> int:
     service = NodeService(shard, node_id="bench", gate=PlanGate(dev_open=True), kv_budget=2**32)
     executor = service.executor
     greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    greedy_tail = TailRequest(greedy)
     prompts = [[1 + (7 * i + j) % 2000 for j in range(16 + 4 * i)] for i in range(args.sessions)]
 
     def prefilled() -> tuple[list, list[int], list[int]]:
@@ -101,16 +102,20 @@ def main() -> int:
 
     async def lone(through_batcher: bool) -> float:
         session = service.open_session("lone", 0, 29)
-        session.generator = new_generator(0)
+        session.picker = TokenPicker(greedy)
         try:
             async with session.lock:
-                token = await service.head_forward(session, prompts[0], greedy)
+                choice = await service.head_forward(session, prompts[0], greedy_tail)
+                assert not isinstance(choice, bytes)
+                token = choice.token_id
                 session.position += len(prompts[0])
             began = time.perf_counter()
             for _ in range(args.steps):
-                ids = [int(token)]
+                ids = [token]
                 if through_batcher:
-                    token = await service.head_forward(session, ids, greedy)
+                    choice = await service.head_forward(session, ids, greedy_tail)
+                    assert not isinstance(choice, bytes)
+                    token = choice.token_id
                 else:
 
                     def plain(ids: list[int] = ids, position: int = session.position) -> int:
@@ -121,7 +126,8 @@ def main() -> int:
                             end=29,
                             position=position,
                         )
-                        return sample_token(executor.last_logits(out)[0], greedy, session.generator)
+                        logits = executor.last_logits(out)[0]
+                        return sample_token(logits, greedy, session.picker.generator)
 
                     token = await service.compute(plain)
                 session.position += 1

@@ -1,8 +1,9 @@
-"""Chat messages (or a legacy completion's raw text) to prompt token ids.
+"""Prompts to token ids: chat messages with every message's content encoded as text, raw text.
 
-One function for the head (which runs the prompt) and the tracker (which
-bills it and refuses what the head would refuse), so both count the same
-tokens over the same tokenizer (``nodes_app.tokenization``). No torch here.
+One function per kind of prompt for the head (which runs the prompt) and
+the tracker (which bills it and refuses what the head would refuse), so both
+count the same tokens over the same tokenizer (``nodes_app.tokenization``).
+No torch here.
 
 Tokenising the templated text as a whole would turn a ``<|im_start|>system``
 that a client typed into a message into the model's real role marker: a
@@ -11,8 +12,10 @@ renders the template with the control tokens of every message marked, and
 encodes the marked ones as plain text while the template's own control
 tokens stay tokens. Content without control-token strings gets exactly the
 ids of the whole-text tokenisation (tests/nodes/test_prompting.py checks
-this for the shipped models). The encoding is a pure function of the
-tokenizer, so threads may share one (the tracker does).
+this for the shipped models). A raw text prompt (the legacy completions
+endpoint) has no turns to forge: the client writes the whole of it, so it is
+tokenised as is. The encoding is a pure function of the tokenizer, so
+threads may share one (the tracker does).
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ def prompt_token_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list
 
 
 def text_token_ids(tokenizer: Any, text: str) -> list[int]:
-    """A raw text prompt (legacy completions) as token ids: tokenised as the tokenizer
-    does by default (``tokenizer(text)``: with its BOS if it adds one, special-token
-    strings as those tokens), no chat template."""
+    """A raw text prompt (the legacy completions endpoint) as token ids: no chat template.
+
+    Tokenised as the tokenizer does by default (``tokenizer(text)``: with a
+    BOS token if the tokenizer adds one, and control-token strings in the
+    text read as those tokens, as a model's own evaluation would).
+    """
     return [int(token_id) for token_id in tokenizer(text)["input_ids"]]
 
 

@@ -7,13 +7,18 @@ It needs nothing but the standard library: no Django, no torch.
 
 What it holds (docs/adr/0002-node-runtime.md has the prose contract):
 
-- ``POST {head}/v1/generate``: :class:`GenerateRequest` with its plan of
-  :class:`PlanHop`, sampling as :class:`SamplingParams`, the limits
-  (:data:`MAX_STOPS`, :data:`MAX_STOP_LENGTH`, :data:`MAX_REQUEST_ID`).
+- ``POST {head}/v1/generate``: :class:`GenerateRequest` (chat messages or a
+  raw prompt; logprobs, top_logprobs, echo) with its plan of
+  :class:`PlanHop`, sampling as :class:`SamplingParams` (penalties and
+  logit_bias included), the limits (:data:`MAX_STOPS`,
+  :data:`MAX_STOP_LENGTH`, :data:`MAX_REQUEST_ID`, :data:`TOP_LOGPROBS_MAX`,
+  :data:`LOGIT_BIAS_MAX_ENTRIES`, :data:`ECHO_MAX_SCORES`).
 - The head's answer: an SSE stream (:func:`sse_event`, :func:`sse_data`) of
   :class:`ChunkFrame` (OpenAI ``chat.completion.chunk`` plus
-  ``meshnet_token_ids``, usage on the last) ending ``data: [DONE]``, or an
-  :class:`ErrorFrame` (``hop_failed`` / ``hop_busy``) before ``[DONE]``.
+  ``meshnet_token_ids``, each token's :class:`TokenLogprob` when asked, an
+  echo's prompt logprobs on the first, usage on the last) ending
+  ``data: [DONE]``, or an :class:`ErrorFrame` (``hop_failed`` /
+  ``hop_busy``) before ``[DONE]``.
 - The hop link's path and frame limit (``/v1/link``; the frame and tensor
   codec is torch's, in the node runtime: ``nodes_app.runtime.wire``).
 - The tracker's signature on a plan (:class:`SignedPlan`: what it covers,
@@ -84,8 +89,17 @@ TOP_P_MIN = 1e-6
 TOP_K_MAX = 1_000_000
 # torch.Generator.manual_seed takes a signed 64-bit integer.
 SEED_MAX = 2**63 - 1
-# OpenAI's frequency/presence penalties (checked by the tracker; nodes do not apply them).
+# OpenAI's frequency/presence penalties, applied by the last hop.
 PENALTY_MIN, PENALTY_MAX = -2.0, 2.0
+# OpenAI's logit_bias: at most this many token ids, each biased by -100..100.
+LOGIT_BIAS_MAX_ENTRIES = 300
+LOGIT_BIAS_MAX = 100.0
+# OpenAI's top_logprobs range (chat completions; the legacy ``logprobs`` int maps onto it).
+TOP_LOGPROBS_MAX = 20
+# An echo reports a logprob and its alternatives for every prompt token: a head
+# refuses (400 ``prompt_too_long``) a prompt whose tokens × (1 + top_logprobs)
+# exceed this, so the tail's answer stays far below a link frame (~30 bytes a value).
+ECHO_MAX_SCORES = 2**18
 
 # What a node may report about itself (registration, heartbeats): far above
 # any real node, far below what overflows a database column.
@@ -170,19 +184,49 @@ class SamplingParams:
     Travels as top-level fields of the generate request and as the
     ``sampling`` field of a last-hop step on the link. Construction does not validate (the
     tracker builds it from its own checked fields); :meth:`from_mapping` does.
+
+    ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` change the
+    logits before the token is chosen, as OpenAI defines them: a token's logit
+    loses ``frequency_penalty`` × the times it occurs in the completion so far
+    (resumed tokens included) and ``presence_penalty`` once if it occurs at
+    all, and gains its ``logit_bias``. ``logit_bias`` is ``(token id, bias)``
+    pairs in increasing id order (:func:`logit_bias_pairs` builds it from
+    OpenAI's JSON object); whether the ids are in the vocabulary only a node
+    can tell.
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the completion's own tokens change the logits (a non-zero penalty)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON fields; penalties and logit_bias only when set (old peers never see them)."""
+        data: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+        }
+        if self.presence_penalty:
+            data["presence_penalty"] = self.presence_penalty
+        if self.frequency_penalty:
+            data["frequency_penalty"] = self.frequency_penalty
+        if self.logit_bias:
+            data["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
+        return data
 
     @classmethod
     def from_mapping(cls, data: Any) -> SamplingParams:
@@ -191,7 +235,9 @@ class SamplingParams:
         Raises :class:`ProtocolError` ``bad_sampling`` naming the field unless
         temperature is a finite number in 0..:data:`TEMPERATURE_MAX`, top_p a
         finite number in :data:`TOP_P_MIN`..1, top_k an integer in
-        0..:data:`TOP_K_MAX` and seed null or an integer in 0..:data:`SEED_MAX`.
+        0..:data:`TOP_K_MAX`, seed null or an integer in 0..:data:`SEED_MAX`,
+        each penalty a finite number in :data:`PENALTY_MIN`..:data:`PENALTY_MAX`
+        and logit_bias as :func:`logit_bias_pairs` requires.
         """
         if not isinstance(data, Mapping):
             raise ProtocolError("sampling parameters must be an object", code="bad_sampling")
@@ -201,7 +247,52 @@ class SamplingParams:
             top_p=_sampling_number(data, "top_p", 1.0, TOP_P_MIN, 1.0),
             top_k=_sampling_integer(data.get("top_k", 0), "top_k", TOP_K_MAX),
             seed=None if seed is None else _sampling_integer(seed, "seed", SEED_MAX),
+            presence_penalty=_sampling_number(
+                data, "presence_penalty", 0.0, PENALTY_MIN, PENALTY_MAX
+            ),
+            frequency_penalty=_sampling_number(
+                data, "frequency_penalty", 0.0, PENALTY_MIN, PENALTY_MAX
+            ),
+            logit_bias=logit_bias_pairs(data.get("logit_bias")),
         )
+
+
+_TOKEN_KEY = re.compile(r"^(0|[1-9][0-9]{0,9})$")
+
+
+def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` object (token id as a decimal string → bias) as sorted pairs.
+
+    None is no bias. Raises :class:`ProtocolError` ``bad_sampling`` unless it
+    is an object of at most :data:`LOGIT_BIAS_MAX_ENTRIES` entries, each key a
+    token id written in decimal and each value a finite number in
+    -:data:`LOGIT_BIAS_MAX`..:data:`LOGIT_BIAS_MAX`.
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ProtocolError(
+            "logit_bias must be an object of token ids to numbers", code="bad_sampling"
+        )
+    if len(value) > LOGIT_BIAS_MAX_ENTRIES:
+        raise ProtocolError(
+            f"logit_bias takes at most {LOGIT_BIAS_MAX_ENTRIES} token ids", code="bad_sampling"
+        )
+    pairs: list[tuple[int, float]] = []
+    for key, bias in value.items():
+        if not isinstance(key, str) or not _TOKEN_KEY.match(key):
+            raise ProtocolError(
+                f"logit_bias key {str(key)[:20]!r} is not a token id", code="bad_sampling"
+            )
+        if not isinstance(bias, int | float) or isinstance(bias, bool) or not math.isfinite(bias):
+            raise ProtocolError(f"logit_bias[{key}] must be a number", code="bad_sampling")
+        if not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+            raise ProtocolError(
+                f"logit_bias[{key}] must lie in {-LOGIT_BIAS_MAX:g}..{LOGIT_BIAS_MAX:g}",
+                code="bad_sampling",
+            )
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def _sampling_number(
@@ -371,10 +462,20 @@ def capability_valid(value: str) -> bool:
 class GenerateRequest:
     """The body of ``POST {head}/v1/generate``.
 
+    The prompt is either chat ``messages`` (the model's chat template applied)
+    or a raw text ``prompt`` (the legacy completions endpoint: tokenised as the
+    tokenizer does by default, no template); exactly one is given.
     ``max_tokens`` is the budget of the whole completion, resumed tokens
     included: the head prefills the prompt plus ``resume_token_ids`` and
     streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``,
     ``nonce`` and ``signature`` are the tracker's seal on the plan (see :attr:`plan`).
+
+    ``logprobs``: every frame with token ids also carries each token's
+    logprob and its ``top_logprobs`` best alternatives. ``echo``: the first
+    frame also carries the prompt's own token logprobs (each given the
+    tokens before it); ``max_tokens`` may then be 0 (the prompt is run, no
+    token is generated). Logprobs are the model's log-softmax of the last
+    hop's float32 logits before temperature, penalties and logit_bias.
     """
 
     request_id: str
@@ -388,6 +489,10 @@ class GenerateRequest:
     expires_at: int = 0
     nonce: str = ""
     signature: str = ""
+    prompt: str | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    echo: bool = False
 
     @property
     def plan(self) -> SignedPlan:
@@ -396,16 +501,37 @@ class GenerateRequest:
             self.request_id, self.model, self.hops, self.expires_at, self.nonce, self.signature
         )
 
+    @property
+    def prompt_characters(self) -> int:
+        """Characters the head tokenises: the raw prompt's, or every message's content."""
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(message["content"]) for message in self.messages)
+
     def to_json(self) -> dict[str, Any]:
-        """The JSON object the tracker sends (sampling fields at the top level)."""
+        """The JSON object the tracker sends (sampling fields at the top level).
+
+        Fields at their defaults (``prompt``, ``logprobs``, ``top_logprobs``,
+        ``echo``, penalties, logit_bias) are left out, so a request that uses
+        none of them is the body older heads know.
+        """
         plan: dict[str, Any] = {"model": self.model, "hops": [hop.to_json() for hop in self.hops]}
         if self.signature:
             plan.update(expires_at=self.expires_at, nonce=self.nonce, signature=self.signature)
+        prompt: dict[str, Any] = (
+            {"messages": self.messages} if self.prompt is None else {"prompt": self.prompt}
+        )
+        scoring: dict[str, Any] = {}
+        if self.logprobs:
+            scoring.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if self.echo:
+            scoring["echo"] = True
         return {
             "request_id": self.request_id,
-            "messages": self.messages,
+            **prompt,
             "max_tokens": self.max_tokens,
             **self.sampling.to_json(),
+            **scoring,
             "stop": self.stop,
             "resume_token_ids": self.resume_token_ids,
             "plan": plan,
@@ -427,21 +553,17 @@ class GenerateRequest:
             raise ProtocolError(
                 f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters"
             )
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ProtocolError("messages must be a non-empty list")
-        for message in messages:
-            if not (
-                isinstance(message, dict)
-                and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)
-            ):
-                raise ProtocolError("each message needs a string role and a string content")
+        messages, prompt = _prompt_of(body)
+        logprobs, top_logprobs, echo = _scoring_of(body)
         max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-        if not _is_int(max_tokens) or max_tokens < 1:
-            raise ProtocolError("max_tokens must be an integer of at least 1")
+        least = 0 if echo else 1
+        if not _is_int(max_tokens) or max_tokens < least:
+            raise ProtocolError(
+                f"max_tokens must be an integer of at least {least}"
+                + ("" if echo else " (0 only with echo)")
+            )
         sampling = SamplingParams.from_mapping(
-            {key: body[key] for key in ("temperature", "top_p", "top_k", "seed") if key in body}
+            {key: body[key] for key in _SAMPLING_FIELDS if key in body}
         )
         stop = stop_sequences(body.get("stop"))
         resume = body.get("resume_token_ids") or []
@@ -461,7 +583,7 @@ class GenerateRequest:
             request_id=request_id,
             model=model,
             hops=hops,
-            messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+            messages=messages,
             max_tokens=max_tokens,
             sampling=sampling,
             stop=stop,
@@ -469,7 +591,64 @@ class GenerateRequest:
             expires_at=expires_at,
             nonce=nonce,
             signature=signature,
+            prompt=prompt,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            echo=echo,
         )
+
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+)
+
+
+def _prompt_of(body: dict[str, Any]) -> tuple[list[dict[str, str]], str | None]:
+    """A request's chat messages or raw prompt (exactly one of them): ``(messages, prompt)``."""
+    messages, prompt = body.get("messages"), body.get("prompt")
+    if (messages is None) == (prompt is None):
+        raise ProtocolError("give exactly one of messages and prompt")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise ProtocolError("prompt must be a string")
+        return [], prompt
+    if not isinstance(messages, list) or not messages:
+        raise ProtocolError("messages must be a non-empty list")
+    for message in messages:
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ProtocolError("each message needs a string role and a string content")
+    return [{"role": m["role"], "content": m["content"]} for m in messages], None
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _scoring_of(body: dict[str, Any]) -> tuple[bool, int, bool]:
+    """``(logprobs, top_logprobs, echo)``: what a request asks to be reported besides its text."""
+    # null is the default too (clients and trackers send it for "not set").
+    logprobs, top, echo = (
+        _or_default(body.get("logprobs"), False),
+        _or_default(body.get("top_logprobs"), 0),
+        _or_default(body.get("echo"), False),
+    )
+    if not isinstance(logprobs, bool) or not isinstance(echo, bool):
+        raise ProtocolError("logprobs and echo must be booleans")
+    if not _is_int(top) or not 0 <= top <= TOP_LOGPROBS_MAX:
+        raise ProtocolError(f"top_logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
+    if top and not logprobs:
+        raise ProtocolError("top_logprobs needs logprobs")
+    return logprobs, top, echo
 
 
 @dataclass(frozen=True)
@@ -503,18 +682,117 @@ def completion_chunk(
     model: str,
     delta: dict[str, Any],
     finish_reason: str | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """OpenAI's ``chat.completion.chunk``: the head's frames and the tracker's client
-    chunks share this one shape; ``extra`` adds top-level fields (usage, meshnet…)."""
+    chunks share this one shape; ``logprobs`` (entries, see :class:`TokenLogprob`)
+    becomes the choice's ``logprobs.content``; ``extra`` adds top-level fields
+    (usage, meshnet…)."""
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": logprobs}
     return {
         "id": completion_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        "choices": [choice],
         **extra,
     }
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One alternative at a position: its token, its logprob and its UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    utf8: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.utf8)}
+
+    @classmethod
+    def parse(cls, raw: Any) -> TopLogprob:
+        token, utf8 = _token_of(raw)
+        logprob = raw.get("logprob")
+        if not logprob_valid(logprob):
+            raise ProtocolError("a logprob must be a finite number of at most 0")
+        return cls(token, float(logprob), utf8)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's entry in OpenAI's logprobs shape: token, logprob, bytes, top_logprobs.
+
+    How a head writes a token (``nodes_app.runtime.text.TokenPieces``):
+    ``bytes`` are the token's own UTF-8 bytes — a byte-level BPE piece may hold
+    only part of a character — and ``token`` is those bytes decoded with
+    ``errors="replace"`` (a partial character shows as U+FFFD). A special
+    token (end of turn, role markers: what the text leaves out) has no bytes
+    and its written form as ``token`` (``"<|im_end|>"``). So the concatenated
+    ``bytes`` of a completion's entries are the UTF-8 of its text, up to
+    where a stop string cut it (decoded with ``errors="replace"`` if the
+    model produced bytes that are not UTF-8, as the text is; for byte-level
+    tokenizers, as the shipped models use: a SentencePiece tokenizer writes a
+    word's leading space as a space, which its decoder drops at the start).
+    ``logprob`` is None only for a prompt's first token (nothing precedes
+    it), whose ``top_logprobs`` is then empty; ``top_logprobs`` holds the
+    best alternatives at the position, best first (the chosen token may be
+    among them).
+    """
+
+    token: str
+    logprob: float | None
+    utf8: tuple[int, ...]
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": list(self.utf8),
+            "top_logprobs": [top.to_json() for top in self.top_logprobs],
+        }
+
+    @classmethod
+    def parse(cls, raw: Any, *, first_of_prompt: bool = False) -> TokenLogprob:
+        """An entry from JSON; only a prompt's first entry has (and must have) a null logprob."""
+        token, utf8 = _token_of(raw)
+        logprob, tops = raw.get("logprob"), raw.get("top_logprobs")
+        if not isinstance(tops, list) or len(tops) > TOP_LOGPROBS_MAX:
+            raise ProtocolError(
+                f"top_logprobs must be a list of at most {TOP_LOGPROBS_MAX} alternatives"
+            )
+        if first_of_prompt:
+            if logprob is not None or tops:
+                raise ProtocolError("a prompt's first token has a null logprob and no alternatives")
+            return cls(token, None, utf8)
+        if not logprob_valid(logprob):
+            raise ProtocolError("a logprob must be a finite number of at most 0")
+        return cls(token, float(logprob), utf8, tuple(TopLogprob.parse(top) for top in tops))
+
+
+def _token_of(raw: Any) -> tuple[str, tuple[int, ...]]:
+    if not isinstance(raw, dict):
+        raise ProtocolError("a logprob entry must be an object")
+    token, utf8 = raw.get("token"), raw.get("bytes")
+    if not isinstance(token, str):
+        raise ProtocolError("a logprob entry's token must be a string")
+    if not isinstance(utf8, list) or not all(_is_int(b) and 0 <= b <= 255 for b in utf8):
+        raise ProtocolError("a logprob entry's bytes must be a list of byte values")
+    return token, tuple(utf8)
+
+
+def logprob_valid(value: Any) -> bool:
+    """Whether ``value`` can be a logprob: a finite number of at most 0 (not a bool)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value <= 0
+    )
 
 
 @dataclass(frozen=True)
@@ -526,6 +804,12 @@ class ChunkFrame:
     stop string). The first frame has ``role``; the last has
     ``finish_reason`` (``stop`` or ``length``) and ``usage``, whose
     ``completion_tokens`` counts resumed and new tokens.
+
+    With the request's ``logprobs``, ``logprobs`` holds one entry per token
+    id, in order (JSON: ``choices[0].logprobs.content``). With ``echo``, the
+    first frame holds ``prompt_token_ids`` and ``prompt_logprobs``, one entry
+    per prompt token (JSON: top-level ``meshnet_prompt_token_ids`` and
+    ``meshnet_prompt_logprobs``).
     """
 
     content: str = ""
@@ -533,6 +817,9 @@ class ChunkFrame:
     role: str | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     def to_json(self, *, completion_id: str, created: int, model: str) -> dict[str, Any]:
         delta: dict[str, Any] = {}
@@ -543,6 +830,9 @@ class ChunkFrame:
         extra: dict[str, Any] = {}
         if self.token_ids:
             extra["meshnet_token_ids"] = list(self.token_ids)
+        if self.prompt_token_ids is not None and self.prompt_logprobs is not None:
+            extra["meshnet_prompt_token_ids"] = list(self.prompt_token_ids)
+            extra["meshnet_prompt_logprobs"] = [entry.to_json() for entry in self.prompt_logprobs]
         if self.usage is not None:
             extra["usage"] = self.usage.to_json()
         return completion_chunk(
@@ -551,6 +841,7 @@ class ChunkFrame:
             model=model,
             delta=delta,
             finish_reason=self.finish_reason,
+            logprobs=[entry.to_json() for entry in self.logprobs] if self.logprobs else None,
             **extra,
         )
 
@@ -580,7 +871,11 @@ class ErrorFrame:
 
 
 def parse_frame(payload: Any) -> ChunkFrame | ErrorFrame:
-    """A head frame from its decoded JSON; :class:`ProtocolError` if it is malformed."""
+    """A head frame from its decoded JSON; :class:`ProtocolError` if it is malformed.
+
+    A chunk's logprobs, when present, must hold exactly one entry per token
+    id; prompt logprobs come with the prompt's token ids, one entry each.
+    """
     if not isinstance(payload, dict):
         raise ProtocolError("a frame must be a JSON object")
     if "error" in payload:
@@ -610,17 +905,55 @@ def parse_frame(payload: Any) -> ChunkFrame | ErrorFrame:
         raise ProtocolError("a chunk's delta has a string content and role")
     if not isinstance(finish, str | None):
         raise ProtocolError("finish_reason must be a string")
-    token_ids = payload.get("meshnet_token_ids", [])
-    if not isinstance(token_ids, list) or not all(_is_count(t) for t in token_ids):
-        raise ProtocolError("meshnet_token_ids must be a list of token ids")
+    token_ids = _token_ids(payload.get("meshnet_token_ids", []), "meshnet_token_ids")
     usage = payload.get("usage")
+    prompt_ids, prompt_logprobs = _prompt_logprobs(payload)
     return ChunkFrame(
         content=content,
-        token_ids=tuple(token_ids),
+        token_ids=token_ids,
         role=role,
         finish_reason=finish or None,
         usage=None if usage is None else Usage.parse(usage),
+        logprobs=_content_logprobs(choice.get("logprobs"), len(token_ids)),
+        prompt_token_ids=prompt_ids,
+        prompt_logprobs=prompt_logprobs,
     )
+
+
+def _token_ids(raw: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(_is_count(t) for t in raw):
+        raise ProtocolError(f"{name} must be a list of token ids")
+    return tuple(raw)
+
+
+def _content_logprobs(raw: Any, tokens: int) -> tuple[TokenLogprob, ...]:
+    """A chunk's ``logprobs`` (None or ``{"content": [entry per token id]}``)."""
+    if raw is None:
+        return ()
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(content, list) or len(content) != tokens:
+        raise ProtocolError("a chunk's logprobs.content must hold one entry per token id")
+    return tuple(TokenLogprob.parse(entry) for entry in content)
+
+
+def _prompt_logprobs(
+    payload: dict[str, Any],
+) -> tuple[tuple[int, ...] | None, tuple[TokenLogprob, ...] | None]:
+    """An echo's prompt token ids and their entries (the first with a null logprob), or Nones."""
+    raw_ids, raw_entries = (
+        payload.get("meshnet_prompt_token_ids"),
+        payload.get("meshnet_prompt_logprobs"),
+    )
+    if raw_ids is None and raw_entries is None:
+        return None, None
+    ids = _token_ids(raw_ids, "meshnet_prompt_token_ids")
+    if not isinstance(raw_entries, list) or len(raw_entries) != len(ids):
+        raise ProtocolError("meshnet_prompt_logprobs must hold one entry per prompt token")
+    entries = tuple(
+        TokenLogprob.parse(entry, first_of_prompt=index == 0)
+        for index, entry in enumerate(raw_entries)
+    )
+    return ids, entries
 
 
 def sse_event(payload: Mapping[str, Any] | str) -> bytes:

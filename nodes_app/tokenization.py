@@ -86,8 +86,8 @@ def model_text_of(source: ModelSource) -> ModelText:
 # --- the tiny model's byte-level tokenizer ------------------------------------
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's printable stand-in for each byte, which the ByteLevel decoder undoes.
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, which the ByteLevel decoder undoes."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))
@@ -105,7 +105,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """One token per UTF-8 byte plus three ChatML specials, with a ChatML template."""
-    vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
+    vocab = {char: byte for byte, char in byte_level_alphabet().items()}
     for offset, token in enumerate(TINY_SPECIAL_TOKENS):
         vocab[token] = 256 + offset
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -2,8 +2,10 @@
 
 Decode steps (one position each) of different sessions that are ready
 together run as one batched forward through the node's layers, with
-per-session sampling (each session's own generator and parameters) on the
-last layer. Sessions join and leave between batches; a step of a cancelled
+per-session choices on the last layer: each row is chosen and scored with
+its own session's generator, parameters, penalty counts and logprobs asked
+(``sampling.TokenPicker``); an echo's prompt is scored chunk by chunk as its
+prefill runs. Sessions join and leave between batches; a step of a cancelled
 or closed session is dropped before it runs; one session's non-finite output
 fails that session alone.
 
@@ -46,7 +48,7 @@ import torch
 from nodes_app.runtime import wire
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.sampling import SamplingParams, sample_token
+from nodes_app.runtime.sampling import Choice, TailRequest, TokenScore, prompt_scores
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.shard import ShardExecutor
 
@@ -72,18 +74,27 @@ class ThroughputMeter:
 
 @dataclass(eq=False)
 class StepJob:
-    """One session's step in the queue: token ids (the head) or hidden states ``[1, T, H]``."""
+    """One session's step in the queue: token ids (the head) or hidden states ``[1, T, H]``.
+
+    ``tail`` is set when the step ends at the model's last layer: the token
+    is chosen (and scored) as it says.
+    """
 
     session: Session
-    sampling: SamplingParams | None
-    last: bool
-    future: asyncio.Future[bytes | int]
+    tail: TailRequest | None
+    future: asyncio.Future[bytes | Choice]
     arrived: float
     tokens: list[int] | None = None
     hidden: torch.Tensor | None = None
     # Positions already computed (a chunked prefill) and, on a middle hop, their outputs.
     done: int = 0
     outputs: list[torch.Tensor] = field(default_factory=list)
+    # An echo's prompt scores so far (one per prompt token after the first).
+    prompt: list[TokenScore] = field(default_factory=list)
+
+    @property
+    def last(self) -> bool:
+        return self.tail is not None
 
     @property
     def length(self) -> int:
@@ -102,7 +113,7 @@ class _More:
 
 
 _MORE = _More()
-Outcome = bytes | int | BaseException | _More
+Outcome = bytes | Choice | BaseException | _More
 
 
 def _finite(hidden: torch.Tensor) -> torch.Tensor:
@@ -156,21 +167,21 @@ class StepBatcher:
         self,
         session: Session,
         *,
-        sampling: SamplingParams | None,
-        last: bool,
+        tail: TailRequest | None,
         tokens: list[int] | None = None,
         hidden: torch.Tensor | None = None,
-    ) -> bytes | int:
-        """The step's result: hidden-state bytes, or (``last``) the sampled token id.
+    ) -> bytes | Choice:
+        """The step's result: hidden-state bytes, or (with ``tail``: the last layer) the choice.
 
-        The session's position is the caller's to advance, after the result;
-        raises :class:`NonFiniteOutput` when this session's output is not finite.
+        A last-layer step needs the session's ``picker`` (a
+        :class:`~nodes_app.runtime.sampling.TokenPicker`). The session's
+        position is the caller's to advance, after the result; raises
+        :class:`NonFiniteOutput` when this session's output is not finite.
         """
         loop = asyncio.get_running_loop()
         job = StepJob(
             session=session,
-            sampling=sampling,
-            last=last,
+            tail=tail,
             future=loop.create_future(),
             arrived=self.clock(),
             tokens=tokens,
@@ -320,15 +331,18 @@ class StepBatcher:
         logits = executor.last_logits(out) if final and first.last else None
         outcomes: list[Outcome] = []
         for row, job in enumerate(batch):
-            job.done += length
             try:
+                if job.tail is not None and job.tail.prompt_ids:
+                    self._score_prompt(job, out[row], length)
+                job.done += length
                 if not final:
                     if not job.last:
                         job.outputs.append(out[row : row + 1])
                     outcomes.append(_MORE)
                 elif logits is not None:
-                    assert job.sampling is not None
-                    outcomes.append(sample_token(logits[row], job.sampling, job.session.generator))
+                    assert job.tail is not None
+                    choice = job.session.picker.choose(logits[row], job.tail)
+                    outcomes.append(Choice(choice.token_id, choice.score, tuple(job.prompt)))
                 else:
                     hidden = torch.cat([*job.outputs, out[row : row + 1]], dim=1)
                     outcomes.append(wire.tensor_to_bytes(_finite(hidden)))
@@ -337,6 +351,21 @@ class StepBatcher:
         if length == 1:
             self.meter.record(1, time.perf_counter() - began)
         return outcomes
+
+    def _score_prompt(self, job: StepJob, out: torch.Tensor, length: int) -> None:
+        """An echo: score the prompt tokens this chunk's positions predict (``out`` ``[q, H]``).
+
+        Position ``p`` of the step predicts prompt token ``p + 1``; the chunk
+        covers positions ``job.done…`` (run before ``done`` advances).
+        """
+        assert job.tail is not None
+        ids = job.tail.prompt_ids
+        rows = min(length, len(ids) - 1 - job.done)
+        if rows <= 0:
+            return
+        logits = self.executor.logits(out[:rows].unsqueeze(0))[0]
+        targets = ids[job.done + 1 : job.done + 1 + rows]
+        job.prompt.extend(prompt_scores(logits, targets, job.tail.alternatives))
 
     def _finish(
         self,

@@ -26,8 +26,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from nodes_app.prompting import TemplateRefused, prompt_token_ids
+from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
 from nodes_app.protocol import (
+    ECHO_MAX_SCORES,
     HOP_BUSY,
     HOP_FAILED,
     HOP_TIMED_OUT,
@@ -37,6 +38,8 @@ from nodes_app.protocol import (
     ErrorFrame,
     GenerateRequest,
     PlanHop,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     relayable_code,
     sse_event,
@@ -45,6 +48,7 @@ from nodes_app.protocol import (
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout
+from nodes_app.runtime.sampling import Choice, TailRequest, TokenScore
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
 from nodes_app.runtime.trust import capability_hash, new_capability
@@ -77,14 +81,29 @@ class HopFailed(Exception):
 async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int]:
     """The request's prompt token ids, checked to fit the model's context with its budget.
 
-    Tokenised on the torch worker (never on the event loop) and before any
-    byte is streamed, so a template that refuses the messages is a 400.
+    Chat messages go through the model's chat template, a raw ``prompt``
+    through the tokenizer alone. Tokenised on the torch worker (never on the
+    event loop) and before any byte is streamed, so a template that refuses
+    the messages, an empty prompt or an echo too large to report is a 400.
     """
     tokenizer = service.shard.tokenizer
+    text = request.prompt
     try:
-        prompt = await service.compute(lambda: prompt_token_ids(tokenizer, request.messages))
+        if text is not None:
+            prompt = await service.compute(lambda: text_token_ids(tokenizer, text))
+        else:
+            prompt = await service.compute(lambda: prompt_token_ids(tokenizer, request.messages))
     except TemplateRefused as error:  # the chat template's own complaint, e.g. role order
         raise RuntimeRequestError(error.message, code="invalid_request") from error
+    if not prompt:
+        raise RuntimeRequestError("the prompt has no tokens", code="invalid_request")
+    scores = len(prompt) * (1 + request.top_logprobs)
+    if request.echo and scores > ECHO_MAX_SCORES:
+        raise RuntimeRequestError(
+            f"an echo of {len(prompt)} prompt tokens with {request.top_logprobs} alternatives "
+            f"each is more than the {ECHO_MAX_SCORES} logprobs this node reports",
+            code="prompt_too_long",
+        )
     needed = len(prompt) + request.max_tokens
     if needed > service.context_length:
         raise RuntimeRequestError(
@@ -166,12 +185,17 @@ class Generation:
         detokenizer = IncrementalDetokenizer(tokenizer, resumed)
         stopper = StopMatcher(request.stop)
         eos = eos_token_ids(self.service)
-        yield self._event(ChunkFrame(role="assistant"))
-        step_ids, produced, unsent = prompt + resumed, 0, []
-        finish = "length" if budget <= 0 else None
+        if not request.echo:
+            yield self._event(ChunkFrame(role="assistant"))
+        step_ids, produced = prompt + resumed, 0
+        # Token ids not yet streamed, and their logprob entries (with ``logprobs``).
+        unsent: list[int] = []
+        entries: list[TokenLogprob] = []
+        # An echo runs the prompt even when no token is asked for (max_tokens 0).
+        finish = "length" if budget <= 0 and not request.echo else None
         while finish is None:
             try:
-                token = await self._step(step_ids)
+                choice = await self._step(step_ids, self._tail(opening=produced == 0))
             except HopFailed as failure:
                 error = ErrorFrame(
                     message=f"hop {failure.hop.node_id} failed: {failure.message}",
@@ -181,9 +205,18 @@ class Generation:
                 yield sse_event(error.to_json())
                 yield sse_event(SSE_DONE)
                 return
+            if produced == 0 and request.echo:
+                yield self._event(self._echo_frame(choice))
+                if budget <= 0:
+                    finish = "length"
+                    break
+            token = choice.token_id
             produced += 1
             step_ids = [token]
             unsent.append(token)
+            if request.logprobs:
+                assert choice.score is not None
+                entries.append(self._entry(token, choice.score))
             if token in eos:
                 finish = "stop"
                 break
@@ -193,33 +226,76 @@ class Generation:
             elif produced >= budget:
                 finish = "length"
             if text:
-                yield self._event(ChunkFrame(content=text, token_ids=tuple(unsent)))
-                unsent = []
+                yield self._event(
+                    ChunkFrame(content=text, token_ids=tuple(unsent), logprobs=tuple(entries))
+                )
+                unsent, entries = [], []
             elif finish is None:
                 yield SSE_STEP_COMMENT
         tail = "" if stopper.stopped else stopper.feed(detokenizer.flush()) + stopper.flush()
         usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed) + produced)
         yield self._event(
-            ChunkFrame(content=tail, token_ids=tuple(unsent), finish_reason=finish, usage=usage)
+            ChunkFrame(
+                content=tail,
+                token_ids=tuple(unsent),
+                finish_reason=finish,
+                usage=usage,
+                logprobs=tuple(entries),
+            )
         )
         yield sse_event(SSE_DONE)
 
-    async def _step(self, token_ids: list[int]) -> int:
-        """One position (or the prefill) through every hop; the sampled token.
+    def _tail(self, *, opening: bool) -> TailRequest:
+        """What the last hop does with this generation's step (the prefill when ``opening``)."""
+        request = self.request
+        return TailRequest(
+            request.sampling,
+            logprobs=request.top_logprobs if request.logprobs else None,
+            prompt_ids=tuple(self.prompt) if opening and request.echo else (),
+            generated_ids=(
+                tuple(request.resume_token_ids) if opening and request.sampling.penalized else ()
+            ),
+        )
+
+    def _entry(self, token_id: int, score: TokenScore) -> TokenLogprob:
+        """A token's logprob entry, written as ``protocol.TokenLogprob`` says."""
+        pieces = self.service.pieces
+        token, raw = pieces(token_id)
+        top = []
+        for alternative, logprob in score.top:
+            written, alternative_raw = pieces(alternative)
+            top.append(TopLogprob(written, logprob, tuple(alternative_raw)))
+        return TokenLogprob(token, score.logprob, tuple(raw), tuple(top))
+
+    def _echo_frame(self, choice: Choice) -> ChunkFrame:
+        """The first frame of an echo: the role, the prompt's ids and their logprob entries."""
+        prompt = self.prompt
+        token, raw = self.service.pieces(prompt[0])
+        entries = [TokenLogprob(token, None, tuple(raw))]
+        entries += [
+            self._entry(token_id, score)
+            for token_id, score in zip(prompt[1:], choice.prompt, strict=True)
+        ]
+        return ChunkFrame(
+            role="assistant", prompt_token_ids=tuple(prompt), prompt_logprobs=tuple(entries)
+        )
+
+    async def _step(self, token_ids: list[int], tail: TailRequest) -> Choice:
+        """One position (or the prefill) through every hop; the last hop's choice.
 
         Raises :class:`HopFailed` naming the node at fault: a hop that does not
         answer (within the step's deadline: ``hop_timeout``), answers an error,
-        or answers a malformed, non-finite or out-of-vocabulary result; the
-        producer of hidden states a hop refused as non-finite; this head when
-        its own layers compute them.
+        or answers a malformed, non-finite or out-of-vocabulary result (or other
+        scores than ``tail`` asks for); the producer of hidden states a hop
+        refused as non-finite; this head when its own layers compute them.
         """
-        service, session, sampling = self.service, self.session, self.request.sampling
+        service, session = self.service, self.session
         hops = self.request.hops
         limit = step_time_limit(service.step_timeout, len(token_ids))
         async with session.lock:
             position = session.position
             try:
-                result = await service.head_forward(session, token_ids, sampling)
+                result = await service.head_forward(session, token_ids, tail)
             except NonFiniteOutput as error:
                 raise HopFailed(hops[0], str(error)) from error
             except Exception as error:  # the batch this step ran in failed: this head's fault
@@ -227,7 +303,7 @@ class Generation:
                 raise HopFailed(hops[0], "the head's own step failed") from error
             session.position += len(token_ids)
             session.touch()
-        if isinstance(result, int):
+        if isinstance(result, Choice):
             return result
         payload: bytes = result
         shape: tuple[int, int, int] = (1, len(token_ids), service.shard.hidden_size)
@@ -244,9 +320,12 @@ class Generation:
                 position=position,
                 dtype=dtype,
                 shape=shape,
-                sampling=sampling if last else None,
+                sampling=tail.sampling if last else None,
                 sender=hops[index - 1].node_id,
                 reserve=self.reserve if position == 0 else None,
+                logprobs=tail.logprobs if last else None,
+                prompt_ids=tail.prompt_ids if last and tail.prompt_ids else None,
+                generated_ids=tail.generated_ids if last and tail.generated_ids else None,
             )
             try:
                 answer = await self.links.to(hop.endpoint).step(
@@ -275,19 +354,21 @@ class Generation:
                     busy=answer.status == 503,
                 )
             if last:
-                return self._token_of(hop, answer)
+                return self._choice_of(hop, answer, tail)
             payload, dtype = _hidden_of(hop, answer, shape)
         raise AssertionError("the plan's last hop ends at the last layer")
 
-    def _token_of(self, hop: PlanHop, answer: wire.StepAnswer) -> int:
-        """The last hop's token: an id in the vocabulary, or that hop is at fault."""
-        token = answer.token_id
-        if token is None:
-            raise HopFailed(hop, "answered without a token id")
-        vocab = int(self.service.shard.config.vocab_size)
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
-            raise HopFailed(hop, f"answered a token id outside the vocabulary (0..{vocab - 1})")
-        return token
+    def _choice_of(self, hop: PlanHop, answer: wire.StepAnswer, tail: TailRequest) -> Choice:
+        """The last hop's choice, holding what ``tail`` asked for, or that hop is at fault."""
+        try:
+            return wire.choice_of(
+                answer,
+                vocab=self.service.vocab_size,
+                logprobs=tail.logprobs,
+                prompt_scores=max(0, len(tail.prompt_ids) - 1),
+            )
+        except wire.BadAnswer as error:
+            raise HopFailed(hop, str(error)) from error
 
     def _release(self) -> None:
         """Free this session here and on every hop it reached (also on cancel)."""

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from nodes_app.protocol import CAPABILITY, PLAN
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.sampling import Choice
 from nodes_app.runtime.service import NodeService
 
 logger = logging.getLogger("meshnet.node")
@@ -178,8 +179,8 @@ async def _forward(
             entry.step_id, _own_fault("the step failed on this node", "step_failed")
         )
     else:
-        if isinstance(result, int):
-            answer = wire.StepAnswer(entry.step_id, token_id=result)
+        if isinstance(result, Choice):
+            answer = wire.StepAnswer.chosen(entry.step_id, result)
         else:
             answer = wire.StepAnswer(
                 entry.step_id, hidden=result, dtype=service.dtype_name, shape=step.shape

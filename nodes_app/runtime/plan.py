@@ -3,7 +3,8 @@
 :class:`nodes_app.protocol.GenerateRequest` checks what holds for any node;
 here the head checks what only it can: that it is hop 0 of a plan for the
 model it serves, that hop 0 fits its shard, that the plan ends at the
-model's last layer and that resumed token ids are in its vocabulary.
+model's last layer and that resumed token ids and logit_bias ids are in its
+vocabulary.
 """
 
 from __future__ import annotations
@@ -33,18 +34,19 @@ def parse_generate_request(body: Any, head: HeadIdentity) -> GenerateRequest:
 
     Codes: the protocol's (``invalid_request``, ``invalid_plan``,
     ``bad_sampling``), then ``wrong_model``, ``not_head`` and ``invalid_plan``
-    for a plan this head cannot run, ``prompt_too_long`` for messages past the
-    head's character cap (checked before anything is tokenised).
+    for a plan this head cannot run, ``bad_sampling`` for logit_bias ids past
+    the vocabulary, ``prompt_too_long`` for a prompt past the head's
+    character cap (checked before anything is tokenised).
     """
     try:
         request = GenerateRequest.parse(body)
     except ProtocolError as error:
         raise RuntimeRequestError.refusing(error) from None
     head_check(request, head)
-    characters = sum(len(message["content"]) for message in request.messages)
+    characters = request.prompt_characters
     if characters > head.max_prompt_chars:
         raise RuntimeRequestError(
-            f"the messages hold {characters} characters; this node takes at most "
+            f"the prompt holds {characters} characters; this node takes at most "
             f"{head.max_prompt_chars}",
             code="prompt_too_long",
         )
@@ -74,4 +76,8 @@ def head_check(request: GenerateRequest, head: HeadIdentity) -> None:
     if any(token >= head.vocab_size for token in request.resume_token_ids):
         raise RuntimeRequestError(
             f"resume_token_ids must be token ids below {head.vocab_size}", code="invalid_request"
+        )
+    if any(token >= head.vocab_size for token, _ in request.sampling.logit_bias):
+        raise RuntimeRequestError(
+            f"logit_bias must name token ids below {head.vocab_size}", code="bad_sampling"
         )

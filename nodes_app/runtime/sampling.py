@@ -1,6 +1,17 @@
-"""Choosing the next token on the last hop: greedy, temperature, top-k, top-p, seeded."""
+"""Choosing the next token on the last hop, and what it reports of the logits.
+
+Greedy, temperature, top-k, top-p, seeded (:func:`sample_token`), after
+OpenAI's penalties and logit_bias (:func:`adjusted_logits`). Logprobs are the
+model's own: the log-softmax of the raw float32 logits, before any of those,
+computed from the same logits that pick the token — for the chosen token and
+its best alternatives (:meth:`TokenPicker.choose`), and for an echo, for each
+prompt token given the ones before it (:func:`prompt_scores`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -9,11 +20,66 @@ import torch
 from nodes_app.protocol import SamplingParams
 from nodes_app.runtime.errors import NonFiniteOutput
 
-__all__ = ["SamplingParams", "new_generator", "sample_token"]
+__all__ = [
+    "Choice",
+    "SamplingParams",
+    "TailRequest",
+    "TokenPicker",
+    "TokenScore",
+    "adjusted_logits",
+    "new_generator",
+    "prompt_scores",
+    "sample_token",
+]
 
 # A temperature this close to 0 would turn float32 scores into 0/0; below it
 # the draw is the greedy one anyway (every other token's weight underflows).
 _MIN_TEMPERATURE = 1e-30
+
+
+@dataclass(frozen=True)
+class TailRequest:
+    """What the last hop does with a step's logits besides choosing with ``sampling``.
+
+    ``logprobs``: report the chosen token's logprob and this many best
+    alternatives (None: report nothing). ``prompt_ids``: an echo — the ids
+    of the step's first positions, each of which (but the first) gets its
+    logprob given the ones before it, with as many alternatives.
+    ``generated_ids``: completion tokens already generated before this session
+    (a resumed completion's), which the penalties count; sent on the step
+    that opens the session.
+    """
+
+    sampling: SamplingParams
+    logprobs: int | None = None
+    prompt_ids: tuple[int, ...] = ()
+    generated_ids: tuple[int, ...] = ()
+
+    @property
+    def alternatives(self) -> int:
+        """Best alternatives reported at each scored position."""
+        return self.logprobs or 0
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """A token's logprob at a position and the ``(token id, logprob)`` best there, best first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The last hop's answer to a step: the token, and the scores it was asked to report.
+
+    ``score`` is the chosen token's (when logprobs were asked); ``prompt``
+    holds one score per prompt token after the first (an echo).
+    """
+
+    token_id: int
+    score: TokenScore | None = None
+    prompt: tuple[TokenScore, ...] = ()
 
 
 def new_generator(seed: int | None) -> torch.Generator:
@@ -52,3 +118,97 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         scores = scores.scatter(0, order[drop], float("-inf"))
     probabilities = torch.softmax(scores, dim=-1)
     return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def adjusted_logits(
+    logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None
+) -> torch.Tensor:
+    """``logits`` ``[vocab]`` after OpenAI's penalties and logit_bias (a new tensor if changed).
+
+    ``counts[j]`` is how often token ``j`` occurs in the completion so far;
+    token ``j`` loses ``counts[j] × frequency_penalty`` and, if it occurs,
+    ``presence_penalty``, then gains ``logit_bias[j]``. Without penalties
+    ``counts`` may be None.
+    """
+    scores = logits
+    if params.penalized and counts is not None:
+        present = (counts > 0).to(logits.dtype)
+        scores = scores - counts * params.frequency_penalty - present * params.presence_penalty
+    if params.logit_bias:
+        ids = torch.tensor([token for token, _ in params.logit_bias], device=logits.device)
+        bias = torch.tensor(
+            [value for _, value in params.logit_bias], device=logits.device, dtype=logits.dtype
+        )
+        scores = scores.index_add(0, ids, bias)
+    return scores
+
+
+def _top(logprobs: torch.Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:
+    """The ``k`` best ``(id, logprob)`` of each row of ``logprobs`` ``[rows, vocab]``."""
+    if k == 0:
+        return [()] * logprobs.shape[0]
+    values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
+    return [
+        tuple(zip(row_ids, row_values, strict=True))
+        for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+    ]
+
+
+def prompt_scores(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[TokenScore]:
+    """Row ``i``'s logprob of ``targets[i]`` and its ``k`` best alternatives.
+
+    ``logits`` ``[rows, vocab]`` are the raw float32 logits at the positions
+    before each target. Raises :class:`NonFiniteOutput` for NaN or infinite logits.
+    """
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteOutput("the logits are not finite")
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    index = torch.tensor(list(targets), device=logits.device).unsqueeze(1)
+    chosen = logprobs.gather(1, index).squeeze(1).tolist()
+    return [TokenScore(value, top) for value, top in zip(chosen, _top(logprobs, k), strict=True)]
+
+
+class TokenPicker:
+    """One session's token choices on the last hop: its seeded generator and its token counts.
+
+    Counts of the completion's tokens (those it was opened with, then every
+    token it chooses) are kept only when the session's sampling has a
+    penalty, so a resumed completion is penalised exactly as the
+    uninterrupted one.
+    """
+
+    def __init__(self, sampling: SamplingParams, generated_ids: Sequence[int] = ()) -> None:
+        self.generator = new_generator(sampling.seed)
+        self._history: list[int] | None = list(generated_ids) if sampling.penalized else None
+        self._counts: torch.Tensor | None = None
+
+    def _counts_for(self, logits: torch.Tensor) -> torch.Tensor | None:
+        if self._history is None:
+            return None
+        if self._counts is None:
+            vocab = logits.shape[-1]
+            history = torch.tensor(
+                [token for token in self._history if token < vocab],
+                dtype=torch.long,
+                device=logits.device,
+            )
+            self._counts = torch.bincount(history, minlength=vocab).to(logits.dtype)
+        return self._counts
+
+    def choose(self, logits: torch.Tensor, request: TailRequest) -> Choice:
+        """The next token from float32 ``logits`` ``[vocab]``, with its score when asked.
+
+        Raises :class:`NonFiniteOutput` for NaN or infinite logits (penalties
+        and biases are finite, so :func:`sample_token`'s check covers them).
+        """
+        counts = self._counts_for(logits)
+        token = sample_token(
+            adjusted_logits(logits, request.sampling, counts), request.sampling, self.generator
+        )
+        if counts is not None:
+            counts[token] += 1
+        if request.logprobs is None:
+            return Choice(token)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        [top] = _top(logprobs.unsqueeze(0), request.logprobs)
+        return Choice(token, TokenScore(float(logprobs[token]), top))

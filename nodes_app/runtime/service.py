@@ -12,7 +12,8 @@ happens on the event loop only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -25,9 +26,10 @@ from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position, default_kv_budget
 from nodes_app.runtime.loading import LoadedShard
-from nodes_app.runtime.sampling import SamplingParams, new_generator
+from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest, TokenPicker
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.shard import ShardExecutor
+from nodes_app.runtime.text import TokenPieces
 from nodes_app.runtime.trust import PlanGate
 
 T = TypeVar("T")
@@ -250,15 +252,48 @@ class NodeService:
             raise RuntimeRequestError(
                 f"hidden size is {self.shard.hidden_size}, not {step.shape[2]}", code="bad_shape"
             )
-        if step.end == self.shard.num_layers - 1 and step.sampling is None:
+        last = step.end == self.shard.num_layers - 1
+        if last and step.sampling is None:
             raise RuntimeRequestError(
                 f"the hop ending at the last layer needs {protocol.SAMPLING}", code="missing_field"
+            )
+        tail_fields = (step.logprobs, step.prompt_ids, step.generated_ids)
+        if not last and any(value is not None for value in tail_fields):
+            raise RuntimeRequestError(
+                "logprobs, prompt_ids and generated_ids are for the hop ending at the last layer",
+                code="bad_field",
+            )
+        if step.sampling is not None:
+            self.check_vocabulary(
+                step.sampling, (*(step.prompt_ids or ()), *(step.generated_ids or ()))
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.shard.config.vocab_size)
+
+    @functools.cached_property
+    def pieces(self) -> TokenPieces:
+        """How a head writes each token in logprob entries (built at first use, then cached)."""
+        return TokenPieces(self.shard.tokenizer)
+
+    def check_vocabulary(self, sampling: SamplingParams, token_ids: Iterable[int] = ()) -> None:
+        """Refuse token ids past the vocabulary: logit_bias keys (``bad_sampling``), others."""
+        vocab = self.vocab_size
+        if any(token >= vocab for token, _ in sampling.logit_bias):
+            raise RuntimeRequestError(
+                f"logit_bias names token ids past the vocabulary (0..{vocab - 1})",
+                code="bad_sampling",
+            )
+        if any(token >= vocab for token in token_ids):
+            raise RuntimeRequestError(
+                f"the step names token ids past the vocabulary (0..{vocab - 1})", code="bad_field"
             )
 
     async def forward(
         self, step: wire.ForwardStep, body: bytes, capability: bytes | None = None
-    ) -> bytes | int:
-        """One hop step: hidden states in, hidden states (or the sampled token) out.
+    ) -> bytes | Choice:
+        """One hop step: hidden states in, hidden states (or the chosen token) out.
 
         ``capability`` is what :meth:`admit_step` returned for the step: a
         new session keeps it, an existing one must hold the same.
@@ -307,32 +342,36 @@ class NodeService:
                     f"not {step.position}",
                     code="position_mismatch",
                 )
-            if last and session.generator is None:
+            tail = None
+            if last:
                 assert step.sampling is not None
-                session.generator = new_generator(step.sampling.seed)
+                tail = TailRequest(
+                    step.sampling,
+                    logprobs=step.logprobs,
+                    prompt_ids=step.prompt_ids or (),
+                    generated_ids=step.generated_ids or (),
+                )
+                _ensure_picker(session, tail)
             self._cover(session, step.position + step.shape[1], step.reserve)
-            result = await self.batcher.submit(
-                session, sampling=step.sampling, last=last, hidden=hidden
-            )
+            result = await self.batcher.submit(session, tail=tail, hidden=hidden)
             session.position += step.shape[1]
             session.touch()
             return result
 
     async def head_forward(
-        self, session: Session, token_ids: list[int], sampling: SamplingParams
-    ) -> bytes | int:
-        """The head's layers for ``token_ids``: hidden bytes, or a token if it ends the model.
+        self, session: Session, token_ids: list[int], tail: TailRequest
+    ) -> bytes | Choice:
+        """The head's layers for ``token_ids``: hidden bytes, or the choice if it ends the model.
 
+        ``tail`` is what the last layer does (used only when this head holds it).
         The caller holds the session's lock and advances its position after.
         Raises :class:`NonFiniteOutput` when this node computed non-finite values.
         """
         last = session.end == self.shard.num_layers - 1
-        if last and session.generator is None:
-            session.generator = new_generator(sampling.seed)
+        if last:
+            _ensure_picker(session, tail)
         self._cover(session, session.position + len(token_ids))
-        return await self.batcher.submit(
-            session, sampling=sampling if last else None, last=last, tokens=token_ids
-        )
+        return await self.batcher.submit(session, tail=tail if last else None, tokens=token_ids)
 
     def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:
         """The hidden states this node outputs, plus noise when the test-only option is set."""
@@ -348,3 +387,9 @@ class NodeService:
 
     def close(self) -> None:
         self.worker.shutdown(wait=False, cancel_futures=True)
+
+
+def _ensure_picker(session: Session, tail: TailRequest) -> None:
+    """Give a session that ends at the last layer its token picker, at its first step."""
+    if session.picker is None:
+        session.picker = TokenPicker(tail.sampling, tail.generated_ids)

@@ -38,7 +38,8 @@ class Session:
     end: int
     cache: Any
     position: int = 0
-    generator: Any = None
+    # The last hop's token choices (a sampling.TokenPicker), made by the session's first step.
+    picker: Any = None
     # SHA-256 of the capability that opened it; None (dev-open): anyone may step it.
     capability: bytes | None = None
     # Positions reserved against the node's KV budget, and what they cost in bytes.

@@ -88,6 +88,13 @@ class ShardExecutor:
         return hidden
 
     @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (float32, ``[N, q, vocab]``) at every position: final norm + LM head (an echo)."""
+        if self.shard.norm is None or self.shard.lm_head is None:
+            raise RuntimeError("this shard does not end at the last layer: it holds no LM head")
+        return self.shard.lm_head(self.shard.norm(hidden)).float()
+
+    @torch.inference_mode()
     def last_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (float32, ``[N, vocab]``) for each row's last position: final norm + LM head."""
         if self.shard.norm is None or self.shard.lm_head is None:

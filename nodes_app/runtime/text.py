@@ -1,8 +1,13 @@
-"""Turning generated token ids into streamed text: incremental detokenisation and stop strings."""
+"""Turning token ids into text: incremental detokenisation, stop strings, each token's bytes."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from tokenizers import decoders
+
+from nodes_app.tokenization import byte_level_alphabet
 
 REPLACEMENT = "\ufffd"
 
@@ -71,3 +76,53 @@ class StopMatcher:
     def flush(self) -> str:
         released, self.pending = self.pending, ""
         return "" if self.stopped else released
+
+
+class TokenPieces:
+    """Each token id as a logprob entry writes it: ``(token, bytes)`` (``protocol.TokenLogprob``).
+
+    A byte-level BPE tokenizer (GPT-2's ByteLevel decoder: the shipped
+    models, Llama 3, Qwen) stores each token as the printable stand-ins of
+    its bytes, which are mapped back; a SentencePiece piece is read as text
+    with ``▁`` for a space and ``<0xNN>`` for a raw byte. An added token is
+    its own content, and a special one (what decoding leaves out of the
+    text) has no bytes. ``token`` is the bytes decoded with
+    ``errors="replace"`` — except a special token's, which is written out.
+    Computed once per id, on first use.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.byte_level = isinstance(getattr(backend, "decoder", None), decoders.ByteLevel)
+        self.alphabet = {char: byte for byte, char in byte_level_alphabet().items()}
+        self.added = {
+            int(token_id): (str(token.content), bool(getattr(token, "special", False)))
+            for token_id, token in tokenizer.added_tokens_decoder.items()
+        }
+        self._pieces: dict[int, tuple[str, bytes]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, bytes]:
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self._piece(token_id)
+        return piece
+
+    def _piece(self, token_id: int) -> tuple[str, bytes]:
+        if token_id in self.added:
+            content, special = self.added[token_id]
+            return content, b"" if special else content.encode()
+        written = self.tokenizer.convert_ids_to_tokens(token_id)
+        if not isinstance(written, str):  # an id past the tokenizer (padded LM head rows)
+            return "", b""
+        if self.byte_level and all(char in self.alphabet for char in written):
+            raw = bytes(self.alphabet[char] for char in written)
+        elif _BYTE_PIECE.match(written):
+            raw = bytes([int(written[3:5], 16)])
+        else:
+            raw = written.replace(_SENTENCEPIECE_SPACE, " ").encode()
+        return raw.decode("utf-8", errors="replace"), raw
+
+
+_SENTENCEPIECE_SPACE = "\u2581"
+_BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")

@@ -15,8 +15,11 @@ length of its tensor (T×H little-endian values, row-major, which must equal
 its shape × dtype), ``capability`` and ``plan`` the session's credentials
 (see ``trust``; the plan only on a session's opening step). A cancel entry
 is ``{"id", "cancel": session_id, "capability"?}``. An answer is ``{"id",
-"bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id"}`` (the
-hop ending at the last layer), ``{"id", "status": 204}`` (a cancel done) or
+"bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
+"logprob"?, "top"?, "prompt"?}`` (the hop ending at the last layer: the
+chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives when
+the step asked for ``logprobs``, and for an echo one ``[logprob, top]`` per
+prompt token after the first), ``{"id", "status": 204}`` (a cancel done) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
 relays only the code, ``protocol.relayable_code``, and logs the rest).
 
@@ -40,12 +43,21 @@ from typing import Any
 
 import torch
 
-from nodes_app.protocol import MAX_SESSION_ID, ProtocolError, SamplingParams
+from nodes_app.protocol import (
+    ECHO_MAX_SCORES,
+    MAX_SESSION_ID,
+    TOP_LOGPROBS_MAX,
+    ProtocolError,
+    SamplingParams,
+    logprob_valid,
+)
 from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.sampling import Choice, TokenScore
 
 __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
+    "BadAnswer",
     "CancelEntry",
     "ForwardStep",
     "FrameError",
@@ -53,6 +65,7 @@ __all__ = [
     "RefusedEntry",
     "StepAnswer",
     "body_length",
+    "choice_of",
     "decode_answers",
     "decode_requests",
     "encode_answers",
@@ -90,6 +103,13 @@ class ForwardStep:
     # Positions the session may reach (prompt + max_tokens), what a hop reserves of
     # its KV budget for it; sent on a session's opening step (ADR-0010).
     reserve: int | None = None
+    # For the hop ending at the last layer only (sampling.TailRequest): report the
+    # chosen token's logprob with this many alternatives; an echo's prompt ids (the
+    # step's first positions); the completion tokens a resumed session starts with,
+    # which its penalties count. The id lists are at most the step's positions long.
+    logprobs: int | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    generated_ids: tuple[int, ...] | None = None
 
 
 class FrameError(Exception):
@@ -137,9 +157,24 @@ class StepAnswer:
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
     token_id: Any = None
+    logprob: Any = None
+    top: Any = None
+    prompt: Any = None
     code: str | None = None
     error_type: str | None = None
     message: str = field(default="", repr=False)
+
+    @classmethod
+    def chosen(cls, step_id: int, choice: Choice) -> StepAnswer:
+        """The last hop's answer: the token and the scores it was asked for, as JSON values."""
+        score = choice.score
+        return cls(
+            step_id,
+            token_id=choice.token_id,
+            logprob=None if score is None else score.logprob,
+            top=None if score is None else _top_json(score),
+            prompt=[[s.logprob, _top_json(s)] for s in choice.prompt] if choice.prompt else None,
+        )
 
     @classmethod
     def refusal(cls, step_id: int, error: RuntimeRequestError) -> StepAnswer:
@@ -150,6 +185,67 @@ class StepAnswer:
             error_type=error.error_type,
             message=error.message,
         )
+
+
+def _top_json(score: TokenScore) -> list[list[int | float]]:
+    return [[token, logprob] for token, logprob in score.top]
+
+
+class BadAnswer(ValueError):
+    """A last hop's answer that does not hold what its step asked for (that hop's fault)."""
+
+
+def choice_of(
+    answer: StepAnswer, *, vocab: int, logprobs: int | None, prompt_scores: int
+) -> Choice:
+    """The last hop's answer, checked, as a :class:`Choice`; :class:`BadAnswer` if malformed.
+
+    The token and every alternative must be an id below ``vocab``, every
+    logprob a finite number of at most 0; with ``logprobs`` there must be
+    the chosen token's logprob and exactly ``logprobs`` alternatives (fewer
+    only when the vocabulary is smaller); ``prompt_scores`` entries of
+    ``[logprob, top]`` for an echo (none otherwise).
+    """
+    alternatives = min(logprobs or 0, vocab)
+    token = answer.token_id
+    if not _is_id(token, vocab):
+        raise BadAnswer(f"answered a token id outside the vocabulary (0..{vocab - 1})")
+    score = None
+    if logprobs is not None:
+        score = _score(answer.logprob, answer.top, vocab, alternatives)
+    elif answer.logprob is not None or answer.top is not None:
+        raise BadAnswer("answered logprobs it was not asked for")
+    raw_prompt = answer.prompt if answer.prompt is not None else []
+    if not isinstance(raw_prompt, list) or len(raw_prompt) != prompt_scores:
+        raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
+    prompt = []
+    for entry in raw_prompt:
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise BadAnswer("answered a prompt score that is not [logprob, top]")
+        prompt.append(_score(entry[0], entry[1], vocab, alternatives))
+    return Choice(token, score, tuple(prompt))
+
+
+def _score(logprob: Any, top: Any, vocab: int, alternatives: int) -> TokenScore:
+    if not logprob_valid(logprob):
+        raise BadAnswer("answered a logprob that is not a finite number of at most 0")
+    if not isinstance(top, list) or len(top) != alternatives:
+        raise BadAnswer(f"answered other than {alternatives} alternatives")
+    pairs: list[tuple[int, float]] = []
+    for pair in top:
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and _is_id(pair[0], vocab)
+            and logprob_valid(pair[1])
+        ):
+            raise BadAnswer("answered an alternative that is not [token id, logprob]")
+        pairs.append((pair[0], float(pair[1])))
+    return TokenScore(float(logprob), tuple(pairs))
+
+
+def _is_id(value: Any, vocab: int) -> bool:
+    return _is_count(value) and value < vocab
 
 
 # --- the frame envelope ---------------------------------------------------------------
@@ -275,6 +371,8 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
             bodies.append(answer.hidden)
         else:
             item["token_id"] = answer.token_id
+            scores = {"logprob": answer.logprob, "top": answer.top, "prompt": answer.prompt}
+            item.update((key, value) for key, value in scores.items() if value is not None)
         header.append(item)
     return _frame({"answers": header}, bodies)
 
@@ -296,6 +394,9 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
                 dtype=entry.get("dtype") if isinstance(entry.get("dtype"), str) else None,
                 shape=tuple(shape) if isinstance(shape, list) else None,
                 token_id=entry.get("token_id"),
+                logprob=entry.get("logprob"),
+                top=entry.get("top"),
+                prompt=entry.get("prompt"),
                 code=entry.get("code") if isinstance(entry.get("code"), str) else None,
                 error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
                 message=str(entry.get("message") or "")[:300],
@@ -351,7 +452,17 @@ def step_from_fields(raw: Any) -> ForwardStep:
         values[name] = _field_value(name, value)
     if not values["session_id"]:
         raise RuntimeRequestError("the step lacks session_id", code="missing_field")
+    for name in _TOKEN_LISTS:
+        if len(values.get(name) or ()) > values["shape"][1]:
+            raise _bad(f"{name} holds more ids than the step has positions")
+    echoed = len(values.get("prompt_ids") or ()) * (1 + (values.get("logprobs") or 0))
+    if echoed > ECHO_MAX_SCORES:
+        raise _bad(f"an echo may ask for at most {ECHO_MAX_SCORES} logprobs")
     return ForwardStep(**values)
+
+
+# Fields that are lists of token ids, bounded by the step's positions.
+_TOKEN_LISTS = ("prompt_ids", "generated_ids")
 
 
 def _optional(name: str) -> bool:
@@ -384,6 +495,12 @@ def _field_value(name: str, value: Any) -> Any:
             raise RuntimeRequestError.refusing(error) from None
     if name == "sender":
         return str(value)[:MAX_SESSION_ID]
+    if name in _TOKEN_LISTS:
+        if not isinstance(value, list) or not all(_is_count(token) for token in value):
+            raise _bad(f"{name} must be a list of token ids")
+        return tuple(value)
+    if name == "logprobs" and (not _is_count(value) or value > TOP_LOGPROBS_MAX):
+        raise _bad(f"logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
     hint = _HINTS[name]
     allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if isinstance(value, bool) or not isinstance(value, allowed):

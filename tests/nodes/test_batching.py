@@ -19,7 +19,7 @@ from nodes_app.runtime.batching import RECENT_SECONDS
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
 from nodes_app.runtime.service import DEFAULT_RESERVE_POSITIONS, NodeService
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.sources import resolve_source
@@ -27,6 +27,7 @@ from nodes_app.runtime.trust import PlanGate
 
 TINY = "tiny-random-llama"
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+GREEDY_TAIL = TailRequest(GREEDY)
 PROMPTS = [
     [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97],
     [257, 40, 41],
@@ -55,10 +56,10 @@ def tiny_service(start: int = 0, end: int = 3, **options) -> NodeService:  # typ
 
 async def head_step(service: NodeService, session: Session, ids: list[int]) -> int:
     async with session.lock:
-        token = await service.head_forward(session, ids, GREEDY)
+        choice = await service.head_forward(session, ids, GREEDY_TAIL)
         session.position += len(ids)
-    assert isinstance(token, int)
-    return token
+    assert isinstance(choice, Choice)
+    return choice.token_id
 
 
 async def decode(
@@ -166,15 +167,16 @@ def test_a_session_closed_while_its_step_waits_is_answered_and_the_batch_runs_wi
             closed = service.open_session("closed", 0, 3)
             # Both queued before the batcher runs (two prefills: one after the other)...
             steps = [
-                asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY)),
-                asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY)),
+                asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY_TAIL)),
+                asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY_TAIL)),
             ]
             await asyncio.sleep(0)
             service.cancel("closed")  # ...but one leaves before it runs.
-            token = await steps[0]
+            choice = await steps[0]
             with pytest.raises(RuntimeRequestError) as refused:
                 await steps[1]
-            return [int(token)], refused.value
+            assert isinstance(choice, Choice)
+            return [choice.token_id], refused.value
         finally:
             service.close()
 
@@ -271,7 +273,7 @@ def test_a_chunked_prefill_on_a_middle_hop_answers_every_position_as_one_piece_w
     body = wire.tensor_to_bytes(hidden)
 
     def hop_output(chunk: int) -> torch.Tensor:
-        async def run() -> bytes | int:
+        async def run() -> bytes | Choice:
             service = tiny_service(prefill_chunk=chunk)
             step = wire.ForwardStep("mid", 1, 2, 0, "float32", (1, 11, 64), None)
             try:
@@ -352,3 +354,107 @@ def test_a_hop_reserves_what_the_head_says_the_session_may_reach() -> None:
             service.close()
 
     assert asyncio.run(run()) == (40, 5 + DEFAULT_RESERVE_POSITIONS)
+
+
+# --- issue 15: each row of a batch chooses and reports with its own session's parameters ---
+
+# Each session's opening step (an echo for some) and its later steps.
+MIXED = [
+    (
+        TailRequest(GREEDY, logprobs=3, prompt_ids=tuple(PROMPTS[0])),
+        TailRequest(GREEDY, logprobs=3),
+    ),
+    (TailRequest(GREEDY), TailRequest(GREEDY)),
+    (
+        TailRequest(
+            SamplingParams(frequency_penalty=1.5, presence_penalty=0.5),
+            logprobs=1,
+            generated_ids=(65, 65, 32),
+        ),
+        TailRequest(SamplingParams(frequency_penalty=1.5, presence_penalty=0.5), logprobs=1),
+    ),
+    (
+        TailRequest(SamplingParams(temperature=0.9, seed=7, logit_bias=((101, 3.0), (32, -100.0)))),
+        TailRequest(SamplingParams(temperature=0.9, seed=7, logit_bias=((101, 3.0), (32, -100.0)))),
+    ),
+]
+
+
+async def choices_of(
+    service: NodeService, name: str, prompt: list[int], opening: TailRequest, later: TailRequest
+) -> list[Choice]:
+    """A session's choices: its prefill with ``opening``, then later steps with ``later``."""
+    session = service.open_session(name, 0, 3)
+    choices: list[Choice] = []
+    ids = prompt
+    try:
+        for _ in range(NEW_TOKENS):
+            async with session.lock:
+                choice = await service.head_forward(session, ids, later if choices else opening)
+                session.position += len(ids)
+            assert isinstance(choice, Choice)
+            choices.append(choice)
+            ids = [choice.token_id]
+    finally:
+        service.cancel(name)
+    return choices
+
+
+def assert_same_choices(got: list[Choice], expected: list[Choice]) -> None:
+    """The same tokens, and the same scores up to float rounding (a batch pads its rows)."""
+    assert [c.token_id for c in got] == [c.token_id for c in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert (mine.score is None) == (theirs.score is None)
+        for a, b in zip((mine.score, *mine.prompt), (theirs.score, *theirs.prompt), strict=True):
+            if a is not None and b is not None:
+                assert [t for t, _ in a.top] == [t for t, _ in b.top]
+                assert [a.logprob, *(v for _, v in a.top)] == pytest.approx(
+                    [b.logprob, *(v for _, v in b.top)], abs=1e-5
+                )
+
+
+def test_sessions_with_their_own_penalties_bias_and_logprobs_each_get_their_lone_answer() -> None:
+    async def run() -> tuple[list[list[Choice]], list[list[Choice]], list[int]]:
+        service = tiny_service()
+        try:
+            alone = [
+                await choices_of(service, f"alone-{i}", PROMPTS[i], *MIXED[i])
+                for i in range(len(MIXED))
+            ]
+            together = await asyncio.gather(
+                *(
+                    choices_of(service, f"mixed-{i}", PROMPTS[i], *MIXED[i])
+                    for i in range(len(MIXED))
+                )
+            )
+            return alone, list(together), list(service.batcher.batch_sizes)
+        finally:
+            service.close()
+
+    alone, together, sizes = asyncio.run(run())
+    assert max(sizes) == len(MIXED)  # their decode steps really shared a batch
+    for mine, lone in zip(together, alone, strict=True):
+        assert_same_choices(mine, lone)
+    assert len(together[0][0].prompt) == len(PROMPTS[0]) - 1  # the echo
+    assert all(c.score is None for c in together[1])  # the plain session reports nothing
+    assert 32 not in {c.token_id for c in together[3]}  # its bias bans the space
+
+
+def test_an_echo_scores_every_prompt_token_whatever_the_prefill_chunk() -> None:
+    prompt = PROMPTS[2]
+    echo = TailRequest(GREEDY, logprobs=2, prompt_ids=tuple(prompt))
+
+    def prefill(chunk: int) -> Choice:
+        async def run() -> Choice:
+            service = tiny_service(prefill_chunk=chunk)
+            try:
+                [choice] = (await choices_of(service, "echo", prompt, echo, echo))[:1]
+                return choice
+            finally:
+                service.close()
+
+        return asyncio.run(run())
+
+    chunked, whole = prefill(3), prefill(128)
+    assert len(whole.prompt) == len(prompt) - 1
+    assert_same_choices([chunked], [whole])

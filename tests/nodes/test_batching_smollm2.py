@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.trust import PlanGate
@@ -52,11 +52,11 @@ async def decode(
     try:
         for _ in range(NEW_TOKENS):
             async with session.lock:
-                token = await service.head_forward(session, ids, GREEDY)
+                choice = await service.head_forward(session, ids, TailRequest(GREEDY))
                 session.position += len(ids)
-            assert isinstance(token, int)
-            tokens.append(token)
-            ids = [token]
+            assert isinstance(choice, Choice)
+            tokens.append(choice.token_id)
+            ids = [choice.token_id]
             if started is not None and len(tokens) == 2:
                 started.set()
     finally:

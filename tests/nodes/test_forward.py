@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.loading import load_shard
+from nodes_app.runtime.sampling import SamplingParams
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
@@ -117,6 +119,15 @@ BAD_STEPS = [
     (tiny_step("x", 2, position=4095), hidden_bytes(2), "context_length_exceeded"),
     (tiny_step("x", 2, start=0), hidden_bytes(2), "layers_out_of_range"),
     (tiny_step("x", 2, start=2, end=4), hidden_bytes(2), "layers_out_of_range"),
+    # A logit_bias or a token id past the vocabulary of 259; scores asked of a middle hop.
+    (
+        replace(tiny_step("x", 2), sampling=SamplingParams(logit_bias=((259, 1.0),))),
+        hidden_bytes(2),
+        "bad_sampling",
+    ),
+    (replace(tiny_step("x", 2), prompt_ids=(257, 259)), hidden_bytes(2), "bad_field"),
+    (replace(tiny_step("x", 2), generated_ids=(300,)), hidden_bytes(2), "bad_field"),
+    (replace(tiny_step("x", 2, end=2), logprobs=1), hidden_bytes(2), "bad_field"),
 ]
 BAD_FIELDS = [
     ({"dtype": "int8"}, hidden_bytes(2), "bad_dtype"),

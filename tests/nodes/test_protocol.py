@@ -9,19 +9,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nodes_app.protocol import (
     HOP_BUSY,
+    LOGIT_BIAS_MAX_ENTRIES,
     MAX_STOP_LENGTH,
     MAX_STOPS,
     SSE_DONE,
+    TOP_LOGPROBS_MAX,
     ChunkFrame,
     ErrorFrame,
     GenerateRequest,
     PlanHop,
     ProtocolError,
     SamplingParams,
+    TokenLogprob,
+    TopLogprob,
     Usage,
+    logit_bias_pairs,
     parse_frame,
     sse_data,
     sse_event,
@@ -50,6 +57,13 @@ def body(**changes: Any) -> dict[str, Any]:
     """The request's JSON body, through a real JSON round trip, with ``changes`` applied."""
     data: dict[str, Any] = json.loads(json.dumps(REQUEST.to_json()))
     data.update(changes)
+    return data
+
+
+def without_messages(**changes: Any) -> dict[str, Any]:
+    """The body of a raw-prompt request: ``messages`` removed, ``changes`` applied."""
+    data = body(**changes)
+    del data["messages"]
     return data
 
 
@@ -103,6 +117,69 @@ def test_absent_optional_fields_take_their_defaults() -> None:
     )
 
 
+SCORING = GenerateRequest(
+    request_id="req-2",
+    model="tiny-random-llama",
+    hops=REQUEST.hops,
+    messages=[],
+    prompt="The capital of France is",
+    max_tokens=0,
+    sampling=SamplingParams(
+        presence_penalty=-0.5, frequency_penalty=1.25, logit_bias=((3, -100.0), (17, 4.5))
+    ),
+    logprobs=True,
+    top_logprobs=5,
+    echo=True,
+)
+
+
+def test_a_raw_prompt_with_logprobs_echo_and_penalties_survives_the_trip_through_json() -> None:
+    sent = json.loads(json.dumps(SCORING.to_json()))
+
+    assert GenerateRequest.parse(sent) == SCORING
+    assert "messages" not in sent
+    assert sent["logit_bias"] == {"3": -100.0, "17": 4.5}
+    assert (sent["logprobs"], sent["top_logprobs"], sent["echo"]) == (True, 5, True)
+
+
+def test_a_request_using_none_of_the_new_fields_is_the_body_older_heads_know() -> None:
+    assert set(body()) == {
+        "request_id",
+        "messages",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "resume_token_ids",
+        "plan",
+    }
+
+
+def test_null_logprobs_fields_are_their_defaults() -> None:
+    parsed = GenerateRequest.parse(body(logprobs=None, top_logprobs=None, echo=None))
+    assert (parsed.logprobs, parsed.top_logprobs, parsed.echo) == (False, 0, False)
+
+
+def test_max_tokens_zero_is_allowed_only_with_echo() -> None:
+    assert GenerateRequest.parse(body(max_tokens=0, echo=True)).max_tokens == 0
+    assert "0 only with echo" in refusal(body(max_tokens=0)).message
+
+
+@given(
+    st.dictionaries(
+        st.integers(0, 10**9),
+        st.floats(-100, 100, allow_nan=False),
+        max_size=LOGIT_BIAS_MAX_ENTRIES,
+    )
+)
+def test_any_logit_bias_in_range_survives_its_json_form(bias: dict[int, float]) -> None:
+    params = SamplingParams(logit_bias=tuple(sorted(bias.items())))
+    assert SamplingParams.from_mapping(json.loads(json.dumps(params.to_json()))) == params
+    assert logit_bias_pairs({str(k): v for k, v in bias.items()}) == params.logit_bias
+
+
 def test_a_single_stop_string_becomes_a_list_and_endpoints_lose_their_slash() -> None:
     raw = body(stop="END")
     raw["plan"]["hops"][0]["endpoint"] = "http://head:7001/"
@@ -130,6 +207,27 @@ def test_a_single_stop_string_becomes_a_list_and_endpoints_lose_their_slash() ->
         (body(resume_token_ids=[1, -2]), "invalid_request", "resume_token_ids"),
         (body(plan={"model": "m", "hops": []}), "invalid_plan", "hops"),
         (body(plan={"hops": body()["plan"]["hops"]}), "invalid_plan", "model"),
+        (body(prompt="Once upon"), "invalid_request", "exactly one of messages and prompt"),
+        ({k: v for k, v in body().items() if k != "messages"}, "invalid_request", "exactly one"),
+        (without_messages(prompt=["a", "b"]), "invalid_request", "prompt must be a string"),
+        (body(logprobs="yes"), "invalid_request", "logprobs"),
+        (body(echo=1), "invalid_request", "echo"),
+        (body(logprobs=True, top_logprobs=TOP_LOGPROBS_MAX + 1), "invalid_request", "0..20"),
+        (body(top_logprobs=2), "invalid_request", "top_logprobs needs logprobs"),
+        (body(max_tokens=-1, echo=True), "invalid_request", "max_tokens"),
+        (body(presence_penalty=2.5), "bad_sampling", "presence_penalty"),
+        (body(frequency_penalty="high"), "bad_sampling", "frequency_penalty"),
+        (body(logit_bias=[1, 2]), "bad_sampling", "logit_bias"),
+        (body(logit_bias={"-1": 5}), "bad_sampling", "not a token id"),
+        (body(logit_bias={"01": 5}), "bad_sampling", "not a token id"),
+        (body(logit_bias={"hello": 5}), "bad_sampling", "not a token id"),
+        (body(logit_bias={"5": 100.5}), "bad_sampling", "-100..100"),
+        (body(logit_bias={"5": True}), "bad_sampling", "number"),
+        (
+            body(logit_bias={str(i): 1 for i in range(LOGIT_BIAS_MAX_ENTRIES + 1)}),
+            "bad_sampling",
+            f"at most {LOGIT_BIAS_MAX_ENTRIES}",
+        ),
     ],
 )
 def test_a_bad_request_is_refused_naming_the_field(raw: Any, code: str, words: str) -> None:
@@ -184,15 +282,35 @@ def test_sampling_that_is_not_an_object_is_refused() -> None:
     assert caught.value.code == "bad_sampling"
 
 
+HEL = TokenLogprob(
+    "Hel",
+    -0.5,
+    (72, 101, 108),
+    (TopLogprob("Hel", -0.5, (72, 101, 108)), TopLogprob("He", -1.5, (72, 101))),
+)
+# A byte-level piece that holds half of "é": its bytes, its text with U+FFFD.
+HALF = TokenLogprob(
+    "\ufffd", -0.25, (195,), (TopLogprob("\ufffd", -0.25, (195,)), TopLogprob("e", -2.0, (101,)))
+)
 FRAMES = [
     ChunkFrame(role="assistant"),
     ChunkFrame(content="Hel", token_ids=(11, 12)),
     ChunkFrame(content="lo", token_ids=(13,), finish_reason="stop", usage=Usage(5, 3)),
     ChunkFrame(token_ids=(14,), finish_reason="length", usage=Usage(5, 4)),
+    ChunkFrame(content="Hel", token_ids=(11, 12), logprobs=(HEL, HALF)),
+    ChunkFrame(
+        role="assistant",
+        prompt_token_ids=(1, 11),
+        prompt_logprobs=(TokenLogprob("<|im_start|>", None, ()), HEL),
+    ),
 ]
 
 
-@pytest.mark.parametrize("frame", FRAMES, ids=["role", "content", "last", "last-without-text"])
+@pytest.mark.parametrize(
+    "frame",
+    FRAMES,
+    ids=["role", "content", "last", "last-without-text", "logprobs", "echo"],
+)
 def test_a_chunk_frame_survives_sse_encoding_and_parsing(frame: ChunkFrame) -> None:
     event = sse_event(frame.to_json(completion_id="c-1", created=1, model="m"))
     [line, blank, end] = event.decode().split("\n")
@@ -200,8 +318,30 @@ def test_a_chunk_frame_survives_sse_encoding_and_parsing(frame: ChunkFrame) -> N
     assert parse_frame(sse_data(line)) == frame
 
 
+def test_logprobs_are_in_openais_shape_and_an_echo_beside() -> None:
+    *_, scored, echo = (f.to_json(completion_id="c", created=9, model="m") for f in FRAMES)
+
+    assert scored["choices"][0]["logprobs"]["content"][0] == {
+        "token": "Hel",
+        "logprob": -0.5,
+        "bytes": [72, 101, 108],
+        "top_logprobs": [
+            {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+            {"token": "He", "logprob": -1.5, "bytes": [72, 101]},
+        ],
+    }
+    assert echo["meshnet_prompt_token_ids"] == [1, 11]
+    assert echo["meshnet_prompt_logprobs"][0] == {
+        "token": "<|im_start|>",
+        "logprob": None,
+        "bytes": [],
+        "top_logprobs": [],
+    }
+    assert "logprobs" not in echo["choices"][0]
+
+
 def test_chunk_frames_are_openai_chunks_with_the_token_ids_beside() -> None:
-    role, content, last, _ = (f.to_json(completion_id="c", created=9, model="m") for f in FRAMES)
+    role, content, last, *_ = (f.to_json(completion_id="c", created=9, model="m") for f in FRAMES)
     assert role["object"] == "chat.completion.chunk"
     assert role["choices"] == [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
@@ -225,6 +365,15 @@ def test_an_error_frame_names_the_hop_and_says_whether_it_was_only_busy() -> Non
     assert parse_frame(busy.to_json()).busy and not failed.busy
 
 
+ENTRY = {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}
+FIRST = {"token": "<s>", "logprob": None, "bytes": [], "top_logprobs": []}
+
+
+def scored(**choice: Any) -> dict[str, Any]:
+    """A chunk of one token id whose choice holds ``choice``."""
+    return {"choices": [{"delta": {}, **choice}], "meshnet_token_ids": [7]}
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -237,6 +386,26 @@ def test_an_error_frame_names_the_hop_and_says_whether_it_was_only_busy() -> Non
         {"choices": [{"delta": {}}], "meshnet_token_ids": [True]},
         {"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}},
         {"error": "broken"},
+        # logprobs: one entry per token id, finite and at most 0, bytes in 0..255.
+        scored(logprobs={"content": []}),
+        scored(logprobs=[ENTRY]),
+        scored(logprobs={"content": [{**ENTRY, "logprob": 0.5}]}),
+        scored(logprobs={"content": [{**ENTRY, "logprob": None}]}),
+        scored(logprobs={"content": [{**ENTRY, "bytes": [256]}]}),
+        scored(logprobs={"content": [{**ENTRY, "token": 7}]}),
+        scored(logprobs={"content": [{**ENTRY, "top_logprobs": [ENTRY] * 21}]}),
+        # an echo: ids and entries together, one each, the first without a logprob.
+        {"choices": [{"delta": {}}], "meshnet_prompt_token_ids": [1, 2]},
+        {
+            "choices": [{"delta": {}}],
+            "meshnet_prompt_token_ids": [1, 2],
+            "meshnet_prompt_logprobs": [ENTRY, ENTRY],
+        },
+        {
+            "choices": [{"delta": {}}],
+            "meshnet_prompt_token_ids": [1, 2, 3],
+            "meshnet_prompt_logprobs": [FIRST, ENTRY],
+        },
     ],
 )
 def test_a_malformed_frame_is_refused(payload: Any) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.nodes import SMOLLM2, generate_body, read_stream, running_nodes
-from tests.support.sse import completion
+from tests.support.sse import chunks_of, completion
 from tracker_app.localnet import NodeProcess
 
 pytestmark = pytest.mark.model
@@ -60,3 +60,42 @@ def test_partial_head_then_full_node_from_layer_22_equals_the_whole_model(
     )
     text, ids, _ = completion(read_stream(partial.endpoint, body))
     assert (text, ids) == whole_output
+
+
+ECHOED = "The capital of France is Paris, and the capital of Italy is Rome."
+
+
+def test_an_echo_on_the_split_route_reports_the_whole_models_prompt_logprobs(
+    smol: dict[str, NodeProcess],
+) -> None:
+    # What evaluation harnesses score a split model by (issue 15): one forward pass of the prompt.
+    head, tail, whole = smol["head"], smol["tail"], smol["whole"]
+    asked = {"prompt": ECHOED, "max_tokens": 0, "echo": True, "logprobs": True, "top_logprobs": 2}
+    split = chunks_of(
+        read_stream(
+            head.endpoint, generate_body([(head, 0, 14), (tail, 15, 29)], model=SMOLLM2, **asked)
+        )
+    )[0]
+    alone = chunks_of(
+        read_stream(whole.endpoint, generate_body([(whole, 0, 29)], model=SMOLLM2, **asked))
+    )[0]
+
+    assert split["meshnet_prompt_token_ids"] == alone["meshnet_prompt_token_ids"]
+    entries, expected = split["meshnet_prompt_logprobs"], alone["meshnet_prompt_logprobs"]
+    assert len(entries) == len(split["meshnet_prompt_token_ids"]) > 10
+    assert bytes(b for entry in entries for b in entry["bytes"]).decode() == ECHOED
+    assert entries[0]["logprob"] is None and expected[0]["logprob"] is None
+    for mine, theirs in zip(entries[1:], expected[1:], strict=True):
+        assert mine["token"] == theirs["token"]
+        assert [top["token"] for top in mine["top_logprobs"]] == [
+            top["token"] for top in theirs["top_logprobs"]
+        ]
+        assert [
+            mine["logprob"],
+            *(top["logprob"] for top in mine["top_logprobs"]),
+        ] == pytest.approx(
+            [theirs["logprob"], *(top["logprob"] for top in theirs["top_logprobs"])], abs=1e-4
+        )
+    # "Paris" after "The capital of France is" is what the model expects.
+    paris = next(i for i, entry in enumerate(entries) if entry["token"] == " Paris")
+    assert entries[paris]["top_logprobs"][0]["token"] == " Paris"

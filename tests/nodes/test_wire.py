@@ -13,7 +13,7 @@ import torch
 from nodes_app import protocol
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.sampling import Choice, SamplingParams, TokenScore
 
 STEP = wire.ForwardStep(
     session_id="s-1",
@@ -22,9 +22,14 @@ STEP = wire.ForwardStep(
     position=0,
     dtype="float32",
     shape=(1, 3, 8),
-    sampling=SamplingParams(temperature=0.5, seed=9),
+    sampling=SamplingParams(
+        temperature=0.5, seed=9, frequency_penalty=0.5, logit_bias=((7, -100.0), (12, 2.5))
+    ),
     sender="node-head",
     reserve=64,
+    logprobs=3,
+    prompt_ids=(5, 6, 7),
+    generated_ids=(7,),
 )
 
 
@@ -78,6 +83,47 @@ def test_answers_carry_hidden_states_tokens_and_refusals() -> None:
     assert decoded[2].message == "full"
 
 
+def test_a_last_hops_choice_travels_with_the_scores_it_was_asked_for() -> None:
+    choice = Choice(
+        42,
+        TokenScore(-0.25, ((42, -0.25), (7, -1.5))),
+        (TokenScore(-3.0, ((1, -0.5), (2, -0.75))), TokenScore(-0.125, ((9, -0.125), (8, -2.0)))),
+    )
+    [answer] = wire.decode_answers(wire.encode_answers([wire.StepAnswer.chosen(5, choice)]))
+
+    assert wire.choice_of(answer, vocab=64, logprobs=2, prompt_scores=2) == choice
+
+
+def test_a_plain_choice_answers_its_token_alone() -> None:
+    [answer] = wire.decode_answers(wire.encode_answers([wire.StepAnswer.chosen(5, Choice(42))]))
+
+    assert wire.choice_of(answer, vocab=64, logprobs=None, prompt_scores=0) == Choice(42)
+
+
+@pytest.mark.parametrize(
+    ("fields", "logprobs", "prompt_scores"),
+    [
+        ({"token_id": 64}, None, 0),  # past the vocabulary
+        ({"token_id": True}, None, 0),
+        ({"token_id": 1}, 1, 0),  # logprobs asked, none answered
+        ({"token_id": 1, "logprob": -1.0, "top": []}, 1, 0),  # too few alternatives
+        ({"token_id": 1, "logprob": 0.5, "top": [[1, -0.1]]}, 1, 0),  # a positive logprob
+        ({"token_id": 1, "logprob": -1.0, "top": [[70, -0.1]]}, 1, 0),  # an unknown alternative
+        ({"token_id": 1, "logprob": -1.0}, None, 0),  # logprobs nobody asked for
+        ({"token_id": 1}, None, 2),  # an echo without its prompt scores
+        ({"token_id": 1, "prompt": [[-1.0, []]]}, None, 2),  # one prompt score short
+        ({"token_id": 1, "prompt": [-1.0, -2.0]}, None, 2),
+    ],
+)
+def test_a_last_hops_answer_without_what_was_asked_is_that_hops_fault(
+    fields: dict[str, Any], logprobs: int | None, prompt_scores: int
+) -> None:
+    header = json.dumps({"answers": [{"id": 1, **fields}]}).encode()
+    [answer] = wire.decode_answers(struct.pack("<I", len(header)) + header)
+    with pytest.raises(wire.BadAnswer):
+        wire.choice_of(answer, vocab=64, logprobs=logprobs, prompt_scores=prompt_scores)
+
+
 def test_every_field_of_a_step_travels_by_name() -> None:
     # Generic on purpose: a field added to ForwardStep needs no change in the codec.
     names = {field.name for field in dataclasses.fields(wire.ForwardStep)}
@@ -112,6 +158,18 @@ GOOD = wire.step_fields(STEP)
         ({"session_id": ""}, "missing_field"),
         ({"sampling": "{not an object"}, "bad_sampling"),
         ({"sampling": {"top_p": 2}}, "bad_sampling"),
+        ({"sampling": {"presence_penalty": 2.5}}, "bad_sampling"),
+        ({"sampling": {"logit_bias": {"5": 101}}}, "bad_sampling"),
+        ({"logprobs": 21}, "bad_field"),
+        ({"logprobs": -1}, "bad_field"),
+        ({"prompt_ids": [1, 2, 3, 4]}, "bad_field"),  # more ids than the step's 3 positions
+        ({"prompt_ids": [1, -2]}, "bad_field"),
+        ({"generated_ids": "1,2"}, "bad_field"),
+        # An echo answering more logprobs than a head may ask for (protocol.ECHO_MAX_SCORES).
+        (
+            {"shape": [1, 20_000, 8], "prompt_ids": [1] * 20_000, "logprobs": 20},
+            "bad_field",
+        ),
     ],
 )
 def test_bad_step_fields_are_refused_with_their_code(changes: dict[str, Any], code: str) -> None:

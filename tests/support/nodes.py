@@ -85,13 +85,22 @@ def generate_body(
     *,
     model: str = TINY,
     content: str = "Hello there",
+    prompt: str | None = None,
     max_tokens: int = 16,
     **extra: Any,
 ) -> dict[str, Any]:
-    """A greedy ``/v1/generate`` body whose plan runs each node over its given layers."""
+    """A greedy ``/v1/generate`` body whose plan runs each node over its given layers.
+
+    A user message of ``content``, or with ``prompt`` a raw text prompt (no chat template).
+    """
+    text: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": content}]}
+        if prompt is None
+        else {"prompt": prompt}
+    )
     return {
         "request_id": f"req-{time.monotonic_ns()}",
-        "messages": [{"role": "user", "content": content}],
+        **text,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "plan": {
