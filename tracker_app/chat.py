@@ -17,14 +17,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from nodes_app.protocol import DEFAULT_MAX_TOKENS, completion_chunk, sse_event
+from nodes_app.protocol import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX, completion_chunk, sse_event
 from tracker_app.answers import TextEvents
 from tracker_app.generation import Generation, Piece
 from tracker_app.parameters import (
     CHAT_REFUSED,
     DEFAULT_MAX_CHOICES,
     MAX_MAX_TOKENS,
-    TOP_LOGPROBS_MAX,
     GenerationFields,
     GenerationParams,
     fields_validate,
@@ -127,6 +126,7 @@ class ChatAnswer:
     def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
         self.completion_id, self.created, self.model = completion_id, created, params.model
         self.choices = params.choices
+        self.logprobs = params.logprobs
         self._text = [
             TextEvents.around(partial(self._text_chunk, choice)) for choice in range(self.choices)
         ]
@@ -156,7 +156,10 @@ class ChatAnswer:
         ]
 
     def piece(self, piece: Piece) -> bytes:
-        return self._text[piece.choice].event(piece.text)
+        if not piece.logprobs:
+            return self._text[piece.choice].event(piece.text)
+        content = [entry.to_json() for entry in piece.logprobs]
+        return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
 
     def finish(self, choice: int, finish_reason: str, usage: dict[str, int] | None) -> bytes:
         extra = {} if usage is None else {"usage": usage}
@@ -174,7 +177,11 @@ class ChatAnswer:
                 {
                     "index": generation.choice,
                     "message": {"role": "assistant", "content": generation.content},
-                    "logprobs": None,
+                    "logprobs": (
+                        {"content": [entry.to_json() for entry in generation.logprobs]}
+                        if self.logprobs
+                        else None
+                    ),
                     "finish_reason": generation.finish_reason,
                 }
                 for generation in generations

@@ -12,13 +12,15 @@ shapes, whole and streamed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import codecs
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from rest_framework import serializers
 
-from nodes_app.protocol import sse_event
+from nodes_app.protocol import TokenLogprob, sse_event
 from tracker_app.answers import TextEvents
 from tracker_app.generation import Generation, Piece
 from tracker_app.parameters import (
@@ -93,6 +95,59 @@ def text_completion_params_parse(
     )
 
 
+@dataclass
+class TextOffsets:
+    """Where each token starts in a choice's text, in characters (legacy ``text_offset``).
+
+    A token's bytes may hold part of a character (a byte-level BPE piece): a
+    token starts after the characters its predecessors completed. A special
+    token has no bytes (``protocol.TokenLogprob``): in an echoed prompt it
+    stands for its written form, which the prompt's text holds; in a
+    completion it is left out of the text.
+    """
+
+    characters: int = 0
+    _decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+
+    def advance(self, entry: TokenLogprob, *, echoed: bool) -> int:
+        """The offset of ``entry``, the next token; moves past it."""
+        start = self.characters
+        raw = bytes(entry.utf8) or (entry.token.encode() if echoed else b"")
+        self.characters += len(self._decoder.decode(raw))
+        return start
+
+
+def legacy_logprobs(
+    entries: Iterable[TokenLogprob], *, top: int, offsets: TextOffsets, echoed: bool = False
+) -> dict[str, Any]:
+    """OpenAI's legacy ``logprobs`` of ``entries``: ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (each token's ``top`` best alternatives, the token itself among
+    them: up to ``top + 1``) and ``text_offset``. An echoed prompt's first token has
+    no logprob: null, as OpenAI gives it."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+    for entry in entries:
+        tokens.append(entry.token)
+        token_logprobs.append(entry.logprob)
+        text_offset.append(offsets.advance(entry, echoed=echoed))
+        if entry.logprob is None:
+            top_logprobs.append(None)
+            continue
+        best = {alternative.token: alternative.logprob for alternative in entry.top_logprobs[:top]}
+        best.setdefault(entry.token, entry.logprob)
+        top_logprobs.append(best)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
+
+
 class TextCompletionAnswer:
     """The legacy endpoint's answer: ``text_completion`` chunks (the first carries the
     route, each choice ends with its ``finish_reason``), or one ``text_completion``."""
@@ -102,12 +157,21 @@ class TextCompletionAnswer:
     def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
         self.completion_id, self.created, self.model = completion_id, created, params.model
         self.echo = params.echo
+        self.logprobs = params.logprobs
+        self.top = params.top_logprobs
+        # Each streamed choice's text so far, for its tokens' offsets.
+        self._offsets = [TextOffsets() for _ in range(params.choices)]
         self._text = [
             TextEvents.around(partial(self._chunk, choice)) for choice in range(params.choices)
         ]
 
     def _chunk(
-        self, choice: int, text: str, finish_reason: str | None = None, **extra: Any
+        self,
+        choice: int,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
         return {
             "id": self.completion_id,
@@ -115,7 +179,12 @@ class TextCompletionAnswer:
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"text": text, "index": choice, "logprobs": None, "finish_reason": finish_reason}
+                {
+                    "text": text,
+                    "index": choice,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                }
             ],
             **extra,
         }
@@ -124,7 +193,12 @@ class TextCompletionAnswer:
         return [sse_event(self._chunk(0, "", meshnet=meshnet))]
 
     def piece(self, piece: Piece) -> bytes:
-        return self._text[piece.choice].event(piece.text)
+        if not self.logprobs:
+            return self._text[piece.choice].event(piece.text)
+        logprobs = legacy_logprobs(
+            piece.logprobs, top=self.top, offsets=self._offsets[piece.choice], echoed=piece.echo
+        )
+        return sse_event(self._chunk(piece.choice, piece.text, logprobs=logprobs))
 
     def finish(self, choice: int, finish_reason: str, usage: dict[str, int] | None) -> bytes:
         extra = {} if usage is None else {"usage": usage}
@@ -142,7 +216,7 @@ class TextCompletionAnswer:
                 {
                     "text": self._echoed(generation) + generation.content,
                     "index": generation.choice,
-                    "logprobs": None,
+                    "logprobs": self._logprobs(generation),
                     "finish_reason": generation.finish_reason,
                 }
                 for generation in generations
@@ -153,3 +227,17 @@ class TextCompletionAnswer:
 
     def _echoed(self, generation: Generation) -> str:
         return generation.prompt if self.echo and isinstance(generation.prompt, str) else ""
+
+    def _logprobs(self, generation: Generation) -> dict[str, Any] | None:
+        """A whole choice's legacy logprobs: the echoed prompt's tokens, then its own."""
+        if not self.logprobs:
+            return None
+        offsets = TextOffsets()
+        prompt = legacy_logprobs(
+            generation.prompt_logprobs if self.echo else (),
+            top=self.top,
+            offsets=offsets,
+            echoed=True,
+        )
+        completion = legacy_logprobs(generation.logprobs, top=self.top, offsets=offsets)
+        return {key: prompt[key] + completion[key] for key in prompt}

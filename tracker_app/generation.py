@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from nodes_app.protocol import ChunkFrame, SamplingParams, Usage
+from nodes_app.protocol import ChunkFrame, SamplingParams, TokenLogprob, Usage
 from routing_app.choice import RouteDecision
 from routing_app.planner import Hop
 from tracker_app.billing import HopWork, request_work
@@ -47,11 +47,12 @@ class Segment:
 
 @dataclass(frozen=True)
 class Piece:
-    """What one choice gives the client at once: text (the prompt's own with ``echo``),
-    or its end (``finish_reason``)."""
+    """What one choice gives the client at once: text and its tokens' ``logprobs`` (the
+    prompt's own with ``echo``), or its end (``finish_reason``)."""
 
     choice: int
     text: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None
     echo: bool = False
 
@@ -66,6 +67,8 @@ class Generation:
     sampling: SamplingParams
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # the completion's text, chunk by chunk
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when asked
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token, with echo
     finish_reason: str = ""
     prompt_tokens: int = 0  # billed: the tracker's count (at most the head's if inexact)
     segments: list[Segment] = field(default_factory=list)
@@ -89,11 +92,13 @@ class Generation:
         """The hops' work for this choice (:func:`~tracker_app.billing.request_work`)."""
         return request_work(prompt_tokens=self.prompt_tokens, routes=self.segments)
 
-    def echo(self) -> Piece:
-        """The prompt itself, given back before the completion (a legacy ``echo``), once."""
+    def echo(self, frame: ChunkFrame) -> Piece:
+        """The prompt itself, given back before the completion (a legacy ``echo``), once:
+        with its tokens' logprobs when ``frame`` (the head's first) carries them."""
         self.echoed = True
+        self.prompt_logprobs = frame.prompt_logprobs or ()
         text = self.prompt if isinstance(self.prompt, str) else ""
-        return Piece(self.choice, text=text, echo=True)
+        return Piece(self.choice, text=text, logprobs=self.prompt_logprobs, echo=True)
 
     def absorb(self, frame: ChunkFrame, *, request_id: str) -> Piece | None:
         """Take one head frame of the current segment; the piece it gives the client, if any."""
@@ -106,10 +111,11 @@ class Generation:
             self.prompt_tokens = self.prompt_count.billable(frame.usage.prompt_tokens)
         if frame.finish_reason:
             self.finish_reason = frame.finish_reason
-        if not frame.content:
+        self.logprobs += frame.logprobs
+        if not frame.content and not frame.logprobs:
             return None
         self.texts.append(frame.content)
-        return Piece(self.choice, text=frame.content)
+        return Piece(self.choice, text=frame.content, logprobs=frame.logprobs)
 
     def _check_usage(self, usage: Usage, *, request_id: str) -> None:
         """Log a head whose usage is not what the tracker counted (it is not billed)."""

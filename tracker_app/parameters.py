@@ -37,13 +37,10 @@ from nodes_app.protocol import (
     TOP_P_MIN,
     ProtocolError,
     SamplingParams,
+    logit_bias_pairs,
     stop_sequences,
 )
 
-# OpenAI's ranges for what the tail applies to the logits.
-LOGIT_BIAS_MAX_ENTRIES = 300
-LOGIT_BIAS_MIN, LOGIT_BIAS_MAX = -100.0, 100.0
-TOP_LOGPROBS_MAX = 20
 MAX_MAX_TOKENS = 4096
 # The most choices any deployment may allow (MESHNET_MAX_CHOICES's own ceiling).
 CHOICES_CEILING = int(MAX_CHOICES.maximum or 1)
@@ -163,26 +160,16 @@ def fields_validate(
 
 class LogitBiasField(serializers.JSONField):
     """``logit_bias``: token id (a decimal string, as JSON keys are) → bias in -100..100,
-    at most 300 entries. Whether an id is in the vocabulary is the node's to say."""
+    at most 300 entries, checked by the nodes' own rule (``protocol.logit_bias_pairs``);
+    whether an id is in the vocabulary is the node's to say."""
 
-    def to_internal_value(self, data: Any) -> dict[str, float]:
+    def to_internal_value(self, data: Any) -> Any:
         value = super().to_internal_value(data)
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("must be an object of token id → bias")
-        if len(value) > LOGIT_BIAS_MAX_ENTRIES:
-            raise serializers.ValidationError(f"takes at most {LOGIT_BIAS_MAX_ENTRIES} entries")
-        biases: dict[str, float] = {}
-        for token, bias in value.items():
-            if not (token.isascii() and token.isdigit()):
-                raise serializers.ValidationError(f"key {token!r} is not a token id")
-            if not isinstance(bias, int | float) or isinstance(bias, bool):
-                raise serializers.ValidationError(f"the bias of {token} is not a number")
-            if not LOGIT_BIAS_MIN <= bias <= LOGIT_BIAS_MAX:
-                raise serializers.ValidationError(
-                    f"the bias of {token} must lie in {LOGIT_BIAS_MIN:g}..{LOGIT_BIAS_MAX:g}"
-                )
-            biases[str(int(token))] = float(bias)
-        return biases
+        try:
+            logit_bias_pairs(value)
+        except ProtocolError as error:
+            raise serializers.ValidationError(error.message) from None
+        return value
 
 
 class GenerationFields(serializers.Serializer[dict[str, Any]]):
@@ -232,7 +219,14 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
             SamplingParams.from_mapping(
                 {
                     key: attrs[key]
-                    for key in ("temperature", "top_p", "top_k", "seed")
+                    for key in (
+                        "temperature",
+                        "top_p",
+                        "top_k",
+                        "seed",
+                        "presence_penalty",
+                        "frequency_penalty",
+                    )
                     if attrs.get(key) is not None
                 }
             )
@@ -273,7 +267,7 @@ class GenerationParams:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] = field(default_factory=dict)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids increasing
     stop: list[str] = field(default_factory=list)
     route: list[str] | None = None
     n: int = 1
@@ -292,7 +286,13 @@ class GenerationParams:
         """The sampling parameters the head takes for ``choice``."""
         seed = None if self.seed is None else (self.seed + choice % self.n) % (SEED_MAX + 1)
         return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=seed
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
         )
 
     @property
@@ -332,7 +332,7 @@ def generation_params(
         seed=v["seed"],
         presence_penalty=given("presence_penalty", 0.0),
         frequency_penalty=given("frequency_penalty", 0.0),
-        logit_bias=given("logit_bias", {}),
+        logit_bias=logit_bias_pairs(v.get("logit_bias")),
         stop=v["stop"],
         route=v.get("route"),
         n=n,

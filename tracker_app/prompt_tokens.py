@@ -25,6 +25,7 @@ from functools import lru_cache
 
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
+from nodes_app.protocol import ECHO_MAX_SCORES
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
 from tracker_app.parameters import InvalidRequest, Prompt
 
@@ -86,6 +87,19 @@ def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) 
             f"model's context of {text.context_length} tokens"
         )
     return PromptCount(tokens=len(ids), exact=True)
+
+
+def echo_check(*, prompt: PromptCount, top_logprobs: int) -> None:
+    """Refuse an echo a head would refuse: more than ``ECHO_MAX_SCORES`` logprobs for the
+    prompt's tokens and their alternatives (400 ``prompt_too_long``, as the head says)."""
+    scores = prompt.tokens * (1 + top_logprobs)
+    if prompt.exact and scores > ECHO_MAX_SCORES:
+        raise InvalidRequest(
+            f"prompt: echoing its {prompt.tokens} tokens with {top_logprobs} alternatives each "
+            f"is {scores} logprobs; at most {ECHO_MAX_SCORES} are reported",
+            code="prompt_too_long",
+            param="prompt",
+        )
 
 
 def prompt_tokens_bound(prompt: Prompt) -> int:

@@ -65,7 +65,7 @@ from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_
 from tracker_app.models import ApiKey
 from tracker_app.parameters import GenerationParams
 from tracker_app.progress import ProgressThrottle
-from tracker_app.prompt_tokens import prompt_tokens_count
+from tracker_app.prompt_tokens import echo_check, prompt_tokens_count
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +220,9 @@ class ChatProxy:
             )
             for prompt in self.params.prompts
         ]
+        if self.params.echo:
+            for count in counts:
+                echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
         decision = await database_sync_to_async(route_select)(
             model=self.model, pinned=self.params.route
         )
@@ -366,11 +369,16 @@ class ChatProxy:
                     PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer)
                     for hop in plan.hops
                 ),
-                messages=prompt if not isinstance(prompt, str) else [],
+                messages=[] if isinstance(prompt, str) else prompt,
+                prompt=prompt if isinstance(prompt, str) else None,
                 max_tokens=self.params.max_tokens,
                 sampling=generation.sampling,
                 stop=self.params.stop,
                 resume_token_ids=list(generation.token_ids),
+                logprobs=self.params.logprobs,
+                top_logprobs=self.params.top_logprobs,
+                # Every send: a route that fails before its first frame echoes nothing.
+                echo=self.params.echo,
             )
         )
 
@@ -407,7 +415,7 @@ class ChatProxy:
                         self._busy_over(wait)
                         self._progress.changed()
                     if self.params.echo and not generation.echoed:
-                        yield generation.echo()
+                        yield generation.echo(frame)
                     piece = generation.absorb(frame, request_id=self.request_id)
                     if piece is not None:
                         if self._first_token_at is None:

@@ -45,7 +45,13 @@ from meshnet_site.api_schema import (
     error_responses,
     security,
 )
-from nodes_app.protocol import MAX_STOP_LENGTH, MAX_STOPS, SSE_DONE
+from nodes_app.protocol import (
+    LOGIT_BIAS_MAX,
+    LOGIT_BIAS_MAX_ENTRIES,
+    MAX_STOP_LENGTH,
+    MAX_STOPS,
+    SSE_DONE,
+)
 from routing_app.api import HopOutput
 from routing_app.choice import DecisionMode
 
@@ -56,9 +62,6 @@ from tracker_app.parameters import (
     CHAT_REFUSED,
     CHOICES_CEILING,
     COMPLETIONS_REFUSED,
-    LOGIT_BIAS_MAX,
-    LOGIT_BIAS_MAX_ENTRIES,
-    LOGIT_BIAS_MIN,
     LogitBiasField,
     Refused,
 )
@@ -107,10 +110,10 @@ class _StopSequences(serializers.JSONField):
         "description": "Token id (decimal) → bias added to its logit",
         "additionalProperties": {
             "type": "number",
-            "minimum": LOGIT_BIAS_MIN,
+            "minimum": -LOGIT_BIAS_MAX,
             "maximum": LOGIT_BIAS_MAX,
         },
-        "propertyNames": {"pattern": "^[0-9]+$"},
+        "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
         "maxProperties": LOGIT_BIAS_MAX_ENTRIES,
         "nullable": True,
     }

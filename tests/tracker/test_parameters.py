@@ -14,13 +14,12 @@ from openai.types import completion_create_params as openai_text_params
 from openai.types.chat import completion_create_params as openai_chat_params
 
 from meshnet_site.errors import DomainError, http_error
-from nodes_app.protocol import SEED_MAX
+from nodes_app.protocol import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
 from tracker_app.chat import chat_params_parse
 from tracker_app.completions import DEFAULT_MAX_TOKENS, text_completion_params_parse
 from tracker_app.parameters import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
-    LOGIT_BIAS_MAX_ENTRIES,
     GenerationParams,
 )
 
@@ -141,7 +140,7 @@ def test_openais_optional_fields_may_be_null_and_then_take_their_defaults() -> N
     params = chat(**nulls)
 
     assert (params.temperature, params.top_p, params.seed, params.n) == (1.0, 1.0, None, 1)
-    assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0, 0, {})
+    assert (params.presence_penalty, params.frequency_penalty, params.logit_bias) == (0, 0, ())
     assert (params.logprobs, params.top_logprobs) == (False, 0)
 
 
@@ -156,6 +155,7 @@ def test_openais_optional_fields_may_be_null_and_then_take_their_defaults() -> N
         ({"logit_bias": {"12": 100.5}}, "logit_bias"),
         ({"logit_bias": {"twelve": 1}}, "logit_bias"),
         ({"logit_bias": {"-3": 1}}, "logit_bias"),
+        ({"logit_bias": {"012": 1}}, "logit_bias"),
         ({"logit_bias": {"12": True}}, "logit_bias"),
         ({"logit_bias": [12]}, "logit_bias"),
         ({"n": 0}, "n"),
@@ -200,8 +200,7 @@ def test_logit_bias_is_accepted_exactly_when_every_entry_is_a_token_id_and_a_bia
     biases: dict[str, Any],
 ) -> None:
     valid = all(
-        token.isascii()
-        and token.isdigit()
+        re.fullmatch(r"0|[1-9][0-9]{0,9}", token)
         and isinstance(bias, int | float)
         and not isinstance(bias, bool)
         and -100 <= bias <= 100
@@ -213,7 +212,10 @@ def test_logit_bias_is_accepted_exactly_when_every_entry_is_a_token_id_and_a_bia
         assert not valid, error.message
         return
     assert valid
-    assert params.logit_bias == {str(int(t)): float(b) for t, b in biases.items()}
+    assert params.logit_bias == tuple(sorted((int(t), float(b)) for t, b in biases.items()))
+    # What the tracker sends on, every node takes.
+    sent = params.sampling().to_json()
+    assert SamplingParams.from_mapping(sent).logit_bias == params.logit_bias
 
 
 def test_a_tracker_may_allow_more_choices_than_four() -> None:
