@@ -560,6 +560,27 @@ def test_a_head_refusing_sampling_the_tracker_checked_is_banned_even_for_an_unco
     assert net.banned() == {"liar"}
 
 
+def test_a_head_refusing_a_logit_bias_is_the_clients_400_as_only_nodes_know_the_vocabulary(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    refusal = {"error": {"message": "no", "type": "x", "code": "bad_sampling"}}
+    net.heads.plan("whole", Behaviour(status=400, body=refusal))
+    proxy = net.proxy(logit_bias={"999999": 3})
+
+    chunks = serve(proxy)
+
+    error = chunks[-1]["error"]
+    assert (error["code"], error["param"], error["type"]) == (
+        "bad_sampling",
+        "logit_bias",
+        "invalid_request_error",
+    )
+    assert net.heads.heads_asked() == ["whole"]
+    assert net.banned() == set()
+    assert net.heads.requests[0].sampling.logit_bias == ((999999, 3.0),)
+
+
 def test_usage_a_head_inflates_is_logged_and_billed_at_the_trackers_count(
     net: Net, caplog: pytest.LogCaptureFixture
 ) -> None:
