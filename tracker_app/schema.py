@@ -441,7 +441,6 @@ class TextCompletionsSchemaView(APIView):
                 "(its code)",
                 e401="invalid_api_key",
                 e404="model_not_found",
-                e405="method_not_allowed",
                 e411="length_required",
                 e413="request_too_large",
                 e429="rate_limit_exceeded",
