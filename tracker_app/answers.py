@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from nodes_app.protocol import sse_event
 from tracker_app.generation import Generation, Piece
+from tracker_app.parameters import GenerationParams
 
 
 class Answer(Protocol):
@@ -43,6 +44,14 @@ class Answer(Protocol):
     ) -> dict[str, Any]:
         """The whole answer (``stream: false``), its choices in order."""
         ...
+
+
+class AnswerKind(Protocol):
+    """An endpoint's answer shape: its id prefix, and an answer per request."""
+
+    id_prefix: str
+
+    def __call__(self, *, completion_id: str, created: int, params: GenerationParams) -> Answer: ...
 
 
 # Stands for the text in the one encoding of a request's text chunk (NULs: no

@@ -25,8 +25,8 @@ goes on with no gap and no repeated token. Each choice fails over on its own.
 
 Deadlines (ADR-0004): a choice waits for a busy route's slot at most
 ``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
-exponential back-off, then the request ends in a 503 ``route_busy`` with
-``Retry-After``; a head silent past :func:`~tracker_app.head_stream.silence_limit`
+exponential back-off (:mod:`tracker_app.slots`), then the request ends in a
+503 ``route_busy`` with ``Retry-After``; a head silent past :func:`~tracker_app.head_stream.silence_limit`
 (from ``MESHNET_HOP_STEP_TIMEOUT``) has failed, like a hop the head reports hung.
 """
 
@@ -40,9 +40,8 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import httpx
 from channels.db import database_sync_to_async
@@ -57,7 +56,7 @@ from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.services import route_sample_record, route_select
 from tracker_app import accounting, console
-from tracker_app.answers import Answer
+from tracker_app.answers import AnswerKind
 from tracker_app.billing import work_merged
 from tracker_app.chat import ChatAnswer
 from tracker_app.generation import Generation, Piece, Segment
@@ -66,37 +65,13 @@ from tracker_app.models import ApiKey
 from tracker_app.parameters import GenerationParams
 from tracker_app.progress import ProgressThrottle
 from tracker_app.prompt_tokens import echo_check, prompt_tokens_count
+from tracker_app.slots import SlotWait
 
 logger = logging.getLogger(__name__)
 
 MAX_FAILOVERS = 3
-# A route whose head or hop is at its session cap is waited for, not banned:
-# retry with back-off (busy_retry_delay), up to MESHNET_BUSY_DEADLINE in all.
-BUSY_RETRY_FIRST_SECONDS = 0.05
-BUSY_RETRY_MAX_SECONDS = 1.0
-# What a client refused for a busy route is told to wait (Retry-After): a few
-# of the tracker's own retry intervals, so the sessions that held the route
-# can end; sooner would only join the same queue.
-BUSY_RETRY_AFTER_SECONDS = 5
 # At most one progress event per request this often (leading and trailing edge).
 PROGRESS_INTERVAL_SECONDS = 0.5
-
-
-def busy_retry_delay(attempt: int, *, rng: random.Random) -> float:
-    """The wait before busy retry ``attempt`` (0 first): 50 ms doubling up to 1 s.
-
-    Each is drawn in the upper half of its step (jitter), so requests waiting
-    on one full node do not all retry in the same instant.
-    """
-    step = min(BUSY_RETRY_MAX_SECONDS, BUSY_RETRY_FIRST_SECONDS * 2 ** min(attempt, 32))
-    return step * rng.uniform(0.5, 1.0)
-
-
-class RouteBusyTooLong(DomainError):
-    """The route's nodes stayed at their session cap past the request's busy deadline."""
-
-    kind = ErrorKind.UNAVAILABLE
-    code = "route_busy"
 
 
 class UpstreamFailed(DomainError):
@@ -106,27 +81,9 @@ class UpstreamFailed(DomainError):
     code = "upstream_failed"
 
 
-class AnswerKind(Protocol):
-    """An endpoint's answer shape: its id prefix, and an answer per request."""
-
-    id_prefix: str
-
-    def __call__(self, *, completion_id: str, created: int, params: GenerationParams) -> Answer: ...
-
-
 # Requests this tracker process is streaming from each head: the queue a new
 # request joins there, as far as this tracker can see.
 _in_flight: Counter[str] = Counter()
-
-
-@dataclass
-class SlotWait:
-    """One choice's waiting for slots on busy routes: since when it waits now (None: it
-    does not), how long it waited before, which retry is next."""
-
-    since: float | None = None
-    waited: float = 0.0
-    attempt: int = 0
 
 
 class ChatProxy:
@@ -294,47 +251,23 @@ class ChatProxy:
 
     async def _generate(self, generation: Generation) -> AsyncGenerator[Piece, None]:
         """One choice's pieces, its end last, over as many routes as it takes."""
-        wait = SlotWait()
+        wait = SlotWait(
+            deadline=self.busy_deadline, clock=self.clock, sleep=self.sleep, rng=self.rng
+        )
         while True:
             try:
                 async for piece in self._segment(generation, wait):
                     yield piece
                 break
             except RouteBusy:
-                await self._wait_for_slot(wait)
+                await wait.wait()
             except HopFailure as failure:
                 generation.failovers += 1
-                self._busy_over(wait)
+                wait.over()
                 await self._fail_over(
                     generation, failure, exhausted=generation.failovers > MAX_FAILOVERS
                 )
         yield Piece(generation.choice, finish_reason=generation.finish_reason)
-
-    async def _wait_for_slot(self, wait: SlotWait) -> None:
-        """A node of the route is full: wait with back-off, up to the busy deadline in all.
-
-        Raises :class:`RouteBusyTooLong` (503, ``Retry-After``) once the
-        choice has waited ``busy_deadline`` seconds for slots, over all its
-        routes; no wait runs past the deadline.
-        """
-        now = self.clock()
-        if wait.since is None:
-            wait.since = now
-        left = self.busy_deadline - wait.waited - (now - wait.since)
-        if left <= 0:
-            raise RouteBusyTooLong(
-                f"The route's nodes stayed at their session cap for {self.busy_deadline:g} s; "
-                f"retry in {BUSY_RETRY_AFTER_SECONDS} s",
-                retry_after=BUSY_RETRY_AFTER_SECONDS,
-            )
-        await self.sleep(min(left, busy_retry_delay(wait.attempt, rng=self.rng)))
-        wait.attempt += 1
-
-    def _busy_over(self, wait: SlotWait) -> None:
-        """A slot was found (or the route failed): the next wait starts back-off afresh."""
-        if wait.since is not None:
-            wait.waited += self.clock() - wait.since
-        wait.since, wait.attempt = None, 0
 
     async def _use(self, decision: RouteDecision, generations: Sequence[Generation]) -> None:
         """Serve ``generations`` on ``decision``'s route from now on."""
@@ -412,7 +345,7 @@ class ChatProxy:
             async with aclosing(frames):
                 async for frame in frames:
                     if frame.token_ids:  # the whole route took the step: a slot at last
-                        self._busy_over(wait)
+                        wait.over()
                         self._progress.changed()
                     if self.params.echo and not generation.echoed:
                         yield generation.echo(frame)

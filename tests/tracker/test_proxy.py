@@ -44,8 +44,9 @@ from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console
 from tracker_app.chat import chat_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
-from tracker_app.proxy import BUSY_RETRY_AFTER_SECONDS, ChatProxy
+from tracker_app.proxy import ChatProxy
 from tracker_app.services import api_key_create
+from tracker_app.slots import BUSY_RETRY_AFTER_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
