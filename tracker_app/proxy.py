@@ -26,8 +26,9 @@ goes on with no gap and no repeated token. Each choice fails over on its own.
 Deadlines (ADR-0004): a choice waits for a busy route's slot at most
 ``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
 exponential back-off (:mod:`tracker_app.slots`), then the request ends in a
-503 ``route_busy`` with ``Retry-After``; a head silent past :func:`~tracker_app.head_stream.silence_limit`
-(from ``MESHNET_HOP_STEP_TIMEOUT``) has failed, like a hop the head reports hung.
+503 ``route_busy`` with ``Retry-After``; a head silent past
+:func:`~tracker_app.head_stream.silence_limit` (from ``MESHNET_HOP_STEP_TIMEOUT``)
+has failed, like a hop the head reports hung.
 """
 
 from __future__ import annotations
