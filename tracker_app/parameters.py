@@ -295,14 +295,6 @@ class GenerationParams:
             logit_bias=self.logit_bias,
         )
 
-    @property
-    def messages(self) -> Messages:
-        """The chat's messages (a chat request has one prompt, its messages)."""
-        prompt = self.prompts[0]
-        if isinstance(prompt, str):
-            raise TypeError("a legacy completion has a text prompt, not messages")
-        return prompt
-
 
 def generation_params(
     v: Mapping[str, Any],

@@ -32,7 +32,7 @@ def refused(body: bytes) -> DomainError:
 def test_it_accepts_a_minimal_request_with_openai_defaults() -> None:
     params = parse()
 
-    assert params.messages == [{"role": "user", "content": "hi"}]
+    assert params.prompts == ([{"role": "user", "content": "hi"}],)
     assert (params.stream, params.max_tokens, params.temperature) == (
         False,
         DEFAULT_MAX_TOKENS,
@@ -54,7 +54,7 @@ def test_it_joins_text_parts_and_takes_max_completion_tokens() -> None:
         route=["n1", "n2"],
     )
 
-    assert params.messages[0]["content"] == "ab"
+    assert params.prompts[0][0]["content"] == "ab"  # type: ignore[index]
     assert params.max_tokens == 7
     assert params.stop == ["\n"]
     assert params.route == ["n1", "n2"]
