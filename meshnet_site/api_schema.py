@@ -1,11 +1,12 @@
 """What the OpenAPI schema says about errors and credentials, for every app's endpoints.
 
 Every error reaches a client as ``{"error": {"message", "type", "code"}}``
-(:mod:`meshnet_site.errors`); :class:`ErrorBody` is that body, and
-:func:`error_responses` documents the statuses an operation really answers
-with it. The security schemes are the credentials the code really checks:
-a client's API key and a node's token (both ``Authorization: Bearer``), the
-metrics token, and a staff member's session cookie (DRF's own ``cookieAuth``).
+(and ``param`` when it names a request field; :mod:`meshnet_site.errors`);
+:class:`ErrorBody` is that body, and :func:`error_responses` documents the
+statuses an operation really answers with it. The security schemes are the
+credentials the code really checks: a client's API key and a node's token
+(both ``Authorization: Bearer``), the metrics token, and a staff member's
+session cookie (DRF's own ``cookieAuth``).
 A registration carries no credential: its body is signed by the node's wallet.
 """
 
@@ -70,6 +71,9 @@ class ErrorDetail(serializers.Serializer[dict[str, Any]]):
     message = serializers.CharField(help_text="For people")
     type = serializers.ChoiceField(choices=ERROR_TYPES, help_text="OpenAI's error type")
     code = serializers.CharField(help_text="Machine-readable, e.g. invalid_api_key")
+    param = serializers.CharField(
+        required=False, help_text="The request field at fault, when the error names one"
+    )
 
 
 @extend_schema_serializer(component_name="Error")

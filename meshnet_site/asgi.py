@@ -21,15 +21,19 @@ from django.urls import path, re_path  # noqa: E402
 
 from meshnet_site.asgi_guards import AllowedHostsGuard  # noqa: E402
 from meshnet_site.asgi_limits import BoundedBodies  # noqa: E402
-from tracker_app.chat_consumer import ChatCompletionsConsumer  # noqa: E402
+from tracker_app.chat_consumer import (  # noqa: E402
+    ChatCompletionsConsumer,
+    TextCompletionsConsumer,
+)
 from tracker_app.routing import websocket_urlpatterns  # noqa: E402
 
 router = ProtocolTypeRouter(
     {
-        # The chat endpoint streams through a Channels consumer; the rest is Django.
+        # The completion endpoints stream through Channels consumers; the rest is Django.
         "http": URLRouter(
             [
                 path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
+                path("v1/completions", TextCompletionsConsumer.as_asgi()),
                 re_path(r"", django_asgi_app),  # type: ignore[arg-type]  # an ASGI app, as URLRouter allows
             ]
         ),

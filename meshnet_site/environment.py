@@ -445,6 +445,12 @@ MAX_REQUEST_BYTES = NumberSetting("MESHNET_MAX_REQUEST_BYTES", 2**20, minimum=10
 BUSY_DEADLINE = NumberSetting("MESHNET_BUSY_DEADLINE", 120.0, minimum=1.0, maximum=3600.0)
 HOP_STEP_TIMEOUT = NumberSetting("MESHNET_HOP_STEP_TIMEOUT", 30.0, minimum=1.0, maximum=600.0)
 
+# The most choices one completion request may ask for (OpenAI's ``n``, times the
+# prompts of a legacy completion's list): each is a generation of its own, run
+# at once with the others, holding a session on every node of its route.
+# 128 is OpenAI's own ceiling for ``n``.
+MAX_CHOICES = NumberSetting("MESHNET_MAX_CHOICES", 4, minimum=1, maximum=128, integer=True)
+
 # PostgreSQL connections one process holds at most (its pool; see database_config).
 DATABASE_POOL_SIZE = NumberSetting(
     "MESHNET_DATABASE_POOL_SIZE", 20, minimum=1, maximum=1000, integer=True

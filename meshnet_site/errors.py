@@ -68,11 +68,13 @@ class DomainError(Exception):
 
     Subclasses fix the kind (and often the code) for one failure of their
     domain, e.g. ``NoRouteAvailable``. ``retry_after`` (seconds) tells a
-    caller when trying again may succeed.
+    caller when trying again may succeed. ``param`` names the request field
+    at fault, as OpenAI's errors do, when there is one.
     """
 
     kind: ErrorKind = ErrorKind.INVALID
     code: str = "invalid_request"
+    param: str | None = None
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class DomainError(Exception):
         code: str | None = None,
         kind: ErrorKind | None = None,
         retry_after: int | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -88,6 +91,8 @@ class DomainError(Exception):
             self.code = code
         if kind is not None:
             self.kind = kind
+        if param is not None:
+            self.param = param
         self.retry_after = retry_after
 
 
@@ -144,13 +149,18 @@ class HttpError:
 def http_error(error: DomainError) -> HttpError:
     status_code, error_type = HTTP_STATUS[error.kind]
     headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
-    return HttpError(
-        status_code, error_body(error.message, code=error.code, error_type=error_type), headers
-    )
+    body = error_body(error.message, code=error.code, error_type=error_type, param=error.param)
+    return HttpError(status_code, body, headers)
 
 
-def error_body(message: str, *, code: str, error_type: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "code": code}}
+def error_body(
+    message: str, *, code: str, error_type: str, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error body; ``param`` (the request field at fault) only when one is named."""
+    error = {"message": message, "type": error_type, "code": code}
+    if param is not None:
+        error["param"] = param
+    return {"error": error}
 
 
 def validation_message(detail: Any) -> str:

@@ -164,6 +164,7 @@ SPECTACULAR_SETTINGS = {
         "ErrorTypeEnum": "meshnet_site.api_schema.ERROR_TYPES",
         "ChatRoleEnum": "tracker_app.chat.ROLES",
         "AssistantRoleEnum": ["assistant"],
+        "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],
     },
 }
@@ -225,6 +226,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MESHNET_MAX_REQUEST_BYTES
 # slot, and the seconds a node may take for one step (``runnode --step-timeout``).
 MESHNET_BUSY_DEADLINE = env_.BUSY_DEADLINE.read(ENV)
 MESHNET_HOP_STEP_TIMEOUT = env_.HOP_STEP_TIMEOUT.read(ENV)
+# The most choices (n, times a legacy completion's prompts) one request may ask for.
+MESHNET_MAX_CHOICES = int(env_.MAX_CHOICES.read(ENV))
 
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)

@@ -1,9 +1,10 @@
 """Tracker URLs: dashboard, admin, node registry API, the plan-signing key, OpenAPI
-schema, health and metrics."""
+schema, health and metrics. (The completion endpoints are Channels consumers:
+``meshnet_site.asgi``.)"""
 
 from django.contrib import admin
 from django.contrib.auth.views import LogoutView
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.authentication import SessionAuthentication
@@ -38,4 +39,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("healthz", tracker_views.healthz, name="healthz"),
     path("metrics", tracker_views.metrics, name="prometheus-django-metrics"),
+    # Last: any other path of the OpenAI API is a JSON 404, as OpenAI's clients expect.
+    re_path(r"^v1/", tracker_views.api_not_found, name="api-not-found"),
 ]

@@ -10,8 +10,8 @@ a request that may have failed over between routes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from typing import Protocol
 
@@ -90,6 +90,18 @@ def request_work(*, prompt_tokens: int, routes: Sequence[ServedRoute]) -> list[H
         if route.produced or index == len(routes) - 1
         for hop in route.hops
     ]
+
+
+def work_merged(work: Iterable[HopWork]) -> list[HopWork]:
+    """The work of several generations of one request (its choices), one unit per hop of
+    each route: the tokens of the same node running the same layers on the same route
+    are summed, in order of first appearance."""
+    merged: dict[tuple[str, int, int, str], HopWork] = {}
+    for unit in work:
+        key = (unit.node_id, unit.start_layer, unit.end_layer, unit.route_signature)
+        seen = merged.get(key)
+        merged[key] = unit if seen is None else replace(seen, tokens=seen.tokens + unit.tokens)
+    return list(merged.values())
 
 
 @dataclass(frozen=True)

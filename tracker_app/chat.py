@@ -1,49 +1,39 @@
 """The OpenAI chat request as Meshnet accepts it, and the chunks it answers with.
 
-``chat_params_parse`` turns a raw request body into ``ChatParams`` or raises
-``InvalidChatRequest`` (400) naming every bad field; ``completion_chunk`` and
-``completion_reply`` give OpenAI's ``chat.completion.chunk`` /
+``chat_params_parse`` turns a raw request body into
+:class:`~tracker_app.parameters.GenerationParams` or raises a 400 naming every
+bad field, or every OpenAI parameter Meshnet does not honour.
+:class:`ChatAnswer` gives OpenAI's ``chat.completion.chunk`` /
 ``chat.completion`` shapes (the chunk's is the protocol's, shared with the
-head); :class:`ContentEvents` writes a text chunk's server-sent event with the
-request's fixed fields encoded once, not once per token. Limits that also
-bind the nodes (stop sequences) are the protocol's.
+head, indexed by choice). Limits that also bind the nodes (stop sequences)
+are the protocol's.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from rest_framework import serializers
 
-from meshnet_site.errors import DomainError, ErrorKind, validation_message
-from nodes_app.protocol import (
-    DEFAULT_MAX_TOKENS,
-    PENALTY_MAX,
-    PENALTY_MIN,
-    SEED_MAX,
-    TEMPERATURE_MAX,
-    TOP_K_MAX,
-    TOP_P_MIN,
-    ProtocolError,
-    SamplingParams,
-    completion_chunk,
-    sse_event,
-    stop_sequences,
+from nodes_app.protocol import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX, completion_chunk, sse_event
+from tracker_app.answers import TextEvents
+from tracker_app.generation import Generation, Piece
+from tracker_app.parameters import (
+    CHAT_REFUSED,
+    DEFAULT_MAX_CHOICES,
+    MAX_MAX_TOKENS,
+    GenerationFields,
+    GenerationParams,
+    fields_validate,
+    generation_params,
+    request_fields,
+    unsupported_refuse,
 )
 
-__all__ = [
-    "DEFAULT_MAX_TOKENS",
-    "ChatParams",
-    "ContentEvents",
-    "InvalidChatRequest",
-    "chat_params_parse",
-    "completion_chunk",
-    "completion_reply",
-]
+__all__ = ["DEFAULT_MAX_TOKENS", "ChatAnswer", "chat_params_parse", "choice_chunk"]
 
-MAX_MAX_TOKENS = 4096
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
@@ -67,170 +57,135 @@ class _Message(serializers.Serializer[dict[str, Any]]):
         raise serializers.ValidationError("must be a string or a list of text parts")
 
 
-class _ChatRequest(serializers.Serializer[dict[str, Any]]):
-    model = serializers.CharField(max_length=64)
+class _ChatRequest(GenerationFields):
     messages = _Message(many=True, allow_empty=False)
-    stream = serializers.BooleanField(default=False)
-    max_tokens = serializers.IntegerField(min_value=1, max_value=MAX_MAX_TOKENS, required=False)
+    max_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_MAX_TOKENS, required=False, allow_null=True
+    )
     max_completion_tokens = serializers.IntegerField(
-        min_value=1, max_value=MAX_MAX_TOKENS, required=False
+        min_value=1, max_value=MAX_MAX_TOKENS, required=False, allow_null=True
     )
-    # The sampling ranges are the protocol's, which every node checks again.
-    temperature = serializers.FloatField(min_value=0.0, max_value=TEMPERATURE_MAX, default=1.0)
-    top_p = serializers.FloatField(min_value=TOP_P_MIN, max_value=1.0, default=1.0)
-    top_k = serializers.IntegerField(min_value=0, max_value=TOP_K_MAX, default=0)
-    seed = serializers.IntegerField(
-        min_value=0, max_value=SEED_MAX, required=False, allow_null=True, default=None
+    logprobs = serializers.BooleanField(required=False, allow_null=True)
+    top_logprobs = serializers.IntegerField(
+        min_value=0, max_value=TOP_LOGPROBS_MAX, required=False, allow_null=True
     )
-    # Accepted for OpenAI clients and range-checked like OpenAI; not applied.
-    frequency_penalty = serializers.FloatField(
-        min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False
-    )
-    presence_penalty = serializers.FloatField(
-        min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False
-    )
-    stop = serializers.JSONField(required=False, default=None, allow_null=True)
-    n = serializers.IntegerField(min_value=1, max_value=1, default=1)
-    route = serializers.ListField(
-        child=serializers.CharField(max_length=64), allow_empty=False, required=False
-    )
-    user = serializers.CharField(required=False, allow_blank=True)
-
-    def validate_stop(self, value: Any) -> list[str]:
-        try:
-            return stop_sequences(value)
-        except ProtocolError as error:
-            raise serializers.ValidationError(error.message) from None
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        # The nodes' own check, so the tracker never forwards what a node refuses.
-        try:
-            SamplingParams.from_mapping(
-                {key: attrs[key] for key in ("temperature", "top_p", "top_k", "seed")}
-            )
-        except ProtocolError as error:
-            raise serializers.ValidationError(error.message) from None
-        return attrs
+        if (attrs.get("top_logprobs") or 0) > 0 and not attrs.get("logprobs"):
+            raise serializers.ValidationError({"top_logprobs": "needs logprobs: true"})
+        return super().validate(attrs)
 
 
-class InvalidChatRequest(DomainError):
-    """The chat request body is not one Meshnet can serve; the message names why."""
-
-    kind = ErrorKind.INVALID
-    code = "invalid_request"
-
-
-@dataclass(frozen=True)
-class ChatParams:
-    model: str
-    messages: list[dict[str, str]]
-    stream: bool
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: list[str]
-    route: list[str] | None
-
-    @property
-    def sampling(self) -> SamplingParams:
-        """The sampling parameters the head node takes."""
-        return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed
-        )
-
-
-def _no_constant(name: str) -> Any:
-    # Python's json reads NaN and Infinity, which JSON itself does not allow.
-    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
-
-
-def chat_params_parse(body: bytes) -> ChatParams:
-    """Validate a raw chat request body; :class:`InvalidChatRequest` names what is wrong."""
-    try:
-        raw = json.loads(body or b"null", parse_constant=_no_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidChatRequest(
-            f"Request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    if not isinstance(raw, dict):
-        raise InvalidChatRequest("Request body must be a JSON object")
-    data = _ChatRequest(data=raw)
-    if not data.is_valid():
-        raise InvalidChatRequest(validation_message(data.errors))
-    v = data.validated_data
-    return ChatParams(
-        model=v["model"],
-        messages=[{"role": m["role"], "content": m["content"]} for m in v["messages"]],
-        stream=v["stream"],
+def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) -> GenerationParams:
+    """Validate a raw chat request body: :class:`~tracker_app.parameters.InvalidRequest`
+    names every bad field, :class:`~tracker_app.parameters.UnsupportedParameter` every
+    OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
+    raw = request_fields(body)
+    unsupported_refuse(raw, CHAT_REFUSED)
+    v = fields_validate(_ChatRequest(data=raw))
+    messages = [{"role": m["role"], "content": m["content"]} for m in v["messages"]]
+    return generation_params(
+        v,
+        prompts=(messages,),
         max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or DEFAULT_MAX_TOKENS,
-        temperature=v["temperature"],
-        top_p=v["top_p"],
-        top_k=v["top_k"],
-        seed=v["seed"],
-        stop=v["stop"],
-        route=v.get("route"),
+        max_choices=max_choices,
+        logprobs=bool(v.get("logprobs")),
+        top_logprobs=v.get("top_logprobs") or 0,
     )
 
 
-def completion_reply(
+def choice_chunk(
     *,
     completion_id: str,
     created: int,
     model: str,
-    content: str,
-    finish_reason: str,
-    usage: dict[str, int],
-    meshnet: dict[str, Any],
+    choice: int,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage,
-        "meshnet": meshnet,
-    }
+    """A ``chat.completion.chunk`` of choice ``choice`` (the protocol's shape, indexed)."""
+    chunk = completion_chunk(
+        completion_id=completion_id,
+        created=created,
+        model=model,
+        delta=delta,
+        finish_reason=finish_reason,
+        **extra,
+    )
+    chunk["choices"][0]["index"] = choice
+    return chunk
 
 
-# Stands for the text in the one encoding of a request's text chunk (NULs: no
-# model name or id the tracker accepts holds them, and they are escaped in JSON).
-_TEXT_MARK = "\x00meshnet-text\x00"
+class ChatAnswer:
+    """The chat endpoint's answer: ``chat.completion.chunk`` events, each choice opening
+    with its role, or one ``chat.completion``."""
 
+    id_prefix = "chatcmpl-"
 
-@dataclass(frozen=True)
-class ContentEvents:
-    """The client's server-sent event of one text chunk of a request, byte for byte
-    ``sse_event(completion_chunk(…, delta={"content": text}))``.
+    def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
+        self.completion_id, self.created, self.model = completion_id, created, params.model
+        self.choices = params.choices
+        self.logprobs = params.logprobs
+        self._text = [
+            TextEvents.around(partial(self._text_chunk, choice)) for choice in range(self.choices)
+        ]
 
-    Everything but the text (id, created, model, the choice's frame) is
-    encoded once per request; each token costs the JSON of its text only.
-    """
+    def _text_chunk(self, choice: int, text: str) -> dict[str, Any]:
+        return self._chunk(choice, delta={"content": text})
 
-    before: bytes
-    after: bytes
-
-    @classmethod
-    def of(cls, *, completion_id: str, created: int, model: str) -> ContentEvents:
-        event = sse_event(
-            completion_chunk(
-                completion_id=completion_id,
-                created=created,
-                model=model,
-                delta={"content": _TEXT_MARK},
-            )
+    def _chunk(self, choice: int, **fields: Any) -> dict[str, Any]:
+        return choice_chunk(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            choice=choice,
+            **fields,
         )
-        # The text comes after every other string field of the chunk: its mark is the last.
-        before, _, after = event.rpartition(json.dumps(_TEXT_MARK).encode())
-        return cls(before=before, after=after)
 
-    def event(self, text: str) -> bytes:
-        return self.before + json.dumps(text).encode() + self.after
+    def opening(self, meshnet: dict[str, Any]) -> list[bytes]:
+        return [
+            sse_event(
+                self._chunk(
+                    choice,
+                    delta={"role": "assistant", "content": ""},
+                    **({"meshnet": meshnet} if choice == 0 else {}),
+                )
+            )
+            for choice in range(self.choices)
+        ]
+
+    def piece(self, piece: Piece) -> bytes:
+        if not piece.logprobs:
+            return self._text[piece.choice].event(piece.text)
+        content = [entry.to_json() for entry in piece.logprobs]
+        return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
+
+    def finish(self, choice: int, finish_reason: str, usage: dict[str, int] | None) -> bytes:
+        extra = {} if usage is None else {"usage": usage}
+        return sse_event(self._chunk(choice, delta={}, finish_reason=finish_reason, **extra))
+
+    def reply(
+        self, generations: Sequence[Generation], usage: dict[str, int], meshnet: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": generation.choice,
+                    "message": {"role": "assistant", "content": generation.content},
+                    "logprobs": (
+                        {"content": [entry.to_json() for entry in generation.logprobs]}
+                        if self.logprobs
+                        else None
+                    ),
+                    "finish_reason": generation.finish_reason,
+                }
+                for generation in generations
+            ],
+            "usage": usage,
+            "meshnet": meshnet,
+        }

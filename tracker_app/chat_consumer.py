@@ -1,4 +1,9 @@
-"""``POST /v1/chat/completions`` served through Channels, streaming with no buffering.
+"""``POST /v1/chat/completions`` and ``POST /v1/completions`` served through Channels,
+streaming with no buffering.
+
+One consumer serves both (:class:`CompletionsConsumer`); each endpoint's
+subclass names its parser and its answer shape, everything else (key, rate
+limit, the proxy, streaming, errors) is the same.
 
 The whole request is handled in a task of its own, so that the consumer keeps
 listening for ``http.disconnect``: a client that goes away cancels the
@@ -32,10 +37,13 @@ from meshnet_site.errors import (
 )
 from nodes_app.protocol import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
+from tracker_app.answers import AnswerKind
 from tracker_app.authentication import InvalidApiKey
-from tracker_app.chat import chat_params_parse, completion_reply
+from tracker_app.chat import ChatAnswer, chat_params_parse
+from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
 from tracker_app.dashboard_chat import dashboard_chat_api_key
 from tracker_app.models import ApiKey
+from tracker_app.parameters import GenerationParams
 from tracker_app.proxy import ChatProxy
 from tracker_app.ratelimit import rate_limit_check
 from tracker_app.services import api_key_lookup
@@ -76,7 +84,10 @@ class TrackerFailed(DomainError):
     code = "internal_error"
 
 
-class ChatCompletionsConsumer(AsyncHttpConsumer):
+class CompletionsConsumer(AsyncHttpConsumer):
+    """A completion endpoint: ``parse`` reads its body, ``answer`` shapes its answer."""
+
+    answer: AnswerKind
     # No channel layer: a chat request receives nothing from other processes, and
     # joining the layer would cost every request a Redis round trip and fail it
     # while Redis is away (an alias that is not configured gives no layer).
@@ -143,7 +154,7 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             if self.scope["method"] != "POST":
                 raise MethodNotAllowed("Use POST")
             api_key = await self._authenticate()
-            params = chat_params_parse(body)
+            params = self.parse(body, max_choices=settings.MESHNET_MAX_CHOICES)
             model = await database_call(language_model_get)(key=params.model)
             await database_call(rate_limit_check)(
                 key_hash=api_key.key_hash,
@@ -156,6 +167,7 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
                 model=model,
                 client=upstream_client(),
                 fee_share=settings.MESHNET_NETWORK_FEE_SHARE,
+                answer=self.answer,
             )
             await self.proxy.start()
         except DomainError as error:
@@ -165,6 +177,9 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
             await self._stream(self.proxy)
         else:
             await self._reply(self.proxy)
+
+    def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
+        raise NotImplementedError
 
     async def disconnect(self) -> None:
         # The task records the cancellation itself (see handle).
@@ -189,19 +204,10 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         # Read the head's stream even here, so the Call wall shows live progress.
         async for _ in proxy.run():
             pass
-        outcome = proxy.outcome
-        if outcome.error is not None:
-            await self._send_error(outcome.error)
+        if proxy.error is not None:
+            await self._send_error(proxy.error)
             return
-        reply = completion_reply(
-            completion_id=proxy.completion_id,
-            created=proxy.created,
-            model=proxy.params.model,
-            content=outcome.content,
-            finish_reason=outcome.finish_reason,
-            usage=outcome.usage,
-            meshnet=proxy.meshnet,
-        )
+        reply = proxy.answer.reply(proxy.generations, proxy.usage, proxy.meshnet)
         await self.send_response(
             200, _json(reply), headers=[(b"Content-Type", b"application/json")]
         )
@@ -224,3 +230,21 @@ class ChatCompletionsConsumer(AsyncHttpConsumer):
         headers = [(b"Content-Type", b"application/json")]
         headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
         await self.send_response(answer.status, _json(answer.body), headers=headers)
+
+
+class ChatCompletionsConsumer(CompletionsConsumer):
+    """``POST /v1/chat/completions``."""
+
+    answer = ChatAnswer
+
+    def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
+        return chat_params_parse(body, max_choices=max_choices)
+
+
+class TextCompletionsConsumer(CompletionsConsumer):
+    """``POST /v1/completions``: OpenAI's legacy text completions."""
+
+    answer = TextCompletionAnswer
+
+    def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
+        return text_completion_params_parse(body, max_choices=max_choices)

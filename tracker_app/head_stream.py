@@ -15,7 +15,10 @@ one of three things, each asking the caller for a different response:
   client's only when the tracker could not check the prompt itself
   (``prompt_checked`` false): a head that refuses a request the tracker
   validated — sampling in range, a prompt it counted and found fitting — is
-  lying or broken, a :class:`HopFailure`.
+  lying or broken, a :class:`HopFailure`. One sampling field the tracker
+  cannot check whole: a ``logit_bias`` id past the vocabulary, which only a
+  node knows; a ``bad_sampling`` refusal of a request with a ``logit_bias``
+  is the client's.
 - :class:`RouteBusy`: a node of the route is at its session cap (the head's
   503, or a ``hop_busy`` frame): wait for a slot, ban nobody.
 - :class:`HopFailure`: a node of the route failed (connection error, any
@@ -72,7 +75,8 @@ CLIENT_FAULTS = {
 # --max-prompt-chars): the client's, even for a prompt the tracker counted.
 SIZE_REFUSALS = frozenset({"prompt_too_long", "request_too_large"})
 # A head's 400 codes refusing what the tracker checks on every request with the
-# same rule before sending it: the head's fault, whether or not the prompt was counted.
+# same rule before sending it: the head's fault, whether or not the prompt was counted
+# (but for a logit_bias: the tracker has no vocabulary to check its token ids against).
 TRACKER_CHECKED = frozenset({"bad_sampling"})
 # At most this much of a head's error answer is read.
 MAX_REFUSAL_BYTES = 64 * 1024
@@ -94,16 +98,17 @@ class RouteBusy(Exception):
     """A node of the route is at its session cap: wait for a slot, ban nobody."""
 
 
-def silence_limit(*, step_timeout: float, hops: int, positions: int) -> float:
+def silence_limit(*, step_timeout: float, hops: int, positions: int, echo: bool = False) -> float:
     """The longest a head of a ``hops``-hop route may send nothing, in seconds.
 
     Each step the head runs its own layers, then sends the step to each hop in
     turn, each with ``step_time_limit`` to answer (``positions``: the prefill's,
-    the longest step); a head streams a frame or a comment after every step.
-    One limit more lets the head report a hop it gave up on before the tracker
-    gives up on the head.
+    the longest step; an ``echo``'s prefill gives the route's last node longer);
+    a head streams a frame or a comment after every step. One limit more lets
+    the head report a hop it gave up on before the tracker gives up on the head.
     """
-    return (hops + 1) * step_time_limit(step_timeout, positions)
+    each = step_time_limit(step_timeout, positions)
+    return hops * each + step_time_limit(step_timeout, positions, echo=echo)
 
 
 class HeadRefused(DomainError):
@@ -154,7 +159,12 @@ async def head_stream(
             if response.status_code != status.HTTP_200_OK:
                 body = await _read_at_most(response, MAX_REFUSAL_BYTES)
                 code = _error_code(head.node_id, response.status_code, body)
-                kind = _clients_fault(response.status_code, code, prompt_checked=prompt_checked)
+                kind = _clients_fault(
+                    response.status_code,
+                    code,
+                    prompt_checked=prompt_checked,
+                    sampling_checked=not request.sampling.logit_bias,
+                )
                 if kind is not None:
                     raise _refusal(head.node_id, code, kind=kind)
                 raise HopFailure(
@@ -207,21 +217,27 @@ async def head_stream(
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
 
 
-def _clients_fault(status_code: int, code: str | None, *, prompt_checked: bool) -> ErrorKind | None:
+def _clients_fault(
+    status_code: int, code: str | None, *, prompt_checked: bool, sampling_checked: bool
+) -> ErrorKind | None:
     """How the client sees a head's refusal if it is the client's fault; None if the head's.
 
     A 413 or a 400 ``prompt_too_long`` refuses the request's size against the
     head's own caps, which the tracker cannot check: the client's. A 400
     ``bad_sampling`` refuses what the tracker already checked with the very same
-    rule (``SamplingParams.from_mapping``): the head's. Any other 400 is the
-    client's unless the tracker counted the prompt and found it fitting.
+    rule (``SamplingParams.from_mapping``): the head's, unless the sampling holds
+    what only a node can check (``sampling_checked`` false: a logit_bias's token
+    ids). Any other 400 is the client's unless the tracker counted the prompt
+    and found it fitting.
     """
     kind = CLIENT_FAULTS.get(status_code)
     if kind is None:
         return None
     if status_code == status.HTTP_413_REQUEST_ENTITY_TOO_LARGE or code in SIZE_REFUSALS:
         return kind
-    if code in TRACKER_CHECKED or prompt_checked:
+    if code in TRACKER_CHECKED:
+        return None if sampling_checked else kind
+    if prompt_checked:
         return None
     return kind
 
@@ -250,4 +266,13 @@ def _error_code(node_id: str, status_code: int, body: bytes) -> str | None:
 
 def _refusal(node_id: str, code: str | None, *, kind: ErrorKind) -> HeadRefused:
     code = code or ("request_too_large" if kind is ErrorKind.TOO_LARGE else "invalid_request")
+    if code in TRACKER_CHECKED:
+        # All the tracker could not check of the sampling is a logit_bias's token ids.
+        return HeadRefused(
+            f"Node {node_id} refused the request ({code}): a logit_bias token id is not in "
+            "the model's vocabulary",
+            code=code,
+            kind=kind,
+            param="logit_bias",
+        )
     return HeadRefused(f"Node {node_id} refused the request ({code})", code=code, kind=kind)

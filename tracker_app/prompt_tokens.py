@@ -20,14 +20,14 @@ count is billed only up to it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from meshnet_site.errors import DomainError, ErrorKind
-from nodes_app.prompting import TemplateRefused, prompt_token_ids
+from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
+from nodes_app.protocol import ECHO_MAX_SCORES, echo_scores
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
-from tracker_app.chat import InvalidChatRequest
+from tracker_app.parameters import InvalidRequest, Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -60,35 +60,55 @@ class PromptCount:
         return reported == self.tokens if self.exact else reported <= self.tokens
 
 
-def prompt_tokens_count(
-    *, weight_source: str, messages: Sequence[dict[str, str]], max_tokens: int
-) -> PromptCount:
-    """Count the prompt of ``messages`` for the model at ``weight_source``.
+def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) -> PromptCount:
+    """Count ``prompt`` (chat messages, or a legacy completion's text) for the model at
+    ``weight_source``.
 
-    Raises :class:`~tracker_app.chat.InvalidChatRequest` (the template rejects the
-    messages) or :class:`ContextLengthExceeded` (400s)
-    where the head would refuse. Tokenises on the calling thread: call it
-    off the event loop.
+    Raises :class:`~tracker_app.parameters.InvalidRequest` (the template rejects the
+    messages, a text prompt of no tokens) or :class:`ContextLengthExceeded`
+    (400s) where the head would refuse. Tokenises on the calling thread: call
+    it off the event loop.
     """
     text = model_text(weight_source)
     if text is None:
-        return PromptCount(tokens=prompt_tokens_bound(messages), exact=False)
-    try:
-        prompt = prompt_token_ids(text.tokenizer, messages)
-    except TemplateRefused as error:
-        raise InvalidChatRequest(error.message) from error
-    if text.context_length is not None and len(prompt) + max_tokens > text.context_length:
+        return PromptCount(tokens=prompt_tokens_bound(prompt), exact=False)
+    if isinstance(prompt, str):
+        ids = text_token_ids(text.tokenizer, prompt)
+        if not ids:
+            raise InvalidRequest("prompt: the prompt is empty (no tokens)", param="prompt")
+    else:
+        try:
+            ids = prompt_token_ids(text.tokenizer, prompt)
+        except TemplateRefused as error:
+            raise InvalidRequest(error.message) from error
+    if text.context_length is not None and len(ids) + max_tokens > text.context_length:
         raise ContextLengthExceeded(
-            f"The prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+            f"The prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
             f"model's context of {text.context_length} tokens"
         )
-    return PromptCount(tokens=len(prompt), exact=True)
+    return PromptCount(tokens=len(ids), exact=True)
 
 
-def prompt_tokens_bound(messages: Sequence[dict[str, str]]) -> int:
-    """An upper bound of any tokenisation of ``messages`` under a chat template."""
-    text = sum(len(m["role"].encode()) + len(m["content"].encode()) for m in messages)
-    return text + MESSAGE_ALLOWANCE * len(messages) + TEMPLATE_ALLOWANCE
+def echo_check(*, prompt: PromptCount, top_logprobs: int) -> None:
+    """Refuse an echo a head would refuse: more than ``ECHO_MAX_SCORES`` logprobs for the
+    prompt's tokens and their alternatives (400 ``prompt_too_long``, as the head says)."""
+    scores = echo_scores(prompt.tokens, top_logprobs)
+    if prompt.exact and scores > ECHO_MAX_SCORES:
+        raise InvalidRequest(
+            f"prompt: echoing its {prompt.tokens} tokens with {top_logprobs} alternatives each "
+            f"is {scores} logprobs; at most {ECHO_MAX_SCORES} are reported",
+            code="prompt_too_long",
+            param="prompt",
+        )
+
+
+def prompt_tokens_bound(prompt: Prompt) -> int:
+    """An upper bound of any tokenisation of ``prompt``: raw text (a BOS and such), or
+    messages under a chat template."""
+    if isinstance(prompt, str):
+        return len(prompt.encode()) + MESSAGE_ALLOWANCE
+    text = sum(len(m["role"].encode()) + len(m["content"].encode()) for m in prompt)
+    return text + MESSAGE_ALLOWANCE * len(prompt) + TEMPLATE_ALLOWANCE
 
 
 @lru_cache(maxsize=32)

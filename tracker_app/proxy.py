@@ -1,15 +1,17 @@
-"""The chat proxy: run one client request along a learned route, with failover.
+"""The completion proxy: run one client request along a learned route, with failover.
 
-``ChatProxy.run()`` chooses the route, streams the head node's frames
-(:mod:`tracker_app.head_stream`; the contract is :mod:`nodes_app.protocol`)
-and yields the client's ``chat.completion.chunk`` server-sent events as
-tokens arrive. Along the way it emits the console events of the Call wall,
-and at the end it records the request, bills it
-(:func:`tracker_app.billing.request_work`) and teaches the router the
-route's speed.
+``ChatProxy`` serves both completion endpoints (chat and legacy text): it
+chooses the route, runs each of the request's choices (``n`` for each prompt,
+:class:`~tracker_app.generation.Generation`) at once on it, streams the head
+nodes' frames (:mod:`tracker_app.head_stream`; the contract is
+:mod:`nodes_app.protocol`) and yields the client's server-sent events in the
+endpoint's shape (:mod:`tracker_app.answers`) as tokens arrive. Along the way
+it emits the console events of the Call wall, and at the end it records the
+request, bills it (one unit of work per hop of every route any choice used,
+:mod:`tracker_app.billing`) and teaches the router the route's speed.
 
 Per token (the hot path) it only counts the token ids, writes the client's
-event from a per-request template (:class:`~tracker_app.chat.ContentEvents`)
+event from a per-request template (:class:`~tracker_app.answers.TextEvents`)
 and marks progress changed: no database, no channel layer. Progress reaches
 the dashboards through :class:`~tracker_app.progress.ProgressThrottle`, at
 most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
@@ -17,15 +19,16 @@ most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
 
 If a hop dies mid-generation the node is banned with exponential back-off
 (:mod:`routing_app.bans`; a success clears it), a new route is chosen
-without it, and generation resumes on the new head by replaying the prompt
-plus every token already produced: the client's stream goes on with no gap
-and no repeated token.
+without it for that choice, and its generation resumes on the new head by
+replaying the prompt plus every token already produced: the client's stream
+goes on with no gap and no repeated token. Each choice fails over on its own.
 
-Deadlines (ADR-0004): a request waits for a busy route's slot at most
+Deadlines (ADR-0004): a choice waits for a busy route's slot at most
 ``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
-exponential back-off, then ends in a 503 ``route_busy`` with ``Retry-After``;
-a head silent past :func:`~tracker_app.head_stream.silence_limit` (from
-``MESHNET_HOP_STEP_TIMEOUT``) has failed, like a hop the head reports hung.
+exponential back-off (:mod:`tracker_app.slots`), then the request ends in a
+503 ``route_busy`` with ``Retry-After``; a head silent past
+:func:`~tracker_app.head_stream.silence_limit` (from ``MESHNET_HOP_STEP_TIMEOUT``)
+has failed, like a hop the head reports hung.
 """
 
 from __future__ import annotations
@@ -36,11 +39,10 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import httpx
 from django.conf import settings
@@ -50,49 +52,27 @@ from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
-from nodes_app.protocol import ChunkFrame, GenerateRequest, PlanHop, Usage, sse_event
+from nodes_app.protocol import GenerateRequest, PlanHop, Usage, sse_event
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
-from routing_app.planner import Hop
 from routing_app.services import route_sample_record, route_select, route_session_close
 from tracker_app import accounting, console
-from tracker_app.billing import request_work
-from tracker_app.chat import ChatParams, ContentEvents, completion_chunk
+from tracker_app.answers import AnswerKind
+from tracker_app.billing import work_merged
+from tracker_app.chat import ChatAnswer
+from tracker_app.generation import Generation, Piece, Segment
 from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
 from tracker_app.models import ApiKey
+from tracker_app.parameters import GenerationParams
 from tracker_app.progress import ProgressThrottle
-from tracker_app.prompt_tokens import PromptCount, prompt_tokens_count
+from tracker_app.prompt_tokens import echo_check, prompt_tokens_count
+from tracker_app.slots import SlotWait
 
 logger = logging.getLogger(__name__)
 
 MAX_FAILOVERS = 3
-# A route whose head or hop is at its session cap is waited for, not banned:
-# retry with back-off (busy_retry_delay), up to MESHNET_BUSY_DEADLINE in all.
-BUSY_RETRY_FIRST_SECONDS = 0.05
-BUSY_RETRY_MAX_SECONDS = 1.0
-# What a client refused for a busy route is told to wait (Retry-After): a few
-# of the tracker's own retry intervals, so the sessions that held the route
-# can end; sooner would only join the same queue.
-BUSY_RETRY_AFTER_SECONDS = 5
 # At most one progress event per request this often (leading and trailing edge).
 PROGRESS_INTERVAL_SECONDS = 0.5
-
-
-def busy_retry_delay(attempt: int, *, rng: random.Random) -> float:
-    """The wait before busy retry ``attempt`` (0 first): 50 ms doubling up to 1 s.
-
-    Each is drawn in the upper half of its step (jitter), so requests waiting
-    on one full node do not all retry in the same instant.
-    """
-    step = min(BUSY_RETRY_MAX_SECONDS, BUSY_RETRY_FIRST_SECONDS * 2 ** min(attempt, 32))
-    return step * rng.uniform(0.5, 1.0)
-
-
-class RouteBusyTooLong(DomainError):
-    """The route's nodes stayed at their session cap past the request's busy deadline."""
-
-    kind = ErrorKind.UNAVAILABLE
-    code = "route_busy"
 
 
 class UpstreamFailed(DomainError):
@@ -107,53 +87,20 @@ class UpstreamFailed(DomainError):
 _in_flight: Counter[str] = Counter()
 
 
-@dataclass
-class Segment:
-    """The part of one request served by one route."""
-
-    decision: RouteDecision
-    replayed: int  # tokens produced earlier and prefilled again on this route
-    started: float
-    produced: int = 0
-
-    @property
-    def signature(self) -> str:
-        return self.decision.plan.signature
-
-    @property
-    def hops(self) -> tuple[Hop, ...]:
-        return self.decision.plan.hops
-
-
-@dataclass
-class Outcome:
-    texts: list[str] = field(default_factory=list)  # the completion's text, chunk by chunk
-    finish_reason: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: DomainError | None = None
-    segments: list[Segment] = field(default_factory=list)
-
-    @property
-    def content(self) -> str:
-        return "".join(self.texts)
-
-    @property
-    def usage(self) -> dict[str, int]:
-        return Usage(self.prompt_tokens, self.completion_tokens).to_json()
-
-
 class ChatProxy:
-    """One client request. Iterate ``run()``; read ``outcome`` and ``meshnet`` after."""
+    """One client request of either completion endpoint, its ``n`` choices (each prompt's)
+    generated at once. Iterate ``run()``; read ``generations``, ``usage``, ``error`` and
+    ``meshnet`` after."""
 
     def __init__(
         self,
         *,
-        params: ChatParams,
+        params: GenerationParams,
         api_key: ApiKey,
         model: LanguageModel,
         client: httpx.AsyncClient,
         fee_share: Decimal,
+        answer: AnswerKind = ChatAnswer,
         emit: Callable[..., Awaitable[Any]] = console.console_emit,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -162,9 +109,10 @@ class ChatProxy:
         step_timeout: float | None = None,
         progress_interval: float = PROGRESS_INTERVAL_SECONDS,
     ) -> None:
-        """``busy_deadline`` and ``step_timeout`` default to MESHNET_BUSY_DEADLINE and
-        MESHNET_HOP_STEP_TIMEOUT; ``clock``, ``sleep`` and ``rng`` drive the busy back-off;
-        ``progress_interval``: the least time between two progress events."""
+        """``answer``: the endpoint's answer shape; ``busy_deadline`` and ``step_timeout``
+        default to MESHNET_BUSY_DEADLINE and MESHNET_HOP_STEP_TIMEOUT; ``clock``, ``sleep``
+        and ``rng`` drive the busy back-off; ``progress_interval``: the least time between
+        two progress events."""
         self.params = params
         self.api_key = api_key
         self.model = model
@@ -184,41 +132,55 @@ class ChatProxy:
         # with its creation still finds it (DB calls run in order on one thread).
         self.request_uuid = uuid.uuid4()
         self.request_id = str(self.request_uuid)
-        self.completion_id = f"chatcmpl-{self.request_uuid.hex}"
+        self.completion_id = f"{answer.id_prefix}{self.request_uuid.hex}"
         self.created = int(time.time())
-        self.outcome = Outcome()
-        self.token_ids: list[int] = []
-        self.prompt = PromptCount(tokens=0, exact=False)
+        self.answer = answer(completion_id=self.completion_id, created=self.created, params=params)
+        self.generations: list[Generation] = []
+        self.error: DomainError | None = None
         self._started = clock()
         self._first_token_at: float | None = None
-        self._content_events = ContentEvents.of(
-            completion_id=self.completion_id, created=self.created, model=params.model
-        )
         self._progress = ProgressThrottle(interval=progress_interval, report=self._report_progress)
-        # Waiting for a slot: since when (this time), how long before, which retry.
-        self._busy_since: float | None = None
-        self._busy_waited = 0.0
-        self._busy_attempt = 0
 
     @property
     def meshnet(self) -> dict[str, Any]:
-        """The ``meshnet`` extension field: the route serving the request now."""
-        return self.outcome.segments[-1].decision.to_dict() if self.outcome.segments else {}
+        """The ``meshnet`` extension field: the route serving the (first) choice now."""
+        first = self.generations[0] if self.generations else None
+        return first.route.to_dict() if first is not None and first.segments else {}
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt tokens billed: each prompt once, however many choices it has."""
+        return sum(g.prompt_tokens for g in self.generations if g.choice % self.params.n == 0)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Every choice's tokens: what the client is billed per output token."""
+        return sum(len(g.token_ids) for g in self.generations)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return Usage(self.prompt_tokens, self.completion_tokens).to_json()
 
     async def start(self) -> None:
-        """Count the prompt, choose the first route and open the request record.
+        """Count the prompts, choose the route of every choice and open the request record.
 
         Raises a ``DomainError`` (a prompt the model refuses, no route, bad
         pinned route) before anything is streamed, so the client gets a plain
         error response.
         """
-        # Tokenising takes a fraction of a millisecond to a few; never on the event loop.
-        self.prompt = await asyncio.to_thread(
-            prompt_tokens_count,
-            weight_source=self.model.weight_source,
-            messages=self.params.messages,
-            max_tokens=self.params.max_tokens,
-        )
+        counts = [
+            # Tokenising takes a fraction of a millisecond to a few; never on the event loop.
+            await asyncio.to_thread(
+                prompt_tokens_count,
+                weight_source=self.model.weight_source,
+                prompt=prompt,
+                max_tokens=self.params.max_tokens,
+            )
+            for prompt in self.params.prompts
+        ]
+        if self.params.echo:
+            for count in counts:
+                echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
         decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
         await database_call(accounting.chat_request_open)(
             request_id=self.request_uuid,
@@ -228,38 +190,39 @@ class ChatProxy:
             now=timezone.now(),
         )
         self._started = self.clock()
-        await self._use(decision, replayed=0)
+        self.generations = [
+            Generation(
+                choice=choice,
+                prompt=self.params.prompt_of(choice),
+                prompt_count=counts[choice // self.params.n],
+                sampling=self.params.sampling(choice),
+            )
+            for choice in range(self.params.choices)
+        ]
+        await self._use(decision, self.generations)
 
     async def run(self) -> AsyncIterator[bytes]:
-        """The client's server-sent events (``data: …``, ``[DONE]`` not included):
-        chunks with the role first, text as it comes, ``finish_reason`` and usage last.
+        """The client's server-sent events (``data: …``, ``[DONE]`` not included) in the
+        answer's shape: its opening, text as it comes, each choice's end, usage last.
 
         A failure with no route left ends the stream with an ``{"error": …}``
         event; the request is then recorded failed and not charged.
         """
-        yield sse_event(
-            completion_chunk(
-                completion_id=self.completion_id,
-                created=self.created,
-                model=self.params.model,
-                delta={"role": "assistant", "content": ""},
-                meshnet=self.meshnet,
-            )
-        )
-        failovers = 0
+        for event in self.answer.opening(self.meshnet):
+            yield event
+        unfinished, last = len(self.generations), None
         try:
-            while True:
-                try:
-                    async for event in self._segment():
-                        yield event
-                    break
-                except RouteBusy:
-                    await self._wait_for_slot()
-                except HopFailure as failure:
-                    failovers += 1
-                    await self._fail_over(failure, exhausted=failovers > MAX_FAILOVERS)
+            async for piece in _interleaved([self._generate(g) for g in self.generations]):
+                if piece.finish_reason is None:
+                    yield self.answer.piece(piece)
+                    continue
+                unfinished -= 1
+                if unfinished:
+                    yield self.answer.finish(piece.choice, piece.finish_reason, None)
+                else:
+                    last = piece  # ends the answer with usage, once it is billed
         except DomainError as error:
-            self.outcome.error = error
+            self.error = error
             await self.fail(error.message)
             yield sse_event(http_error(error).body)
             return
@@ -267,16 +230,8 @@ class ChatProxy:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
         await self._finish_completed()
-        yield sse_event(
-            completion_chunk(
-                completion_id=self.completion_id,
-                created=self.created,
-                model=self.params.model,
-                delta={},
-                finish_reason=self.outcome.finish_reason,
-                usage=self.outcome.usage,
-            )
-        )
+        assert last is not None and last.finish_reason is not None
+        yield self.answer.finish(last.choice, last.finish_reason, self.usage)
 
     async def fail(self, message: str, *, cancelled: bool = False) -> None:
         """Record the request failed (or cancelled by the client): never charged.
@@ -293,36 +248,32 @@ class ChatProxy:
             await self._progress.close(flush=True)
             await self.emit(console.ERROR, self.request_id, message=message)
 
-    async def _wait_for_slot(self) -> None:
-        """A node of the route is full: wait with back-off, up to the busy deadline in all.
-
-        Raises :class:`RouteBusyTooLong` (503, ``Retry-After``) once the
-        request has waited ``busy_deadline`` seconds for slots, over all its
-        routes; no wait runs past the deadline.
-        """
-        now = self.clock()
-        if self._busy_since is None:
-            self._busy_since = now
-        left = self.busy_deadline - self._busy_waited - (now - self._busy_since)
-        if left <= 0:
-            raise RouteBusyTooLong(
-                f"The route's nodes stayed at their session cap for {self.busy_deadline:g} s; "
-                f"retry in {BUSY_RETRY_AFTER_SECONDS} s",
-                retry_after=BUSY_RETRY_AFTER_SECONDS,
-            )
-        await self.sleep(min(left, busy_retry_delay(self._busy_attempt, rng=self.rng)))
-        self._busy_attempt += 1
-
-    def _busy_over(self) -> None:
-        """A slot was found (or the route failed): the next wait starts back-off afresh."""
-        if self._busy_since is not None:
-            self._busy_waited += self.clock() - self._busy_since
-        self._busy_since, self._busy_attempt = None, 0
-
-    async def _use(self, decision: RouteDecision, *, replayed: int) -> None:
-        self.outcome.segments.append(
-            Segment(decision=decision, replayed=replayed, started=self.clock())
+    async def _generate(self, generation: Generation) -> AsyncGenerator[Piece, None]:
+        """One choice's pieces, its end last, over as many routes as it takes."""
+        wait = SlotWait(
+            deadline=self.busy_deadline, clock=self.clock, sleep=self.sleep, rng=self.rng
         )
+        while True:
+            try:
+                async for piece in self._segment(generation, wait):
+                    yield piece
+                break
+            except RouteBusy:
+                await wait.wait()
+            except HopFailure as failure:
+                generation.failovers += 1
+                wait.over()
+                await self._fail_over(
+                    generation, failure, exhausted=generation.failovers > MAX_FAILOVERS
+                )
+        yield Piece(generation.choice, finish_reason=generation.finish_reason)
+
+    async def _use(self, decision: RouteDecision, generations: Sequence[Generation]) -> None:
+        """Serve ``generations`` on ``decision``'s route from now on."""
+        for generation in generations:
+            generation.segments.append(
+                Segment(decision=decision, replayed=len(generation.token_ids), started=self.clock())
+            )
         await database_call(accounting.chat_request_route)(
             request_id=self.request_uuid,
             signature=decision.plan.signature,
@@ -337,12 +288,12 @@ class ChatProxy:
             hops=decision.plan.to_dict(),
         )
 
-    async def _segment(self) -> AsyncIterator[bytes]:
-        """Stream the current route's tokens; raise HopFailure if one of its nodes fails."""
-        segment = self.outcome.segments[-1]
-        plan = segment.decision.plan
-        # Signed afresh for every send: a retry or a failover opens new sessions.
-        request = plan_sign(
+    def _generate_request(self, generation: Generation) -> GenerateRequest:
+        """What the head of ``generation``'s route is sent, signed afresh for every send:
+        a retry or a failover opens new sessions."""
+        plan = generation.route.plan
+        prompt = generation.prompt
+        return plan_sign(
             GenerateRequest(
                 request_id=self.request_id,
                 model=plan.model_key,
@@ -350,13 +301,25 @@ class ChatProxy:
                     PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer)
                     for hop in plan.hops
                 ),
-                messages=self.params.messages,
+                messages=[] if isinstance(prompt, str) else prompt,
+                prompt=prompt if isinstance(prompt, str) else None,
                 max_tokens=self.params.max_tokens,
-                sampling=self.params.sampling,
+                sampling=generation.sampling,
                 stop=self.params.stop,
-                resume_token_ids=list(self.token_ids),
+                resume_token_ids=list(generation.token_ids),
+                logprobs=self.params.logprobs,
+                top_logprobs=self.params.top_logprobs,
+                # Every send: a route that fails before its first frame echoes nothing.
+                echo=self.params.echo,
             )
         )
+
+    async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[Piece]:
+        """Stream the current route's pieces of one choice; raise HopFailure if one of
+        its nodes fails."""
+        segment = generation.segments[-1]
+        plan = segment.decision.plan
+        request = self._generate_request(generation)
 
         async def connected() -> None:
             # The route's clock starts. Waiting for a slot is over only at the first
@@ -373,76 +336,49 @@ class ChatProxy:
                 silence=silence_limit(
                     step_timeout=self.step_timeout,
                     hops=len(plan.hops),
-                    positions=self.prompt.tokens + len(self.token_ids),
+                    positions=generation.prompt_count.tokens + len(generation.token_ids),
+                    echo=self.params.echo,
                 ),
                 on_connected=connected,
-                prompt_checked=self.prompt.exact,
+                prompt_checked=generation.prompt_count.exact,
             )
             async with aclosing(frames):
                 async for frame in frames:
                     if frame.token_ids:  # the whole route took the step: a slot at last
-                        self._busy_over()
+                        wait.over()
                         self._progress.changed()
-                    event = self._absorb(frame, segment)
-                    if event is not None:
-                        yield event
+                    if self.params.echo and not generation.echoed:
+                        yield generation.echo(frame)
+                    piece = generation.absorb(frame, request_id=self.request_id)
+                    if piece is not None:
+                        if self._first_token_at is None:
+                            self._first_token_at = self.clock()
+                        yield piece
         finally:
             _in_flight[plan.head.endpoint] -= 1
             # However the stream ended, it is no longer load on the route.
             route_session_close(decision=segment.decision)
 
-    def _absorb(self, frame: ChunkFrame, segment: Segment) -> bytes | None:
-        """Take one head frame; return the client's event it becomes, if any."""
-        self.token_ids += frame.token_ids
-        segment.produced += len(frame.token_ids)
-        if frame.usage is not None:
-            # The tracker counts prompt and completion tokens itself; nodes report, not bill.
-            self._check_usage(frame.usage, segment)
-            self.outcome.prompt_tokens = self.prompt.billable(frame.usage.prompt_tokens)
-            self.outcome.completion_tokens = len(self.token_ids)
-        if frame.finish_reason:
-            self.outcome.finish_reason = frame.finish_reason
-        if not frame.content:
-            return None
-        if self._first_token_at is None:
-            self._first_token_at = self.clock()
-        self.outcome.texts.append(frame.content)
-        return self._content_events.event(frame.content)
-
-    def _check_usage(self, usage: Usage, segment: Segment) -> None:
-        """Log a head whose usage is not what the tracker counted (it is not billed)."""
-        produced = len(self.token_ids)
-        if self.prompt.agrees(usage.prompt_tokens) and usage.completion_tokens == produced:
-            return
-        logger.warning(
-            "request %s: head %s reported %d prompt and %d completion tokens; the tracker "
-            "counted %s%d prompt and %d completion tokens and bills its own count",
-            self.request_id,
-            segment.decision.plan.head.node_id,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            "" if self.prompt.exact else "at most ",
-            self.prompt.tokens,
-            produced,
-        )
-
     async def _report_progress(self) -> None:
         """Tell the console how far the request is (run by the throttle, off the relay)."""
         elapsed = self.clock() - self._started
+        tokens = self.completion_tokens
         await self.emit(
             console.PROGRESS,
             self.request_id,
-            tokens=len(self.token_ids),
-            tokens_per_second=round(len(self.token_ids) / elapsed, 2) if elapsed > 0 else None,
-            queue=_in_flight[self.outcome.segments[-1].decision.plan.head.endpoint] - 1,
+            tokens=tokens,
+            tokens_per_second=round(tokens / elapsed, 2) if elapsed > 0 else None,
+            queue=_in_flight[self.generations[0].route.plan.head.endpoint] - 1,
         )
 
-    async def _fail_over(self, failure: HopFailure, *, exhausted: bool) -> None:
-        self._busy_over()
+    async def _fail_over(
+        self, generation: Generation, failure: HopFailure, *, exhausted: bool
+    ) -> None:
         ban = node_ban(node_id=failure.node_id)
         logger.warning(
-            "request %s: hop %s failed (%s); banned for %.0f s",
+            "request %s choice %d: hop %s failed (%s); banned for %.0f s",
             self.request_id,
+            generation.choice,
             failure.node_id,
             failure.message,
             ban,
@@ -454,39 +390,91 @@ class ChatProxy:
                 f"no failover ({why})"
             )
         decision = await database_call(route_select)(model=self.model)
-        await self._use(decision, replayed=len(self.token_ids))
+        await self._use(decision, [generation])
+
+    @property
+    def finish_reason(self) -> str:
+        """The request's: ``length`` if any choice ran out of tokens, else ``stop``."""
+        reasons = {g.finish_reason for g in self.generations}
+        return "length" if "length" in reasons else min(reasons)
 
     async def _finish_completed(self) -> None:
         # ``proxy complete`` below carries the final count: no progress after it.
         await self._progress.close()
         now = self.clock()
-        prompt = self.outcome.prompt_tokens
-        work = request_work(prompt_tokens=prompt, routes=self.outcome.segments)
+        completion = self.completion_tokens
+        work = work_merged(unit for g in self.generations for unit in g.work())
         elapsed = now - self._started
-        tps = self.outcome.completion_tokens / elapsed if elapsed > 0 else None
+        tps = completion / elapsed if elapsed > 0 else None
         ttft = (self._first_token_at - self._started) * 1000 if self._first_token_at else None
         await database_call(accounting.chat_request_complete)(
             request_id=self.request_uuid,
             model=self.model,
-            prompt_tokens=prompt,
-            completion_tokens=self.outcome.completion_tokens,
-            finish_reason=self.outcome.finish_reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            finish_reason=self.finish_reason,
             time_to_first_token_ms=ttft,
             tokens_per_second=tps,
             work=work,
             fee_share=self.fee_share,
             now=timezone.now(),
         )
-        last = self.outcome.segments[-1]
+        # One speed sample a request, as routing counts them: the first choice's last route.
+        last = self.generations[0].segments[-1]
         route_sample_record(
             decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
         )
-        node_bans_clear(node_ids=last.decision.plan.node_ids)
+        node_bans_clear(
+            node_ids=sorted({n for g in self.generations for n in g.route.plan.node_ids})
+        )
         await self.emit(
             console.COMPLETE,
             self.request_id,
             signature=last.decision.plan.signature,
-            completion_tokens=self.outcome.completion_tokens,
+            completion_tokens=completion,
             tokens_per_second=round(tps, 2) if tps else None,
-            finish_reason=self.outcome.finish_reason,
+            finish_reason=self.finish_reason,
         )
+
+
+_T = TypeVar("_T")
+
+
+async def _interleaved(streams: Sequence[AsyncGenerator[_T, None]]) -> AsyncIterator[_T]:
+    """The items of every stream as each comes, the streams running at once.
+
+    The first stream to raise ends it all with its exception; the others are
+    cancelled (closing their heads' streams), as they are when this iterator
+    is closed or cancelled. One stream is iterated directly.
+    """
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for item in only:
+                yield item
+        return
+    queue: asyncio.Queue[tuple[_T | None, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(stream: AsyncGenerator[_T, None]) -> None:
+        try:
+            async for produced in stream:
+                queue.put_nowait((produced, None, False))
+        except Exception as error:  # handed to the reader; a cancellation is not
+            queue.put_nowait((None, error, True))
+        else:
+            queue.put_nowait((None, None, True))
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            got, error, ended = await queue.get()
+            if error is not None:
+                raise error
+            if ended:
+                running -= 1
+            else:
+                yield cast(_T, got)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

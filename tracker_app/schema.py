@@ -1,13 +1,14 @@
 """The OpenAPI documentation of what the tracker serves outside DRF.
 
-``POST /v1/chat/completions`` is a Channels consumer
-(:mod:`tracker_app.chat_consumer`), ``/healthz`` and ``/metrics`` are plain
-Django views: drf-spectacular cannot see them. :func:`add_endpoints_outside_drf`
-(a preprocessing hook) adds a schema-only view for each, built from the
-serializer that parses the chat request and the limits and error codes the
-code uses. The views are never routed. ``tests/reliability/test_schema.py``
-validates live answers of every endpoint against the schema, so the
-documentation of the response bodies here cannot drift unnoticed.
+``POST /v1/chat/completions`` and ``POST /v1/completions`` are Channels
+consumers (:mod:`tracker_app.chat_consumer`), ``/healthz`` and ``/metrics``
+are plain Django views: drf-spectacular cannot see them.
+:func:`add_endpoints_outside_drf` (a preprocessing hook) adds a schema-only
+view for each, built from the serializers that parse the requests, the
+parameters Meshnet refuses, and the limits and error codes the code uses.
+The views are never routed. ``tests/reliability/test_schema.py`` validates
+live answers of every endpoint against the schema, so the documentation of
+the response bodies here cannot drift unnoticed.
 
 :class:`ApiKeyScheme` tells drf-spectacular how
 :class:`~tracker_app.authentication.ApiKeyAuthentication` authenticates; it is
@@ -17,6 +18,7 @@ loading does before any view is inspected.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -43,12 +45,26 @@ from meshnet_site.api_schema import (
     error_responses,
     security,
 )
-from nodes_app.protocol import MAX_STOP_LENGTH, MAX_STOPS, SSE_DONE
+from nodes_app.protocol import (
+    LOGIT_BIAS_MAX,
+    LOGIT_BIAS_MAX_ENTRIES,
+    MAX_STOP_LENGTH,
+    MAX_STOPS,
+    SSE_DONE,
+)
 from routing_app.api import HopOutput
 from routing_app.choice import DecisionMode
 
-# The parser's own serializers, private to tracker_app.chat: the schema documents them.
+# The parsers' own serializers, private to their modules: the schema documents them.
 from tracker_app.chat import _ChatRequest, _Message
+from tracker_app.completions import _CompletionRequest
+from tracker_app.parameters import (
+    CHAT_REFUSED,
+    CHOICES_CEILING,
+    COMPLETIONS_REFUSED,
+    LogitBiasField,
+    Refused,
+)
 
 FINISH_REASONS = ["stop", "length"]
 
@@ -88,6 +104,36 @@ class _StopSequences(serializers.JSONField):
     """``stop``: one sequence or a list of them."""
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "description": "Token id (decimal) → bias added to its logit",
+        "additionalProperties": {
+            "type": "number",
+            "minimum": -LOGIT_BIAS_MAX,
+            "maximum": LOGIT_BIAS_MAX,
+        },
+        "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
+        "maxProperties": LOGIT_BIAS_MAX_ENTRIES,
+        "nullable": True,
+    }
+)
+class _LogitBias(LogitBiasField):
+    """``logit_bias``: token id → bias."""
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        ],
+    }
+)
+class _TextPrompt(serializers.JSONField):
+    """``prompt``: a text, or a list of texts (each its own choices)."""
+
+
 @extend_schema_serializer(component_name="ChatMessage")
 class _DocumentedMessage(_Message):
     content = _MessageContent()
@@ -96,10 +142,27 @@ class _DocumentedMessage(_Message):
 @extend_schema_serializer(component_name="ChatCompletion")
 class ChatCompletionRequest(_ChatRequest):
     # What tracker_app.chat.chat_params_parse accepts: every field, range and default
-    # is the parser's; only its two free-form JSON fields are described here.
+    # is the parser's; only its free-form JSON fields are described here.
 
     messages = _DocumentedMessage(many=True, allow_empty=False)
     stop = _StopSequences(required=False, default=None, allow_null=True)
+    logit_bias = _LogitBias(required=False, allow_null=True)
+
+
+@extend_schema_serializer(component_name="TextCompletion")
+class TextCompletionRequest(_CompletionRequest):
+    # What tracker_app.completions.text_completion_params_parse accepts.
+
+    prompt = _TextPrompt()
+    stop = _StopSequences(required=False, default=None, allow_null=True)
+    logit_bias = _LogitBias(required=False, allow_null=True)
+
+
+def refused_parameters(refused: tuple[Refused, ...]) -> str:
+    """The parameters an endpoint refuses, as the operation's description lists them."""
+    return "; ".join(
+        f"`{r.name}` (accepted: {', '.join(json.dumps(v) for v in r.neutral)})" for r in refused
+    )
 
 
 # --- the chat answers: chat.completion, its chunks, the meshnet route ----------------
@@ -127,10 +190,30 @@ class _AssistantMessage(serializers.Serializer[dict[str, Any]]):
     content = serializers.CharField()
 
 
+@extend_schema_serializer(component_name="TopLogprob")
+class _TopLogprob(serializers.Serializer[dict[str, Any]]):
+    token = serializers.CharField()
+    logprob = serializers.FloatField()
+    bytes = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=255))
+
+
+@extend_schema_serializer(component_name="TokenLogprob")
+class _TokenLogprob(_TopLogprob):
+    top_logprobs = _TopLogprob(many=True)
+
+
+@extend_schema_serializer(component_name="ChoiceLogprobs")
+class _ChoiceLogprobs(serializers.Serializer[dict[str, Any]]):
+    """With ``logprobs: true``: each token's log-probability, and its ``top_logprobs``."""
+
+    content = _TokenLogprob(many=True)
+
+
 @extend_schema_serializer(component_name="ChatChoice")
 class _Choice(serializers.Serializer[dict[str, Any]]):
-    index = serializers.IntegerField()
+    index = serializers.IntegerField(min_value=0)
     message = _AssistantMessage()
+    logprobs = _ChoiceLogprobs(allow_null=True)
     finish_reason = serializers.ChoiceField(choices=FINISH_REASONS)
 
 
@@ -154,8 +237,9 @@ class _Delta(serializers.Serializer[dict[str, Any]]):
 
 @extend_schema_serializer(component_name="ChatChunkChoice")
 class _ChunkChoice(serializers.Serializer[dict[str, Any]]):
-    index = serializers.IntegerField()
+    index = serializers.IntegerField(min_value=0)
     delta = _Delta()
+    logprobs = _ChoiceLogprobs(required=False, allow_null=True)
     finish_reason = serializers.ChoiceField(choices=FINISH_REASONS, allow_null=True)
 
 
@@ -173,14 +257,67 @@ class ChatCompletionChunkOutput(serializers.Serializer[dict[str, Any]]):
     usage = UsageOutput(required=False)
 
 
+@extend_schema_serializer(component_name="LegacyLogprobs")
+class _LegacyLogprobs(serializers.Serializer[dict[str, Any]]):
+    """OpenAI's legacy log-probabilities, one entry per token of the choice's text (the
+    prompt's first with ``echo``: its first token has none, ``null``)."""
+
+    tokens = serializers.ListField(child=serializers.CharField())
+    token_logprobs = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    top_logprobs = serializers.ListField(
+        child=serializers.DictField(child=serializers.FloatField(), allow_null=True)
+    )
+    text_offset = serializers.ListField(child=serializers.IntegerField(min_value=0))
+
+
+@extend_schema_serializer(component_name="TextChoice")
+class _TextChoice(serializers.Serializer[dict[str, Any]]):
+    text = serializers.CharField(allow_blank=True)
+    index = serializers.IntegerField(min_value=0)
+    logprobs = _LegacyLogprobs(allow_null=True)
+    finish_reason = serializers.ChoiceField(choices=FINISH_REASONS)
+
+
+@extend_schema_serializer(component_name="TextCompletion")
+class TextCompletionOutput(serializers.Serializer[dict[str, Any]]):
+    id = serializers.CharField()
+    object = constant("text_completion")
+    created = serializers.IntegerField()
+    model = serializers.CharField()
+    choices = _TextChoice(many=True)
+    usage = UsageOutput()
+    meshnet = MeshnetRouteOutput()
+
+
+@extend_schema_serializer(component_name="TextChunkChoice")
+class _TextChunkChoice(_TextChoice):
+    finish_reason = serializers.ChoiceField(choices=FINISH_REASONS, allow_null=True)
+
+
+@extend_schema_serializer(component_name="TextCompletionChunk")
+class TextCompletionChunkOutput(serializers.Serializer[dict[str, Any]]):
+    """One ``data:`` event of a streamed legacy answer: the first carries ``meshnet``, the
+    last ``finish_reason`` and ``usage``."""
+
+    id = serializers.CharField()
+    object = constant("text_completion")
+    created = serializers.IntegerField()
+    model = serializers.CharField()
+    choices = _TextChunkChoice(many=True)
+    meshnet = MeshnetRouteOutput(required=False)
+    usage = UsageOutput(required=False)
+
+
 EVENT_STREAM = "text/event-stream"
 
-_STREAM_DESCRIPTION = (
-    "With `stream: true`: server-sent events, each `data: <JSON>`: ChatCompletionChunk "
-    "events, the first with `meshnet`, the last with `finish_reason` and `usage`; a failure "
-    "after the stream began ends it with an Error event instead. The stream ends with "
-    f"`data: {SSE_DONE}`."
-)
+
+def _stream_description(chunk: str) -> str:
+    return (
+        f"With `stream: true`: server-sent events, each `data: <JSON>`: {chunk} events, the "
+        "first with `meshnet`, each choice's last with its `finish_reason`, the very last "
+        "with `usage` too; a failure after the stream began ends it with an Error event "
+        f"instead. The stream ends with `data: {SSE_DONE}`."
+    )
 
 
 class _ChatCompletionsSchema(AutoSchema):
@@ -188,6 +325,8 @@ class _ChatCompletionsSchema(AutoSchema):
     OpenAPI before 3.2 reads it): its ``data`` is a chunk or an error as JSON, or the
     closing ``[DONE]``. A list the parser refuses empty (``allow_empty=False``, which
     drf-spectacular does not read) gets its ``minItems``."""
+
+    chunk: type[serializers.Serializer[dict[str, Any]]] = ChatCompletionChunkOutput
 
     def _map_serializer_field(
         self, field: Any, direction: str, bypass_extensions: bool = False
@@ -201,11 +340,11 @@ class _ChatCompletionsSchema(AutoSchema):
         operation = super().get_operation(*args, **kwargs)
         if operation is None:
             return None
-        chunk = self.resolve_serializer(ChatCompletionChunkOutput, "response").ref
+        chunk = self.resolve_serializer(self.chunk, "response").ref
         error = self.resolve_serializer(ErrorBody, "response").ref
         operation["responses"]["200"]["content"][EVENT_STREAM]["schema"] = {
             "type": "object",
-            "description": _STREAM_DESCRIPTION,
+            "description": _stream_description(self.chunk.__name__.removesuffix("Output")),
             "properties": {
                 "data": {
                     "anyOf": [
@@ -233,7 +372,11 @@ class ChatCompletionsSchemaView(APIView):
         summary="OpenAI-compatible chat completion",
         description="Served by a Channels consumer that streams without buffering. "
         "Authenticated by an API key, or by a staff member's dashboard session "
-        "(then with the page's CSRF token and origin).",
+        "(then with the page's CSRF token and origin). `n` choices (at most "
+        f"MESHNET_MAX_CHOICES, {CHOICES_CEILING} in any deployment) run at once. OpenAI "
+        "parameters Meshnet does not honour are refused (400 `unsupported_parameter`, "
+        f"`param` names it) unless they ask for nothing: {refused_parameters(CHAT_REFUSED)}. "
+        "Other fields are ignored.",
         auth=security(API_KEY, STAFF_SESSION),
         request={"application/json": ChatCompletionRequest},
         responses={
@@ -244,10 +387,59 @@ class ChatCompletionsSchemaView(APIView):
             # Its schema is the event's: see _ChatCompletionsSchema.
             (200, EVENT_STREAM): OpenApiResponse(OpenApiTypes.OBJECT),
             **error_responses(
-                e400="invalid_request, invalid_json, context_length_exceeded, invalid_route, "
-                "or a node's refusal of the request (its code)",
+                e400="invalid_request, invalid_json, unsupported_parameter, "
+                "context_length_exceeded, invalid_route, or a node's refusal of the request "
+                "(its code)",
                 e401="invalid_api_key",
                 e403="csrf_failed, dashboard_key_revoked (dashboard sessions)",
+                e404="model_not_found",
+                e411="length_required",
+                e413="request_too_large",
+                e429="rate_limit_exceeded",
+                e500="internal_error",
+                e502="upstream_failed",
+                e503="no_route, route_node_unavailable, route_busy",
+            ),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        raise NotImplementedError("documentation only")
+
+
+class _TextCompletionsSchema(_ChatCompletionsSchema):
+    chunk = TextCompletionChunkOutput
+
+
+class TextCompletionsSchemaView(APIView):
+    """Documentation only: the consumer serves ``POST /v1/completions``."""
+
+    schema = _TextCompletionsSchema()
+
+    @extend_schema(
+        operation_id="completions_create",
+        summary="OpenAI-compatible legacy text completion",
+        description="A raw text prompt (no chat template), or a list of them, each its own "
+        "`n` choices (prompts × n at most MESHNET_MAX_CHOICES). `echo` gives the prompt "
+        "back before the completion, with its tokens' log-probabilities when `logprobs` "
+        "(0-5 alternatives) is set; `max_tokens: 0` with `echo` scores the prompt without "
+        "generating. Unsupported OpenAI parameters are refused (400 "
+        f"`unsupported_parameter`) unless they ask for nothing: "
+        f"{refused_parameters(COMPLETIONS_REFUSED)}; `best_of` equal to `n` is accepted too. "
+        "Other fields are ignored.",
+        auth=security(API_KEY),
+        request={"application/json": TextCompletionRequest},
+        responses={
+            (200, "application/json"): OpenApiResponse(
+                TextCompletionOutput,
+                description="The answer: whole (`stream: false`) or streamed (`stream: true`)",
+            ),
+            # Its schema is the event's: see _ChatCompletionsSchema.
+            (200, EVENT_STREAM): OpenApiResponse(OpenApiTypes.OBJECT),
+            **error_responses(
+                e400="invalid_request, invalid_json, unsupported_parameter, "
+                "context_length_exceeded, invalid_route, or a node's refusal of the request "
+                "(its code)",
+                e401="invalid_api_key",
                 e404="model_not_found",
                 e411="length_required",
                 e413="request_too_large",
@@ -309,6 +501,7 @@ class MetricsSchemaView(APIView):
 # (path, path regex, method, view) as drf-spectacular enumerates URL patterns.
 OUTSIDE_DRF = [
     ("/v1/chat/completions", "v1/chat/completions", "POST", ChatCompletionsSchemaView.as_view()),
+    ("/v1/completions", "v1/completions", "POST", TextCompletionsSchemaView.as_view()),
     ("/healthz", "healthz", "GET", HealthSchemaView.as_view()),
     ("/metrics", "metrics", "GET", MetricsSchemaView.as_view()),
 ]

@@ -1,4 +1,4 @@
-"""Plain tracker views: health and Prometheus metrics."""
+"""Plain tracker views: health, Prometheus metrics, and the API's 404."""
 
 import hmac
 import ipaddress
@@ -7,12 +7,29 @@ import logging
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from django_prometheus.exports import ExportToDjangoView
 
 from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 
 logger = logging.getLogger(__name__)
+
+
+# How much of an unknown path a 404's message repeats.
+MAX_ECHOED_PATH = 200
+
+
+class ApiPathNotFound(DomainError):
+    kind = ErrorKind.NOT_FOUND
+    code = "not_found"
+
+
+@csrf_exempt  # API clients send no CSRF token: every method gets its JSON 404
+def api_not_found(request: HttpRequest) -> JsonResponse:
+    """Any path under ``/v1/`` that the tracker does not serve: a 404 in the error shape."""
+    path = request.path[:MAX_ECHOED_PATH]
+    return _refusal(ApiPathNotFound(f"Unknown API path: {request.method} {path}"))
 
 
 class MetricsTokenRequired(DomainError):

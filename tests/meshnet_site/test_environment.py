@@ -76,6 +76,9 @@ def test_a_shared_database_requires_a_secret_key() -> None:
         ("MESHNET_ROUTE_WEIGHT_ALPHA", "0", "greater than 0.0"),
         ("MESHNET_ROUTE_STATS_HALF_LIFE", "soon", "must be a number"),
         ("MESHNET_ROUTE_MIN_SAMPLE_TOKENS", "0", "at least 1"),
+        ("MESHNET_MAX_CHOICES", "0", "at least 1"),
+        ("MESHNET_MAX_CHOICES", "129", "at most 128"),
+        ("MESHNET_MAX_CHOICES", "2.5", "must be an integer"),
         ("DJANGO_DEBUG", "maybe", "must be a boolean"),
         ("REDIS_URL", "localhost:6379", "must start with redis://"),
     ],
@@ -90,6 +93,11 @@ def test_a_bad_value_stops_start_up_naming_the_variable(name: str, value: str, w
 
 def test_route_settings_take_their_environment_values() -> None:
     assert settings_in_subprocess({"MESHNET_ROUTE_EXPLORE_SHARE": "0.05"})["explore"] == 0.05
+
+
+def test_a_request_may_ask_for_four_choices_unless_the_operator_says_otherwise() -> None:
+    assert env_.MAX_CHOICES.read({}) == 4
+    assert env_.MAX_CHOICES.read({"MESHNET_MAX_CHOICES": "16"}) == 16
 
 
 def test_readers_use_defaults_when_unset() -> None:

@@ -43,7 +43,7 @@ from tests.support.network import Network, head_tail_answer, start_network
 from tests.support.plans import signed, tracker_key
 from tests.support.sse import chunks_of, read_sse, text_of
 from tracker_app.head_stream import silence_limit
-from tracker_app.proxy import BUSY_RETRY_AFTER_SECONDS, busy_retry_delay
+from tracker_app.slots import BUSY_RETRY_AFTER_SECONDS, busy_retry_delay
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]

@@ -105,6 +105,46 @@ def test_every_event_of_a_streamed_chat_matches_the_schema(network: Network, sch
     assert events[-2]["usage"]["completion_tokens"] == 8
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_logprobs_and_n_choices_match_the_schema(
+    network: Network, schema: Any, stream: bool
+) -> None:
+    body = {"model": TINY, "messages": PROMPT, "max_tokens": 4, "n": 2, "stream": stream}
+    response = httpx.post(
+        f"{network.url}/v1/chat/completions",
+        json={**body, "logprobs": True, "top_logprobs": 2},
+        headers=network.headers(),
+        timeout=120,
+    )
+
+    assert response.status_code == 200, response.text
+    assert_conforms(schema, "POST", "/v1/chat/completions", response)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "Once upon", "max_tokens": 3},
+        {"prompt": ["Once", "upon"], "max_tokens": 2, "n": 2, "logprobs": 2},
+        {"prompt": "Once upon", "max_tokens": 0, "echo": True, "logprobs": 1},
+    ],
+    ids=["text", "prompts-n-logprobs", "echo-scores"],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_text_completions_match_the_schema(
+    network: Network, schema: Any, body: dict[str, Any], stream: bool
+) -> None:
+    response = httpx.post(
+        f"{network.url}/v1/completions",
+        json={"model": TINY, **body, "stream": stream},
+        headers=network.headers(),
+        timeout=120,
+    )
+
+    assert response.status_code == 200, response.text
+    assert_conforms(schema, "POST", "/v1/completions", response)
+
+
 def test_a_chunk_that_breaks_the_schema_is_caught(network: Network, schema: Any) -> None:
     """The stream check reads each event's JSON: a chunk without its ``choices`` fails it."""
     response = httpx.post(
@@ -197,6 +237,38 @@ REFUSALS = [
         {"json": {"model": TINY, "messages": PROMPT, "temperature": 9}, "key": True},
         400,
         "invalid_request",
+    ),
+    (
+        "chat asking for tools",
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": TINY, "messages": PROMPT, "tools": [{"type": "x"}]}, "key": True},
+        400,
+        "unsupported_parameter",
+    ),
+    (
+        "a text completion without a key",
+        "POST",
+        "/v1/completions",
+        {"json": {"model": TINY, "prompt": "x"}},
+        401,
+        "invalid_api_key",
+    ),
+    (
+        "a text completion of token ids",
+        "POST",
+        "/v1/completions",
+        {"json": {"model": TINY, "prompt": [1, 2]}, "key": True},
+        400,
+        "invalid_request",
+    ),
+    (
+        "a text completion with a logit_bias id past the vocabulary",
+        "POST",
+        "/v1/completions",
+        {"json": {"model": TINY, "prompt": "x", "logit_bias": {"99999": 1}}, "key": True},
+        400,
+        "bad_sampling",
     ),
     (
         "chat with a body that is not JSON",

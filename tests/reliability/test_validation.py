@@ -102,7 +102,7 @@ def test_the_tracker_accepts_exactly_the_sampling_every_node_accepts(
         node = None
     if tracker is not None:
         # What the tracker sends on, every node takes.
-        assert SamplingParams.from_mapping(tracker.sampling.to_json()) == tracker.sampling
+        assert SamplingParams.from_mapping(tracker.sampling().to_json()) == tracker.sampling()
     if node is not None:
         assert tracker is not None
 

@@ -101,18 +101,25 @@ def start_network(database_url: str, tmp: Path, **settings: str) -> Iterator[Net
         yield network
 
 
-def head_generate(
+def head_frames(
     network: LocalNetwork, head: NodeProcess, hops: list[dict[str, Any]], **body: Any
-) -> str:
-    """The head node's own answer for a plan signed with the network's tracker key,
-    straight from ``/v1/generate``."""
+) -> list[Any]:
+    """Every SSE payload of the head node's own answer for a plan signed with the
+    network's tracker key, straight from ``/v1/generate``."""
     payload = {
         "request_id": f"direct-{time.monotonic_ns()}",
         "plan": {"model": body.pop("model"), "hops": hops},
         **body,
     }
     payload = signed(payload, tracker_key(network.tracker_key_file))
-    return text_of(read_sse(f"{head.endpoint}/v1/generate", payload))
+    return read_sse(f"{head.endpoint}/v1/generate", payload)
+
+
+def head_generate(
+    network: LocalNetwork, head: NodeProcess, hops: list[dict[str, Any]], **body: Any
+) -> str:
+    """The text of the head node's own answer (:func:`head_frames`)."""
+    return text_of(head_frames(network, head, hops, **body))
 
 
 def head_tail_answer(network: LocalNetwork, messages: list[dict[str, Any]], max_tokens: int) -> str:

@@ -16,7 +16,12 @@ import pytest
 import websockets
 
 from tests.support.databases import fresh_process_database
-from tests.support.network import Network, head_generate, head_tail_answer, start_network
+from tests.support.network import (
+    Network,
+    head_frames,
+    head_tail_answer,
+    start_network,
+)
 from tests.support.sse import chunks_of, text_of
 from tracker_app.localnet import manage_argv, run_checked, wait_until
 
@@ -180,7 +185,8 @@ def error_of(response: httpx.Response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["code"] == code
-    assert set(error) == {"message", "type", "code"}
+    # OpenAI's shape: ``param`` too when the error names the request field at fault.
+    assert {"message", "type", "code"} <= set(error) <= {"message", "type", "code", "param"}
     return str(error["message"])
 
 
@@ -191,11 +197,9 @@ def test_bad_requests_get_their_status_and_the_openai_error_shape(network: Netwo
     assert "JSON" in error_of(
         httpx.post(url, content=b"{oops", headers=network.headers()), 400, "invalid_json"
     )
-    assert "temperature" in error_of(
-        httpx.post(url, json={**good, "temperature": 9}, headers=network.headers()),
-        400,
-        "invalid_request",
-    )
+    too_hot = httpx.post(url, json={**good, "temperature": 9}, headers=network.headers())
+    assert "temperature" in error_of(too_hot, 400, "invalid_request")
+    assert too_hot.json()["error"]["param"] == "temperature"
     assert "API key" in error_of(httpx.post(url, json=good), 401, "invalid_api_key")
     assert "API key" in error_of(
         httpx.post(url, json=good, headers=network.headers("mk-wrong")), 401, "invalid_api_key"
@@ -268,7 +272,8 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
     redundant: Network,
 ) -> None:
     whole = redundant.nodes["whole"]
-    expected = head_generate(
+    asked: dict[str, Any] = {"logprobs": True, "top_logprobs": 2}
+    direct = head_frames(
         redundant,
         whole,
         [whole.hop()],
@@ -276,10 +281,14 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
         messages=PROMPT,
         max_tokens=400,
         temperature=0.0,
+        **asked,
     )
+    expected = text_of(direct)
     frames: list[Any] = []
     killed = None
-    for frame in redundant.iter_stream(model=TINY, messages=PROMPT, max_tokens=400, temperature=0):
+    for frame in redundant.iter_stream(
+        model=TINY, messages=PROMPT, max_tokens=400, temperature=0, **asked
+    ):
         frames.append(frame)
         content = [c for c in chunks_of(frames) if c["choices"][0]["delta"].get("content")]
         if killed is None and content:
@@ -291,6 +300,11 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
     assert frames[-1] == "[DONE]"
     assert not [f for f in frames if isinstance(f, dict) and "error" in f]
     assert text_of(frames) == expected
+    # The logprobs survive the failover: each token's, the replayed route's included,
+    # is the whole model's (within float rounding of a prefill against decode steps).
+    got, wanted = logprobs_of(frames), logprobs_of(direct)
+    assert [token for token, _ in got] == [token for token, _ in wanted] and len(got) == 400
+    assert [p for _, p in got] == pytest.approx([p for _, p in wanted], abs=1e-4)
     assert chunks_of(frames)[-1]["usage"]["completion_tokens"] == 400
     [(status, signature)] = redundant.query(
         "SELECT status, route_signature FROM tracker_app_chatrequest"
@@ -302,6 +316,15 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
     final_route = {n.node_id for n in redundant.nodes.values() if n.node_id in signature}
     billed = {row[0] for row in redundant.query("SELECT node_id FROM tracker_app_workunit")}
     assert billed == first_route | final_route
+
+
+def logprobs_of(frames: list[Any]) -> list[tuple[str, float]]:
+    """(token, logprob) of every token of a chat stream's chunks, in order."""
+    return [
+        (entry["token"], entry["logprob"])
+        for chunk in chunks_of(frames)
+        for entry in (chunk["choices"][0].get("logprobs") or {}).get("content", [])
+    ]
 
 
 def test_a_pinned_route_through_a_dead_node_is_a_502_and_is_not_charged(

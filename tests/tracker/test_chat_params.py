@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import sse_event
-from tracker_app.chat import (
-    DEFAULT_MAX_TOKENS,
-    ContentEvents,
-    chat_params_parse,
-    completion_chunk,
-)
+from tracker_app.chat import DEFAULT_MAX_TOKENS, ChatAnswer, chat_params_parse, choice_chunk
+from tracker_app.generation import Piece
 
 
 def parse(**body: Any) -> Any:
@@ -35,7 +32,7 @@ def refused(body: bytes) -> DomainError:
 def test_it_accepts_a_minimal_request_with_openai_defaults() -> None:
     params = parse()
 
-    assert params.messages == [{"role": "user", "content": "hi"}]
+    assert params.prompts == ([{"role": "user", "content": "hi"}],)
     assert (params.stream, params.max_tokens, params.temperature) == (
         False,
         DEFAULT_MAX_TOKENS,
@@ -57,7 +54,7 @@ def test_it_joins_text_parts_and_takes_max_completion_tokens() -> None:
         route=["n1", "n2"],
     )
 
-    assert params.messages[0]["content"] == "ab"
+    assert params.prompts[0][0]["content"] == "ab"  # type: ignore[index]
     assert params.max_tokens == 7
     assert params.stop == ["\n"]
     assert params.route == ["n1", "n2"]
@@ -78,7 +75,8 @@ def test_bad_json_is_refused_as_invalid_json() -> None:
             {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3},
             "temperature",
         ),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n:"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 5}, "n:"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n:"),
         (
             {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
             "max_tokens",
@@ -98,15 +96,26 @@ def test_a_body_that_is_not_an_object_is_refused() -> None:
 
 
 @pytest.mark.parametrize("text", ["hello", "", 'quote " and \\ back', "naïve ✓ 日本", "\x00\n\t"])
+@pytest.mark.parametrize("choice", [0, 3])
 def test_a_text_chunks_event_is_byte_for_byte_the_chunk_the_client_would_get_encoded_whole(
-    text: str,
+    text: str, choice: int
 ) -> None:
     fields: dict[str, Any] = {
         "completion_id": "chatcmpl-ab12",
         "created": 1767225600,
         "model": 'm"odel\x00',
     }
+    params = replace(parse(n=4), model=fields["model"])
+    answer = ChatAnswer(
+        completion_id=fields["completion_id"], created=fields["created"], params=params
+    )
 
-    event = ContentEvents.of(**fields).event(text)
+    event = answer.piece(Piece(choice, text=text))
 
-    assert event == sse_event(completion_chunk(**fields, delta={"content": text}))
+    assert event == sse_event(choice_chunk(**fields, choice=choice, delta={"content": text}))
+    assert chunk_of(event)["choices"][0]["index"] == choice
+
+
+def chunk_of(event: bytes) -> Any:
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    return json.loads(event[6:])

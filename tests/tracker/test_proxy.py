@@ -44,8 +44,9 @@ from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console
 from tracker_app.chat import chat_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
-from tracker_app.proxy import BUSY_RETRY_AFTER_SECONDS, ChatProxy
+from tracker_app.proxy import ChatProxy
 from tracker_app.services import api_key_create
+from tracker_app.slots import BUSY_RETRY_AFTER_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -494,8 +495,8 @@ def test_a_head_that_refuses_the_request_passes_its_code_on_not_its_text_and_ban
     assert error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error"
     assert "whole" in error["message"] and "too long" not in error["message"]
-    assert isinstance(proxy.outcome.error, DomainError)
-    assert http_error(proxy.outcome.error).status == 400
+    assert isinstance(proxy.error, DomainError)
+    assert http_error(proxy.error).status == 400
     assert net.banned() == set()
     assert record(proxy).status == RequestStatus.FAILED
 
@@ -537,8 +538,8 @@ def test_a_head_refusing_a_counted_prompt_past_its_own_size_caps_bans_nobody(
 
     assert chunks[-1]["error"]["code"] == code
     assert "too big" not in chunks[-1]["error"]["message"]
-    assert isinstance(proxy.outcome.error, DomainError)
-    assert http_error(proxy.outcome.error).status == kind_status
+    assert isinstance(proxy.error, DomainError)
+    assert http_error(proxy.error).status == kind_status
     assert net.banned() == set()
     assert record(proxy).status == RequestStatus.FAILED
 
@@ -558,6 +559,27 @@ def test_a_head_refusing_sampling_the_tracker_checked_is_banned_even_for_an_unco
     assert text(chunks) == answer(12)
     assert net.heads.heads_asked() == ["liar", "honest"]
     assert net.banned() == {"liar"}
+
+
+def test_a_head_refusing_a_logit_bias_is_the_clients_400_as_only_nodes_know_the_vocabulary(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    refusal = {"error": {"message": "no", "type": "x", "code": "bad_sampling"}}
+    net.heads.plan("whole", Behaviour(status=400, body=refusal))
+    proxy = net.proxy(logit_bias={"999999": 3})
+
+    chunks = serve(proxy)
+
+    error = chunks[-1]["error"]
+    assert (error["code"], error["param"], error["type"]) == (
+        "bad_sampling",
+        "logit_bias",
+        "invalid_request_error",
+    )
+    assert net.heads.heads_asked() == ["whole"]
+    assert net.banned() == set()
+    assert net.heads.requests[0].sampling.logit_bias == ((999999, 3.0),)
 
 
 def test_usage_a_head_inflates_is_logged_and_billed_at_the_trackers_count(
@@ -659,7 +681,7 @@ def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_
     chunks = serve(proxy)
 
     assert chunks[-1]["error"]["code"] == "route_busy"
-    answer = http_error(proxy.outcome.error)  # type: ignore[arg-type]
+    answer = http_error(proxy.error)  # type: ignore[arg-type]
     assert (answer.status, answer.headers) == (503, {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)})
     # Capped exponential back-off: each wait in the upper half of 50 ms, 100 ms, … 1 s, 1 s…,
     # the last one cut to end exactly at the deadline; one more look, then the 503.
@@ -778,7 +800,7 @@ def test_a_request_that_fails_between_two_progress_events_shows_its_last_count(
     async def run() -> None:
         await proxy.start()
         relay = asyncio.create_task(consume(proxy))
-        while len(proxy.token_ids) < 4:
+        while proxy.completion_tokens < 4:
             await asyncio.sleep(0.01)
         relay.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -795,3 +817,84 @@ def test_a_request_that_fails_between_two_progress_events_shows_its_last_count(
 async def consume(proxy: ChatProxy) -> None:
     async for _ in proxy.run():
         pass
+
+
+# --- n choices ----------------------------------------------------------------
+
+
+def texts_by_choice(chunks: list[dict[str, Any]]) -> dict[int, str]:
+    """Each choice's text, joined from the chunks tagged with its index."""
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", []):
+            texts[choice["index"]] = texts.get(choice["index"], "") + (
+                choice["delta"].get("content") or ""
+            )
+    return texts
+
+
+def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_billed_once(
+    net: Net,
+) -> None:
+    net.node("head", 0, 1)
+    net.node("tail", 2, 3)
+    proxy = net.proxy(n=3, seed=40, temperature=0.8)
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12), 2: answer(12)}
+    openings = [c["choices"][0] for c in chunks if "role" in c["choices"][0]["delta"]]
+    assert [o["index"] for o in openings] == [0, 1, 2]
+    assert "meshnet" in chunks[0] and all("meshnet" not in c for c in chunks[1:])
+    finishes = [c for c in chunks if c["choices"][0]["finish_reason"]]
+    assert sorted(c["choices"][0]["index"] for c in finishes) == [0, 1, 2]
+    assert finishes[-1] is chunks[-1] and all("usage" not in c for c in finishes[:-1])
+    assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 36, "total_tokens": 43}
+    # One route, three generations on it, each its own seed.
+    assert net.heads.heads_asked() == ["head"] * 3
+    assert sorted(r.sampling.seed or 0 for r in net.heads.requests) == [40, 41, 42]
+    bill = BillingRecord.objects.get(request=record(proxy))
+    # The prompt once (7 at 0.01/1k), every choice's tokens (36 at 0.03/1k).
+    assert bill.charge == Decimal("0.000070") + Decimal("0.001080")
+    # Each hop ran its layers over the prompt and the tokens of every choice.
+    assert work(proxy) == [("head", 0, 1, 3 * 19), ("tail", 2, 3, 3 * 19)]
+    shares = sum((u.amount for u in WorkUnit.objects.filter(billing=bill)), Decimal(0))
+    assert shares == bill.charge - bill.network_fee
+    assert record(proxy).completion_tokens == 36
+    assert net.event_data(console.COMPLETE)["completion_tokens"] == 36
+
+
+def test_a_choice_whose_head_dies_fails_over_alone_while_the_others_go_on(net: Net) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"), Behaviour())
+    proxy = net.proxy(n=2)
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12)}
+    assert net.heads.heads_asked() == ["fast", "fast", "slow"]
+    assert net.heads.requests[2].resume_token_ids == [token_id(i) for i in range(5)]
+    assert net.banned() == {"fast"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+    # fast: one whole choice (7 + 12) and five tokens of the other (7 + 5);
+    # slow: that choice's prompt and five replayed tokens, then its last seven.
+    assert work(proxy) == [("fast", 0, 3, 19 + 12), ("slow", 0, 3, 7 + 5 + 7)]
+    assert record(proxy).status == RequestStatus.COMPLETED
+
+
+def test_a_choice_that_cannot_fail_over_fails_the_request_and_lets_the_other_heads_go(
+    net: Net,
+) -> None:
+    whole = net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=2, then="hang"), Behaviour(tokens=1, then="die"))
+    proxy = net.proxy(n=2, route=[whole.id])
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == "upstream_failed"
+    request = record(proxy)
+    assert request.status == RequestStatus.FAILED
+    assert not BillingRecord.objects.filter(request=request).exists()
+    # The hanging choice's stream was closed too: its head frees its sessions.
+    assert net.heads.closed == ["whole", "whole"]
