@@ -1,11 +1,13 @@
-"""Sessions this tracker has in flight on each route and node: the load the choice sees.
+"""Sessions this tracker has in flight on each route: the load the choice sees.
 
-``route_select`` opens a session for every decision it hands out and
-``route_sample_record`` closes it when the request completes; the proxy also
-closes it when a route's stream ends any other way (``route_session_close``),
-so a failed or cancelled request does not count as load. A session nobody
-closed is forgotten after ``SESSION_TTL`` seconds, so a lost close can only
-overstate a route's load for that long.
+``route_select`` opens a session for every decision it hands out, in one
+step with the choice (``RouteLoad.open_chosen``: concurrent requests never
+choose from the same snapshot), and ``route_sample_record`` closes it when
+the request completes; the proxy also closes it when a route's stream ends
+any other way (``route_session_close``), so a failed or cancelled request
+does not count as load. A session nobody closed is forgotten after
+``SESSION_TTL`` seconds, so a lost close can only overstate a route's load
+for that long.
 
 The load is counted per route, as peak-EWMA balancers count pending
 requests per backend: a slow or saturated route holds its sessions longer,
@@ -21,12 +23,23 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from routing_app.planner import RoutePlan
 
 # Longer than any generation the proxy lets run (its busy deadline and step
 # timeouts end a stuck request well before), so only a lost close expires.
 SESSION_TTL = 900.0
+
+
+class Decided(Protocol):
+    """What the book keeps a session for: a decision naming its route."""
+
+    @property
+    def plan(self) -> RoutePlan: ...
+
+
+DecisionT = TypeVar("DecisionT", bound=Decided)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,12 @@ class LoadSnapshot:
 NO_LOAD = LoadSnapshot()
 
 
+@dataclass(slots=True)
+class _Session:
+    decision: Decided  # held so the key (its identity) stays unique while open
+    at: float
+
+
 class RouteLoad:
     """Thread-safe book of the sessions this tracker process has open, per decision.
 
@@ -54,29 +73,42 @@ class RouteLoad:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._open: dict[int, tuple[RoutePlan, float]] = {}
-        self._holders: dict[int, object] = {}
+        self._sessions: dict[int, _Session] = {}
 
-    def open(self, decision: object, plan: RoutePlan) -> None:
+    def open_chosen(self, choose: Callable[[LoadSnapshot], DecisionT]) -> DecisionT:
+        """Choose with the load as it is now and open the chosen decision's session,
+        as one step: no other choice sees the load between the two.
+
+        ``choose`` runs under the book's lock, so it must not block (no
+        database or network): read what it needs before.
+        """
         with self._lock:
-            self._open[id(decision)] = (plan, self.clock())
-            self._holders[id(decision)] = decision
+            decision = choose(self._snapshot())
+            self._open(decision)
+        return decision
 
-    def close(self, decision: object) -> None:
+    def open(self, decision: Decided) -> None:
+        """Count ``decision``'s request as load on its route."""
+        with self._lock:
+            self._open(decision)
+
+    def close(self, decision: Decided) -> None:
         """End the decision's session; closing twice (or an unknown one) does nothing."""
         with self._lock:
-            self._open.pop(id(decision), None)
-            self._holders.pop(id(decision), None)
+            self._sessions.pop(id(decision), None)
 
     def snapshot(self) -> LoadSnapshot:
-        now = self.clock()
-        routes: Counter[str] = Counter()
         with self._lock:
-            for key in [k for k, (_, at) in self._open.items() if now - at > SESSION_TTL]:
-                del self._open[key]
-                del self._holders[key]
-            for plan, _ in self._open.values():
-                routes[plan.signature] += 1
+            return self._snapshot()
+
+    def _open(self, decision: Decided) -> None:
+        self._sessions[id(decision)] = _Session(decision, self.clock())
+
+    def _snapshot(self) -> LoadSnapshot:
+        now = self.clock()
+        for key in [k for k, s in self._sessions.items() if now - s.at > SESSION_TTL]:
+            del self._sessions[key]
+        routes = Counter(s.decision.plan.signature for s in self._sessions.values())
         return LoadSnapshot(routes=dict(routes))
 
 

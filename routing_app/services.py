@@ -90,20 +90,41 @@ def route_select(
             known=selectors.node_ids_known(model=model, node_ids=pinned),
         )
         decision = RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
-    else:
-        plans = route_candidates(model=model, store=store)
-        if not plans:
-            raise NoRouteAvailable(model.key, _coverage_gap(model))
-        decision = choose_route(
-            plans=plans,
-            store=store,
-            epoch=epoch,
-            config=config or RoutingConfig.from_settings(),
-            rng=rng or _route_rng,
-            loads=load.snapshot(),
+        load.open(decision)
+        return decision
+    plans = route_candidates(model=model, store=store)
+    if not plans:
+        raise NoRouteAvailable(model.key, _coverage_gap(model))
+    return route_choose(
+        plans=plans,
+        epoch=epoch,
+        store=store,
+        config=config or RoutingConfig.from_settings(),
+        rng=rng or _route_rng,
+        load=load,
+    )
+
+
+def route_choose(
+    *,
+    plans: Sequence[RoutePlan],
+    epoch: int,
+    store: RouteStatsStore,
+    config: RoutingConfig,
+    rng: random.Random,
+    load: RouteLoad,
+) -> RouteDecision:
+    """The policy's choice among ``plans`` with its session opened, as one step.
+
+    The chat path calls ``route_select`` on several threads at once: the
+    choice and the count it adds are atomic (under ``load``'s lock), so two
+    requests never both see an unmeasured route idle and both scout it.
+    """
+    return load.open_chosen(
+        lambda loads: choose_route(
+            plans=plans, store=store, epoch=epoch, config=config, rng=rng, loads=loads
         )
-    load.open(decision, decision.plan)
-    return decision
+    )
 
 
 def route_session_close(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:

@@ -102,7 +102,7 @@ def choose_arm(
     best, best_score = contenders[0], -math.inf
     for arm in contenders:
         mean, spread = belief(arm)
-        score = rng.gauss(mean, spread) - load_penalty(arm, loads, config)
+        score = rng.normalvariate(mean, spread) - load_penalty(arm, loads, config)
         if score > best_score:
             best, best_score = arm, score
     return best, "exploit"

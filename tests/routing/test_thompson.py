@@ -17,7 +17,7 @@ from routing_app.load import NO_LOAD, LoadSnapshot, RouteLoad
 from routing_app.planner import enumerate_routes
 from routing_app.services import route_sample_record, route_select, route_session_close
 from routing_app.stats import ArmStatus, ArmView
-from tests.support.routing import ManualClock, make_model, make_node, record
+from tests.support.routing import make_model, make_node, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -266,13 +266,3 @@ def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(s
     route_session_close(decision=second, load=load)
 
     assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
-
-
-def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
-    clock = ManualClock()
-    load = RouteLoad(clock=clock)
-    load.open(object(), PLANS[0])
-
-    clock.advance(901.0)
-
-    assert load.snapshot().route_sessions(PLANS[0]) == 0

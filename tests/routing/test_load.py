@@ -1,0 +1,83 @@
+"""The load book (ADR-0011, "Where the load comes from"): sessions in flight per route,
+opened in one step with the choice, closed however a request ends."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from routing_app.choice import DecisionMode, RouteDecision
+from routing_app.config import RoutingConfig
+from routing_app.load import RouteLoad
+from routing_app.planner import enumerate_routes
+from routing_app.services import route_choose
+from tests.support.routing import ManualClock, record
+
+NODES = [record("fast", 0, 29, tps=100.0), record("new", 0, 29, tps=90.0)]
+PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
+CONFIG = RoutingConfig()  # thompson-load
+
+
+def decision(index: int = 0) -> RouteDecision:
+    return RouteDecision(plan=PLANS[index], mode=DecisionMode.EXPLOIT, epoch=1)
+
+
+@pytest.fixture
+def busy_interpreter() -> Iterator[None]:
+    """Switch threads as often as the interpreter can, so races show."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def choose_at_once(store, rng, load, *, requests):
+    """``requests`` route choices started together on as many threads."""
+    barrier = threading.Barrier(requests)
+    decisions: list[RouteDecision] = []
+
+    def request() -> None:
+        barrier.wait()
+        decisions.append(
+            route_choose(plans=PLANS, epoch=1, store=store, config=CONFIG, rng=rng, load=load)
+        )
+
+    threads = [threading.Thread(target=request) for _ in range(requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return decisions
+
+
+def test_requests_chosen_at_once_send_one_scout_to_an_unmeasured_route(store, busy_interpreter):
+    for _ in range(5):
+        store.record_sample(
+            model_key="m",
+            signature=PLANS[0].signature,
+            epoch=1,
+            output_tokens=64,
+            tokens_per_second=50.0,
+        )
+    rng = random.Random(5)  # shared by every thread, like the tracker's
+    for _ in range(20):
+        load = RouteLoad()
+        decisions = choose_at_once(store, rng, load, requests=8)
+
+        scouts = [d.plan for d in decisions if d.mode is DecisionMode.SCOUT]
+        assert scouts == [PLANS[1]]
+        assert load.snapshot().routes == {PLANS[0].signature: 7, PLANS[1].signature: 1}
+
+
+def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    load.open(decision())
+
+    clock.advance(901.0)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
