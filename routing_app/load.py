@@ -2,12 +2,13 @@
 
 ``route_select`` opens a session for every decision it hands out, in one
 step with the choice (``RouteLoad.open_chosen``: concurrent requests never
-choose from the same snapshot), and ``route_sample_record`` closes it when
-the request completes; the proxy also closes it when a route's stream ends
-any other way (``route_session_close``), so a failed or cancelled request
-does not count as load. A session nobody closed is forgotten after
-``SESSION_TTL`` seconds, so a lost close can only overstate a route's load
-for that long.
+choose from the same snapshot). The proxy opens it again whenever it sends
+the request on that decision (``route_session_open``: a retry after a busy
+route), touches it as tokens arrive and closes it when the stream ends,
+however it ends (``route_session_close``; ``route_sample_record`` closes it
+too), so a failed or cancelled request does not count as load. A session
+with no sign of life for ``SESSION_TTL`` seconds is forgotten, so a lost
+close can only overstate a route's load for that long.
 
 The load is counted per route, as peak-EWMA balancers count pending
 requests per backend: a slow or saturated route holds its sessions longer,
@@ -27,8 +28,9 @@ from typing import Protocol, TypeVar
 
 from routing_app.planner import RoutePlan
 
-# Longer than any generation the proxy lets run (its busy deadline and step
-# timeouts end a stuck request well before), so only a lost close expires.
+# How long a session counts without news: longer than the proxy's busy deadline
+# and step timeouts, so only a lost close expires. A long generation stays
+# counted because the proxy touches its session as tokens arrive.
 SESSION_TTL = 900.0
 
 
@@ -88,9 +90,20 @@ class RouteLoad:
         return decision
 
     def open(self, decision: Decided) -> None:
-        """Count ``decision``'s request as load on its route."""
+        """Count ``decision``'s request as load on its route; idempotent, and it
+        re-opens a closed session (a request sent again on the same decision)."""
         with self._lock:
             self._open(decision)
+
+    def touch(self, decision: Decided) -> None:
+        """The decision's request made progress: its session's TTL starts afresh.
+
+        Does nothing to a closed session (a late touch never re-opens one).
+        """
+        with self._lock:
+            session = self._sessions.get(id(decision))
+            if session is not None:
+                session.at = self.clock()
 
     def close(self, decision: Decided) -> None:
         """End the decision's session; closing twice (or an unknown one) does nothing."""

@@ -1,9 +1,11 @@
 """Routing writes and decisions: route choice, samples, quarantine.
 
-The chat proxy needs four calls: ``route_select`` before it opens the
-stream, ``route_sample_record`` when the stream completes,
-``route_session_close`` when a route's stream ends any way (its load is
-gone), and ``route_quarantine_node`` when a hop fails. Each reads the policy from the
+The chat proxy's calls: ``route_select`` before it opens the stream;
+``route_session_open`` each time it (re)sends the request on a decision,
+``route_session_touch`` as tokens arrive and ``route_session_close`` when the
+stream ends any way (the session lifecycle: only live streams are a route's
+load); ``route_sample_record`` when the stream completes; and
+``route_quarantine_node`` when a hop fails. Each reads the policy from the
 settings at call time and uses the process's ``route_stats_store()`` unless
 given another store.
 """
@@ -70,7 +72,8 @@ def route_select(
 
     The decision counts as a session in flight on its route (the load the
     ``thompson-load`` policy weighs) until ``route_sample_record`` or
-    ``route_session_close`` is called with it.
+    ``route_session_close`` is called with it: the caller closes it on every
+    path, including one that fails before the stream starts.
 
     Raises ``InvalidPinnedRoute`` for a pinned route that cannot serve the
     model, ``PinnedNodeUnavailable`` when a pinned node is not online and
@@ -125,6 +128,26 @@ def route_choose(
             plans=plans, store=store, epoch=epoch, config=config, rng=rng, loads=loads
         )
     )
+
+
+def route_session_open(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
+    """The request is being sent on ``decision``'s route: it counts as load there.
+
+    Idempotent, and it re-opens a closed session: call it each time the stream
+    on ``decision`` (re)starts, e.g. after waiting for a busy route's slot.
+    ``route_select`` has already opened the first one.
+    """
+    (load or route_load()).open(decision)
+
+
+def route_session_touch(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
+    """The stream on ``decision``'s route made progress: it keeps counting as load.
+
+    A session with no news for ``load.SESSION_TTL`` seconds is taken for a lost
+    close and forgotten; a slow long generation touches its session so it is
+    not. Does nothing to a closed session.
+    """
+    (load or route_load()).touch(decision)
 
 
 def route_session_close(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:

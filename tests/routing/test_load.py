@@ -14,7 +14,12 @@ from routing_app.choice import DecisionMode, RouteDecision
 from routing_app.config import RoutingConfig
 from routing_app.load import RouteLoad
 from routing_app.planner import enumerate_routes
-from routing_app.services import route_choose
+from routing_app.services import (
+    route_choose,
+    route_session_close,
+    route_session_open,
+    route_session_touch,
+)
 from tests.support.routing import ManualClock, record
 
 NODES = [record("fast", 0, 29, tps=100.0), record("new", 0, 29, tps=90.0)]
@@ -79,5 +84,43 @@ def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
     load.open(decision())
 
     clock.advance(901.0)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
+
+
+def test_a_request_sent_again_after_waiting_for_a_slot_counts_as_load_again():
+    load = RouteLoad()
+    chosen = decision()
+    load.open(chosen)  # route_select
+    route_session_close(decision=chosen, load=load)  # the busy segment ended
+
+    route_session_open(decision=chosen, load=load)  # the retry streams on the same decision
+    route_session_open(decision=chosen, load=load)
+    streaming = load.snapshot().route_sessions(PLANS[0])
+    route_session_close(decision=chosen, load=load)
+
+    assert (streaming, load.snapshot().route_sessions(PLANS[0])) == (1, 0)
+
+
+def test_a_long_generation_that_makes_progress_keeps_counting_past_the_ttl():
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    chosen = decision()
+    load.open(chosen)
+
+    for _ in range(4):  # 1600 s of a slow generation, tokens arriving
+        clock.advance(400.0)
+        route_session_touch(decision=chosen, load=load)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 1
+
+
+def test_a_touch_after_the_close_does_not_bring_the_session_back():
+    load = RouteLoad()
+    chosen = decision()
+    load.open(chosen)
+    route_session_close(decision=chosen, load=load)
+
+    route_session_touch(decision=chosen, load=load)
 
     assert load.snapshot().route_sessions(PLANS[0]) == 0
