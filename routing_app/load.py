@@ -32,6 +32,9 @@ from routing_app.planner import RoutePlan
 # and step timeouts, so only a lost close expires. A long generation stays
 # counted because the proxy touches its session as tokens arrive.
 SESSION_TTL = 900.0
+# How long the book remembers when a route was last sent a request (for the
+# bound on unsampled time, far below it in practice); older entries are dropped.
+SENT_MEMORY = 86_400.0
 
 
 class Decided(Protocol):
@@ -46,13 +49,19 @@ DecisionT = TypeVar("DecisionT", bound=Decided)
 
 @dataclass(frozen=True, slots=True)
 class LoadSnapshot:
-    """Sessions in flight per route signature at one moment."""
+    """Sessions in flight per route signature at one moment, and how long ago each
+    route was last sent a request."""
 
     routes: Mapping[str, int] = field(default_factory=dict)
+    sent_ago: Mapping[str, float] = field(default_factory=dict)
 
     def route_sessions(self, plan: RoutePlan) -> int:
         """Sessions in flight on exactly this route."""
         return self.routes.get(plan.signature, 0)
+
+    def seconds_since_sent(self, plan: RoutePlan) -> float | None:
+        """Seconds since this tracker last sent a request on the route (None: not lately)."""
+        return self.sent_ago.get(plan.signature)
 
 
 NO_LOAD = LoadSnapshot()
@@ -76,6 +85,7 @@ class RouteLoad:
         self.clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[int, _Session] = {}
+        self._sent: dict[str, float] = {}  # route signature -> when last sent a request
 
     def open_chosen(self, choose: Callable[[LoadSnapshot], DecisionT]) -> DecisionT:
         """Choose with the load as it is now and open the chosen decision's session,
@@ -115,14 +125,19 @@ class RouteLoad:
             return self._snapshot()
 
     def _open(self, decision: Decided) -> None:
-        self._sessions[id(decision)] = _Session(decision, self.clock())
+        now = self.clock()
+        self._sessions[id(decision)] = _Session(decision, now)
+        self._sent[decision.plan.signature] = now
 
     def _snapshot(self) -> LoadSnapshot:
         now = self.clock()
         for key in [k for k, s in self._sessions.items() if now - s.at > SESSION_TTL]:
             del self._sessions[key]
+        for signature in [k for k, at in self._sent.items() if now - at > SENT_MEMORY]:
+            del self._sent[signature]
         routes = Counter(s.decision.plan.signature for s in self._sessions.values())
-        return LoadSnapshot(routes=dict(routes))
+        sent_ago = {signature: now - at for signature, at in self._sent.items()}
+        return LoadSnapshot(routes=dict(routes), sent_ago=sent_ago)
 
 
 _route_load = RouteLoad()

@@ -11,8 +11,9 @@ the highest score. Uncertainty, not a fixed share, decides how much to explore.
 The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
 taken deterministically; quarantined arms are never chosen; arms not measured
 under the current topology epoch (unsampled, stale) are scouted before any
-draw, one request at a time; and an arm whose latest sample is older than
-``max_unsampled_seconds`` is scouted as soon as nothing is in flight on it.
+draw, one request at a time; and an arm that has had neither a sample nor a
+request sent to it for ``max_unsampled_seconds`` is scouted as soon as
+nothing is in flight on it.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingCo
     """Index of the arm that must be measured now, if any (``arms`` exclude quarantined).
 
     Unmeasured under this epoch first (least measured, then higher prior), then
-    arms past the ``max_unsampled_seconds`` bound, oldest sample first; an arm
-    with a request in flight is being measured already and is skipped.
+    arms past the ``max_unsampled_seconds`` bound (``unmeasured_for``), longest
+    first; an arm with a request in flight is being measured already and is skipped.
     """
     unmeasured = [
         i
@@ -73,16 +74,28 @@ def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingCo
     ]
     if unmeasured:
         return min(unmeasured, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i))
+    idle = {i: unmeasured_for(arm, loads) for i, arm in enumerate(arms)}
     overdue = [
         i
         for i, arm in enumerate(arms)
-        if arm.last_sample_age is not None
-        and arm.last_sample_age > config.max_unsampled_seconds
-        and loads.route_sessions(arm.plan) == 0
+        if idle[i] > config.max_unsampled_seconds and loads.route_sessions(arm.plan) == 0
     ]
     if overdue:
-        return max(overdue, key=lambda i: (arms[i].last_sample_age or 0.0, -i))
+        return max(overdue, key=lambda i: (idle[i], -i))
     return None
+
+
+def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
+    """Seconds the arm has gone without a sample *or* a request sent to measure it.
+
+    Sending restarts the clock: a scout that fails or brings back too few
+    tokens to count leaves the sample old, and without this the route would
+    take every request until one counted.
+    """
+    if arm.last_sample_age is None:
+        return 0.0
+    sent = loads.seconds_since_sent(arm.plan)
+    return arm.last_sample_age if sent is None else min(arm.last_sample_age, sent)
 
 
 def choose_arm(

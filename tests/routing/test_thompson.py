@@ -3,6 +3,7 @@ load shedding and the bound on unsampled time."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -15,7 +16,12 @@ from routing_app.choice import route_shares
 from routing_app.config import RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot, RouteLoad
 from routing_app.planner import enumerate_routes
-from routing_app.services import route_sample_record, route_select, route_session_close
+from routing_app.services import (
+    route_choose,
+    route_sample_record,
+    route_select,
+    route_session_close,
+)
 from routing_app.stats import ArmStatus, ArmView
 from tests.support.routing import make_model, make_node, record
 
@@ -51,7 +57,7 @@ def picks(arms, *, loads=NO_LOAD, config=CONFIG, n=2000, seed=3):
 def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
     """Up to six candidates in any state, best prior first, with any load."""
     count = draw(st.integers(min_value=1, max_value=6))
-    arms, routes = [], {}
+    arms, routes, sent_ago = [], {}, {}
     for index in range(count):
         status = draw(st.sampled_from(list(ArmStatus)))
         arms.append(
@@ -64,7 +70,10 @@ def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
             )
         )
         routes[PLANS[index].signature] = draw(st.integers(min_value=0, max_value=20))
-    return arms, LoadSnapshot(routes=routes)
+        sent = draw(st.none() | st.floats(min_value=0.0, max_value=5000.0))
+        if sent is not None:
+            sent_ago[PLANS[index].signature] = sent
+    return arms, LoadSnapshot(routes=routes, sent_ago=sent_ago)
 
 
 @settings(max_examples=300, deadline=None)
@@ -114,7 +123,8 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
         if loads.route_sessions(a.plan) == 0
         and (
             a.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-            or (a.last_sample_age or 0.0) > CONFIG.max_unsampled_seconds
+            or min(a.last_sample_age or 0.0, loads.sent_ago.get(a.plan.signature, math.inf))
+            > CONFIG.max_unsampled_seconds
         )
     ]
 
@@ -266,3 +276,41 @@ def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(s
     route_session_close(decision=second, load=load)
 
     assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
+
+
+def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_at_once(
+    store, clock
+):
+    model_plans = PLANS[:2]
+    for plan, tps in zip(model_plans, (60.0, 20.0), strict=True):
+        for _ in range(3):
+            store.record_sample(
+                model_key="m",
+                signature=plan.signature,
+                epoch=1,
+                output_tokens=64,
+                tokens_per_second=tps,
+            )
+    clock.advance(601.0)
+    store.record_sample(
+        model_key="m",
+        signature=PLANS[0].signature,
+        epoch=1,
+        output_tokens=64,
+        tokens_per_second=60.0,
+    )
+    load, rng = RouteLoad(), random.Random(2)
+
+    def choose():
+        return route_choose(
+            plans=model_plans, epoch=1, store=store, config=CONFIG, rng=rng, load=load
+        )
+
+    scout = choose()
+    route_sample_record(decision=scout, output_tokens=2, elapsed_seconds=1.0, load=load)
+    after = [choose() for _ in range(50)]
+    for decision in after:
+        route_session_close(decision=decision, load=load)
+
+    assert (scout.plan, scout.mode) == (PLANS[1], "scout")
+    assert [d for d in after if d.mode == "scout"] == []
