@@ -1,10 +1,10 @@
 """The load-aware discounted Thompson sampling route choice (ADR-0011, ``thompson-load``).
 
-Each measured arm's belief about its log tokens/s is a normal distribution
+Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
-(so a quiet arm's belief widens again and it is retried: discounted Thompson
-sampling). A request draws once from every belief, subtracts the route's
-load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
+and widening back to a broad prior as that mass decays (so a quiet arm is
+retried: discounted Thompson sampling). A request draws once from every
+belief, subtracts the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
 saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
 the highest score. Uncertainty, not a fixed share, decides how much to explore.
 
@@ -26,10 +26,14 @@ from routing_app.config import RoutingConfig
 from routing_app.load import LoadSnapshot
 from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView
 
-# Spread (in ln tok/s) of a belief resting on one sample: one request's speed
-# varies with prompt length, sampling and neighbours by tens of percent
-# (0.3: ±35 %; 0.5 explored more and lost 1-3 % of the oracle, bench/routing_sim.py).
-LOG_SIGMA = 0.3
+# Spread (in ln tok/s) of one request's speed around its route's: prompt length,
+# sampling and neighbours move it by tens of percent (0.3: ±35 %).
+SAMPLE_SIGMA = 0.3
+# Spread of the belief before any evidence: a route may be several times
+# faster or slower than the last we knew (1.0: a factor e either way). An arm
+# whose evidence has decayed away returns to it, so a route that recovered is
+# retried long before the bound on unsampled time forces a scout.
+PRIOR_SIGMA = 1.0
 # The EWMA gives every new sample at least SAMPLE_WEIGHT_FLOOR, so however much
 # mass an arm holds its value averages about (2 - w) / w samples: the belief
 # never narrows past what that many samples justify.
@@ -42,10 +46,17 @@ MEASURED = frozenset({ArmStatus.PROVEN, ArmStatus.DECAYED})
 
 
 def belief(arm: ArmView) -> tuple[float, float]:
-    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known)."""
+    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known).
+
+    The normal posterior of a mean seen through ``n`` samples of spread
+    ``SAMPLE_SIGMA`` under a prior of spread ``PRIOR_SIGMA``:
+    1/σ² = 1/PRIOR_SIGMA² + n/SAMPLE_SIGMA², with ``n`` the arm's decayed
+    mass (at most ``EFFECTIVE_SAMPLES_CAP``).
+    """
     assert arm.tps is not None and arm.tps > 0
     effective = min(arm.weight, EFFECTIVE_SAMPLES_CAP)
-    return math.log(arm.tps), LOG_SIGMA / math.sqrt(1.0 + effective)
+    precision = 1.0 / PRIOR_SIGMA**2 + effective / SAMPLE_SIGMA**2
+    return math.log(arm.tps), 1.0 / math.sqrt(precision)
 
 
 def load_penalty(arm: ArmView, loads: LoadSnapshot, config: RoutingConfig) -> float:

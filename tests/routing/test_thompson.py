@@ -314,3 +314,14 @@ def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_a
 
     assert (scout.plan, scout.mode) == (PLANS[1], "scout")
     assert [d for d in after if d.mode == "scout"] == []
+
+
+def test_a_slow_route_whose_evidence_has_decayed_away_is_retried_to_see_if_it_recovered():
+    arms = [
+        arm(0, ArmStatus.PROVEN, 60.0, weight=20.0),
+        arm(1, ArmStatus.DECAYED, 20.0, weight=0.01),  # 3x slower, last seen hours ago
+    ]
+
+    share = thompson.expected_shares(arms=arms, loads=NO_LOAD, config=CONFIG)[1]
+
+    assert share > 0.05
