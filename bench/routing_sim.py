@@ -55,8 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing_app import thompson
-from routing_app.choice import policy_choose, policy_shares
+from routing_app.choice import policy_choose, route_shares
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.load import LoadSnapshot
 from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
@@ -266,12 +265,7 @@ def expected_share(
         return 1.0 if oracle(plans, store, net, load, None).signature == target else 0.0
     assert config is not None
     arms = store.views(plans=plans, epoch=net.epoch)
-    if config.policy == POLICY_ADR0021:
-        shares = policy_shares(arms=arms, config=config)
-    else:
-        shares = thompson.expected_shares(
-            arms=arms, loads=load.snapshot(), config=config, include_scout=False
-        )
+    shares = route_shares(arms=arms, config=config, loads=load.snapshot(), include_scout=False)
     return shares[signatures.index(target)]
 
 

@@ -9,7 +9,8 @@ saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
 the highest score. Uncertainty, not a fixed share, decides how much to explore.
 
 The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
-taken deterministically; quarantined arms are never chosen; arms not measured
+taken deterministically and quarantined arms are never chosen (both applied
+by ``routing_app.choice`` before this policy sees the arms); arms not measured
 under the current topology epoch (unsampled, stale) are scouted before any
 draw, one request at a time; and an arm that has had neither a sample nor a
 request sent to it for ``max_unsampled_seconds`` is scouted as soon as
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 from routing_app.config import RoutingConfig
 from routing_app.load import LoadSnapshot
-from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView
+from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured
 
 # Spread (in ln tok/s) of one request's speed around its route's: prompt length,
 # sampling and neighbours move it by tens of percent (0.3: ±35 %).
@@ -77,22 +78,18 @@ def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingCo
     arms past the ``max_unsampled_seconds`` bound (``unmeasured_for``), longest
     first; an arm with a request in flight is being measured already and is skipped.
     """
+    idle = [loads.route_sessions(arm.plan) == 0 for arm in arms]
     unmeasured = [
         i
         for i, arm in enumerate(arms)
-        if arm.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-        and loads.route_sessions(arm.plan) == 0
+        if arm.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE) and idle[i]
     ]
     if unmeasured:
-        return min(unmeasured, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i))
-    idle = {i: unmeasured_for(arm, loads) for i, arm in enumerate(arms)}
-    overdue = [
-        i
-        for i, arm in enumerate(arms)
-        if idle[i] > config.max_unsampled_seconds and loads.route_sessions(arm.plan) == 0
-    ]
+        return least_measured(arms, unmeasured)
+    quiet = {i: unmeasured_for(arm, loads) for i, arm in enumerate(arms) if idle[i]}
+    overdue = [i for i, seconds in quiet.items() if seconds > config.max_unsampled_seconds]
     if overdue:
-        return max(overdue, key=lambda i: (idle[i], -i))
+        return max(overdue, key=lambda i: (quiet[i], -i))
     return None
 
 
@@ -111,18 +108,16 @@ def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
 
 def choose_arm(
     *, arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig, rng: random.Random
-) -> tuple[ArmView, str] | None:
-    """The policy's pick among ``arms`` (best prior first) and its mode; ``None`` when all
-    are quarantined. Modes: ``greedy-fallback``, ``scout``, ``exploit``."""
-    eligible = [arm for arm in arms if arm.status is not ArmStatus.QUARANTINED]
-    if not eligible:
-        return None
-    if not any(arm.status is ArmStatus.PROVEN for arm in eligible):
-        return eligible[0], "greedy-fallback"
-    target = scout_target(eligible, loads, config)
+) -> tuple[ArmView, str]:
+    """The policy's pick among ``arms`` and its mode (``scout`` or ``exploit``).
+
+    ``arms``: the eligible candidates, best prior first, at least one proven
+    (``choice.policy_choose`` applies quarantine and the greedy fallback first).
+    """
+    target = scout_target(arms, loads, config)
     if target is not None:
-        return eligible[target], "scout"
-    contenders = [arm for arm in eligible if arm.status in MEASURED]
+        return arms[target], "scout"
+    contenders = [arm for arm in arms if arm.status in MEASURED]
     best, best_score = contenders[0], -math.inf
     for arm in contenders:
         mean, spread = belief(arm)
@@ -139,25 +134,20 @@ def expected_shares(
     config: RoutingConfig,
     include_scout: bool = True,
 ) -> list[float]:
-    """Each arm's chance of taking the next request under ``choose_arm``, in the order given.
+    """Each arm's chance of taking the next request under ``choose_arm``, in the order
+    given (``arms`` as for ``choose_arm``).
 
     A due scout takes the next request for sure (share 1); with
     ``include_scout=False`` the draw's shares are given instead (what the
     policy does once its scouting is done).
     """
     shares = [0.0] * len(arms)
-    eligible = [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
-    if not eligible:
-        return shares
-    if not any(arms[i].status is ArmStatus.PROVEN for i in eligible):
-        shares[eligible[0]] = 1.0
-        return shares
     if include_scout:
-        target = scout_target([arms[i] for i in eligible], loads, config)
+        target = scout_target(arms, loads, config)
         if target is not None:
-            shares[eligible[target]] = 1.0
+            shares[target] = 1.0
             return shares
-    contenders = [i for i in eligible if arms[i].status in MEASURED]
+    contenders = [i for i, arm in enumerate(arms) if arm.status in MEASURED]
     scores = []
     for i in contenders:
         mean, spread = belief(arms[i])

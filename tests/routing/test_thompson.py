@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app import thompson
-from routing_app.choice import route_shares
+from routing_app.choice import policy_choose, route_shares
 from routing_app.config import RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot, RouteLoad
 from routing_app.planner import enumerate_routes
@@ -50,7 +49,7 @@ def busy(*indices: int, sessions: int = 1) -> LoadSnapshot:
 
 def picks(arms, *, loads=NO_LOAD, config=CONFIG, n=2000, seed=3):
     rng = random.Random(seed)
-    return [thompson.choose_arm(arms=arms, loads=loads, config=config, rng=rng) for _ in range(n)]
+    return [policy_choose(arms=arms, loads=loads, config=config, rng=rng) for _ in range(n)]
 
 
 @st.composite
@@ -80,7 +79,7 @@ def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_never_chooses_a_quarantined_route_and_answers_none_only_when_all_are(case, seed):
     arms, loads = case
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
 
     if all(a.status is ArmStatus.QUARANTINED for a in arms):
         assert picked is None
@@ -95,7 +94,7 @@ def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, se
     arms, loads = case
     arms = [a for a in arms if a.status is not ArmStatus.PROVEN]
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
 
     if eligible:
         assert picked == (eligible[0], "greedy-fallback")
@@ -105,7 +104,7 @@ def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, se
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed):
     arms, loads = case
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
 
     if picked is not None and picked[1] == "exploit":
         assert picked[0].status in (ArmStatus.PROVEN, ArmStatus.DECAYED)
@@ -115,7 +114,7 @@ def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed)
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, seed):
     arms, loads = case
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
     due = [
         a
@@ -137,7 +136,7 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
 @given(arm_sets())
 def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(case):
     arms, loads = case
-    shares = thompson.expected_shares(arms=arms, loads=loads, config=CONFIG)
+    shares = route_shares(arms=arms, loads=loads, config=CONFIG)
 
     assert all(share >= 0.0 for share in shares)
     for view, share in zip(arms, shares, strict=True):
@@ -158,8 +157,8 @@ def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(ca
 def test_a_route_never_gains_share_as_its_sessions_in_flight_grow(fast, slow, sessions):
     arms = [arm(0, ArmStatus.PROVEN, fast), arm(1, ArmStatus.PROVEN, slow)]
 
-    before = thompson.expected_shares(arms=arms, loads=busy(0, sessions=sessions), config=CONFIG)
-    after = thompson.expected_shares(arms=arms, loads=busy(0, sessions=sessions + 1), config=CONFIG)
+    before = route_shares(arms=arms, loads=busy(0, sessions=sessions), config=CONFIG)
+    after = route_shares(arms=arms, loads=busy(0, sessions=sessions + 1), config=CONFIG)
 
     assert after[0] <= before[0] + 1e-9
 
@@ -187,8 +186,8 @@ def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_on
         arm(1, ArmStatus.DECAYED, 45.0, weight=0.2),
     ]
 
-    fresh_share = thompson.expected_shares(arms=fresh, loads=NO_LOAD, config=CONFIG)[1]
-    quiet_share = thompson.expected_shares(arms=quiet, loads=NO_LOAD, config=CONFIG)[1]
+    fresh_share = route_shares(arms=fresh, loads=NO_LOAD, config=CONFIG)[1]
+    quiet_share = route_shares(arms=quiet, loads=NO_LOAD, config=CONFIG)[1]
 
     assert quiet_share > 2 * fresh_share
 
@@ -196,8 +195,8 @@ def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_on
 def test_a_saturated_fast_route_sheds_traffic_to_the_next_one():
     arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=20.0), arm(1, ArmStatus.PROVEN, 45.0)]
 
-    idle = thompson.expected_shares(arms=arms, loads=NO_LOAD, config=CONFIG)
-    saturated = thompson.expected_shares(arms=arms, loads=busy(0, sessions=8), config=CONFIG)
+    idle = route_shares(arms=arms, loads=NO_LOAD, config=CONFIG)
+    saturated = route_shares(arms=arms, loads=busy(0, sessions=8), config=CONFIG)
 
     assert idle[0] > 0.8
     assert saturated[1] > 0.8
@@ -211,7 +210,7 @@ def test_its_draws_follow_the_expected_shares_it_states():
     ]
     loads = busy(0, sessions=2)
 
-    shares = thompson.expected_shares(arms=arms, loads=loads, config=CONFIG)
+    shares = route_shares(arms=arms, loads=loads, config=CONFIG)
     counts = Counter(p[0].plan.signature for p in picks(arms, loads=loads, n=6000) if p)
 
     for index, share in enumerate(shares):
@@ -221,7 +220,7 @@ def test_its_draws_follow_the_expected_shares_it_states():
 def test_it_scouts_a_route_past_the_bound_once_then_waits_for_its_sample():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=601.0)]
 
-    first = thompson.choose_arm(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
+    first = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
     while_in_flight = picks(arms, loads=busy(1), n=200)
 
     assert first is not None and (first[0].plan, first[1]) == (PLANS[1], "scout")
@@ -232,7 +231,7 @@ def test_the_bound_is_a_setting():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=100.0)]
     strict = RoutingConfig(max_unsampled_seconds=60.0)
 
-    picked = thompson.choose_arm(arms=arms, loads=NO_LOAD, config=strict, rng=random.Random(1))
+    picked = policy_choose(arms=arms, loads=NO_LOAD, config=strict, rng=random.Random(1))
 
     assert picked is not None and picked[0].plan == PLANS[1]
 
@@ -322,6 +321,6 @@ def test_a_slow_route_whose_evidence_has_decayed_away_is_retried_to_see_if_it_re
         arm(1, ArmStatus.DECAYED, 20.0, weight=0.01),  # 3x slower, last seen hours ago
     ]
 
-    share = thompson.expected_shares(arms=arms, loads=NO_LOAD, config=CONFIG)[1]
+    share = route_shares(arms=arms, loads=NO_LOAD, config=CONFIG)[1]
 
     assert share > 0.05
