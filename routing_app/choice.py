@@ -150,7 +150,7 @@ def route_shares(
     """Each arm's expected share of traffic under the active policy, in the order given.
 
     ``include_scout=False`` leaves out ``thompson-load``'s one-off scout of a due
-    route and gives the draw's shares: where traffic
+    route (``scout_due`` names it) and gives the draw's shares: where traffic
     goes, rather than where the next single request goes. ``adr0021``'s
     scouting is a steady share of traffic and stays either way.
     """
@@ -171,6 +171,22 @@ def route_shares(
     for i, share in zip(eligible, ours, strict=True):
         shares[i] = share
     return shares
+
+
+def scout_due(
+    *, arms: Sequence[ArmView], config: RoutingConfig, loads: LoadSnapshot = NO_LOAD
+) -> list[bool]:
+    """Per arm: whether the next request goes to it for sure, as a one-off scout
+    (``thompson-load``: unmeasured, or past the bound, with nothing in flight)."""
+    due = [False] * len(arms)
+    eligible = _eligible(arms)
+    views = [arms[i] for i in eligible]
+    if config.policy == POLICY_ADR0021 or not any(a.status is ArmStatus.PROVEN for a in views):
+        return due
+    target = thompson.scout_target(views, loads, config)
+    if target is not None:
+        due[eligible[target]] = True
+    return due
 
 
 def choose_route(
