@@ -68,23 +68,33 @@ NO_LOAD = LoadSnapshot()
 
 
 @dataclass(slots=True)
-class _Session:
+class _Sessions:
+    """One decision's live sessions: its streams by identity (0: the request chosen
+    but not streaming yet), each with the time of its last sign of life."""
+
     decision: Decided  # held so the key (its identity) stays unique while open
-    at: float
+    live: dict[int, tuple[object, float]] = field(default_factory=dict)
+
+
+# The key of a decision's session before any stream opens on it.
+_CHOSEN = 0
 
 
 class RouteLoad:
     """Thread-safe book of the sessions this tracker process has open, per decision.
 
-    A session is keyed by the decision object's identity (two requests may get
-    equal decisions); the book holds the decision, so the identity stays unique
-    while the session is open.
+    Sessions are keyed by the decision object's identity (two requests may get
+    equal decisions) and, within it, by the stream's: a request whose several
+    choices stream on one decision counts once per live stream. The session
+    the choice opens (no stream) stands for the request until its first
+    stream opens and takes its place. The book holds the decision and the
+    streams, so their identities stay unique while open.
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._sessions: dict[int, _Session] = {}
+        self._sessions: dict[int, _Sessions] = {}
         self._sent: dict[str, float] = {}  # route signature -> when last sent a request
 
     def open_chosen(self, choose: Callable[[LoadSnapshot], DecisionT]) -> DecisionT:
@@ -96,46 +106,69 @@ class RouteLoad:
         """
         with self._lock:
             decision = choose(self._snapshot())
-            self._open(decision)
+            self._open(decision, None)
         return decision
 
-    def open(self, decision: Decided) -> None:
-        """Count ``decision``'s request as load on its route; idempotent, and it
-        re-opens a closed session (a request sent again on the same decision)."""
-        with self._lock:
-            self._open(decision)
+    def open(self, decision: Decided, stream: object | None = None) -> None:
+        """Count ``decision``'s request (its ``stream``, if given) as load on its route.
 
-    def touch(self, decision: Decided) -> None:
-        """The decision's request made progress: its session's TTL starts afresh.
+        Idempotent, and it re-opens a closed session (a stream sent again on the
+        same decision, e.g. after waiting for a slot). A stream's session
+        replaces the decision's session from the choice.
+        """
+        with self._lock:
+            self._open(decision, stream)
+
+    def touch(self, decision: Decided, stream: object | None = None) -> None:
+        """The stream (or the request) made progress: its session's TTL starts afresh.
 
         Does nothing to a closed session (a late touch never re-opens one).
         """
         with self._lock:
-            session = self._sessions.get(id(decision))
-            if session is not None:
-                session.at = self.clock()
+            entry = self._sessions.get(id(decision))
+            key = _CHOSEN if stream is None else id(stream)
+            if entry is not None and key in entry.live:
+                entry.live[key] = (entry.live[key][0], self.clock())
 
-    def close(self, decision: Decided) -> None:
-        """End the decision's session; closing twice (or an unknown one) does nothing."""
+    def close(self, decision: Decided, stream: object | None = None) -> None:
+        """End ``stream``'s session on the decision, or with no ``stream`` every session
+        on it; closing twice (or an unknown one) does nothing."""
         with self._lock:
-            self._sessions.pop(id(decision), None)
+            entry = self._sessions.get(id(decision))
+            if entry is None:
+                return
+            if stream is not None:
+                entry.live.pop(id(stream), None)
+            if stream is None or not entry.live:
+                del self._sessions[id(decision)]
 
     def snapshot(self) -> LoadSnapshot:
         with self._lock:
             return self._snapshot()
 
-    def _open(self, decision: Decided) -> None:
+    def _open(self, decision: Decided, stream: object | None) -> None:
         now = self.clock()
-        self._sessions[id(decision)] = _Session(decision, now)
+        entry = self._sessions.setdefault(id(decision), _Sessions(decision))
+        if stream is None:
+            if not entry.live:
+                entry.live[_CHOSEN] = (None, now)
+        else:
+            entry.live.pop(_CHOSEN, None)
+            entry.live[id(stream)] = (stream, now)
         self._sent[decision.plan.signature] = now
 
     def _snapshot(self) -> LoadSnapshot:
         now = self.clock()
-        for key in [k for k, s in self._sessions.items() if now - s.at > SESSION_TTL]:
-            del self._sessions[key]
+        routes: Counter[str] = Counter()
+        for key, entry in list(self._sessions.items()):
+            for stream in [k for k, (_, at) in entry.live.items() if now - at > SESSION_TTL]:
+                del entry.live[stream]
+            if not entry.live:
+                del self._sessions[key]
+                continue
+            routes[entry.decision.plan.signature] += len(entry.live)
         for signature in [k for k, at in self._sent.items() if now - at > SENT_MEMORY]:
             del self._sent[signature]
-        routes = Counter(s.decision.plan.signature for s in self._sessions.values())
         sent_ago = {signature: now - at for signature, at in self._sent.items()}
         return LoadSnapshot(routes=dict(routes), sent_ago=sent_ago)
 

@@ -1,7 +1,7 @@
 """Routing writes and decisions: route choice, samples, quarantine.
 
 The chat proxy's calls: ``route_select`` before it opens the stream;
-``route_session_open`` each time it (re)sends the request on a decision,
+``route_session_open`` each time it (re)sends a stream on a decision,
 ``route_session_touch`` as tokens arrive and ``route_session_close`` when the
 stream ends any way (the session lifecycle: only live streams are a route's
 load); ``route_sample_record`` when the stream completes; and
@@ -130,32 +130,41 @@ def route_choose(
     )
 
 
-def route_session_open(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
-    """The request is being sent on ``decision``'s route: it counts as load there.
+def route_session_open(
+    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+) -> None:
+    """``stream`` (one of the request's streams, e.g. one choice's generation) is being
+    sent on ``decision``'s route: it counts as load there.
 
-    Idempotent, and it re-opens a closed session: call it each time the stream
+    Idempotent, and it re-opens a closed session: call it each time a stream
     on ``decision`` (re)starts, e.g. after waiting for a busy route's slot.
-    ``route_select`` has already opened the first one.
+    The session ``route_select`` opened for the request gives way to its
+    first stream's, so nothing is counted twice.
     """
-    (load or route_load()).open(decision)
+    (load or route_load()).open(decision, stream)
 
 
-def route_session_touch(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
-    """The stream on ``decision``'s route made progress: it keeps counting as load.
+def route_session_touch(
+    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+) -> None:
+    """``stream`` on ``decision``'s route made progress: it keeps counting as load.
 
-    A session with no news for ``load.SESSION_TTL`` seconds is taken for a lost
-    close and forgotten; a slow long generation touches its session so it is
-    not. Does nothing to a closed session.
+    A session with no sign of life for ``load.SESSION_TTL`` seconds is taken for
+    a lost close and forgotten; a slow long generation touches its session so
+    it is not. Does nothing to a closed session.
     """
-    (load or route_load()).touch(decision)
+    (load or route_load()).touch(decision, stream)
 
 
-def route_session_close(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
-    """The request's stream on ``decision``'s route ended (any way): it is no longer load.
+def route_session_close(
+    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+) -> None:
+    """``stream`` on ``decision``'s route ended (any way): it is no longer load. With no
+    ``stream``, every session on the decision ends (the request is over).
 
-    Idempotent; ``route_sample_record`` calls it too.
+    Idempotent; ``route_sample_record`` closes the whole decision too.
     """
-    (load or route_load()).close(decision)
+    (load or route_load()).close(decision, stream)
 
 
 def _coverage_gap(model: LanguageModel) -> str:

@@ -124,3 +124,32 @@ def test_a_touch_after_the_close_does_not_bring_the_session_back():
     route_session_touch(decision=chosen, load=load)
 
     assert load.snapshot().route_sessions(PLANS[0]) == 0
+
+
+def test_each_choice_streaming_on_one_decision_counts_until_its_own_stream_ends():
+    load = RouteLoad()
+    chosen = decision()
+    load.open(chosen)  # route_select: the request, not streaming yet
+    first, second = object(), object()  # two choices of one request (n=2)
+
+    route_session_open(decision=chosen, stream=first, load=load)
+    route_session_open(decision=chosen, stream=second, load=load)
+    both = load.snapshot().route_sessions(PLANS[0])
+    route_session_close(decision=chosen, stream=first, load=load)
+    one_left = load.snapshot().route_sessions(PLANS[0])
+    route_session_close(decision=chosen, stream=second, load=load)
+
+    assert (both, one_left, load.snapshot().route_sessions(PLANS[0])) == (2, 1, 0)
+
+
+def test_closing_the_decision_ends_the_request_before_or_during_its_streams():
+    load = RouteLoad()
+    cancelled_early, cancelled_streaming = decision(), decision()
+    load.open(cancelled_early)  # chosen, cancelled before its first stream
+    load.open(cancelled_streaming)
+    route_session_open(decision=cancelled_streaming, stream=object(), load=load)
+
+    route_session_close(decision=cancelled_early, load=load)
+    route_session_close(decision=cancelled_streaming, load=load)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
