@@ -40,8 +40,8 @@ past the ``max_unsampled_seconds`` bound (0 for ``thompson-load``, whose
 next request after the bound goes there: the gap itself can exceed the
 bound by the wait for that request).
 
-The knobs (``LOG``-space spreads, ``load_exponent``, the bound) were tuned on
-seeds 1-5; every setting is also run on held-out seeds 101-105.
+The knobs (the sample spread 0.3, ``load_exponent``, the bound) were tuned
+on seeds 1-5; every setting is also run on held-out seeds 101-105.
 
 Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]``.
 """

@@ -2,11 +2,12 @@
 
 ``route_select`` opens a session for every decision it hands out, in one
 step with the choice (``RouteLoad.open_chosen``: concurrent requests never
-choose from the same snapshot). The proxy opens it again whenever it sends
-the request on that decision (``route_session_open``: a retry after a busy
-route), touches it as tokens arrive and closes it when the stream ends,
-however it ends (``route_session_close``; ``route_sample_record`` closes it
-too), so a failed or cancelled request does not count as load. A session
+choose from the same snapshot). The proxy opens a session for each stream
+it sends on that decision (``route_session_open``, again after a busy
+route's wait; a request's several choices are several streams), touches it
+as tokens arrive and closes it when the stream ends, however it ends
+(``route_session_close``; ``route_sample_record`` closes the decision), so a
+failed or cancelled request does not count as load. A session
 with no sign of life for ``SESSION_TTL`` seconds is forgotten, so a lost
 close can only overstate a route's load for that long.
 
