@@ -19,15 +19,18 @@ completes (its tokens ÷ its time on the route).
 Load levels: ``isolated`` is the first simulator's setting (1 request/s,
 each request served as if alone), the others put arrivals at a share of the
 topology's estimated capacity (node-disjoint routes, fastest first, each at
-its batching cap). Three events, at a quarter, a half and three quarters of
-the run: the fastest route's own costliest node slows down 5x (no epoch
-bump: the statistics must notice on their own); a fast full-model node joins
+its batching cap). Four events, at each fifth of the run: the fastest
+route's own costliest node slows down 5x (no epoch bump: the statistics must
+notice on their own); it recovers (the old best is best again: a policy must
+retry a route it had learned to avoid); a fast full-model node joins
 (epoch bump); the then fastest route's own node leaves (epoch bump; its
 sessions fail over to a route the policy picks).
 
 For each policy: throughput (tokens delivered ÷ the requests' end-to-end
 time) as a ratio of the oracle's, which knows every true speed and load and
-sends each request where it runs fastest now; p50/p99 end-to-end latency;
+sends each request where it runs fastest now (greedy: it never holds a fast
+route back for the requests to come, so near capacity a policy can beat it),
+with the lowest and highest seed's ratio; p50/p99 end-to-end latency;
 per event, how many requests passed before the policy's share on the new
 fastest route passed 50 % (for ``thompson-load`` the draw's share: its
 one-off scouts of unmeasured routes are not a move of traffic); and the
@@ -36,6 +39,9 @@ sample, and ``overdue``: the most any routing decision left a candidate idle
 past the ``max_unsampled_seconds`` bound (0 for ``thompson-load``, whose
 next request after the bound goes there: the gap itself can exceed the
 bound by the wait for that request).
+
+The knobs (the sample spread 0.3, ``load_exponent``, the bound) were tuned
+on seeds 1-5; every setting is also run on held-out seeds 101-105.
 
 Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]``.
 """
@@ -55,8 +61,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing_app import thompson
-from routing_app.choice import policy_choose, policy_shares
+from routing_app.choice import policy_choose, route_shares
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.load import LoadSnapshot
 from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
@@ -199,6 +204,8 @@ class Load:
 
     sessions: list[Session] = field(default_factory=list)
     isolated: bool = False  # sessions do not slow each other down
+    now: float = 0.0
+    sent: dict[str, float] = field(default_factory=dict)  # route -> when last sent a request
 
     def per_node(self) -> Counter[str]:
         counts: Counter[str] = Counter()
@@ -207,9 +214,11 @@ class Load:
         return counts
 
     def snapshot(self) -> LoadSnapshot:
+        sent_ago = {signature: self.now - at for signature, at in self.sent.items()}
         if self.isolated:  # requests as if alone: nothing is load
-            return LoadSnapshot()
-        return LoadSnapshot(routes=dict(Counter(s.plan.signature for s in self.sessions)))
+            return LoadSnapshot(sent_ago=sent_ago)
+        routes = dict(Counter(s.plan.signature for s in self.sessions))
+        return LoadSnapshot(routes=routes, sent_ago=sent_ago)
 
 
 Policy = Callable[[list[RoutePlan], RouteStatsStore, Network, Load, random.Random], RoutePlan]
@@ -245,7 +254,7 @@ def oracle(
     load: Load,
     rng: random.Random | None,
 ) -> RoutePlan:
-    """Where the request runs fastest now, knowing every true speed and load."""
+    """Where the request runs fastest now, knowing every true speed and load (greedy)."""
     counts = load.per_node()
 
     def speed(plan: RoutePlan) -> float:
@@ -266,12 +275,7 @@ def expected_share(
         return 1.0 if oracle(plans, store, net, load, None).signature == target else 0.0
     assert config is not None
     arms = store.views(plans=plans, epoch=net.epoch)
-    if config.policy == POLICY_ADR0021:
-        shares = policy_shares(arms=arms, config=config)
-    else:
-        shares = thompson.expected_shares(
-            arms=arms, loads=load.snapshot(), config=config, include_scout=False
-        )
+    shares = route_shares(arms=arms, config=config, loads=load.snapshot(), include_scout=False)
     return shares[signatures.index(target)]
 
 
@@ -341,9 +345,10 @@ def simulate(
     store = RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=lambda: now)
     arrivals, work, noise = random.Random(seed), random.Random(seed + 1), random.Random(seed + 2)
     rng = random.Random(seed + 3)
-    event_at = {requests // 4: "slowdown", requests // 2: "join", 3 * requests // 4: "leave"}
+    event_at = {requests * (i + 1) // 5: event for i, event in enumerate(EVENTS)}
     load = Load(isolated=rate is None)
     gaps = GapWatch(THOMPSON.max_unsampled_seconds)
+    slowed: SimNode | None = None  # the slowed node as it was, until it recovers
     latencies: list[float] = []
     tokens_total = 0.0
     targets: list[str] = []
@@ -356,7 +361,9 @@ def simulate(
     arrived = 0
 
     def dispatch(session_tokens: int, remaining: float, arrived_at: float) -> None:
+        load.now = now
         plan = policy(plans, store, net, load, rng)
+        load.sent[plan.signature] = now
         gaps.dispatched(plan.signature, now)
         load.sessions.append(
             Session(plan, net.epoch, session_tokens, remaining, arrived_at, started=now)
@@ -394,6 +401,7 @@ def simulate(
         arrived += 1
         next_arrival = now + arrivals.expovariate(rate or ISOLATED_RATE)
         event = event_at.get(request)
+        load.now = now
         if (event is not None or request == requests) and targets:
             settled.append(expected_share(name, config, plans, store, net, load, targets[-1]))
         if request == requests:
@@ -403,6 +411,9 @@ def simulate(
             if event == "slowdown":
                 slowed = net.nodes[victim]
                 net.nodes[victim] = replace(slowed, layer_seconds=slowed.layer_seconds * 5)
+            elif event == "recover":
+                assert slowed is not None
+                net.nodes[slowed.record.node_id] = slowed
             elif event == "join":
                 net.nodes[scenario.joiner.record.node_id] = scenario.joiner
                 net.epoch += 1
@@ -420,6 +431,7 @@ def simulate(
             targets.append(net.fastest(plans).signature)
             to_majority.append(None)
             began = request
+        load.now = now
         if (
             targets
             and to_majority[-1] is None
@@ -439,6 +451,7 @@ def simulate(
     )
 
 
+EVENTS = ("slowdown", "recover", "join", "leave")
 THOMPSON = RoutingConfig(policy="thompson-load")
 POLICIES: list[tuple[str, RoutingConfig | None]] = [
     ("thompson-load (ADR-0011 default)", THOMPSON),
@@ -478,55 +491,78 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
+def seed_sets(count: int) -> list[tuple[str, range]]:
+    """The seeds the knobs were tuned on (1..count) and as many held out (101..)."""
+    return [
+        (f"tuning seeds 1-{count}", range(1, count + 1)),
+        (f"held-out seeds 101-{100 + count}", range(101, 101 + count)),
+    ]
+
+
+def report(results: dict[str, list[RunResult]]) -> None:
+    """One line per policy (mean and per-seed range of the ratio), one per event."""
+    oracle_tp = [run.throughput for run in results["oracle"]]
+    for name, _ in POLICIES:
+        runs = results[name]
+        ratios = [run.throughput / best for run, best in zip(runs, oracle_tp, strict=True)]
+        latencies = [value for run in runs for value in run.latencies]
+        print(
+            f"{name:40} {statistics.mean(ratios):6.3f} x oracle "
+            f"[{min(ratios):.3f}-{max(ratios):.3f}]  "
+            f"p50 {percentile(latencies, 0.5):6.2f}  p99 {percentile(latencies, 0.99):7.2f}"
+            f"  gap {max(run.longest_gap for run in runs):6.0f}"
+            f" (overdue {max(run.overdue for run in runs):5.0f})"
+        )
+        for index, event in enumerate(EVENTS):
+            answers = [run.to_majority[index] for run in runs]
+            settled = [run.settled[index] for run in runs]
+            print(f"    {event:9} {describe(answers, settled)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Routing policy simulator")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help="per seed set (tuning, held-out)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.requests = 3, 1000
-    seeds = range(1, args.seeds + 1)
-    quarter = args.requests // 4
+    at = ", ".join(f"{args.requests * (i + 1) // 5} ({event})" for i, event in enumerate(EVENTS))
     print(
-        f"routing simulator: {args.seeds} seeds x {args.requests} requests; events at request "
-        f"{quarter} (5x slowdown), {2 * quarter} (join), {3 * quarter} (leave); "
+        f"routing simulator: {args.seeds} tuning + {args.seeds} held-out seeds x "
+        f"{args.requests} requests; events at request {at}; the slowdown is 5x; "
         f"thompson-load bound {THOMPSON.max_unsampled_seconds:.0f} s unsampled"
     )
     print(
-        "columns: mean ratio to the oracle's throughput, p50/p99 end-to-end latency (s), "
-        "longest time a candidate went unsampled (s) and the most a request's routing left "
-        "one idle past the bound; per event, median requests until the share on the new "
-        "fastest route passed 50%"
+        "columns: mean ratio to the oracle's throughput [lowest-highest seed], p50/p99 "
+        "end-to-end latency (s), longest time a candidate went unsampled (s) and the most a "
+        "request's routing left one idle past the bound; per event, median requests until "
+        "the share on the new fastest route passed 50% (max over seeds)"
     )
     for scenario in SCENARIOS:
         capacity = Network(scenario).capacity_rps()
         for label, utilisation in LOADS:
             rate = None if utilisation is None else utilisation * capacity
             shown = "" if rate is None else f", {rate:.2f} req/s"
-            print(f"\n== {scenario.name} — {label}{shown}")
-            results = {
-                name: [
-                    simulate(scenario, name, policy_for(name, cfg), cfg, seed, args.requests, rate)
-                    for seed in seeds
-                ]
-                for name, cfg in POLICIES
-            }
-            oracle_tp = [run.throughput for run in results["oracle"]]
-            for name, _ in POLICIES:
-                runs = results[name]
-                ratios = [run.throughput / best for run, best in zip(runs, oracle_tp, strict=True)]
-                latencies = [value for run in runs for value in run.latencies]
-                print(
-                    f"{name:40} {statistics.mean(ratios):6.3f} x oracle  "
-                    f"p50 {percentile(latencies, 0.5):6.2f}  p99 {percentile(latencies, 0.99):7.2f}"
-                    f"  gap {max(run.longest_gap for run in runs):6.0f}"
-                    f" (overdue {max(run.overdue for run in runs):5.0f})"
+            for seeds_label, seeds in seed_sets(args.seeds):
+                print(f"\n== {scenario.name} — {label}{shown} — {seeds_label}")
+                report(
+                    {
+                        name: [
+                            simulate(
+                                scenario,
+                                name,
+                                policy_for(name, cfg),
+                                cfg,
+                                seed,
+                                args.requests,
+                                rate,
+                            )
+                            for seed in seeds
+                        ]
+                        for name, cfg in POLICIES
+                    }
                 )
-                for index, event in enumerate(("slowdown", "join", "leave")):
-                    answers = [run.to_majority[index] for run in runs]
-                    settled = [run.settled[index] for run in runs]
-                    print(f"    {event:9} {describe(answers, settled)}")
 
 
 if __name__ == "__main__":

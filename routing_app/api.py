@@ -45,7 +45,12 @@ class RouteOutput(serializers.Serializer[dict[str, Any]]):
     prior_tps = serializers.FloatField()
     tps = serializers.FloatField(allow_null=True, help_text="Learned end-to-end tokens/s")
     coefficient = serializers.FloatField(allow_null=True, help_text="tps ÷ best proven tps")
-    expected_share = serializers.FloatField(help_text="Share of traffic under the policy")
+    expected_share = serializers.FloatField(
+        help_text="Share of traffic under the policy (a due one-off scout left out)"
+    )
+    scout_due = serializers.BooleanField(
+        help_text="thompson-load: the next request goes here once, to measure it"
+    )
     samples = serializers.IntegerField()
     weight = serializers.FloatField(help_text="Decayed sample mass")
     status = serializers.ChoiceField(choices=ROUTE_STATUSES)

@@ -1,11 +1,13 @@
 """The route choice: the active policy picks a candidate for each request.
 
-Two policies (``RoutingConfig.policy``): ``adr0021`` (``choose_arm``: scout,
-exploit P ∝ tps^alpha, or fall back to the best prior) and ``thompson-load``
-(``routing_app.thompson``, ADR-0011). ``choose_route`` decides for one
-request with the active one; ``route_shares`` states what that same policy
-does next (the ``expected_share`` of ``/v1/routing``). Both read the
-candidates through ``ArmView`` so they can never disagree.
+Two policies (``RoutingConfig.policy``): ``adr0021`` (scout at a fixed share,
+exploit P ∝ tps^alpha) and ``thompson-load`` (``routing_app.thompson``,
+ADR-0011). What both guarantee is done here, once: quarantined arms are never
+chosen, and with no proven arm the best-prior one is taken deterministically
+(``greedy-fallback``). ``choose_route`` decides for one request with the
+active policy; ``route_shares`` states what that same policy does next (the
+``expected_share`` of ``/v1/routing``). Both read the candidates through
+``ArmView`` so they can never disagree.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from routing_app import thompson
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot
 from routing_app.planner import RoutePlan
-from routing_app.stats import ArmStatus, ArmView, RouteStatsStore
+from routing_app.stats import ArmStatus, ArmView, RouteStatsStore, least_measured
 
+# What adr0021 scouts: anything not proven under the current topology.
 SCOUTABLE = frozenset({ArmStatus.UNSAMPLED, ArmStatus.STALE, ArmStatus.DECAYED})
 
 
@@ -60,15 +63,9 @@ class NoRouteAvailable(DomainError):
         super().__init__(f"No route can serve {model_key} right now: {reason}")
 
 
-def _scout_target(arms: Sequence[ArmView]) -> int | None:
-    """Index of the least-measured scoutable arm under the current topology.
-
-    Ties go to the higher prior, then to the earlier arm.
-    """
-    pool = [i for i, arm in enumerate(arms) if arm.status in SCOUTABLE]
-    if not pool:
-        return None
-    return min(pool, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i))
+def _eligible(arms: Sequence[ArmView]) -> list[int]:
+    """Indices of the arms that may be chosen (not quarantined), best prior first."""
+    return [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
 
 
 def _exploit_weights(proven: Sequence[ArmView], alpha: float) -> list[float]:
@@ -79,25 +76,16 @@ def _exploit_weights(proven: Sequence[ArmView], alpha: float) -> list[float]:
     return [(max(arm.tps or 0.0, 0.0) / fastest) ** alpha for arm in proven]
 
 
-def choose_arm(
-    *, arms: Sequence[ArmView], config: RoutingConfig, rng: random.Random
-) -> tuple[ArmView, DecisionMode] | None:
-    """The ADR-0021 policy (``adr0021``) over ``arms`` (best prior first); ``None`` when
-    every arm is held.
-
-    With no proven arm: the first (best-prior) arm that is not quarantined,
-    deterministically. Otherwise with probability ``explore_share`` the
-    least-measured unproven/stale/decayed arm when one exists, else a
-    weighted draw among proven arms with P ∝ tps^alpha.
-    """
-    eligible = [arm for arm in arms if arm.status is not ArmStatus.QUARANTINED]
-    if not eligible:
-        return None
+def _adr0021_choose(
+    eligible: Sequence[ArmView], config: RoutingConfig, rng: random.Random
+) -> tuple[ArmView, DecisionMode]:
+    """ADR-0021 among ``eligible`` (some proven): with probability ``explore_share`` the
+    least-measured unproven/stale/decayed arm when one exists, else a weighted
+    draw among proven arms with P ∝ tps^alpha."""
     proven = [arm for arm in eligible if arm.status is ArmStatus.PROVEN]
-    if not proven:
-        return eligible[0], DecisionMode.GREEDY_FALLBACK
     if rng.random() < config.explore_share:
-        target = _scout_target(eligible)
+        pool = [i for i, arm in enumerate(eligible) if arm.status in SCOUTABLE]
+        target = least_measured(eligible, pool)
         if target is not None:
             return eligible[target], DecisionMode.SCOUT
     weights = _exploit_weights(proven, config.weight_alpha)
@@ -112,22 +100,17 @@ def choose_arm(
     return proven[-1], DecisionMode.EXPLOIT
 
 
-def policy_shares(*, arms: Sequence[ArmView], config: RoutingConfig) -> list[float]:
-    """Each arm's expected share of traffic under ``choose_arm`` (``adr0021``), in order."""
-    shares = [0.0] * len(arms)
-    eligible = [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
-    if not eligible:
-        return shares
-    proven = [i for i in eligible if arms[i].status is ArmStatus.PROVEN]
-    if not proven:
-        shares[eligible[0]] = 1.0
-        return shares
+def _adr0021_shares(eligible: Sequence[ArmView], config: RoutingConfig) -> list[float]:
+    """Each of ``eligible``'s (some proven) expected share under ``_adr0021_choose``."""
+    shares = [0.0] * len(eligible)
     exploit_share = 1.0
-    target = _scout_target([arms[i] for i in eligible])
+    pool = [i for i, arm in enumerate(eligible) if arm.status in SCOUTABLE]
+    target = least_measured(eligible, pool)
     if target is not None and config.explore_share > 0:
-        shares[eligible[target]] = config.explore_share
+        shares[target] = config.explore_share
         exploit_share = 1.0 - config.explore_share
-    weights = _exploit_weights([arms[i] for i in proven], config.weight_alpha)
+    proven = [i for i, arm in enumerate(eligible) if arm.status is ArmStatus.PROVEN]
+    weights = _exploit_weights([eligible[i] for i in proven], config.weight_alpha)
     total = sum(weights)
     for i, weight in zip(proven, weights, strict=True):
         if total > 0:
@@ -144,20 +127,66 @@ def policy_choose(
     rng: random.Random,
     loads: LoadSnapshot = NO_LOAD,
 ) -> tuple[ArmView, DecisionMode] | None:
-    """The active policy's pick among ``arms`` (best prior first); ``None`` when all are held."""
+    """The active policy's pick among ``arms`` (best prior first); ``None`` when every
+    arm is quarantined. With no proven arm: the first eligible one, deterministically."""
+    eligible = [arms[i] for i in _eligible(arms)]
+    if not eligible:
+        return None
+    if not any(arm.status is ArmStatus.PROVEN for arm in eligible):
+        return eligible[0], DecisionMode.GREEDY_FALLBACK
     if config.policy == POLICY_ADR0021:
-        return choose_arm(arms=arms, config=config, rng=rng)
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=config, rng=rng)
-    return None if picked is None else (picked[0], DecisionMode(picked[1]))
+        return _adr0021_choose(eligible, config, rng)
+    arm, mode = thompson.choose_arm(arms=eligible, loads=loads, config=config, rng=rng)
+    return arm, DecisionMode(mode)
 
 
 def route_shares(
-    *, arms: Sequence[ArmView], config: RoutingConfig, loads: LoadSnapshot = NO_LOAD
+    *,
+    arms: Sequence[ArmView],
+    config: RoutingConfig,
+    loads: LoadSnapshot = NO_LOAD,
+    include_scout: bool = True,
 ) -> list[float]:
-    """Each arm's expected share of traffic under the active policy, in the order given."""
+    """Each arm's expected share of traffic under the active policy, in the order given.
+
+    ``include_scout=False`` leaves out ``thompson-load``'s one-off scout of a due
+    route (``scout_due`` names it) and gives the draw's shares: where traffic
+    goes, rather than where the next single request goes. ``adr0021``'s
+    scouting is a steady share of traffic and stays either way.
+    """
+    shares = [0.0] * len(arms)
+    eligible = _eligible(arms)
+    if not eligible:
+        return shares
+    views = [arms[i] for i in eligible]
+    if not any(arm.status is ArmStatus.PROVEN for arm in views):
+        shares[eligible[0]] = 1.0
+        return shares
     if config.policy == POLICY_ADR0021:
-        return policy_shares(arms=arms, config=config)
-    return thompson.expected_shares(arms=arms, loads=loads, config=config)
+        ours = _adr0021_shares(views, config)
+    else:
+        ours = thompson.expected_shares(
+            arms=views, loads=loads, config=config, include_scout=include_scout
+        )
+    for i, share in zip(eligible, ours, strict=True):
+        shares[i] = share
+    return shares
+
+
+def scout_due(
+    *, arms: Sequence[ArmView], config: RoutingConfig, loads: LoadSnapshot = NO_LOAD
+) -> list[bool]:
+    """Per arm: whether the next request goes to it for sure, as a one-off scout
+    (``thompson-load``: unmeasured, or past the bound, with nothing in flight)."""
+    due = [False] * len(arms)
+    eligible = _eligible(arms)
+    views = [arms[i] for i in eligible]
+    if config.policy == POLICY_ADR0021 or not any(a.status is ArmStatus.PROVEN for a in views):
+        return due
+    target = thompson.scout_target(views, loads, config)
+    if target is not None:
+        due[eligible[target]] = True
+    return due
 
 
 def choose_route(

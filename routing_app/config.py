@@ -23,9 +23,8 @@ from meshnet_site.environment import (
     ROUTE_WEIGHT_ALPHA,
 )
 
-# The policy names MESHNET_ROUTE_POLICY accepts.
-POLICY_THOMPSON_LOAD = "thompson-load"
-POLICY_ADR0021 = "adr0021"
+# The policy names MESHNET_ROUTE_POLICY accepts (named once, by the setting).
+POLICY_THOMPSON_LOAD, POLICY_ADR0021 = ROUTE_POLICY.choices
 
 # At most this many candidate routes per model take part in the choice.
 MAX_CANDIDATES = 8

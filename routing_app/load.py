@@ -1,11 +1,15 @@
-"""Sessions this tracker has in flight on each route and node: the load the choice sees.
+"""Sessions this tracker has in flight on each route: the load the choice sees.
 
-``route_select`` opens a session for every decision it hands out and
-``route_sample_record`` closes it when the request completes; the proxy also
-closes it when a route's stream ends any other way (``route_session_close``),
-so a failed or cancelled request does not count as load. A session nobody
-closed is forgotten after ``SESSION_TTL`` seconds, so a lost close can only
-overstate a route's load for that long.
+``route_select`` opens a session for every decision it hands out, in one
+step with the choice (``RouteLoad.open_chosen``: concurrent requests never
+choose from the same snapshot). The proxy opens a session for each stream
+it sends on that decision (``route_session_open``, again after a busy
+route's wait; a request's several choices are several streams), touches it
+as tokens arrive and closes it when the stream ends, however it ends
+(``route_session_close``; ``route_sample_record`` closes the decision), so a
+failed or cancelled request does not count as load. A session
+with no sign of life for ``SESSION_TTL`` seconds is forgotten, so a lost
+close can only overstate a route's load for that long.
 
 The load is counted per route, as peak-EWMA balancers count pending
 requests per backend: a slow or saturated route holds its sessions longer,
@@ -21,63 +25,153 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from routing_app.planner import RoutePlan
 
-# Longer than any generation the proxy lets run (its busy deadline and step
-# timeouts end a stuck request well before), so only a lost close expires.
+# How long a session counts without news: longer than the proxy's busy deadline
+# and step timeouts, so only a lost close expires. A long generation stays
+# counted because the proxy touches its session as tokens arrive.
 SESSION_TTL = 900.0
+# How long the book remembers when a route was last sent a request (for the
+# bound on unsampled time, far below it in practice); older entries are dropped.
+SENT_MEMORY = 86_400.0
+
+
+class Decided(Protocol):
+    """What the book keeps a session for: a decision naming its route."""
+
+    @property
+    def plan(self) -> RoutePlan: ...
+
+
+DecisionT = TypeVar("DecisionT", bound=Decided)
 
 
 @dataclass(frozen=True, slots=True)
 class LoadSnapshot:
-    """Sessions in flight per route signature at one moment."""
+    """Sessions in flight per route signature at one moment, and how long ago each
+    route was last sent a request."""
 
     routes: Mapping[str, int] = field(default_factory=dict)
+    sent_ago: Mapping[str, float] = field(default_factory=dict)
 
     def route_sessions(self, plan: RoutePlan) -> int:
         """Sessions in flight on exactly this route."""
         return self.routes.get(plan.signature, 0)
 
+    def seconds_since_sent(self, plan: RoutePlan) -> float | None:
+        """Seconds since this tracker last sent a request on the route (None: not lately)."""
+        return self.sent_ago.get(plan.signature)
+
 
 NO_LOAD = LoadSnapshot()
+
+
+@dataclass(slots=True)
+class _Sessions:
+    """One decision's live sessions: its streams by identity (0: the request chosen
+    but not streaming yet), each with the time of its last sign of life."""
+
+    decision: Decided  # held so the key (its identity) stays unique while open
+    live: dict[int, tuple[object, float]] = field(default_factory=dict)
+
+
+# The key of a decision's session before any stream opens on it.
+_CHOSEN = 0
 
 
 class RouteLoad:
     """Thread-safe book of the sessions this tracker process has open, per decision.
 
-    A session is keyed by the decision object's identity (two requests may get
-    equal decisions); the book holds the decision, so the identity stays unique
-    while the session is open.
+    Sessions are keyed by the decision object's identity (two requests may get
+    equal decisions) and, within it, by the stream's: a request whose several
+    choices stream on one decision counts once per live stream. The session
+    the choice opens (no stream) stands for the request until its first
+    stream opens and takes its place. The book holds the decision and the
+    streams, so their identities stay unique while open.
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._open: dict[int, tuple[RoutePlan, float]] = {}
-        self._holders: dict[int, object] = {}
+        self._sessions: dict[int, _Sessions] = {}
+        self._sent: dict[str, float] = {}  # route signature -> when last sent a request
 
-    def open(self, decision: object, plan: RoutePlan) -> None:
-        with self._lock:
-            self._open[id(decision)] = (plan, self.clock())
-            self._holders[id(decision)] = decision
+    def open_chosen(self, choose: Callable[[LoadSnapshot], DecisionT]) -> DecisionT:
+        """Choose with the load as it is now and open the chosen decision's session,
+        as one step: no other choice sees the load between the two.
 
-    def close(self, decision: object) -> None:
-        """End the decision's session; closing twice (or an unknown one) does nothing."""
+        ``choose`` runs under the book's lock, so it must not block (no
+        database or network): read what it needs before.
+        """
         with self._lock:
-            self._open.pop(id(decision), None)
-            self._holders.pop(id(decision), None)
+            decision = choose(self._snapshot())
+            self._open(decision, None)
+        return decision
+
+    def open(self, decision: Decided, stream: object | None = None) -> None:
+        """Count ``decision``'s request (its ``stream``, if given) as load on its route.
+
+        Idempotent, and it re-opens a closed session (a stream sent again on the
+        same decision, e.g. after waiting for a slot). A stream's session
+        replaces the decision's session from the choice.
+        """
+        with self._lock:
+            self._open(decision, stream)
+
+    def touch(self, decision: Decided, stream: object | None = None) -> None:
+        """The stream (or the request) made progress: its session's TTL starts afresh.
+
+        Does nothing to a closed session (a late touch never re-opens one).
+        """
+        with self._lock:
+            entry = self._sessions.get(id(decision))
+            key = _CHOSEN if stream is None else id(stream)
+            if entry is not None and key in entry.live:
+                entry.live[key] = (entry.live[key][0], self.clock())
+
+    def close(self, decision: Decided, stream: object | None = None) -> None:
+        """End ``stream``'s session on the decision, or with no ``stream`` every session
+        on it; closing twice (or an unknown one) does nothing."""
+        with self._lock:
+            entry = self._sessions.get(id(decision))
+            if entry is None:
+                return
+            if stream is not None:
+                entry.live.pop(id(stream), None)
+            if stream is None or not entry.live:
+                del self._sessions[id(decision)]
 
     def snapshot(self) -> LoadSnapshot:
+        with self._lock:
+            return self._snapshot()
+
+    def _open(self, decision: Decided, stream: object | None) -> None:
+        now = self.clock()
+        entry = self._sessions.setdefault(id(decision), _Sessions(decision))
+        if stream is None:
+            if not entry.live:
+                entry.live[_CHOSEN] = (None, now)
+        else:
+            entry.live.pop(_CHOSEN, None)
+            entry.live[id(stream)] = (stream, now)
+        self._sent[decision.plan.signature] = now
+
+    def _snapshot(self) -> LoadSnapshot:
         now = self.clock()
         routes: Counter[str] = Counter()
-        with self._lock:
-            for key in [k for k, (_, at) in self._open.items() if now - at > SESSION_TTL]:
-                del self._open[key]
-                del self._holders[key]
-            for plan, _ in self._open.values():
-                routes[plan.signature] += 1
-        return LoadSnapshot(routes=dict(routes))
+        for key, entry in list(self._sessions.items()):
+            for stream in [k for k, (_, at) in entry.live.items() if now - at > SESSION_TTL]:
+                del entry.live[stream]
+            if not entry.live:
+                del self._sessions[key]
+                continue
+            routes[entry.decision.plan.signature] += len(entry.live)
+        for signature in [k for k, at in self._sent.items() if now - at > SENT_MEMORY]:
+            del self._sent[signature]
+        sent_ago = {signature: now - at for signature, at in self._sent.items()}
+        return LoadSnapshot(routes=dict(routes), sent_ago=sent_ago)
 
 
 _route_load = RouteLoad()
@@ -86,3 +180,11 @@ _route_load = RouteLoad()
 def route_load() -> RouteLoad:
     """This process's book of in-flight sessions."""
     return _route_load
+
+
+def route_load_install(load: RouteLoad) -> RouteLoad:
+    """Make ``load`` this process's book (tests start each from an empty one); returns
+    the previous book."""
+    global _route_load
+    previous, _route_load = _route_load, load
+    return previous

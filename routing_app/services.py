@@ -1,9 +1,11 @@
 """Routing writes and decisions: route choice, samples, quarantine.
 
-The chat proxy needs four calls: ``route_select`` before it opens the
-stream, ``route_sample_record`` when the stream completes,
-``route_session_close`` when a route's stream ends any way (its load is
-gone), and ``route_quarantine_node`` when a hop fails. Each reads the policy from the
+The chat proxy's calls: ``route_select`` before it opens the stream;
+``route_session_open`` each time it (re)sends a stream on a decision,
+``route_session_touch`` as tokens arrive and ``route_session_close`` when the
+stream ends any way (the session lifecycle: only live streams are a route's
+load); ``route_sample_record`` when the stream completes; and
+``route_quarantine_node`` when a hop fails. Each reads the policy from the
 settings at call time and uses the process's ``route_stats_store()`` unless
 given another store.
 """
@@ -70,7 +72,8 @@ def route_select(
 
     The decision counts as a session in flight on its route (the load the
     ``thompson-load`` policy weighs) until ``route_sample_record`` or
-    ``route_session_close`` is called with it.
+    ``route_session_close`` is called with it: the caller closes it on every
+    path, including one that fails before the stream starts.
 
     Raises ``InvalidPinnedRoute`` for a pinned route that cannot serve the
     model, ``PinnedNodeUnavailable`` when a pinned node is not online and
@@ -90,28 +93,78 @@ def route_select(
             known=selectors.node_ids_known(model=model, node_ids=pinned),
         )
         decision = RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
-    else:
-        plans = route_candidates(model=model, store=store)
-        if not plans:
-            raise NoRouteAvailable(model.key, _coverage_gap(model))
-        decision = choose_route(
-            plans=plans,
-            store=store,
-            epoch=epoch,
-            config=config or RoutingConfig.from_settings(),
-            rng=rng or _route_rng,
-            loads=load.snapshot(),
-        )
-    load.open(decision, decision.plan)
-    return decision
+        load.open(decision)
+        return decision
+    plans = route_candidates(model=model, store=store)
+    if not plans:
+        raise NoRouteAvailable(model.key, _coverage_gap(model))
+    return route_choose(
+        plans=plans,
+        epoch=epoch,
+        store=store,
+        config=config or RoutingConfig.from_settings(),
+        rng=rng or _route_rng,
+        load=load,
+    )
 
 
-def route_session_close(*, decision: RouteDecision, load: RouteLoad | None = None) -> None:
-    """The request's stream on ``decision``'s route ended (any way): it is no longer load.
+def route_choose(
+    *,
+    plans: Sequence[RoutePlan],
+    epoch: int,
+    store: RouteStatsStore,
+    config: RoutingConfig,
+    rng: random.Random,
+    load: RouteLoad,
+) -> RouteDecision:
+    """The policy's choice among ``plans`` with its session opened, as one step.
 
-    Idempotent; ``route_sample_record`` calls it too.
+    The chat path calls ``route_select`` on several threads at once: the
+    choice and the count it adds are atomic (under ``load``'s lock), so two
+    requests never both see an unmeasured route idle and both scout it.
     """
-    (load or route_load()).close(decision)
+    return load.open_chosen(
+        lambda loads: choose_route(
+            plans=plans, store=store, epoch=epoch, config=config, rng=rng, loads=loads
+        )
+    )
+
+
+def route_session_open(
+    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+) -> None:
+    """``stream`` (one of the request's streams, e.g. one choice's generation) is being
+    sent on ``decision``'s route: it counts as load there.
+
+    Idempotent, and it re-opens a closed session: call it each time a stream
+    on ``decision`` (re)starts, e.g. after waiting for a busy route's slot.
+    The session ``route_select`` opened for the request gives way to its
+    first stream's, so nothing is counted twice.
+    """
+    (load or route_load()).open(decision, stream)
+
+
+def route_session_touch(
+    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+) -> None:
+    """``stream`` on ``decision``'s route made progress: it keeps counting as load.
+
+    A session with no sign of life for ``load.SESSION_TTL`` seconds is taken for
+    a lost close and forgotten; a slow long generation touches its session so
+    it is not. Does nothing to a closed session.
+    """
+    (load or route_load()).touch(decision, stream)
+
+
+def route_session_close(
+    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+) -> None:
+    """``stream`` on ``decision``'s route ended (any way): it is no longer load. With no
+    ``stream``, every session on the decision ends (the request is over).
+
+    Idempotent; ``route_sample_record`` closes the whole decision too.
+    """
+    (load or route_load()).close(decision, stream)
 
 
 def _coverage_gap(model: LanguageModel) -> str:

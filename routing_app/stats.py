@@ -119,6 +119,14 @@ class ArmView:
         return 0.0 if self.status in (ArmStatus.STALE, ArmStatus.UNSAMPLED) else self.weight
 
 
+def least_measured(arms: Sequence[ArmView], pool: Iterable[int]) -> int | None:
+    """The index in ``pool`` of the arm to scout first: the least mass measured under
+    the current topology, then the higher prior, then the earlier arm (both policies)."""
+    return min(
+        pool, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i), default=None
+    )
+
+
 def _drop_lapsed(holds: dict[Any, float], now: float) -> None:
     for key in [key for key, until in holds.items() if until <= now]:
         del holds[key]

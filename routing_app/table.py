@@ -2,7 +2,12 @@
 
 Per model: the topology epoch and every candidate with its hops, prior,
 learned tps, coefficient (tps ÷ best proven tps), expected traffic share
-under the active policy (with the sessions in flight now), sample count, decayed weight and status.
+under the active policy (with the sessions in flight now), whether a one-off
+scout to it is due, sample count, decayed weight and status.
+
+``expected_share`` is where the policy's traffic goes, without a due scout:
+a scout takes exactly one request, and showing it as a 100 % share would
+hide the split every other request follows (``scout_due`` says it instead).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Any
 
 from nodes_app.models import LanguageModel
 from nodes_app.selectors import language_model_get, topology_epoch_current
-from routing_app.choice import route_shares
+from routing_app.choice import route_shares, scout_due
 from routing_app.config import RoutingConfig
 from routing_app.load import route_load
 from routing_app.services import route_candidates
@@ -38,11 +43,13 @@ def _model_table(
     epoch = topology_epoch_current(model=model)
     plans = route_candidates(model=model, store=store)
     arms = store.views(plans=plans, epoch=epoch)
-    shares = route_shares(arms=arms, config=config, loads=route_load().snapshot())
+    loads = route_load().snapshot()
+    shares = route_shares(arms=arms, config=config, loads=loads, include_scout=False)
+    due = scout_due(arms=arms, config=config, loads=loads)
     proven = [arm.tps for arm in arms if arm.status is ArmStatus.PROVEN and arm.tps]
     best = max(proven, default=None)
     routes = []
-    for arm, share in zip(arms, shares, strict=True):
+    for arm, share, scout in zip(arms, shares, due, strict=True):
         routes.append(
             {
                 "signature": arm.plan.signature,
@@ -51,6 +58,7 @@ def _model_table(
                 "tps": arm.tps,
                 "coefficient": arm.tps / best if best and arm.tps is not None else None,
                 "expected_share": share,
+                "scout_due": scout,
                 "samples": arm.samples,
                 "weight": arm.weight,
                 "status": str(arm.status),

@@ -1,18 +1,20 @@
 """The load-aware discounted Thompson sampling route choice (ADR-0011, ``thompson-load``).
 
-Each measured arm's belief about its log tokens/s is a normal distribution
+Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
-(so a quiet arm's belief widens again and it is retried: discounted Thompson
-sampling). A request draws once from every belief, subtracts the route's
-load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
+and widening back to a broad prior as that mass decays (so a quiet arm is
+retried: discounted Thompson sampling). A request draws once from every
+belief, subtracts the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
 saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
 the highest score. Uncertainty, not a fixed share, decides how much to explore.
 
 The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
-taken deterministically; quarantined arms are never chosen; arms not measured
+taken deterministically and quarantined arms are never chosen (both applied
+by ``routing_app.choice`` before this policy sees the arms); arms not measured
 under the current topology epoch (unsampled, stale) are scouted before any
-draw, one request at a time; and an arm whose latest sample is older than
-``max_unsampled_seconds`` is scouted as soon as nothing is in flight on it.
+draw, one request at a time; and an arm that has had neither a sample nor a
+request sent to it for ``max_unsampled_seconds`` is scouted as soon as
+nothing is in flight on it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from collections.abc import Sequence
 
 from routing_app.config import RoutingConfig
 from routing_app.load import LoadSnapshot
-from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView
+from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured
 
-# Spread (in ln tok/s) of a belief resting on one sample: one request's speed
-# varies with prompt length, sampling and neighbours by tens of percent
-# (0.3: ±35 %; 0.5 explored more and lost 1-3 % of the oracle, bench/routing_sim.py).
-LOG_SIGMA = 0.3
+# Spread (in ln tok/s) of one request's speed around its route's: prompt length,
+# sampling and neighbours move it by tens of percent (0.3: ±35 %).
+SAMPLE_SIGMA = 0.3
+# Spread of the belief before any evidence: a route may be several times
+# faster or slower than the last we knew (1.0: a factor e either way). An arm
+# whose evidence has decayed away returns to it, so a route that recovered is
+# retried long before the bound on unsampled time forces a scout.
+PRIOR_SIGMA = 1.0
 # The EWMA gives every new sample at least SAMPLE_WEIGHT_FLOOR, so however much
 # mass an arm holds its value averages about (2 - w) / w samples: the belief
 # never narrows past what that many samples justify.
@@ -41,10 +47,17 @@ MEASURED = frozenset({ArmStatus.PROVEN, ArmStatus.DECAYED})
 
 
 def belief(arm: ArmView) -> tuple[float, float]:
-    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known)."""
+    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known).
+
+    The normal posterior of a mean seen through ``n`` samples of spread
+    ``SAMPLE_SIGMA`` under a prior of spread ``PRIOR_SIGMA``:
+    1/σ² = 1/PRIOR_SIGMA² + n/SAMPLE_SIGMA², with ``n`` the arm's decayed
+    mass (at most ``EFFECTIVE_SAMPLES_CAP``).
+    """
     assert arm.tps is not None and arm.tps > 0
     effective = min(arm.weight, EFFECTIVE_SAMPLES_CAP)
-    return math.log(arm.tps), LOG_SIGMA / math.sqrt(1.0 + effective)
+    precision = 1.0 / PRIOR_SIGMA**2 + effective / SAMPLE_SIGMA**2
+    return math.log(arm.tps), 1.0 / math.sqrt(precision)
 
 
 def load_penalty(arm: ArmView, loads: LoadSnapshot, config: RoutingConfig) -> float:
@@ -62,47 +75,53 @@ def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingCo
     """Index of the arm that must be measured now, if any (``arms`` exclude quarantined).
 
     Unmeasured under this epoch first (least measured, then higher prior), then
-    arms past the ``max_unsampled_seconds`` bound, oldest sample first; an arm
-    with a request in flight is being measured already and is skipped.
+    arms past the ``max_unsampled_seconds`` bound (``unmeasured_for``), longest
+    first; an arm with a request in flight is being measured already and is skipped.
     """
+    idle = [loads.route_sessions(arm.plan) == 0 for arm in arms]
     unmeasured = [
         i
         for i, arm in enumerate(arms)
-        if arm.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-        and loads.route_sessions(arm.plan) == 0
+        if arm.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE) and idle[i]
     ]
     if unmeasured:
-        return min(unmeasured, key=lambda i: (arms[i].current_weight, -arms[i].plan.prior_tps, i))
-    overdue = [
-        i
-        for i, arm in enumerate(arms)
-        if arm.last_sample_age is not None
-        and arm.last_sample_age > config.max_unsampled_seconds
-        and loads.route_sessions(arm.plan) == 0
-    ]
+        return least_measured(arms, unmeasured)
+    quiet = {i: unmeasured_for(arm, loads) for i, arm in enumerate(arms) if idle[i]}
+    overdue = [i for i, seconds in quiet.items() if seconds > config.max_unsampled_seconds]
     if overdue:
-        return max(overdue, key=lambda i: (arms[i].last_sample_age or 0.0, -i))
+        return max(overdue, key=lambda i: (quiet[i], -i))
     return None
+
+
+def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
+    """Seconds the arm has gone without a sample *or* a request sent to measure it.
+
+    Sending restarts the clock: a scout that fails or brings back too few
+    tokens to count leaves the sample old, and without this the route would
+    take every request until one counted.
+    """
+    if arm.last_sample_age is None:
+        return 0.0
+    sent = loads.seconds_since_sent(arm.plan)
+    return arm.last_sample_age if sent is None else min(arm.last_sample_age, sent)
 
 
 def choose_arm(
     *, arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig, rng: random.Random
-) -> tuple[ArmView, str] | None:
-    """The policy's pick among ``arms`` (best prior first) and its mode; ``None`` when all
-    are quarantined. Modes: ``greedy-fallback``, ``scout``, ``exploit``."""
-    eligible = [arm for arm in arms if arm.status is not ArmStatus.QUARANTINED]
-    if not eligible:
-        return None
-    if not any(arm.status is ArmStatus.PROVEN for arm in eligible):
-        return eligible[0], "greedy-fallback"
-    target = scout_target(eligible, loads, config)
+) -> tuple[ArmView, str]:
+    """The policy's pick among ``arms`` and its mode (``scout`` or ``exploit``).
+
+    ``arms``: the eligible candidates, best prior first, at least one proven
+    (``choice.policy_choose`` applies quarantine and the greedy fallback first).
+    """
+    target = scout_target(arms, loads, config)
     if target is not None:
-        return eligible[target], "scout"
-    contenders = [arm for arm in eligible if arm.status in MEASURED]
+        return arms[target], "scout"
+    contenders = [arm for arm in arms if arm.status in MEASURED]
     best, best_score = contenders[0], -math.inf
     for arm in contenders:
         mean, spread = belief(arm)
-        score = rng.gauss(mean, spread) - load_penalty(arm, loads, config)
+        score = rng.normalvariate(mean, spread) - load_penalty(arm, loads, config)
         if score > best_score:
             best, best_score = arm, score
     return best, "exploit"
@@ -115,25 +134,20 @@ def expected_shares(
     config: RoutingConfig,
     include_scout: bool = True,
 ) -> list[float]:
-    """Each arm's chance of taking the next request under ``choose_arm``, in the order given.
+    """Each arm's chance of taking the next request under ``choose_arm``, in the order
+    given (``arms`` as for ``choose_arm``).
 
     A due scout takes the next request for sure (share 1); with
     ``include_scout=False`` the draw's shares are given instead (what the
     policy does once its scouting is done).
     """
     shares = [0.0] * len(arms)
-    eligible = [i for i, arm in enumerate(arms) if arm.status is not ArmStatus.QUARANTINED]
-    if not eligible:
-        return shares
-    if not any(arms[i].status is ArmStatus.PROVEN for i in eligible):
-        shares[eligible[0]] = 1.0
-        return shares
     if include_scout:
-        target = scout_target([arms[i] for i in eligible], loads, config)
+        target = scout_target(arms, loads, config)
         if target is not None:
-            shares[eligible[target]] = 1.0
+            shares[target] = 1.0
             return shares
-    contenders = [i for i in eligible if arms[i].status in MEASURED]
+    contenders = [i for i, arm in enumerate(arms) if arm.status in MEASURED]
     scores = []
     for i in contenders:
         mean, spread = belief(arms[i])

@@ -1,4 +1,5 @@
-"""Routing test fixtures: a manual clock and a fresh route-stats store per test."""
+"""Routing test fixtures: a manual clock, a fresh route-stats store per test and an
+empty load book for every test."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from routing_app.load import RouteLoad, route_load_install
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
 from tests.support.routing import ManualClock
@@ -23,3 +25,12 @@ def store(clock: ManualClock) -> Iterator[RouteStatsStore]:
     previous = route_stats_store_install(fresh)
     yield fresh
     route_stats_store_install(previous)
+
+
+@pytest.fixture(autouse=True)
+def load_book() -> Iterator[RouteLoad]:
+    """An empty process-wide load book, so no test sees another's sessions in flight."""
+    fresh = RouteLoad()
+    previous = route_load_install(fresh)
+    yield fresh
+    route_load_install(previous)

@@ -10,7 +10,7 @@ import pytest
 from rest_framework import status
 
 from meshnet_site.errors import http_error
-from routing_app.choice import DecisionMode, NoRouteAvailable, choose_route, policy_shares
+from routing_app.choice import DecisionMode, NoRouteAvailable, choose_route, route_shares
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.planner import enumerate_routes
 from routing_app.services import route_sample_record, route_select
@@ -161,7 +161,7 @@ def test_it_states_expected_shares_that_match_what_it_does(store):
     learn(store, FAST, 60.0)
     learn(store, SLOW, 40.0)
 
-    shares = policy_shares(arms=store.views(plans=PLANS, epoch=1), config=DEFAULT)
+    shares = route_shares(arms=store.views(plans=PLANS, epoch=1), config=DEFAULT)
     counts = Counter(d.plan.signature for d in draw(store))
 
     assert shares == pytest.approx([0.7 * 0.6, 0.7 * 0.4, 0.3])
@@ -170,7 +170,7 @@ def test_it_states_expected_shares_that_match_what_it_does(store):
 
 
 def test_it_expects_all_traffic_on_the_best_prior_before_any_sample(store):
-    shares = policy_shares(arms=store.views(plans=PLANS, epoch=1), config=DEFAULT)
+    shares = route_shares(arms=store.views(plans=PLANS, epoch=1), config=DEFAULT)
 
     assert shares == [1.0, 0.0, 0.0]
 
@@ -246,7 +246,7 @@ def test_a_very_large_alpha_sends_all_exploit_traffic_to_the_fastest_route(store
     learn(store, SLOW, 400.0)
     config = RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0, weight_alpha=400.0)
 
-    shares = policy_shares(arms=store.views(plans=[FAST, SLOW], epoch=1), config=config)
+    shares = route_shares(arms=store.views(plans=[FAST, SLOW], epoch=1), config=config)
     decisions = draw(store, plans=[FAST, SLOW], config=config, n=50)
 
     assert shares == pytest.approx([1.0, 0.0])

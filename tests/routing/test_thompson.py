@@ -3,6 +3,7 @@ load shedding and the bound on unsampled time."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -10,14 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app import thompson
-from routing_app.choice import route_shares
+from routing_app.choice import policy_choose, route_shares
 from routing_app.config import RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot, RouteLoad
 from routing_app.planner import enumerate_routes
-from routing_app.services import route_sample_record, route_select, route_session_close
+from routing_app.services import (
+    route_choose,
+    route_sample_record,
+    route_select,
+    route_session_close,
+)
 from routing_app.stats import ArmStatus, ArmView
-from tests.support.routing import ManualClock, make_model, make_node, record
+from tests.support.routing import make_model, make_node, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -44,14 +49,14 @@ def busy(*indices: int, sessions: int = 1) -> LoadSnapshot:
 
 def picks(arms, *, loads=NO_LOAD, config=CONFIG, n=2000, seed=3):
     rng = random.Random(seed)
-    return [thompson.choose_arm(arms=arms, loads=loads, config=config, rng=rng) for _ in range(n)]
+    return [policy_choose(arms=arms, loads=loads, config=config, rng=rng) for _ in range(n)]
 
 
 @st.composite
 def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
     """Up to six candidates in any state, best prior first, with any load."""
     count = draw(st.integers(min_value=1, max_value=6))
-    arms, routes = [], {}
+    arms, routes, sent_ago = [], {}, {}
     for index in range(count):
         status = draw(st.sampled_from(list(ArmStatus)))
         arms.append(
@@ -64,14 +69,17 @@ def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
             )
         )
         routes[PLANS[index].signature] = draw(st.integers(min_value=0, max_value=20))
-    return arms, LoadSnapshot(routes=routes)
+        sent = draw(st.none() | st.floats(min_value=0.0, max_value=5000.0))
+        if sent is not None:
+            sent_ago[PLANS[index].signature] = sent
+    return arms, LoadSnapshot(routes=routes, sent_ago=sent_ago)
 
 
 @settings(max_examples=300, deadline=None)
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_never_chooses_a_quarantined_route_and_answers_none_only_when_all_are(case, seed):
     arms, loads = case
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
 
     if all(a.status is ArmStatus.QUARANTINED for a in arms):
         assert picked is None
@@ -86,7 +94,7 @@ def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, se
     arms, loads = case
     arms = [a for a in arms if a.status is not ArmStatus.PROVEN]
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
 
     if eligible:
         assert picked == (eligible[0], "greedy-fallback")
@@ -96,7 +104,7 @@ def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, se
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed):
     arms, loads = case
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
 
     if picked is not None and picked[1] == "exploit":
         assert picked[0].status in (ArmStatus.PROVEN, ArmStatus.DECAYED)
@@ -106,7 +114,7 @@ def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed)
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, seed):
     arms, loads = case
-    picked = thompson.choose_arm(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
     due = [
         a
@@ -114,7 +122,8 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
         if loads.route_sessions(a.plan) == 0
         and (
             a.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-            or (a.last_sample_age or 0.0) > CONFIG.max_unsampled_seconds
+            or min(a.last_sample_age or 0.0, loads.sent_ago.get(a.plan.signature, math.inf))
+            > CONFIG.max_unsampled_seconds
         )
     ]
 
@@ -127,7 +136,7 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
 @given(arm_sets())
 def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(case):
     arms, loads = case
-    shares = thompson.expected_shares(arms=arms, loads=loads, config=CONFIG)
+    shares = route_shares(arms=arms, loads=loads, config=CONFIG)
 
     assert all(share >= 0.0 for share in shares)
     for view, share in zip(arms, shares, strict=True):
@@ -148,8 +157,8 @@ def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(ca
 def test_a_route_never_gains_share_as_its_sessions_in_flight_grow(fast, slow, sessions):
     arms = [arm(0, ArmStatus.PROVEN, fast), arm(1, ArmStatus.PROVEN, slow)]
 
-    before = thompson.expected_shares(arms=arms, loads=busy(0, sessions=sessions), config=CONFIG)
-    after = thompson.expected_shares(arms=arms, loads=busy(0, sessions=sessions + 1), config=CONFIG)
+    before = route_shares(arms=arms, loads=busy(0, sessions=sessions), config=CONFIG)
+    after = route_shares(arms=arms, loads=busy(0, sessions=sessions + 1), config=CONFIG)
 
     assert after[0] <= before[0] + 1e-9
 
@@ -177,8 +186,8 @@ def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_on
         arm(1, ArmStatus.DECAYED, 45.0, weight=0.2),
     ]
 
-    fresh_share = thompson.expected_shares(arms=fresh, loads=NO_LOAD, config=CONFIG)[1]
-    quiet_share = thompson.expected_shares(arms=quiet, loads=NO_LOAD, config=CONFIG)[1]
+    fresh_share = route_shares(arms=fresh, loads=NO_LOAD, config=CONFIG)[1]
+    quiet_share = route_shares(arms=quiet, loads=NO_LOAD, config=CONFIG)[1]
 
     assert quiet_share > 2 * fresh_share
 
@@ -186,8 +195,8 @@ def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_on
 def test_a_saturated_fast_route_sheds_traffic_to_the_next_one():
     arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=20.0), arm(1, ArmStatus.PROVEN, 45.0)]
 
-    idle = thompson.expected_shares(arms=arms, loads=NO_LOAD, config=CONFIG)
-    saturated = thompson.expected_shares(arms=arms, loads=busy(0, sessions=8), config=CONFIG)
+    idle = route_shares(arms=arms, loads=NO_LOAD, config=CONFIG)
+    saturated = route_shares(arms=arms, loads=busy(0, sessions=8), config=CONFIG)
 
     assert idle[0] > 0.8
     assert saturated[1] > 0.8
@@ -201,7 +210,7 @@ def test_its_draws_follow_the_expected_shares_it_states():
     ]
     loads = busy(0, sessions=2)
 
-    shares = thompson.expected_shares(arms=arms, loads=loads, config=CONFIG)
+    shares = route_shares(arms=arms, loads=loads, config=CONFIG)
     counts = Counter(p[0].plan.signature for p in picks(arms, loads=loads, n=6000) if p)
 
     for index, share in enumerate(shares):
@@ -211,7 +220,7 @@ def test_its_draws_follow_the_expected_shares_it_states():
 def test_it_scouts_a_route_past_the_bound_once_then_waits_for_its_sample():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=601.0)]
 
-    first = thompson.choose_arm(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
+    first = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
     while_in_flight = picks(arms, loads=busy(1), n=200)
 
     assert first is not None and (first[0].plan, first[1]) == (PLANS[1], "scout")
@@ -222,7 +231,7 @@ def test_the_bound_is_a_setting():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=100.0)]
     strict = RoutingConfig(max_unsampled_seconds=60.0)
 
-    picked = thompson.choose_arm(arms=arms, loads=NO_LOAD, config=strict, rng=random.Random(1))
+    picked = policy_choose(arms=arms, loads=NO_LOAD, config=strict, rng=random.Random(1))
 
     assert picked is not None and picked[0].plan == PLANS[1]
 
@@ -268,11 +277,50 @@ def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(s
     assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
 
 
-def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
-    clock = ManualClock()
-    load = RouteLoad(clock=clock)
-    load.open(object(), PLANS[0])
+def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_at_once(
+    store, clock
+):
+    model_plans = PLANS[:2]
+    for plan, tps in zip(model_plans, (60.0, 20.0), strict=True):
+        for _ in range(3):
+            store.record_sample(
+                model_key="m",
+                signature=plan.signature,
+                epoch=1,
+                output_tokens=64,
+                tokens_per_second=tps,
+            )
+    clock.advance(601.0)
+    store.record_sample(
+        model_key="m",
+        signature=PLANS[0].signature,
+        epoch=1,
+        output_tokens=64,
+        tokens_per_second=60.0,
+    )
+    load, rng = RouteLoad(), random.Random(2)
 
-    clock.advance(901.0)
+    def choose():
+        return route_choose(
+            plans=model_plans, epoch=1, store=store, config=CONFIG, rng=rng, load=load
+        )
 
-    assert load.snapshot().route_sessions(PLANS[0]) == 0
+    scout = choose()
+    route_sample_record(decision=scout, output_tokens=2, elapsed_seconds=1.0, load=load)
+    after = [choose() for _ in range(50)]
+    for decision in after:
+        route_session_close(decision=decision, load=load)
+
+    assert (scout.plan, scout.mode) == (PLANS[1], "scout")
+    assert [d for d in after if d.mode == "scout"] == []
+
+
+def test_a_slow_route_whose_evidence_has_decayed_away_is_retried_to_see_if_it_recovered():
+    arms = [
+        arm(0, ArmStatus.PROVEN, 60.0, weight=20.0),
+        arm(1, ArmStatus.DECAYED, 20.0, weight=0.01),  # 3x slower, last seen hours ago
+    ]
+
+    share = route_shares(arms=arms, loads=NO_LOAD, config=CONFIG)[1]
+
+    assert share > 0.05

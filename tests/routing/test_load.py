@@ -1,0 +1,155 @@
+"""The load book (ADR-0011, "Where the load comes from"): sessions in flight per route,
+opened in one step with the choice, closed however a request ends."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from routing_app.choice import DecisionMode, RouteDecision
+from routing_app.config import RoutingConfig
+from routing_app.load import RouteLoad
+from routing_app.planner import enumerate_routes
+from routing_app.services import (
+    route_choose,
+    route_session_close,
+    route_session_open,
+    route_session_touch,
+)
+from tests.support.routing import ManualClock, record
+
+NODES = [record("fast", 0, 29, tps=100.0), record("new", 0, 29, tps=90.0)]
+PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
+CONFIG = RoutingConfig()  # thompson-load
+
+
+def decision(index: int = 0) -> RouteDecision:
+    return RouteDecision(plan=PLANS[index], mode=DecisionMode.EXPLOIT, epoch=1)
+
+
+@pytest.fixture
+def busy_interpreter() -> Iterator[None]:
+    """Switch threads as often as the interpreter can, so races show."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def choose_at_once(store, rng, load, *, requests):
+    """``requests`` route choices started together on as many threads."""
+    barrier = threading.Barrier(requests)
+    decisions: list[RouteDecision] = []
+
+    def request() -> None:
+        barrier.wait()
+        decisions.append(
+            route_choose(plans=PLANS, epoch=1, store=store, config=CONFIG, rng=rng, load=load)
+        )
+
+    threads = [threading.Thread(target=request) for _ in range(requests)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return decisions
+
+
+def test_requests_chosen_at_once_send_one_scout_to_an_unmeasured_route(store, busy_interpreter):
+    for _ in range(5):
+        store.record_sample(
+            model_key="m",
+            signature=PLANS[0].signature,
+            epoch=1,
+            output_tokens=64,
+            tokens_per_second=50.0,
+        )
+    rng = random.Random(5)  # shared by every thread, like the tracker's
+    for _ in range(20):
+        load = RouteLoad()
+        decisions = choose_at_once(store, rng, load, requests=8)
+
+        scouts = [d.plan for d in decisions if d.mode is DecisionMode.SCOUT]
+        assert scouts == [PLANS[1]]
+        assert load.snapshot().routes == {PLANS[0].signature: 7, PLANS[1].signature: 1}
+
+
+def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    load.open(decision())
+
+    clock.advance(901.0)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
+
+
+def test_a_request_sent_again_after_waiting_for_a_slot_counts_as_load_again():
+    load = RouteLoad()
+    chosen = decision()
+    load.open(chosen)  # route_select
+    route_session_close(decision=chosen, load=load)  # the busy segment ended
+
+    route_session_open(decision=chosen, load=load)  # the retry streams on the same decision
+    route_session_open(decision=chosen, load=load)
+    streaming = load.snapshot().route_sessions(PLANS[0])
+    route_session_close(decision=chosen, load=load)
+
+    assert (streaming, load.snapshot().route_sessions(PLANS[0])) == (1, 0)
+
+
+def test_a_long_generation_that_makes_progress_keeps_counting_past_the_ttl():
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    chosen = decision()
+    load.open(chosen)
+
+    for _ in range(4):  # 1600 s of a slow generation, tokens arriving
+        clock.advance(400.0)
+        route_session_touch(decision=chosen, load=load)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 1
+
+
+def test_a_touch_after_the_close_does_not_bring_the_session_back():
+    load = RouteLoad()
+    chosen = decision()
+    load.open(chosen)
+    route_session_close(decision=chosen, load=load)
+
+    route_session_touch(decision=chosen, load=load)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
+
+
+def test_each_choice_streaming_on_one_decision_counts_until_its_own_stream_ends():
+    load = RouteLoad()
+    chosen = decision()
+    load.open(chosen)  # route_select: the request, not streaming yet
+    first, second = object(), object()  # two choices of one request (n=2)
+
+    route_session_open(decision=chosen, stream=first, load=load)
+    route_session_open(decision=chosen, stream=second, load=load)
+    both = load.snapshot().route_sessions(PLANS[0])
+    route_session_close(decision=chosen, stream=first, load=load)
+    one_left = load.snapshot().route_sessions(PLANS[0])
+    route_session_close(decision=chosen, stream=second, load=load)
+
+    assert (both, one_left, load.snapshot().route_sessions(PLANS[0])) == (2, 1, 0)
+
+
+def test_closing_the_decision_ends_the_request_before_or_during_its_streams():
+    load = RouteLoad()
+    cancelled_early, cancelled_streaming = decision(), decision()
+    load.open(cancelled_early)  # chosen, cancelled before its first stream
+    load.open(cancelled_streaming)
+    route_session_open(decision=cancelled_streaming, stream=object(), load=load)
+
+    route_session_close(decision=cancelled_early, load=load)
+    route_session_close(decision=cancelled_streaming, load=load)
+
+    assert load.snapshot().route_sessions(PLANS[0]) == 0
