@@ -55,7 +55,13 @@ from nodes_app.plans import plan_sign
 from nodes_app.protocol import GenerateRequest, PlanHop, Usage, sse_event
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
-from routing_app.services import route_sample_record, route_select, route_session_close
+from routing_app.services import (
+    route_sample_record,
+    route_select,
+    route_session_close,
+    route_session_open,
+    route_session_touch,
+)
 from tracker_app import accounting, console
 from tracker_app.answers import AnswerKind
 from tracker_app.billing import work_merged
@@ -182,24 +188,29 @@ class ChatProxy:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
         decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
-        await database_call(accounting.chat_request_open)(
-            request_id=self.request_uuid,
-            api_key=self.api_key,
-            model=self.model,
-            stream=self.params.stream,
-            now=timezone.now(),
-        )
-        self._started = self.clock()
-        self.generations = [
-            Generation(
-                choice=choice,
-                prompt=self.params.prompt_of(choice),
-                prompt_count=counts[choice // self.params.n],
-                sampling=self.params.sampling(choice),
+        try:
+            await database_call(accounting.chat_request_open)(
+                request_id=self.request_uuid,
+                api_key=self.api_key,
+                model=self.model,
+                stream=self.params.stream,
+                now=timezone.now(),
             )
-            for choice in range(self.params.choices)
-        ]
-        await self._use(decision, self.generations)
+            self._started = self.clock()
+            self.generations = [
+                Generation(
+                    choice=choice,
+                    prompt=self.params.prompt_of(choice),
+                    prompt_count=counts[choice // self.params.n],
+                    sampling=self.params.sampling(choice),
+                )
+                for choice in range(self.params.choices)
+            ]
+            await self._use(decision, self.generations)
+        except BaseException:
+            # Never streamed: the route's load must not count it.
+            route_session_close(decision=decision)
+            raise
 
     async def run(self) -> AsyncIterator[bytes]:
         """The client's server-sent events (``data: …``, ``[DONE]`` not included) in the
@@ -229,6 +240,10 @@ class ChatProxy:
         finally:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
+            # However the request ended, none of its streams is load on a route now.
+            for generation in self.generations:
+                if generation.segments:
+                    route_session_close(decision=generation.segments[-1].decision)
         await self._finish_completed()
         assert last is not None and last.finish_reason is not None
         yield self.answer.finish(last.choice, last.finish_reason, self.usage)
@@ -329,6 +344,8 @@ class ChatProxy:
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
         _in_flight[plan.head.endpoint] += 1
+        # Counted as load on the route while it streams (again after a busy wait).
+        route_session_open(decision=segment.decision, stream=generation)
         try:
             frames = head_stream(
                 client=self.client,
@@ -347,6 +364,7 @@ class ChatProxy:
                     if frame.token_ids:  # the whole route took the step: a slot at last
                         wait.over()
                         self._progress.changed()
+                        route_session_touch(decision=segment.decision, stream=generation)
                     if self.params.echo and not generation.echoed:
                         yield generation.echo(frame)
                     piece = generation.absorb(frame, request_id=self.request_id)
@@ -357,7 +375,7 @@ class ChatProxy:
         finally:
             _in_flight[plan.head.endpoint] -= 1
             # However the stream ended, it is no longer load on the route.
-            route_session_close(decision=segment.decision)
+            route_session_close(decision=segment.decision, stream=generation)
 
     async def _report_progress(self) -> None:
         """Tell the console how far the request is (run by the throttle, off the relay)."""

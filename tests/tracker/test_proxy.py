@@ -39,6 +39,7 @@ from nodes_app.protocol import (
 from nodes_app.signing import public_key_from_hex, verify_plan
 from nodes_app.tokenization import tiny_tokenizer
 from routing_app.bans import node_bans_reset
+from routing_app.load import route_load
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console
@@ -898,3 +899,29 @@ def test_a_choice_that_cannot_fail_over_fails_the_request_and_lets_the_other_hea
     assert not BillingRecord.objects.filter(request=request).exists()
     # The hanging choice's stream was closed too: its head frees its sessions.
     assert net.heads.closed == ["whole", "whole"]
+
+
+def test_every_streaming_choice_is_load_on_its_route_until_the_request_ends(net: Net) -> None:
+    # The thompson-load policy weighs a route by the streams it carries: the
+    # choice that waited for a slot counts again once it streams, and none
+    # outlives the request.
+    net.node("whole", 0, 3)
+    paced = Behaviour(gap=0.02)
+    net.heads.plan("whole", Behaviour(status=503), paced, paced)
+    proxy = net.proxy(n=2, progress_interval=0.0)
+    relayed = proxy.emit
+    load_seen: list[int] = []
+
+    async def emit(kind: str, request_id: str, **data: Any) -> None:
+        if kind == console.PROGRESS:
+            load_seen.append(route_load().snapshot().routes.get(proxy.meshnet["route"], 0))
+        await relayed(kind, request_id, **data)
+
+    proxy.emit = emit
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12)}
+    assert net.heads.heads_asked() == ["whole"] * 3
+    assert max(load_seen) == 2
+    assert route_load().snapshot().routes.get(proxy.meshnet["route"], 0) == 0
