@@ -93,8 +93,8 @@ def _same_json(a: Any, b: Any) -> bool:
 
 CHAT_REFUSED: tuple[Refused, ...] = (
     Refused("tools", (None, []), "no tool calling: the model only writes text"),
-    Refused("tool_choice", (None, "none"), "no tool calling"),
-    Refused("parallel_tool_calls", (None,), "no tool calling"),
+    # "auto" asks for nothing without tools, and with tools ``tools`` is refused.
+    Refused("tool_choice", (None, "none", "auto"), "no tool calling"),
     Refused("functions", (None, []), "no function calling (the older tools)"),
     Refused("function_call", (None, "none"), "no function calling (the older tools)"),
     Refused("response_format", (None, {"type": "text"}), "no JSON mode or structured output"),
