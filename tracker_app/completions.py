@@ -37,7 +37,7 @@ from tracker_app.parameters import (
 )
 
 # OpenAI's legacy defaults and limits: 16 tokens, the 5 most likely tokens at most.
-DEFAULT_MAX_TOKENS = 16
+TEXT_DEFAULT_MAX_TOKENS = 16
 LOGPROBS_MAX = 5
 
 
@@ -87,7 +87,7 @@ def text_completion_params_parse(
     return generation_params(
         v,
         prompts=tuple(v["prompt"]),
-        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        max_tokens=TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         max_choices=max_choices,
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,

@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from decimal import Decimal
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -62,6 +62,7 @@ from tracker_app.billing import work_merged
 from tracker_app.chat import ChatAnswer
 from tracker_app.generation import Generation, Piece, Segment
 from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
+from tracker_app.interleaving import interleaved
 from tracker_app.models import ApiKey
 from tracker_app.parameters import GenerationParams
 from tracker_app.progress import ProgressThrottle
@@ -212,7 +213,7 @@ class ChatProxy:
             yield event
         unfinished, last = len(self.generations), None
         try:
-            async for piece in _interleaved([self._generate(g) for g in self.generations]):
+            async for piece in interleaved([self._generate(g) for g in self.generations]):
                 if piece.finish_reason is None:
                     yield self.answer.piece(piece)
                     continue
@@ -435,46 +436,3 @@ class ChatProxy:
             tokens_per_second=round(tps, 2) if tps else None,
             finish_reason=self.finish_reason,
         )
-
-
-_T = TypeVar("_T")
-
-
-async def _interleaved(streams: Sequence[AsyncGenerator[_T, None]]) -> AsyncIterator[_T]:
-    """The items of every stream as each comes, the streams running at once.
-
-    The first stream to raise ends it all with its exception; the others are
-    cancelled (closing their heads' streams), as they are when this iterator
-    is closed or cancelled. One stream is iterated directly.
-    """
-    if len(streams) == 1:
-        async with aclosing(streams[0]) as only:
-            async for item in only:
-                yield item
-        return
-    queue: asyncio.Queue[tuple[_T | None, BaseException | None, bool]] = asyncio.Queue()
-
-    async def pump(stream: AsyncGenerator[_T, None]) -> None:
-        try:
-            async for produced in stream:
-                queue.put_nowait((produced, None, False))
-        except Exception as error:  # handed to the reader; a cancellation is not
-            queue.put_nowait((None, error, True))
-        else:
-            queue.put_nowait((None, None, True))
-
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    try:
-        running = len(tasks)
-        while running:
-            got, error, ended = await queue.get()
-            if error is not None:
-                raise error
-            if ended:
-                running -= 1
-            else:
-                yield cast(_T, got)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

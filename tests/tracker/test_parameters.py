@@ -16,7 +16,7 @@ from openai.types.chat import completion_create_params as openai_chat_params
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
 from tracker_app.chat import chat_params_parse
-from tracker_app.completions import DEFAULT_MAX_TOKENS, text_completion_params_parse
+from tracker_app.completions import TEXT_DEFAULT_MAX_TOKENS, text_completion_params_parse
 from tracker_app.parameters import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
@@ -265,7 +265,7 @@ def test_a_text_completion_takes_openais_legacy_defaults() -> None:
     params = text()
 
     assert params.prompts == ("Once upon a time",)
-    assert params.max_tokens == DEFAULT_MAX_TOKENS == 16
+    assert params.max_tokens == TEXT_DEFAULT_MAX_TOKENS == 16
     assert (params.echo, params.logprobs, params.top_logprobs, params.n) == (False, False, 0, 1)
 
 
