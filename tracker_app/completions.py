@@ -30,6 +30,7 @@ from tracker_app.parameters import (
     MAX_MAX_TOKENS,
     GenerationFields,
     GenerationParams,
+    Prompt,
     fields_validate,
     generation_params,
     request_fields,
@@ -102,10 +103,12 @@ class TextOffsets:
     A token's bytes may hold part of a character (a byte-level BPE piece): a
     token starts after the characters its predecessors completed. A special
     token has no bytes (``protocol.TokenLogprob``): in an echoed prompt it
-    stands for its written form, which the prompt's text holds; in a
-    completion it is left out of the text.
+    stands for its written form when ``prompt``, the echoed text, holds that
+    form there (the client wrote it); one the tokenizer added (a BOS) is not
+    in the text and takes no characters, nor does one in a completion.
     """
 
+    prompt: str = ""
     characters: int = 0
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -114,7 +117,9 @@ class TextOffsets:
     def advance(self, entry: TokenLogprob, *, echoed: bool) -> int:
         """The offset of ``entry``, the next token; moves past it."""
         start = self.characters
-        raw = bytes(entry.utf8) or (entry.token.encode() if echoed else b"")
+        raw = bytes(entry.utf8)
+        if not raw and echoed and self.prompt.startswith(entry.token, self.characters):
+            raw = entry.token.encode()
         self.characters += len(self._decoder.decode(raw))
         return start
 
@@ -160,7 +165,10 @@ class TextCompletionAnswer:
         self.logprobs = params.logprobs
         self.top = params.top_logprobs
         # Each streamed choice's text so far, for its tokens' offsets.
-        self._offsets = [TextOffsets() for _ in range(params.choices)]
+        self._offsets = [
+            TextOffsets(prompt=_text_of(params.prompt_of(choice)))
+            for choice in range(params.choices)
+        ]
         self._text = [
             TextEvents.around(partial(self._chunk, choice)) for choice in range(params.choices)
         ]
@@ -226,13 +234,13 @@ class TextCompletionAnswer:
         }
 
     def _echoed(self, generation: Generation) -> str:
-        return generation.prompt if self.echo and isinstance(generation.prompt, str) else ""
+        return _text_of(generation.prompt) if self.echo else ""
 
     def _logprobs(self, generation: Generation) -> dict[str, Any] | None:
         """A whole choice's legacy logprobs: the echoed prompt's tokens, then its own."""
         if not self.logprobs:
             return None
-        offsets = TextOffsets()
+        offsets = TextOffsets(prompt=_text_of(generation.prompt))
         prompt = legacy_logprobs(
             generation.prompt_logprobs if self.echo else (),
             top=self.top,
@@ -241,3 +249,8 @@ class TextCompletionAnswer:
         )
         completion = legacy_logprobs(generation.logprobs, top=self.top, offsets=offsets)
         return {key: prompt[key] + completion[key] for key in prompt}
+
+
+def _text_of(prompt: Prompt) -> str:
+    """A legacy prompt's text (a chat prompt, messages, has none to echo)."""
+    return prompt if isinstance(prompt, str) else ""

@@ -57,7 +57,7 @@ def test_each_token_starts_after_the_characters_its_predecessors_completed(
 
 def test_an_echoed_special_token_counts_as_its_written_form_a_generated_one_as_nothing() -> None:
     special = TokenLogprob(token="<|im_end|>", logprob=-0.5, utf8=())
-    offsets = TextOffsets()
+    offsets = TextOffsets(prompt="a<|im_end|>b")
 
     starts = [
         offsets.advance(entry(b"a"), echoed=True),
@@ -68,6 +68,16 @@ def test_an_echoed_special_token_counts_as_its_written_form_a_generated_one_as_n
     ]
 
     assert starts == [0, 1, 11, 12, 12]
+
+
+def test_a_bos_the_tokenizer_added_shifts_no_echoed_offset() -> None:
+    bos = TokenLogprob(token="<|endoftext|>", logprob=None, utf8=())
+    offsets = TextOffsets(prompt="Hi")
+
+    starts = [offsets.advance(token, echoed=True) for token in (bos, entry(b"H"), entry(b"i"))]
+
+    assert starts == [0, 0, 1]
+    assert offsets.characters == len("Hi")
 
 
 def test_legacy_logprobs_give_the_top_alternatives_with_the_token_itself_and_null_first() -> None:
