@@ -124,26 +124,41 @@ class TextOffsets:
         return start
 
 
+def legacy_token(token: str, utf8: Sequence[int]) -> str:
+    """A token as the legacy answer spells it: its text, or OpenAI's ``bytes:\\xNN…`` when
+    its bytes are only part of a character (decoded they would all read U+FFFD, and
+    alternatives, keyed by spelling, would collide). A special token (no bytes) keeps
+    its written form."""
+    try:
+        return bytes(utf8).decode() if utf8 else token
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in utf8)
+
+
 def legacy_logprobs(
     entries: Iterable[TokenLogprob], *, top: int, offsets: TextOffsets, echoed: bool = False
 ) -> dict[str, Any]:
     """OpenAI's legacy ``logprobs`` of ``entries``: ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (each token's ``top`` best alternatives, the token itself among
     them: up to ``top + 1``) and ``text_offset``. An echoed prompt's first token has
-    no logprob: null, as OpenAI gives it."""
+    no logprob: null, as OpenAI gives it. Tokens are spelled by :func:`legacy_token`;
+    two alternatives spelled alike keep the better logprob (the first)."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
     for entry in entries:
-        tokens.append(entry.token)
+        token = legacy_token(entry.token, entry.utf8)
+        tokens.append(token)
         token_logprobs.append(entry.logprob)
         text_offset.append(offsets.advance(entry, echoed=echoed))
         if entry.logprob is None:
             top_logprobs.append(None)
             continue
-        best = {alternative.token: alternative.logprob for alternative in entry.top_logprobs[:top]}
-        best.setdefault(entry.token, entry.logprob)
+        best: dict[str, float] = {}
+        for alternative in entry.top_logprobs[:top]:  # best first
+            best.setdefault(legacy_token(alternative.token, alternative.utf8), alternative.logprob)
+        best.setdefault(token, entry.logprob)
         top_logprobs.append(best)
     return {
         "tokens": tokens,

@@ -97,6 +97,34 @@ def test_legacy_logprobs_give_the_top_alternatives_with_the_token_itself_and_nul
     }
 
 
+def test_partial_character_tokens_are_spelled_as_bytes_and_keep_their_own_logprobs() -> None:
+    check, cross = "✓".encode()[:1], "✗".encode()[:2]  # each part of a character
+    chosen = TokenLogprob(
+        token="\ufffd",
+        logprob=-2.0,
+        utf8=tuple(cross),
+        top_logprobs=(
+            TopLogprob("\ufffd", -0.1, tuple(check)),
+            TopLogprob("\ufffd", -2.0, tuple(cross)),
+        ),
+    )
+
+    logprobs = legacy_logprobs([chosen], top=2, offsets=TextOffsets())
+
+    assert logprobs["tokens"] == ["bytes:\\xe2\\x9c"]
+    assert logprobs["top_logprobs"] == [{"bytes:\\xe2": -0.1, "bytes:\\xe2\\x9c": -2.0}]
+    top = logprobs["top_logprobs"][0]
+    assert max(top, key=top.__getitem__) != logprobs["tokens"][0]  # lm-eval: not greedy
+
+
+def test_alternatives_spelled_alike_keep_the_better_logprob() -> None:
+    chosen = entry(b"c", -1.0, ("c", -0.5), ("c", -1.0))
+
+    logprobs = legacy_logprobs([chosen], top=2, offsets=TextOffsets())
+
+    assert logprobs["top_logprobs"] == [{"c": -0.5}]
+
+
 def test_a_streamed_choices_logprobs_are_the_whole_replys_piece_by_piece() -> None:
     params = text_completion_params_parse(
         json.dumps(
