@@ -38,7 +38,7 @@ import logging
 import random
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from decimal import Decimal
@@ -83,9 +83,25 @@ class UpstreamFailed(DomainError):
     code = "upstream_failed"
 
 
-# Requests this tracker process is streaming from each head: the queue a new
-# request joins there, as far as this tracker can see.
-_in_flight: Counter[str] = Counter()
+# The requests this tracker process is streaming from each head, with their
+# streams (a request's choices each have one): the queue a new request joins
+# there, as far as this tracker can see. Head endpoint → request id → streams.
+_in_flight: defaultdict[str, Counter[str]] = defaultdict(Counter)
+
+
+def _stream_ended(endpoint: str, request_id: str) -> None:
+    streams = _in_flight[endpoint]
+    streams[request_id] -= 1
+    if streams[request_id] <= 0:
+        del streams[request_id]
+    if not streams:
+        del _in_flight[endpoint]
+
+
+def _queue_ahead(endpoint: str, request_id: str) -> int:
+    """The other requests streaming from ``endpoint`` (a request's own choices are not
+    its queue)."""
+    return sum(1 for other in _in_flight.get(endpoint, {}) if other != request_id)
 
 
 class ChatProxy:
@@ -329,7 +345,7 @@ class ChatProxy:
             segment.started = self.clock()
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
-        _in_flight[plan.head.endpoint] += 1
+        _in_flight[plan.head.endpoint][self.request_id] += 1
         try:
             frames = head_stream(
                 client=self.client,
@@ -356,7 +372,7 @@ class ChatProxy:
                             self._first_token_at = self.clock()
                         yield piece
         finally:
-            _in_flight[plan.head.endpoint] -= 1
+            _stream_ended(plan.head.endpoint, self.request_id)
             # However the stream ended, it is no longer load on the route.
             route_session_close(decision=segment.decision)
 
@@ -369,7 +385,7 @@ class ChatProxy:
             self.request_id,
             tokens=tokens,
             tokens_per_second=round(tokens / elapsed, 2) if elapsed > 0 else None,
-            queue=_in_flight[self.generations[0].route.plan.head.endpoint] - 1,
+            queue=_queue_ahead(self.generations[0].route.plan.head.endpoint, self.request_id),
         )
 
     async def _fail_over(

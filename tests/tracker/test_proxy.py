@@ -864,6 +864,18 @@ def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_bille
     assert net.event_data(console.COMPLETE)["completion_tokens"] == 36
 
 
+def test_a_requests_own_choices_are_not_its_queue_on_the_dashboard(net: Net) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(gap=0.02))
+    proxy = net.proxy(n=3, progress_interval=0.05)
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12), 2: answer(12)}
+    queues = [data["queue"] for kind, data in net.events if kind == console.PROGRESS]
+    assert queues and set(queues) == {0}, queues
+
+
 def test_a_choice_whose_head_dies_fails_over_alone_while_the_others_go_on(net: Net) -> None:
     net.node("fast", 0, 3, tps=300)
     net.node("slow", 0, 3, tps=100)
