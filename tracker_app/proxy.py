@@ -18,8 +18,9 @@ most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
 ``proxy complete``.
 
 If a hop dies mid-generation the node is banned with exponential back-off
-(:mod:`routing_app.bans`; a success clears it), a new route is chosen
-without it for that choice, and its generation resumes on the new head by
+(:mod:`routing_app.bans`; a success clears it) — once for the choices that
+were on it together, whose streams all fail at once —, a new route is chosen
+without it for each failed choice, and its generation resumes on the new head by
 replaying the prompt plus every token already produced: the client's stream
 goes on with no gap and no repeated token. Each choice fails over on its own.
 
@@ -157,6 +158,9 @@ class ChatProxy:
         self._started = clock()
         self._first_token_at: float | None = None
         self._progress = ProgressThrottle(interval=progress_interval, report=self._report_progress)
+        # When this request last banned each node: the choices sharing a route all fail
+        # when one of its nodes dies, and that is one failure of the node, not n.
+        self._banned_at: dict[str, float] = {}
 
     @property
     def meshnet(self) -> dict[str, Any]:
@@ -391,15 +395,26 @@ class ChatProxy:
     async def _fail_over(
         self, generation: Generation, failure: HopFailure, *, exhausted: bool
     ) -> None:
-        ban = node_ban(node_id=failure.node_id)
-        logger.warning(
-            "request %s choice %d: hop %s failed (%s); banned for %.0f s",
-            self.request_id,
-            generation.choice,
-            failure.node_id,
-            failure.message,
-            ban,
-        )
+        banned_at = self._banned_at.get(failure.node_id)
+        if banned_at is None or generation.segments[-1].started > banned_at:
+            ban = node_ban(node_id=failure.node_id)
+            self._banned_at[failure.node_id] = self.clock()
+            logger.warning(
+                "request %s choice %d: hop %s failed (%s); banned for %.0f s",
+                self.request_id,
+                generation.choice,
+                failure.node_id,
+                failure.message,
+                ban,
+            )
+        else:  # a sibling choice's failure, already banned for: only re-route
+            logger.info(
+                "request %s choice %d: hop %s failed (%s), as it did for another choice",
+                self.request_id,
+                generation.choice,
+                failure.node_id,
+                failure.message,
+            )
         if exhausted or self.params.route is not None:
             why = "pinned route" if self.params.route is not None else "too many failovers"
             raise UpstreamFailed(

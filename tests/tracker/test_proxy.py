@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -893,6 +894,24 @@ def test_a_choice_whose_head_dies_fails_over_alone_while_the_others_go_on(net: N
     # slow: that choice's prompt and five replayed tokens, then its last seven.
     assert work(proxy) == [("fast", 0, 3, 19 + 12), ("slow", 0, 3, 7 + 5 + 7)]
     assert record(proxy).status == RequestStatus.COMPLETED
+
+
+def test_a_node_that_dies_under_every_choice_is_banned_once_not_once_per_choice(
+    net: Net, caplog: pytest.LogCaptureFixture
+) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die", gap=0.01))
+    proxy = net.proxy(n=4)
+
+    with caplog.at_level(logging.INFO, logger="tracker_app.proxy"):
+        chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {i: answer(12) for i in range(4)}
+    assert net.heads.heads_asked() == ["fast"] * 4 + ["slow"] * 4
+    bans = [r.getMessage() for r in caplog.records if "banned for" in r.getMessage()]
+    assert len(bans) == 1 and bans[0].endswith("banned for 30 s"), bans  # the first step
+    assert net.banned() == {"fast"}
 
 
 def test_a_choice_that_cannot_fail_over_fails_the_request_and_lets_the_other_heads_go(
