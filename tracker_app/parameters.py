@@ -279,6 +279,16 @@ class GenerationParams:
     def choices(self) -> int:
         return len(self.prompts) * self.n
 
+    @property
+    def prompt_scored(self) -> bool:
+        """Whether the heads are asked to score the prompt (an ``echo`` the nodes run).
+
+        An echo without logprobs is only the prompt's text, which the tracker
+        gives back itself; with ``max_tokens: 0`` the heads score it all the
+        same, as a head must have something to do.
+        """
+        return self.echo and (self.logprobs or self.max_tokens == 0)
+
     def prompt_of(self, choice: int) -> Prompt:
         return self.prompts[choice // self.n]
 

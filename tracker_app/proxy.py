@@ -199,7 +199,7 @@ class ChatProxy:
             )
             for prompt in self.params.prompts
         ]
-        if self.params.echo:
+        if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
         decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
@@ -330,10 +330,17 @@ class ChatProxy:
                 resume_token_ids=list(generation.token_ids),
                 logprobs=self.params.logprobs,
                 top_logprobs=self.params.top_logprobs,
-                # Every send: a route that fails before its first frame echoes nothing.
-                echo=self.params.echo,
+                echo=self._echo_asked(generation),
             )
         )
+
+    def _echo_asked(self, generation: Generation) -> bool:
+        """Whether this send of ``generation`` asks the head for the prompt's scores: until
+        they were relayed (a route that fails before its first frame echoed nothing), and
+        always when no token is asked (the head needs something to do)."""
+        if not self.params.prompt_scored:
+            return False
+        return not generation.echoed or self.params.max_tokens == 0
 
     async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[Piece]:
         """Stream the current route's pieces of one choice; raise HopFailure if one of
@@ -358,7 +365,7 @@ class ChatProxy:
                     step_timeout=self.step_timeout,
                     hops=len(plan.hops),
                     positions=generation.prompt_count.tokens + len(generation.token_ids),
-                    echo=self.params.echo,
+                    echo=request.echo,
                 ),
                 on_connected=connected,
                 prompt_checked=generation.prompt_count.exact,

@@ -43,8 +43,10 @@ from routing_app.bans import node_bans_reset
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console
-from tracker_app.chat import chat_params_parse
+from tracker_app.chat import ChatAnswer, chat_params_parse
+from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
+from tracker_app.parameters import GenerationParams
 from tracker_app.proxy import ChatProxy
 from tracker_app.services import api_key_create
 from tracker_app.slots import BUSY_RETRY_AFTER_SECONDS
@@ -221,11 +223,22 @@ class Net:
             ).encode()
         )
 
+        return self._proxy(params, ChatAnswer, progress_interval)
+
+    def text_proxy(self, **body: Any) -> ChatProxy:
+        """A legacy text completion's proxy (``/v1/completions``)."""
+        params = text_completion_params_parse(
+            json.dumps({"model": self.model.key, "prompt": "hi", "stream": True, **body}).encode()
+        )
+        return self._proxy(params, TextCompletionAnswer, 0.5)
+
+    def _proxy(self, params: GenerationParams, answer: Any, progress_interval: float) -> ChatProxy:
         async def emit(kind: str, request_id: str, **data: Any) -> None:
             self.events.append((kind, data))
 
         return ChatProxy(
             params=params,
+            answer=answer,
             api_key=api_key_create(name="client").api_key,
             model=self.model,
             client=httpx.AsyncClient(transport=httpx.MockTransport(self.heads)),
@@ -929,3 +942,63 @@ def test_a_choice_that_cannot_fail_over_fails_the_request_and_lets_the_other_hea
     assert not BillingRecord.objects.filter(request=request).exists()
     # The hanging choice's stream was closed too: its head frees its sessions.
     assert net.heads.closed == ["whole", "whole"]
+
+
+# --- echo ---------------------------------------------------------------------
+
+
+def echo_asked(net: Net) -> list[bool]:
+    """Whether each send asked its head to score the prompt."""
+    return [request.echo for request in net.heads.requests]
+
+
+def test_an_echo_already_relayed_is_not_scored_again_by_the_failover_route(net: Net) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"))
+    proxy = net.text_proxy(echo=True, logprobs=1, max_tokens=12)
+
+    chunks = serve(proxy)
+
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hi" + answer(12)
+    assert net.heads.heads_asked() == ["fast", "slow"]
+    assert echo_asked(net) == [True, False]
+
+
+def test_an_echo_without_logprobs_is_the_trackers_own_text_and_asks_no_scores(net: Net) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.text_proxy(echo=True, max_tokens=3)
+
+    chunks = serve(proxy)
+
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hi" + answer(3)
+    assert echo_asked(net) == [False]
+
+
+def test_a_scoring_echo_resent_after_its_echo_still_asks_for_it_as_no_token_is_asked(
+    net: Net,
+) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=0, then="die"))
+    proxy = net.text_proxy(echo=True, logprobs=1, max_tokens=0)
+
+    serve(proxy)
+
+    assert net.heads.heads_asked() == ["fast", "slow"]
+    assert echo_asked(net) == [True, True]
+
+
+def test_a_prompt_too_long_to_score_is_refused_only_when_its_scores_are_asked(net: Net) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"  # 4096 positions
+    net.node("whole", 0, 3)
+    prompt = "x" * 3000  # 6 scores a token with 5 alternatives: past 2^14
+    scoring = net.text_proxy(prompt=prompt, echo=True, logprobs=5, max_tokens=1)
+    echoing = net.text_proxy(prompt=prompt, echo=True, max_tokens=1)
+
+    with pytest.raises(DomainError) as refused:
+        asyncio.run(scoring.start())
+    asyncio.run(echoing.start())
+
+    assert refused.value.code == "prompt_too_long"
+    assert echoing.generations[0].prompt_count.tokens * 6 > 2**14
