@@ -32,7 +32,10 @@ from tracker_app.parameters import (
     unsupported_refuse,
 )
 
-__all__ = ["DEFAULT_MAX_TOKENS", "ChatAnswer", "chat_params_parse", "choice_chunk"]
+__all__ = ["CHAT_DEFAULT_MAX_TOKENS", "ChatAnswer", "chat_params_parse", "choice_chunk"]
+
+# A chat's tokens when the client sets no limit: the head's own default (OpenAI has none).
+CHAT_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
@@ -87,7 +90,7 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
     return generation_params(
         v,
         prompts=(messages,),
-        max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or DEFAULT_MAX_TOKENS,
+        max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or CHAT_DEFAULT_MAX_TOKENS,
         max_choices=max_choices,
         logprobs=bool(v.get("logprobs")),
         top_logprobs=v.get("top_logprobs") or 0,

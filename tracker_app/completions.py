@@ -30,6 +30,7 @@ from tracker_app.parameters import (
     MAX_MAX_TOKENS,
     GenerationFields,
     GenerationParams,
+    Prompt,
     fields_validate,
     generation_params,
     request_fields,
@@ -37,7 +38,7 @@ from tracker_app.parameters import (
 )
 
 # OpenAI's legacy defaults and limits: 16 tokens, the 5 most likely tokens at most.
-DEFAULT_MAX_TOKENS = 16
+TEXT_DEFAULT_MAX_TOKENS = 16
 LOGPROBS_MAX = 5
 
 
@@ -87,7 +88,7 @@ def text_completion_params_parse(
     return generation_params(
         v,
         prompts=tuple(v["prompt"]),
-        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        max_tokens=TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         max_choices=max_choices,
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
@@ -102,10 +103,12 @@ class TextOffsets:
     A token's bytes may hold part of a character (a byte-level BPE piece): a
     token starts after the characters its predecessors completed. A special
     token has no bytes (``protocol.TokenLogprob``): in an echoed prompt it
-    stands for its written form, which the prompt's text holds; in a
-    completion it is left out of the text.
+    stands for its written form when ``prompt``, the echoed text, holds that
+    form there (the client wrote it); one the tokenizer added (a BOS) is not
+    in the text and takes no characters, nor does one in a completion.
     """
 
+    prompt: str = ""
     characters: int = 0
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -114,9 +117,22 @@ class TextOffsets:
     def advance(self, entry: TokenLogprob, *, echoed: bool) -> int:
         """The offset of ``entry``, the next token; moves past it."""
         start = self.characters
-        raw = bytes(entry.utf8) or (entry.token.encode() if echoed else b"")
+        raw = bytes(entry.utf8)
+        if not raw and echoed and self.prompt.startswith(entry.token, self.characters):
+            raw = entry.token.encode()
         self.characters += len(self._decoder.decode(raw))
         return start
+
+
+def legacy_token(token: str, utf8: Sequence[int]) -> str:
+    """A token as the legacy answer spells it: its text, or OpenAI's ``bytes:\\xNN…`` when
+    its bytes are only part of a character (decoded they would all read U+FFFD, and
+    alternatives, keyed by spelling, would collide). A special token (no bytes) keeps
+    its written form."""
+    try:
+        return bytes(utf8).decode() if utf8 else token
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in utf8)
 
 
 def legacy_logprobs(
@@ -125,20 +141,24 @@ def legacy_logprobs(
     """OpenAI's legacy ``logprobs`` of ``entries``: ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (each token's ``top`` best alternatives, the token itself among
     them: up to ``top + 1``) and ``text_offset``. An echoed prompt's first token has
-    no logprob: null, as OpenAI gives it."""
+    no logprob: null, as OpenAI gives it. Tokens are spelled by :func:`legacy_token`;
+    two alternatives spelled alike keep the better logprob (the first)."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
     for entry in entries:
-        tokens.append(entry.token)
+        token = legacy_token(entry.token, entry.utf8)
+        tokens.append(token)
         token_logprobs.append(entry.logprob)
         text_offset.append(offsets.advance(entry, echoed=echoed))
         if entry.logprob is None:
             top_logprobs.append(None)
             continue
-        best = {alternative.token: alternative.logprob for alternative in entry.top_logprobs[:top]}
-        best.setdefault(entry.token, entry.logprob)
+        best: dict[str, float] = {}
+        for alternative in entry.top_logprobs[:top]:  # best first
+            best.setdefault(legacy_token(alternative.token, alternative.utf8), alternative.logprob)
+        best.setdefault(token, entry.logprob)
         top_logprobs.append(best)
     return {
         "tokens": tokens,
@@ -160,7 +180,10 @@ class TextCompletionAnswer:
         self.logprobs = params.logprobs
         self.top = params.top_logprobs
         # Each streamed choice's text so far, for its tokens' offsets.
-        self._offsets = [TextOffsets() for _ in range(params.choices)]
+        self._offsets = [
+            TextOffsets(prompt=_text_of(params.prompt_of(choice)))
+            for choice in range(params.choices)
+        ]
         self._text = [
             TextEvents.around(partial(self._chunk, choice)) for choice in range(params.choices)
         ]
@@ -226,13 +249,13 @@ class TextCompletionAnswer:
         }
 
     def _echoed(self, generation: Generation) -> str:
-        return generation.prompt if self.echo and isinstance(generation.prompt, str) else ""
+        return _text_of(generation.prompt) if self.echo else ""
 
     def _logprobs(self, generation: Generation) -> dict[str, Any] | None:
         """A whole choice's legacy logprobs: the echoed prompt's tokens, then its own."""
         if not self.logprobs:
             return None
-        offsets = TextOffsets()
+        offsets = TextOffsets(prompt=_text_of(generation.prompt))
         prompt = legacy_logprobs(
             generation.prompt_logprobs if self.echo else (),
             top=self.top,
@@ -241,3 +264,8 @@ class TextCompletionAnswer:
         )
         completion = legacy_logprobs(generation.logprobs, top=self.top, offsets=offsets)
         return {key: prompt[key] + completion[key] for key in prompt}
+
+
+def _text_of(prompt: Prompt) -> str:
+    """A legacy prompt's text (a chat prompt, messages, has none to echo)."""
+    return prompt if isinstance(prompt, str) else ""

@@ -93,8 +93,8 @@ def _same_json(a: Any, b: Any) -> bool:
 
 CHAT_REFUSED: tuple[Refused, ...] = (
     Refused("tools", (None, []), "no tool calling: the model only writes text"),
-    Refused("tool_choice", (None, "none"), "no tool calling"),
-    Refused("parallel_tool_calls", (None,), "no tool calling"),
+    # "auto" asks for nothing without tools, and with tools ``tools`` is refused.
+    Refused("tool_choice", (None, "none", "auto"), "no tool calling"),
     Refused("functions", (None, []), "no function calling (the older tools)"),
     Refused("function_call", (None, "none"), "no function calling (the older tools)"),
     Refused("response_format", (None, {"type": "text"}), "no JSON mode or structured output"),
@@ -278,6 +278,16 @@ class GenerationParams:
     @property
     def choices(self) -> int:
         return len(self.prompts) * self.n
+
+    @property
+    def prompt_scored(self) -> bool:
+        """Whether the heads are asked to score the prompt (an ``echo`` the nodes run).
+
+        An echo without logprobs is only the prompt's text, which the tracker
+        gives back itself; with ``max_tokens: 0`` the heads score it all the
+        same, as a head must have something to do.
+        """
+        return self.echo and (self.logprobs or self.max_tokens == 0)
 
     def prompt_of(self, choice: int) -> Prompt:
         return self.prompts[choice // self.n]

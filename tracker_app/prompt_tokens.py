@@ -1,4 +1,4 @@
-"""The tracker's own count of a chat request's prompt tokens, and the refusals it implies.
+"""The tracker's own count of a completion request's prompt tokens, and what it refuses.
 
 A head reports the prompt tokens it ran, but a head is a node operator's
 process, trusted to run its layers and nothing more: the tracker bills from

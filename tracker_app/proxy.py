@@ -18,8 +18,9 @@ most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
 ``proxy complete``.
 
 If a hop dies mid-generation the node is banned with exponential back-off
-(:mod:`routing_app.bans`; a success clears it), a new route is chosen
-without it for that choice, and its generation resumes on the new head by
+(:mod:`routing_app.bans`; a success clears it) — once for the choices that
+were on it together, whose streams all fail at once —, a new route is chosen
+without it for each failed choice, and its generation resumes on the new head by
 replaying the prompt plus every token already produced: the client's stream
 goes on with no gap and no repeated token. Each choice fails over on its own.
 
@@ -38,11 +39,11 @@ import logging
 import random
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from decimal import Decimal
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -68,6 +69,7 @@ from tracker_app.billing import work_merged
 from tracker_app.chat import ChatAnswer
 from tracker_app.generation import Generation, Piece, Segment
 from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
+from tracker_app.interleaving import interleaved
 from tracker_app.models import ApiKey
 from tracker_app.parameters import GenerationParams
 from tracker_app.progress import ProgressThrottle
@@ -88,9 +90,25 @@ class UpstreamFailed(DomainError):
     code = "upstream_failed"
 
 
-# Requests this tracker process is streaming from each head: the queue a new
-# request joins there, as far as this tracker can see.
-_in_flight: Counter[str] = Counter()
+# The requests this tracker process is streaming from each head, with their
+# streams (a request's choices each have one): the queue a new request joins
+# there, as far as this tracker can see. Head endpoint → request id → streams.
+_in_flight: defaultdict[str, Counter[str]] = defaultdict(Counter)
+
+
+def _stream_ended(endpoint: str, request_id: str) -> None:
+    streams = _in_flight[endpoint]
+    streams[request_id] -= 1
+    if streams[request_id] <= 0:
+        del streams[request_id]
+    if not streams:
+        del _in_flight[endpoint]
+
+
+def _queue_ahead(endpoint: str, request_id: str) -> int:
+    """The other requests streaming from ``endpoint`` (a request's own choices are not
+    its queue)."""
+    return sum(1 for other in _in_flight.get(endpoint, {}) if other != request_id)
 
 
 class ChatProxy:
@@ -146,6 +164,9 @@ class ChatProxy:
         self._started = clock()
         self._first_token_at: float | None = None
         self._progress = ProgressThrottle(interval=progress_interval, report=self._report_progress)
+        # When this request last banned each node: the choices sharing a route all fail
+        # when one of its nodes dies, and that is one failure of the node, not n.
+        self._banned_at: dict[str, float] = {}
 
     @property
     def meshnet(self) -> dict[str, Any]:
@@ -184,7 +205,7 @@ class ChatProxy:
             )
             for prompt in self.params.prompts
         ]
-        if self.params.echo:
+        if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
         decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
@@ -223,7 +244,7 @@ class ChatProxy:
             yield event
         unfinished, last = len(self.generations), None
         try:
-            async for piece in _interleaved([self._generate(g) for g in self.generations]):
+            async for piece in interleaved([self._generate(g) for g in self.generations]):
                 if piece.finish_reason is None:
                     yield self.answer.piece(piece)
                     continue
@@ -324,10 +345,17 @@ class ChatProxy:
                 resume_token_ids=list(generation.token_ids),
                 logprobs=self.params.logprobs,
                 top_logprobs=self.params.top_logprobs,
-                # Every send: a route that fails before its first frame echoes nothing.
-                echo=self.params.echo,
+                echo=self._echo_asked(generation),
             )
         )
+
+    def _echo_asked(self, generation: Generation) -> bool:
+        """Whether this send of ``generation`` asks the head for the prompt's scores: until
+        they were relayed (a route that fails before its first frame echoed nothing), and
+        always when no token is asked (the head needs something to do)."""
+        if not self.params.prompt_scored:
+            return False
+        return not generation.echoed or self.params.max_tokens == 0
 
     async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[Piece]:
         """Stream the current route's pieces of one choice; raise HopFailure if one of
@@ -343,7 +371,7 @@ class ChatProxy:
             segment.started = self.clock()
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
-        _in_flight[plan.head.endpoint] += 1
+        _in_flight[plan.head.endpoint][self.request_id] += 1
         # Counted as load on the route while it streams (again after a busy wait).
         route_session_open(decision=segment.decision, stream=generation)
         try:
@@ -354,7 +382,7 @@ class ChatProxy:
                     step_timeout=self.step_timeout,
                     hops=len(plan.hops),
                     positions=generation.prompt_count.tokens + len(generation.token_ids),
-                    echo=self.params.echo,
+                    echo=request.echo,
                 ),
                 on_connected=connected,
                 prompt_checked=generation.prompt_count.exact,
@@ -373,7 +401,7 @@ class ChatProxy:
                             self._first_token_at = self.clock()
                         yield piece
         finally:
-            _in_flight[plan.head.endpoint] -= 1
+            _stream_ended(plan.head.endpoint, self.request_id)
             # However the stream ended, it is no longer load on the route.
             route_session_close(decision=segment.decision, stream=generation)
 
@@ -386,21 +414,32 @@ class ChatProxy:
             self.request_id,
             tokens=tokens,
             tokens_per_second=round(tokens / elapsed, 2) if elapsed > 0 else None,
-            queue=_in_flight[self.generations[0].route.plan.head.endpoint] - 1,
+            queue=_queue_ahead(self.generations[0].route.plan.head.endpoint, self.request_id),
         )
 
     async def _fail_over(
         self, generation: Generation, failure: HopFailure, *, exhausted: bool
     ) -> None:
-        ban = node_ban(node_id=failure.node_id)
-        logger.warning(
-            "request %s choice %d: hop %s failed (%s); banned for %.0f s",
-            self.request_id,
-            generation.choice,
-            failure.node_id,
-            failure.message,
-            ban,
-        )
+        banned_at = self._banned_at.get(failure.node_id)
+        if banned_at is None or generation.segments[-1].started > banned_at:
+            ban = node_ban(node_id=failure.node_id)
+            self._banned_at[failure.node_id] = self.clock()
+            logger.warning(
+                "request %s choice %d: hop %s failed (%s); banned for %.0f s",
+                self.request_id,
+                generation.choice,
+                failure.node_id,
+                failure.message,
+                ban,
+            )
+        else:  # a sibling choice's failure, already banned for: only re-route
+            logger.info(
+                "request %s choice %d: hop %s failed (%s), as it did for another choice",
+                self.request_id,
+                generation.choice,
+                failure.node_id,
+                failure.message,
+            )
         if exhausted or self.params.route is not None:
             why = "pinned route" if self.params.route is not None else "too many failovers"
             raise UpstreamFailed(
@@ -453,46 +492,3 @@ class ChatProxy:
             tokens_per_second=round(tps, 2) if tps else None,
             finish_reason=self.finish_reason,
         )
-
-
-_T = TypeVar("_T")
-
-
-async def _interleaved(streams: Sequence[AsyncGenerator[_T, None]]) -> AsyncIterator[_T]:
-    """The items of every stream as each comes, the streams running at once.
-
-    The first stream to raise ends it all with its exception; the others are
-    cancelled (closing their heads' streams), as they are when this iterator
-    is closed or cancelled. One stream is iterated directly.
-    """
-    if len(streams) == 1:
-        async with aclosing(streams[0]) as only:
-            async for item in only:
-                yield item
-        return
-    queue: asyncio.Queue[tuple[_T | None, BaseException | None, bool]] = asyncio.Queue()
-
-    async def pump(stream: AsyncGenerator[_T, None]) -> None:
-        try:
-            async for produced in stream:
-                queue.put_nowait((produced, None, False))
-        except Exception as error:  # handed to the reader; a cancellation is not
-            queue.put_nowait((None, error, True))
-        else:
-            queue.put_nowait((None, None, True))
-
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    try:
-        running = len(tasks)
-        while running:
-            got, error, ended = await queue.get()
-            if error is not None:
-                raise error
-            if ended:
-                running -= 1
-            else:
-                yield cast(_T, got)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

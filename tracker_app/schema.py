@@ -160,9 +160,15 @@ class TextCompletionRequest(_CompletionRequest):
 
 def refused_parameters(refused: tuple[Refused, ...]) -> str:
     """The parameters an endpoint refuses, as the operation's description lists them."""
-    return "; ".join(
-        f"`{r.name}` (accepted: {', '.join(json.dumps(v) for v in r.neutral)})" for r in refused
-    )
+    return "; ".join(f"`{r.name}` (accepted: {_neutral_values(r)})" for r in refused)
+
+
+def _neutral_values(refused: Refused) -> str:
+    values = ", ".join(json.dumps(value) for value in refused.neutral)
+    if refused.same_as is None:
+        return values
+    other, _ = refused.same_as
+    return f"{values}, or equal to `{other}`"
 
 
 # --- the chat answers: chat.completion, its chunks, the meshnet route ----------------
@@ -424,7 +430,7 @@ class TextCompletionsSchemaView(APIView):
         "(0-5 alternatives) is set; `max_tokens: 0` with `echo` scores the prompt without "
         "generating. Unsupported OpenAI parameters are refused (400 "
         f"`unsupported_parameter`) unless they ask for nothing: "
-        f"{refused_parameters(COMPLETIONS_REFUSED)}; `best_of` equal to `n` is accepted too. "
+        f"{refused_parameters(COMPLETIONS_REFUSED)}. "
         "Other fields are ignored.",
         auth=security(API_KEY),
         request={"application/json": TextCompletionRequest},

@@ -10,7 +10,7 @@ import pytest
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import sse_event
-from tracker_app.chat import DEFAULT_MAX_TOKENS, ChatAnswer, chat_params_parse, choice_chunk
+from tracker_app.chat import CHAT_DEFAULT_MAX_TOKENS, ChatAnswer, chat_params_parse, choice_chunk
 from tracker_app.generation import Piece
 
 
@@ -35,7 +35,7 @@ def test_it_accepts_a_minimal_request_with_openai_defaults() -> None:
     assert params.prompts == ([{"role": "user", "content": "hi"}],)
     assert (params.stream, params.max_tokens, params.temperature) == (
         False,
-        DEFAULT_MAX_TOKENS,
+        CHAT_DEFAULT_MAX_TOKENS,
         1.0,
     )
     assert params.stop == [] and params.route is None

@@ -57,7 +57,7 @@ def test_each_token_starts_after_the_characters_its_predecessors_completed(
 
 def test_an_echoed_special_token_counts_as_its_written_form_a_generated_one_as_nothing() -> None:
     special = TokenLogprob(token="<|im_end|>", logprob=-0.5, utf8=())
-    offsets = TextOffsets()
+    offsets = TextOffsets(prompt="a<|im_end|>b")
 
     starts = [
         offsets.advance(entry(b"a"), echoed=True),
@@ -68,6 +68,16 @@ def test_an_echoed_special_token_counts_as_its_written_form_a_generated_one_as_n
     ]
 
     assert starts == [0, 1, 11, 12, 12]
+
+
+def test_a_bos_the_tokenizer_added_shifts_no_echoed_offset() -> None:
+    bos = TokenLogprob(token="<|endoftext|>", logprob=None, utf8=())
+    offsets = TextOffsets(prompt="Hi")
+
+    starts = [offsets.advance(token, echoed=True) for token in (bos, entry(b"H"), entry(b"i"))]
+
+    assert starts == [0, 0, 1]
+    assert offsets.characters == len("Hi")
 
 
 def test_legacy_logprobs_give_the_top_alternatives_with_the_token_itself_and_null_first() -> None:
@@ -85,6 +95,34 @@ def test_legacy_logprobs_give_the_top_alternatives_with_the_token_itself_and_nul
         "top_logprobs": [None, {"c": -0.5, "b": -2.0}, {"c": -0.5}],
         "text_offset": [0, 1, 2],
     }
+
+
+def test_partial_character_tokens_are_spelled_as_bytes_and_keep_their_own_logprobs() -> None:
+    check, cross = "✓".encode()[:1], "✗".encode()[:2]  # each part of a character
+    chosen = TokenLogprob(
+        token="\ufffd",
+        logprob=-2.0,
+        utf8=tuple(cross),
+        top_logprobs=(
+            TopLogprob("\ufffd", -0.1, tuple(check)),
+            TopLogprob("\ufffd", -2.0, tuple(cross)),
+        ),
+    )
+
+    logprobs = legacy_logprobs([chosen], top=2, offsets=TextOffsets())
+
+    assert logprobs["tokens"] == ["bytes:\\xe2\\x9c"]
+    assert logprobs["top_logprobs"] == [{"bytes:\\xe2": -0.1, "bytes:\\xe2\\x9c": -2.0}]
+    top = logprobs["top_logprobs"][0]
+    assert max(top, key=top.__getitem__) != logprobs["tokens"][0]  # lm-eval: not greedy
+
+
+def test_alternatives_spelled_alike_keep_the_better_logprob() -> None:
+    chosen = entry(b"c", -1.0, ("c", -0.5), ("c", -1.0))
+
+    logprobs = legacy_logprobs([chosen], top=2, offsets=TextOffsets())
+
+    assert logprobs["top_logprobs"] == [{"c": -0.5}]
 
 
 def test_a_streamed_choices_logprobs_are_the_whole_replys_piece_by_piece() -> None:

@@ -160,8 +160,13 @@ def test_asking_for_nothing_meshnet_lacks_is_served(client: openai.OpenAI) -> No
         store=False,
         extra_body={"a_field_openai_does_not_define": 1},
     )
+    # What agent frameworks send by default, tools or none.
+    defaults = client.chat.completions.create(
+        model=TINY, messages=PROMPT, max_tokens=4, tool_choice="auto", parallel_tool_calls=False
+    )
 
     assert reply.usage is not None and reply.usage.completion_tokens == 4
+    assert defaults.usage is not None and defaults.usage.completion_tokens == 4
 
 
 def test_any_other_api_path_is_a_json_404_in_the_error_shape(

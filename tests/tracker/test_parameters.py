@@ -16,12 +16,13 @@ from openai.types.chat import completion_create_params as openai_chat_params
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
 from tracker_app.chat import chat_params_parse
-from tracker_app.completions import DEFAULT_MAX_TOKENS, text_completion_params_parse
+from tracker_app.completions import TEXT_DEFAULT_MAX_TOKENS, text_completion_params_parse
 from tracker_app.parameters import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
     GenerationParams,
 )
+from tracker_app.schema import refused_parameters
 
 CHAT = {"model": "tiny-random-llama", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "tiny-random-llama", "prompt": "Once upon a time"}
@@ -29,8 +30,7 @@ TEXT = {"model": "tiny-random-llama", "prompt": "Once upon a time"}
 # What a client really sends to ask for each thing Meshnet does not do.
 ASKING: dict[str, Any] = {
     "tools": [{"type": "function", "function": {"name": "weather", "parameters": {}}}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": False,
+    "tool_choice": "required",
     "functions": [{"name": "weather", "parameters": {}}],
     "function_call": "auto",
     "response_format": {"type": "json_object"},
@@ -108,6 +108,22 @@ def test_several_refused_parameters_are_named_together() -> None:
 def test_a_value_that_only_looks_neutral_is_refused(name: str, value: Any) -> None:
     # Compared as JSON: 0 is not false, {} is not [], "None" is not "none".
     assert refusal(chat, **{name: value})["param"] == name
+
+
+@pytest.mark.parametrize("tools", [None, []])
+def test_tool_settings_without_tools_ask_for_nothing(tools: Any) -> None:
+    fields = {"tool_choice": "auto", "parallel_tool_calls": False}
+    assert chat(**fields, **({} if tools is None else {"tools": tools})).choices == 1
+
+
+def test_tool_choice_auto_with_tools_is_refused_for_the_tools() -> None:
+    assert refusal(chat, tools=ASKING["tools"], tool_choice="auto")["param"] == "tools"
+
+
+def test_the_api_description_names_every_value_a_refused_parameter_accepts() -> None:
+    description = refused_parameters(COMPLETIONS_REFUSED)
+
+    assert "`best_of` (accepted: null, 1, or equal to `n`)" in description
 
 
 def test_best_of_equal_to_n_asks_for_nothing_more() -> None:
@@ -249,7 +265,7 @@ def test_a_text_completion_takes_openais_legacy_defaults() -> None:
     params = text()
 
     assert params.prompts == ("Once upon a time",)
-    assert params.max_tokens == DEFAULT_MAX_TOKENS == 16
+    assert params.max_tokens == TEXT_DEFAULT_MAX_TOKENS == 16
     assert (params.echo, params.logprobs, params.top_logprobs, params.n) == (False, False, 0, 1)
 
 
@@ -319,6 +335,7 @@ SENT: dict[str, Any] = {
     "prompt_cache_key": "k",
     "prompt_cache_retention": "24h",
     "prompt_cache_options": {"mode": "implicit"},
+    "parallel_tool_calls": False,
     "top_k": 40,
     "route": ["node-a"],
 }

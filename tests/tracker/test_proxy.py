@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -43,8 +44,10 @@ from routing_app.load import route_load
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
 from tracker_app import console
-from tracker_app.chat import chat_params_parse
+from tracker_app.chat import ChatAnswer, chat_params_parse
+from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
+from tracker_app.parameters import GenerationParams
 from tracker_app.proxy import ChatProxy
 from tracker_app.services import api_key_create
 from tracker_app.slots import BUSY_RETRY_AFTER_SECONDS
@@ -221,11 +224,22 @@ class Net:
             ).encode()
         )
 
+        return self._proxy(params, ChatAnswer, progress_interval)
+
+    def text_proxy(self, **body: Any) -> ChatProxy:
+        """A legacy text completion's proxy (``/v1/completions``)."""
+        params = text_completion_params_parse(
+            json.dumps({"model": self.model.key, "prompt": "hi", "stream": True, **body}).encode()
+        )
+        return self._proxy(params, TextCompletionAnswer, 0.5)
+
+    def _proxy(self, params: GenerationParams, answer: Any, progress_interval: float) -> ChatProxy:
         async def emit(kind: str, request_id: str, **data: Any) -> None:
             self.events.append((kind, data))
 
         return ChatProxy(
             params=params,
+            answer=answer,
             api_key=api_key_create(name="client").api_key,
             model=self.model,
             client=httpx.AsyncClient(transport=httpx.MockTransport(self.heads)),
@@ -865,6 +879,18 @@ def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_bille
     assert net.event_data(console.COMPLETE)["completion_tokens"] == 36
 
 
+def test_a_requests_own_choices_are_not_its_queue_on_the_dashboard(net: Net) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(gap=0.02))
+    proxy = net.proxy(n=3, progress_interval=0.05)
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12), 2: answer(12)}
+    queues = [data["queue"] for kind, data in net.events if kind == console.PROGRESS]
+    assert queues and set(queues) == {0}, queues
+
+
 def test_a_choice_whose_head_dies_fails_over_alone_while_the_others_go_on(net: Net) -> None:
     net.node("fast", 0, 3, tps=300)
     net.node("slow", 0, 3, tps=100)
@@ -882,6 +908,24 @@ def test_a_choice_whose_head_dies_fails_over_alone_while_the_others_go_on(net: N
     # slow: that choice's prompt and five replayed tokens, then its last seven.
     assert work(proxy) == [("fast", 0, 3, 19 + 12), ("slow", 0, 3, 7 + 5 + 7)]
     assert record(proxy).status == RequestStatus.COMPLETED
+
+
+def test_a_node_that_dies_under_every_choice_is_banned_once_not_once_per_choice(
+    net: Net, caplog: pytest.LogCaptureFixture
+) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die", gap=0.01))
+    proxy = net.proxy(n=4)
+
+    with caplog.at_level(logging.INFO, logger="tracker_app.proxy"):
+        chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {i: answer(12) for i in range(4)}
+    assert net.heads.heads_asked() == ["fast"] * 4 + ["slow"] * 4
+    bans = [r.getMessage() for r in caplog.records if "banned for" in r.getMessage()]
+    assert len(bans) == 1 and bans[0].endswith("banned for 30 s"), bans  # the first step
+    assert net.banned() == {"fast"}
 
 
 def test_a_choice_that_cannot_fail_over_fails_the_request_and_lets_the_other_heads_go(
@@ -925,3 +969,63 @@ def test_every_streaming_choice_is_load_on_its_route_until_the_request_ends(net:
     assert net.heads.heads_asked() == ["whole"] * 3
     assert max(load_seen) == 2
     assert route_load().snapshot().routes.get(proxy.meshnet["route"], 0) == 0
+
+
+# --- echo ---------------------------------------------------------------------
+
+
+def echo_asked(net: Net) -> list[bool]:
+    """Whether each send asked its head to score the prompt."""
+    return [request.echo for request in net.heads.requests]
+
+
+def test_an_echo_already_relayed_is_not_scored_again_by_the_failover_route(net: Net) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"))
+    proxy = net.text_proxy(echo=True, logprobs=1, max_tokens=12)
+
+    chunks = serve(proxy)
+
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hi" + answer(12)
+    assert net.heads.heads_asked() == ["fast", "slow"]
+    assert echo_asked(net) == [True, False]
+
+
+def test_an_echo_without_logprobs_is_the_trackers_own_text_and_asks_no_scores(net: Net) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.text_proxy(echo=True, max_tokens=3)
+
+    chunks = serve(proxy)
+
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hi" + answer(3)
+    assert echo_asked(net) == [False]
+
+
+def test_a_scoring_echo_resent_after_its_echo_still_asks_for_it_as_no_token_is_asked(
+    net: Net,
+) -> None:
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=0, then="die"))
+    proxy = net.text_proxy(echo=True, logprobs=1, max_tokens=0)
+
+    serve(proxy)
+
+    assert net.heads.heads_asked() == ["fast", "slow"]
+    assert echo_asked(net) == [True, True]
+
+
+def test_a_prompt_too_long_to_score_is_refused_only_when_its_scores_are_asked(net: Net) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"  # 4096 positions
+    net.node("whole", 0, 3)
+    prompt = "x" * 3000  # 6 scores a token with 5 alternatives: past 2^14
+    scoring = net.text_proxy(prompt=prompt, echo=True, logprobs=5, max_tokens=1)
+    echoing = net.text_proxy(prompt=prompt, echo=True, max_tokens=1)
+
+    with pytest.raises(DomainError) as refused:
+        asyncio.run(scoring.start())
+    asyncio.run(echoing.start())
+
+    assert refused.value.code == "prompt_too_long"
+    assert echoing.generations[0].prompt_count.tokens * 6 > 2**14
