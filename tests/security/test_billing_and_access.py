@@ -41,7 +41,11 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             database_url,
             tmp,
             MESHNET_RATE_LIMIT_PER_MINUTE="1000",
-            MESHNET_ROUTE_EXPLORE_SHARE="0",  # the best prior (the liar's claim) goes first
+            # ADR-0021's policy with no exploration: the best prior (the liar's claim)
+            # goes first, and stays first while it is not caught (thompson-load would
+            # measure the honest route in turn).
+            MESHNET_ROUTE_POLICY="adr0021",
+            MESHNET_ROUTE_EXPLORE_SHARE="0",
             MESHNET_METRICS_TOKEN=METRICS_TOKEN,
         ):
             network.add_node("honest", TINY, (0, 3), wait=False)
