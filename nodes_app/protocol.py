@@ -624,15 +624,17 @@ class GenerateRequest:
         )
 
 
-_SAMPLING_FIELDS = (
+# The sampling fields that are single values (a tracker checks them as a node does;
+# logit_bias, the rest, needs the node's vocabulary too).
+SAMPLING_VALUES = (
     "temperature",
     "top_p",
     "top_k",
     "seed",
     "presence_penalty",
     "frequency_penalty",
-    "logit_bias",
 )
+_SAMPLING_FIELDS = (*SAMPLING_VALUES, "logit_bias")
 
 
 def _prompt_of(body: dict[str, Any]) -> tuple[list[dict[str, str]], str | None]:

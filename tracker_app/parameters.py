@@ -31,6 +31,7 @@ from meshnet_site.errors import DomainError, ErrorKind, validation_message
 from nodes_app.protocol import (
     PENALTY_MAX,
     PENALTY_MIN,
+    SAMPLING_VALUES,
     SEED_MAX,
     TEMPERATURE_MAX,
     TOP_K_MAX,
@@ -217,18 +218,7 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
         # The nodes' own check, so the tracker never forwards what a node refuses.
         try:
             SamplingParams.from_mapping(
-                {
-                    key: attrs[key]
-                    for key in (
-                        "temperature",
-                        "top_p",
-                        "top_k",
-                        "seed",
-                        "presence_penalty",
-                        "frequency_penalty",
-                    )
-                    if attrs.get(key) is not None
-                }
+                {key: attrs[key] for key in SAMPLING_VALUES if attrs.get(key) is not None}
             )
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None

@@ -368,6 +368,24 @@ class _ChatCompletionsSchema(AutoSchema):
         return operation
 
 
+def completion_errors(**more: str) -> dict[int, OpenApiResponse]:
+    """The error statuses both completion endpoints answer (``more``: an endpoint's own)."""
+    return error_responses(
+        e400="invalid_request, invalid_json, unsupported_parameter, "
+        "context_length_exceeded, invalid_route, or a node's refusal of the request "
+        "(its code)",
+        e401="invalid_api_key",
+        e404="model_not_found",
+        e411="length_required",
+        e413="request_too_large",
+        e429="rate_limit_exceeded",
+        e500="internal_error",
+        e502="upstream_failed",
+        e503="no_route, route_node_unavailable, route_busy",
+        **more,
+    )
+
+
 class ChatCompletionsSchemaView(APIView):
     """Documentation only: the consumer serves ``POST /v1/chat/completions``."""
 
@@ -392,20 +410,7 @@ class ChatCompletionsSchemaView(APIView):
             ),
             # Its schema is the event's: see _ChatCompletionsSchema.
             (200, EVENT_STREAM): OpenApiResponse(OpenApiTypes.OBJECT),
-            **error_responses(
-                e400="invalid_request, invalid_json, unsupported_parameter, "
-                "context_length_exceeded, invalid_route, or a node's refusal of the request "
-                "(its code)",
-                e401="invalid_api_key",
-                e403="csrf_failed, dashboard_key_revoked (dashboard sessions)",
-                e404="model_not_found",
-                e411="length_required",
-                e413="request_too_large",
-                e429="rate_limit_exceeded",
-                e500="internal_error",
-                e502="upstream_failed",
-                e503="no_route, route_node_unavailable, route_busy",
-            ),
+            **completion_errors(e403="csrf_failed, dashboard_key_revoked (dashboard sessions)"),
         },
     )
     def post(self, request: Request) -> Response:
@@ -441,19 +446,7 @@ class TextCompletionsSchemaView(APIView):
             ),
             # Its schema is the event's: see _ChatCompletionsSchema.
             (200, EVENT_STREAM): OpenApiResponse(OpenApiTypes.OBJECT),
-            **error_responses(
-                e400="invalid_request, invalid_json, unsupported_parameter, "
-                "context_length_exceeded, invalid_route, or a node's refusal of the request "
-                "(its code)",
-                e401="invalid_api_key",
-                e404="model_not_found",
-                e411="length_required",
-                e413="request_too_large",
-                e429="rate_limit_exceeded",
-                e500="internal_error",
-                e502="upstream_failed",
-                e503="no_route, route_node_unavailable, route_busy",
-            ),
+            **completion_errors(),
         },
     )
     def post(self, request: Request) -> Response:
