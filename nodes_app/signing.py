@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -98,9 +99,11 @@ def verify_plan(public_key: Ed25519PublicKey, fields: Mapping[str, Any], signatu
 def load_or_create_wallet(path: Path) -> Ed25519PrivateKey:
     """Read the raw private key (hex) at ``path``, creating it (mode 0600) if missing.
 
-    Several processes may start at once on one key (trackers and a worker
-    share the tracker key): the key is written whole under a private name and
-    linked into place, so the first link wins and nobody reads half a key.
+    Several processes, and several threads of one process, may start at once
+    on one key (trackers and a worker share the tracker key; a tracker's first
+    requests come in side by side): each writes the key whole under a name of
+    its own and links it into place, so the first link wins and nobody reads
+    half a key.
     """
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +112,7 @@ def load_or_create_wallet(path: Path) -> Ed25519PrivateKey:
             serialization.PrivateFormat.Raw,
             serialization.NoEncryption(),
         )
-        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}")
         fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(raw.hex() + "\n")

@@ -15,6 +15,7 @@ import stat
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.trust import PlanGate, capability_hash, new_capability
 from nodes_app.signing import (
+    load_or_create_wallet,
     public_key_from_hex,
     sign_plan,
     verify_plan,
@@ -173,6 +175,20 @@ def test_the_tracker_publishes_its_key_to_anyone_and_keeps_the_private_half_0600
     assert stat.S_IMODE(network.tracker_key_file.stat().st_mode) == 0o600
     assert "(trusted on first use)" in network.nodes["head"].output()
     assert "(pinned by --tracker-key)" in network.nodes["tail"].output()
+
+
+def test_threads_creating_the_key_at_once_all_read_the_one_key_that_won(
+    tmp_path: Path,
+) -> None:
+    """A tracker's first requests (several nodes registering at once) create the key side by
+    side in one process; none may read a half-written or vanished draft."""
+    for attempt in range(50):
+        path = tmp_path / f"tracker_key_{attempt}"
+        with ThreadPoolExecutor(4) as pool:
+            keys = list(pool.map(lambda _: wallet_of(load_or_create_wallet(path)), range(4)))
+
+        assert keys == [wallet_of(load_or_create_wallet(path))] * 4
+    assert {p.name for p in tmp_path.iterdir()} == {f"tracker_key_{i}" for i in range(50)}
 
 
 def test_a_node_pinned_to_another_tracker_key_refuses_to_start(
