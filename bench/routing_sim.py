@@ -12,9 +12,11 @@ per-token time summed over its hops: layers run × the node's per-layer time
 A node serving k sessions at once runs a batch step k^0.6 times slower than
 one alone, so its aggregate throughput grows as k^0.4 (2.3x at 8, as measured
 with 64 tiny streams) up to ``BATCH_CAP`` sessions and stays flat beyond
-(processor sharing: every session queues for its share). Each observed
-sample carries 10 % log-normal noise; a sample is recorded when a request
-completes (its tokens ÷ its time on the route).
+(processor sharing: every session queues for its share). Each request's
+observed speed carries 10 % log-normal noise; a sample is recorded when a
+request completes (its tokens ÷ its time on its last route), and while it
+runs the tracker sees its pace (tokens so far ÷ time on the route, with the
+same noise), as the proxy reports it to the load book.
 
 Load levels: ``isolated`` is the first simulator's setting (1 request/s,
 each request served as if alone), the others put arrivals at a share of the
@@ -196,6 +198,17 @@ class Session:
     remaining: float
     arrived: float
     started: float
+    noise: float  # how this request's observed speed differs from the route's (log-normal)
+    sent_remaining: float = 0.0  # tokens left when sent on this route (after a failover: fewer)
+
+    def __post_init__(self) -> None:
+        self.sent_remaining = self.remaining
+
+    def pace(self, now: float) -> tuple[int, float]:
+        """Tokens produced on this route and seconds since it was sent there, as the
+        tracker sees them (with the request's noise)."""
+        produced = (self.sent_remaining - self.remaining) * self.noise
+        return int(produced), now - self.started
 
 
 @dataclass
@@ -215,10 +228,13 @@ class Load:
 
     def snapshot(self) -> LoadSnapshot:
         sent_ago = {signature: self.now - at for signature, at in self.sent.items()}
-        if self.isolated:  # requests as if alone: nothing is load
-            return LoadSnapshot(sent_ago=sent_ago)
+        paces: dict[str, list[tuple[int, float]]] = {}
+        for session in sorted(self.sessions, key=lambda s: s.started):
+            paces.setdefault(session.plan.signature, []).append(session.pace(self.now))
+        if self.isolated:  # requests as if alone: nothing is load, but each shows its pace
+            return LoadSnapshot(sent_ago=sent_ago, paces=paces)
         routes = dict(Counter(s.plan.signature for s in self.sessions))
-        return LoadSnapshot(routes=routes, sent_ago=sent_ago)
+        return LoadSnapshot(routes=routes, sent_ago=sent_ago, paces=paces)
 
 
 Policy = Callable[[list[RoutePlan], RouteStatsStore, Network, Load, random.Random], RoutePlan]
@@ -366,7 +382,15 @@ def simulate(
         load.sent[plan.signature] = now
         gaps.dispatched(plan.signature, now)
         load.sessions.append(
-            Session(plan, net.epoch, session_tokens, remaining, arrived_at, started=now)
+            Session(
+                plan,
+                net.epoch,
+                session_tokens,
+                remaining,
+                arrived_at,
+                started=now,
+                noise=math.exp(noise.gauss(0, NOISE_SIGMA)),
+            )
         )
 
     while arrived <= requests or load.sessions:
@@ -386,12 +410,13 @@ def simulate(
             done = load.sessions.pop(soonest)
             latencies.append(now - done.arrived)
             tokens_total += done.tokens
-            observed = done.tokens / (now - done.started) * math.exp(noise.gauss(0, NOISE_SIGMA))
+            # The proxy's sample: the tokens of the request's last route over its time there.
+            observed = done.sent_remaining / (now - done.started) * done.noise
             store.record_sample(
                 model_key="sim",
                 signature=done.plan.signature,
                 epoch=done.epoch,
-                output_tokens=done.tokens,
+                output_tokens=round(done.sent_remaining),
                 tokens_per_second=observed,
             )
             gaps.finished(done.plan.signature, now, load)

@@ -5,11 +5,13 @@ step with the choice (``RouteLoad.open_chosen``: concurrent requests never
 choose from the same snapshot). The proxy opens a session for each stream
 it sends on that decision (``route_session_open``, again after a busy
 route's wait; a request's several choices are several streams), touches it
-as tokens arrive and closes it when the stream ends, however it ends
-(``route_session_close``; ``route_sample_record`` closes the decision), so a
-failed or cancelled request does not count as load. A session
-with no sign of life for ``SESSION_TTL`` seconds is forgotten, so a lost
-close can only overstate a route's load for that long.
+as tokens arrive, with the tokens the stream has produced on the route (its
+pace, which ``thompson-load`` reads as an early sample), and closes it when
+the stream ends, however it ends (``route_session_close``;
+``route_sample_record`` closes the decision), so a failed or cancelled
+request does not count as load. A session with no sign of life for
+``SESSION_TTL`` seconds is forgotten, so a lost close can only overstate a
+route's load for that long.
 
 The load is counted per route, as peak-EWMA balancers count pending
 requests per backend: a slow or saturated route holds its sessions longer,
@@ -23,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -48,17 +50,27 @@ class Decided(Protocol):
 DecisionT = TypeVar("DecisionT", bound=Decided)
 
 
+# One stream in flight: (tokens it has produced, seconds since it was sent).
+Pace = tuple[int, float]
+
+
 @dataclass(frozen=True, slots=True)
 class LoadSnapshot:
-    """Sessions in flight per route signature at one moment, and how long ago each
-    route was last sent a request."""
+    """Sessions in flight per route signature at one moment, the pace of each
+    stream among them, and how long ago each route was last sent a request."""
 
     routes: Mapping[str, int] = field(default_factory=dict)
     sent_ago: Mapping[str, float] = field(default_factory=dict)
+    paces: Mapping[str, Sequence[Pace]] = field(default_factory=dict)
 
     def route_sessions(self, plan: RoutePlan) -> int:
         """Sessions in flight on exactly this route."""
         return self.routes.get(plan.signature, 0)
+
+    def route_paces(self, plan: RoutePlan) -> Sequence[Pace]:
+        """How far each stream in flight on the route has got, oldest first (a request
+        chosen but not streaming yet has no pace)."""
+        return self.paces.get(plan.signature, ())
 
     def seconds_since_sent(self, plan: RoutePlan) -> float | None:
         """Seconds since this tracker last sent a request on the route (None: not lately)."""
@@ -69,16 +81,31 @@ NO_LOAD = LoadSnapshot()
 
 
 @dataclass(slots=True)
+class _Stream:
+    """One session: the stream it counts (None: the request chosen but not
+    streaming yet), when it was sent, its last sign of life, its tokens so far."""
+
+    stream: object | None  # held so the key (its identity) stays unique while open
+    sent: float
+    touched: float
+    tokens: int = 0
+
+
+@dataclass(slots=True)
 class _Sessions:
-    """One decision's live sessions: its streams by identity (0: the request chosen
-    but not streaming yet), each with the time of its last sign of life."""
+    """One decision's live sessions, by their stream's identity (0: the request
+    chosen but not streaming yet)."""
 
     decision: Decided  # held so the key (its identity) stays unique while open
-    live: dict[int, tuple[object, float]] = field(default_factory=dict)
+    live: dict[int, _Stream] = field(default_factory=dict)
 
 
 # The key of a decision's session before any stream opens on it.
 _CHOSEN = 0
+
+
+def _key(stream: object | None) -> int:
+    return _CHOSEN if stream is None else id(stream)
 
 
 class RouteLoad:
@@ -120,16 +147,21 @@ class RouteLoad:
         with self._lock:
             self._open(decision, stream)
 
-    def touch(self, decision: Decided, stream: object | None = None) -> None:
-        """The stream (or the request) made progress: its session's TTL starts afresh.
+    def touch(
+        self, decision: Decided, stream: object | None = None, *, tokens: int | None = None
+    ) -> None:
+        """The stream (or the request) made progress, to ``tokens`` produced since it
+        was sent when given: its session's TTL starts afresh.
 
         Does nothing to a closed session (a late touch never re-opens one).
         """
         with self._lock:
             entry = self._sessions.get(id(decision))
-            key = _CHOSEN if stream is None else id(stream)
-            if entry is not None and key in entry.live:
-                entry.live[key] = (entry.live[key][0], self.clock())
+            session = None if entry is None else entry.live.get(_key(stream))
+            if session is not None:
+                session.touched = self.clock()
+                if tokens is not None:
+                    session.tokens = tokens
 
     def close(self, decision: Decided, stream: object | None = None) -> None:
         """End ``stream``'s session on the decision, or with no ``stream`` every session
@@ -139,7 +171,7 @@ class RouteLoad:
             if entry is None:
                 return
             if stream is not None:
-                entry.live.pop(id(stream), None)
+                entry.live.pop(_key(stream), None)
             if stream is None or not entry.live:
                 del self._sessions[id(decision)]
 
@@ -152,26 +184,33 @@ class RouteLoad:
         entry = self._sessions.setdefault(id(decision), _Sessions(decision))
         if stream is None:
             if not entry.live:
-                entry.live[_CHOSEN] = (None, now)
+                entry.live[_CHOSEN] = _Stream(None, now, now)
         else:
             entry.live.pop(_CHOSEN, None)
-            entry.live[id(stream)] = (stream, now)
+            entry.live[id(stream)] = _Stream(stream, now, now)  # sent (again): its pace restarts
         self._sent[decision.plan.signature] = now
 
     def _snapshot(self) -> LoadSnapshot:
         now = self.clock()
         routes: Counter[str] = Counter()
+        paces: dict[str, list[Pace]] = {}
         for key, entry in list(self._sessions.items()):
-            for stream in [k for k, (_, at) in entry.live.items() if now - at > SESSION_TTL]:
-                del entry.live[stream]
+            for lost in [k for k, s in entry.live.items() if now - s.touched > SESSION_TTL]:
+                del entry.live[lost]
             if not entry.live:
                 del self._sessions[key]
                 continue
-            routes[entry.decision.plan.signature] += len(entry.live)
+            signature = entry.decision.plan.signature
+            routes[signature] += len(entry.live)
+            for session in entry.live.values():
+                if session.stream is not None:
+                    paces.setdefault(signature, []).append((session.tokens, now - session.sent))
         for signature in [k for k, at in self._sent.items() if now - at > SENT_MEMORY]:
             del self._sent[signature]
         sent_ago = {signature: now - at for signature, at in self._sent.items()}
-        return LoadSnapshot(routes=dict(routes), sent_ago=sent_ago)
+        for streams in paces.values():
+            streams.sort(key=lambda pace: -pace[1])
+        return LoadSnapshot(routes=dict(routes), sent_ago=sent_ago, paces=paces)
 
 
 _route_load = RouteLoad()

@@ -145,15 +145,20 @@ def route_session_open(
 
 
 def route_session_touch(
-    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+    *,
+    decision: RouteDecision,
+    stream: object | None = None,
+    tokens: int | None = None,
+    load: RouteLoad | None = None,
 ) -> None:
-    """``stream`` on ``decision``'s route made progress: it keeps counting as load.
+    """``stream`` on ``decision``'s route made progress (``tokens`` produced since it was
+    sent, when given): it keeps counting as load, and ``thompson-load`` reads its pace.
 
     A session with no sign of life for ``load.SESSION_TTL`` seconds is taken for
     a lost close and forgotten; a slow long generation touches its session so
     it is not. Does nothing to a closed session.
     """
-    (load or route_load()).touch(decision, stream)
+    (load or route_load()).touch(decision, stream, tokens=tokens)
 
 
 def route_session_close(

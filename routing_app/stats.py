@@ -56,6 +56,13 @@ class ArmStatus(StrEnum):
     QUARANTINED = "quarantined"
 
 
+def sample_added(value: float, mass: float, sample: float) -> tuple[float, float]:
+    """An arm's EWMA ``value`` and decayed ``mass`` after one more sample of ``sample``
+    tokens/s: a new sample weighs 1/(mass + 1), at least ``SAMPLE_WEIGHT_FLOOR``."""
+    weight = max(1.0 / (mass + 1.0), SAMPLE_WEIGHT_FLOOR)
+    return value + weight * (sample - value), mass + 1.0
+
+
 def decay_factor(elapsed: float, half_life: float) -> float:
     """How much of a sample's weight is left after ``elapsed`` seconds."""
     return 0.5 ** (max(elapsed, 0.0) / half_life)
@@ -245,10 +252,10 @@ class RouteStatsStore:
                 return True
             if arm.epoch > epoch:
                 return False
-            mass = arm.mass_at(now, self.half_life)
-            weight = max(1.0 / (mass + 1.0), SAMPLE_WEIGHT_FLOOR)
-            value = arm.value + weight * (tokens_per_second - arm.value)
-            self._arms[key] = ArmState(value, mass + 1.0, max(now, arm.at), epoch, arm.samples + 1)
+            value, mass = sample_added(
+                arm.value, arm.mass_at(now, self.half_life), tokens_per_second
+            )
+            self._arms[key] = ArmState(value, mass, max(now, arm.at), epoch, arm.samples + 1)
             self._dirty.add(key)
         return True
 

@@ -3,7 +3,10 @@
 Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
 and widening back to a broad prior as that mass decays (so a quiet arm is
-retried: discounted Thompson sampling). A request draws once from every
+retried: discounted Thompson sampling). The streams in flight on the route
+count as the samples they will give at the pace they are going, so a route
+that slowed down loses traffic before its slow requests complete. A request
+draws once from every
 belief, subtracts the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
 saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
 the highest score. Uncertainty, not a fixed share, decides how much to explore.
@@ -13,8 +16,8 @@ taken deterministically and quarantined arms are never chosen (both applied
 by ``routing_app.choice`` before this policy sees the arms); arms not measured
 under the current topology epoch (unsampled, stale) are scouted before any
 draw, one request at a time; and an arm that has had neither a sample nor a
-request sent to it for ``max_unsampled_seconds`` is scouted as soon as
-nothing is in flight on it.
+request sent to it for ``max_unsampled_seconds`` is scouted before that bound,
+as soon as nothing is in flight on it (it falls due at ``DUE_SHARE`` of it).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import random
 from collections.abc import Sequence
 
 from routing_app.config import RoutingConfig
-from routing_app.load import LoadSnapshot
-from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured
+from routing_app.load import LoadSnapshot, Pace
+from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured, sample_added
 
 # Spread (in ln tok/s) of one request's speed around its route's: prompt length,
 # sampling and neighbours move it by tens of percent (0.3: ±35 %).
@@ -39,6 +42,11 @@ PRIOR_SIGMA = 1.0
 # mass an arm holds its value averages about (2 - w) / w samples: the belief
 # never narrows past what that many samples justify.
 EFFECTIVE_SAMPLES_CAP = (2.0 - SAMPLE_WEIGHT_FLOOR) / SAMPLE_WEIGHT_FLOOR
+# A measured arm falls due for a scout at this share of the bound on unsampled
+# time, not at the bound itself: arms measured together (every arm is scouted
+# at once after a topology change) fall due together, one request scouts one
+# of them, and the last would wait past the bound for its turn.
+DUE_SHARE = 0.9
 # Points of the rule that integrates P(arm draws highest) for expected shares.
 _GRID = [-6.0 + 12.0 * i / 160 for i in range(161)]
 _GRID_WEIGHTS = [math.exp(-z * z / 2) for z in _GRID]
@@ -46,18 +54,38 @@ _GRID_WEIGHTS = [math.exp(-z * z / 2) for z in _GRID]
 MEASURED = frozenset({ArmStatus.PROVEN, ArmStatus.DECAYED})
 
 
-def belief(arm: ArmView) -> tuple[float, float]:
-    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known).
+def belief(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
+    """Mean and spread of the arm's ln tok/s (a measured arm: tps is known), counting
+    the streams in flight on it at their ``paces`` (``anticipated``).
 
     The normal posterior of a mean seen through ``n`` samples of spread
     ``SAMPLE_SIGMA`` under a prior of spread ``PRIOR_SIGMA``:
     1/σ² = 1/PRIOR_SIGMA² + n/SAMPLE_SIGMA², with ``n`` the arm's decayed
     mass (at most ``EFFECTIVE_SAMPLES_CAP``).
     """
-    assert arm.tps is not None and arm.tps > 0
-    effective = min(arm.weight, EFFECTIVE_SAMPLES_CAP)
+    tps, mass = anticipated(arm, paces, min_tokens)
+    effective = min(mass, EFFECTIVE_SAMPLES_CAP)
     precision = 1.0 / PRIOR_SIGMA**2 + effective / SAMPLE_SIGMA**2
-    return math.log(arm.tps), 1.0 / math.sqrt(precision)
+    return math.log(tps), 1.0 / math.sqrt(precision)
+
+
+def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
+    """The arm's tokens/s and mass as its streams in flight will leave them if each
+    finishes at the pace it is going: their samples, taken early.
+
+    A route's samples arrive only as requests complete, long after a node slowed
+    down when requests are long (a 5x slower route takes seconds per request, and
+    every request sent meanwhile goes to it). A stream counts once it holds a
+    sample's worth of tokens (``min_tokens``) or has lagged so far that the arm's
+    speed would have given it twice that: a stalled stream is evidence too,
+    and a stream's first tokens (its prefill included) are not judged alone.
+    """
+    assert arm.tps is not None and arm.tps > 0
+    tps, mass = arm.tps, arm.weight
+    for tokens, seconds in paces:
+        if seconds > 0 and (tokens >= min_tokens or seconds * arm.tps >= 2 * min_tokens):
+            tps, mass = sample_added(tps, mass, max(tokens, 1) / seconds)
+    return tps, mass
 
 
 def load_penalty(arm: ArmView, loads: LoadSnapshot, config: RoutingConfig) -> float:
@@ -87,7 +115,8 @@ def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingCo
     if unmeasured:
         return least_measured(arms, unmeasured)
     quiet = {i: unmeasured_for(arm, loads) for i, arm in enumerate(arms) if idle[i]}
-    overdue = [i for i, seconds in quiet.items() if seconds > config.max_unsampled_seconds]
+    due_after = config.max_unsampled_seconds * DUE_SHARE
+    overdue = [i for i, seconds in quiet.items() if seconds > due_after]
     if overdue:
         return max(overdue, key=lambda i: (quiet[i], -i))
     return None
@@ -120,7 +149,7 @@ def choose_arm(
     contenders = [arm for arm in arms if arm.status in MEASURED]
     best, best_score = contenders[0], -math.inf
     for arm in contenders:
-        mean, spread = belief(arm)
+        mean, spread = belief(arm, loads.route_paces(arm.plan), config.min_sample_tokens)
         score = rng.normalvariate(mean, spread) - load_penalty(arm, loads, config)
         if score > best_score:
             best, best_score = arm, score
@@ -150,7 +179,7 @@ def expected_shares(
     contenders = [i for i, arm in enumerate(arms) if arm.status in MEASURED]
     scores = []
     for i in contenders:
-        mean, spread = belief(arms[i])
+        mean, spread = belief(arms[i], loads.route_paces(arms[i].plan), config.min_sample_tokens)
         scores.append((mean - load_penalty(arms[i], loads, config), spread))
     for position, i in enumerate(contenders):
         shares[i] = _probability_highest(position, scores)

@@ -392,10 +392,13 @@ class ChatProxy:
                     if frame.token_ids:  # the whole route took the step: a slot at last
                         wait.over()
                         self._progress.changed()
-                        route_session_touch(decision=segment.decision, stream=generation)
                     if self.params.echo and not generation.echoed:
                         yield generation.echo(frame)
                     piece = generation.absorb(frame, request_id=self.request_id)
+                    if frame.token_ids:  # the route's pace so far is load information
+                        route_session_touch(
+                            decision=segment.decision, stream=generation, tokens=segment.produced
+                        )
                     if piece is not None:
                         if self._first_token_at is None:
                             self._first_token_at = self.clock()

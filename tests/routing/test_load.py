@@ -115,6 +115,25 @@ def test_a_long_generation_that_makes_progress_keeps_counting_past_the_ttl():
     assert load.snapshot().route_sessions(PLANS[0]) == 1
 
 
+def test_a_streams_pace_is_its_tokens_since_it_was_sent_on_the_route():
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    chosen, stream = decision(), object()
+    load.open(chosen)  # chosen, not streaming yet: load without a pace
+    waiting = load.snapshot()
+    route_session_open(decision=chosen, stream=stream, load=load)
+    clock.advance(2.0)
+    route_session_touch(decision=chosen, stream=stream, tokens=30, load=load)
+    streaming = load.snapshot()
+    route_session_close(decision=chosen, stream=stream, load=load)  # busy: sent again
+    route_session_open(decision=chosen, stream=stream, load=load)
+    clock.advance(1.0)
+
+    assert (waiting.route_sessions(PLANS[0]), list(waiting.route_paces(PLANS[0]))) == (1, [])
+    assert list(streaming.route_paces(PLANS[0])) == [(30, 2.0)]
+    assert list(load.snapshot().route_paces(PLANS[0])) == [(0, 1.0)]
+
+
 def test_a_touch_after_the_close_does_not_bring_the_session_back():
     load = RouteLoad()
     chosen = decision()

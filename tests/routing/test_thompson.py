@@ -22,6 +22,7 @@ from routing_app.services import (
     route_session_close,
 )
 from routing_app.stats import ArmStatus, ArmView
+from routing_app.thompson import DUE_SHARE
 from tests.support.routing import make_model, make_node, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
@@ -123,7 +124,7 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
         and (
             a.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
             or min(a.last_sample_age or 0.0, loads.sent_ago.get(a.plan.signature, math.inf))
-            > CONFIG.max_unsampled_seconds
+            > CONFIG.max_unsampled_seconds * DUE_SHARE
         )
     ]
 
@@ -225,6 +226,62 @@ def test_it_scouts_a_route_past_the_bound_once_then_waits_for_its_sample():
 
     assert first is not None and (first[0].plan, first[1]) == (PLANS[1], "scout")
     assert {p[1] for p in while_in_flight if p} == {"exploit"}
+
+
+def test_routes_that_fall_due_together_are_each_scouted_before_the_bound():
+    """Routes measured together (after a topology change) fall due together; one request
+    scouts one of them, so they fall due early enough for the next requests to take the rest."""
+    due = CONFIG.max_unsampled_seconds * DUE_SHARE
+    arms = [
+        arm(0, ArmStatus.PROVEN, 60.0),
+        arm(1, ArmStatus.PROVEN, 20.0, age=due + 1.0),
+        arm(2, ArmStatus.PROVEN, 30.0, age=due + 2.0),
+    ]
+
+    first = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
+    second = policy_choose(arms=arms, loads=busy(2), config=CONFIG, rng=random.Random(1))
+
+    assert first is not None and (first[0].plan, first[1]) == (PLANS[2], "scout")
+    assert second is not None and (second[0].plan, second[1]) == (PLANS[1], "scout")
+    assert due + 2.0 < CONFIG.max_unsampled_seconds
+
+
+def paced(*routes: list[tuple[int, float]]) -> LoadSnapshot:
+    """Streams in flight on routes 0, 1, ...: (tokens so far, seconds since sent) each."""
+    return LoadSnapshot(
+        routes={PLANS[i].signature: len(streams) for i, streams in enumerate(routes)},
+        paces={PLANS[i].signature: streams for i, streams in enumerate(routes)},
+    )
+
+
+def test_a_route_whose_streams_crawl_loses_its_traffic_before_any_of_them_completes():
+    """The best route slows 5x: its samples arrive only as its (now slow) requests complete,
+    but the streams in flight show the pace at once."""
+    arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=9.0), arm(1, ArmStatus.PROVEN, 45.0)]
+    on_pace = paced([(120, 2.0)] * 3, [(90, 2.0)] * 3)
+    crawling = paced([(24, 2.0)] * 3, [(90, 2.0)] * 3)  # route 0 at 12 tok/s
+
+    assert route_shares(arms=arms, loads=on_pace, config=CONFIG)[0] > 0.9
+    assert route_shares(arms=arms, loads=crawling, config=CONFIG)[0] < 0.2
+
+
+def test_streams_that_stalled_count_against_their_route():
+    arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=9.0), arm(1, ArmStatus.PROVEN, 45.0)]
+
+    stalled = route_shares(arms=arms, loads=paced([(0, 1.0)] * 3, [(45, 1.0)] * 3), config=CONFIG)
+
+    assert stalled[0] < 0.2
+
+
+def test_a_streams_first_tokens_are_not_judged_alone():
+    """A stream that has had too little time for a sample's worth of tokens (its prefill
+    included) says nothing yet: the route keeps the share its load alone gives it."""
+    arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=9.0), arm(1, ArmStatus.PROVEN, 45.0)]
+
+    starting = route_shares(arms=arms, loads=paced([(1, 0.2)]), config=CONFIG)
+    unpaced = route_shares(arms=arms, loads=busy(0), config=CONFIG)
+
+    assert starting == pytest.approx(unpaced)
 
 
 def test_the_bound_is_a_setting():
