@@ -971,6 +971,31 @@ def test_every_streaming_choice_is_load_on_its_route_until_the_request_ends(net:
     assert route_load().snapshot().routes.get(proxy.meshnet["route"], 0) == 0
 
 
+def test_a_streaming_choice_shows_its_route_the_tokens_it_has_relayed(net: Net) -> None:
+    # thompson-load reads a stream's pace (tokens on the route / time since sent) as
+    # an early sample: the book must hold what the client has been sent.
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(gap=0.02))
+    proxy = net.proxy(progress_interval=0.0)
+    relayed = proxy.emit
+    seen: list[tuple[list[int], int]] = []  # (tokens the book shows, tokens relayed)
+
+    async def emit(kind: str, request_id: str, **data: Any) -> None:
+        if kind == console.PROGRESS:
+            paces = route_load().snapshot().paces.get(proxy.meshnet["route"], ())
+            seen.append(([tokens for tokens, _ in paces], proxy.completion_tokens))
+        await relayed(kind, request_id, **data)
+
+    proxy.emit = emit
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12)}
+    streaming = [(shown, sent) for shown, sent in seen if sent]
+    assert len(streaming) >= 3
+    assert all(shown == [sent] for shown, sent in streaming)
+
+
 # --- echo ---------------------------------------------------------------------
 
 
