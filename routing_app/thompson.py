@@ -102,24 +102,21 @@ def load_penalty(arm: ArmView, loads: LoadSnapshot, config: RoutingConfig) -> fl
 def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig) -> int | None:
     """Index of the arm that must be measured now, if any (``arms`` exclude quarantined).
 
-    Unmeasured under this epoch first (least measured, then higher prior), then
-    arms past the ``max_unsampled_seconds`` bound (``unmeasured_for``), longest
-    first; an arm with a request in flight is being measured already and is skipped.
+    Arms falling due under the ``max_unsampled_seconds`` bound (``unmeasured_for``
+    past ``DUE_SHARE`` of it) first, longest first, whatever their status: after
+    a topology change every arm is unmeasured, and one that had been quiet long
+    before it must not wait behind the others. Then the arms unmeasured under
+    this epoch (least measured, then higher prior). An arm with a request in
+    flight is being measured already and is skipped.
     """
-    idle = [loads.route_sessions(arm.plan) == 0 for arm in arms]
-    unmeasured = [
-        i
-        for i, arm in enumerate(arms)
-        if arm.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE) and idle[i]
-    ]
-    if unmeasured:
-        return least_measured(arms, unmeasured)
-    quiet = {i: unmeasured_for(arm, loads) for i, arm in enumerate(arms) if idle[i]}
+    idle = [i for i, arm in enumerate(arms) if loads.route_sessions(arm.plan) == 0]
+    quiet = {i: unmeasured_for(arms[i], loads) for i in idle}
     due_after = config.max_unsampled_seconds * DUE_SHARE
     overdue = [i for i, seconds in quiet.items() if seconds > due_after]
     if overdue:
         return max(overdue, key=lambda i: (quiet[i], -i))
-    return None
+    unmeasured = [i for i in idle if arms[i].status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)]
+    return least_measured(arms, unmeasured)
 
 
 def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:

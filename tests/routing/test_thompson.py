@@ -246,6 +246,23 @@ def test_routes_that_fall_due_together_are_each_scouted_before_the_bound():
     assert due + 2.0 < CONFIG.max_unsampled_seconds
 
 
+def test_a_route_quiet_since_before_a_topology_change_is_scouted_before_the_other_stale_ones():
+    """After a topology change every route is unmeasured; one that was already near the
+    bound must not wait behind the others (least measured, best prior) for its scout."""
+    due = CONFIG.max_unsampled_seconds * DUE_SHARE
+    arms = [
+        arm(0, ArmStatus.PROVEN, 60.0),
+        arm(1, ArmStatus.STALE, 50.0, age=10.0),
+        arm(2, ArmStatus.STALE, 20.0, age=due + 5.0),
+    ]
+
+    picked = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
+    then = policy_choose(arms=arms, loads=busy(2), config=CONFIG, rng=random.Random(1))
+
+    assert picked is not None and (picked[0].plan, picked[1]) == (PLANS[2], "scout")
+    assert then is not None and (then[0].plan, then[1]) == (PLANS[1], "scout")
+
+
 def paced(*routes: list[tuple[int, float]]) -> LoadSnapshot:
     """Streams in flight on routes 0, 1, ...: (tokens so far, seconds since sent) each."""
     return LoadSnapshot(
