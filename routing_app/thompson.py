@@ -46,7 +46,7 @@ EFFECTIVE_SAMPLES_CAP = (2.0 - SAMPLE_WEIGHT_FLOOR) / SAMPLE_WEIGHT_FLOOR
 # time, not at the bound itself: arms measured together (every arm is scouted
 # at once after a topology change) fall due together, one request scouts one
 # of them, and the last would wait past the bound for its turn.
-DUE_SHARE = 0.9
+DUE_SHARE = 0.95
 # Points of the rule that integrates P(arm draws highest) for expected shares.
 _GRID = [-6.0 + 12.0 * i / 160 for i in range(161)]
 _GRID_WEIGHTS = [math.exp(-z * z / 2) for z in _GRID]
