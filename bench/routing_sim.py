@@ -13,10 +13,13 @@ A node serving k sessions at once runs a batch step k^0.6 times slower than
 one alone, so its aggregate throughput grows as k^0.4 (2.3x at 8, as measured
 with 64 tiny streams) up to ``BATCH_CAP`` sessions and stays flat beyond
 (processor sharing: every session queues for its share). Each request's
-observed speed carries 10 % log-normal noise; a sample is recorded when a
-request completes (its tokens ÷ its time on its last route), and while it
-runs the tracker sees its pace (tokens so far ÷ time on the route, with the
-same noise), as the proxy reports it to the load book.
+observed speed carries 10 % log-normal noise. A request first spends 2-20 of
+its own decode steps in prefill on its route (its time to first token; again
+after a failover). A sample is recorded when a request completes (its tokens
+÷ its time on its last route, prefill included), and while it runs the
+tracker sees its pace (tokens so far ÷ time since its first token, with the
+same noise: it is the request that is slower or faster than its route's
+usual), as the proxy reports it to the load book.
 
 Load levels: ``isolated`` is the first simulator's setting (1 request/s,
 each request served as if alone), the others put arrivals at a share of the
@@ -41,7 +44,9 @@ sample, and ``overdue``: the most any routing decision left a candidate idle
 past the ``max_unsampled_seconds`` bound while it sent its request to one
 that was not (0 for ``thompson-load``, whose next request goes to a route
 due under the bound: the gap itself can exceed the bound by the wait for
-that request, or for the next when two fall due between two requests).
+that request, or for the next when two fall due between two requests), and
+``late``: the same whatever the decision chose (it may have scouted another
+route past the bound).
 
 The knobs (the sample spread 0.3, ``load_exponent``, the bound) were tuned
 on seeds 1-5; every setting is also run on held-out seeds 101-105.
@@ -75,6 +80,9 @@ NOISE_SIGMA = 0.10
 BATCH_EXPONENT = 0.4  # a node's aggregate throughput grows as k^0.4 ...
 BATCH_CAP = 8  # ... up to this many sessions; beyond, the sessions share it
 TOKENS = (16, 256)
+# A request's prefill on a route (its time to first token), in its own decode
+# steps: a chat prompt of some hundred tokens on a batching node.
+PREFILL = (2.0, 20.0)
 ISOLATED_RATE = 1.0  # requests/s of the first simulator (no interaction)
 
 
@@ -200,16 +208,21 @@ class Session:
     arrived: float
     started: float
     noise: float  # how this request's observed speed differs from the route's (log-normal)
-    sent_remaining: float = 0.0  # tokens left when sent on this route (after a failover: fewer)
+    prefill: float  # work before its first token on this route, in its own token-times
+    route_tokens: float = 0.0  # tokens to produce on this route (after a failover: fewer)
+    first_at: float | None = None  # when its first token on this route came
 
     def __post_init__(self) -> None:
-        self.sent_remaining = self.remaining
+        self.route_tokens = self.remaining
+        self.remaining += self.prefill  # ``remaining`` is work: the prefill, then the tokens
 
-    def pace(self, now: float) -> tuple[int, float]:
-        """Tokens produced on this route and seconds since it was sent there, as the
-        tracker sees them (with the request's noise)."""
-        produced = (self.sent_remaining - self.remaining) * self.noise
-        return int(produced), now - self.started
+    def pace(self, now: float) -> tuple[int, float] | None:
+        """Tokens produced on this route and seconds since the first of them, as the
+        tracker sees them (with the request's noise); None before its first token."""
+        if self.first_at is None:
+            return None
+        produced = (self.route_tokens - self.remaining) * self.noise
+        return int(produced), now - self.first_at
 
 
 @dataclass
@@ -230,8 +243,12 @@ class Load:
     def snapshot(self) -> LoadSnapshot:
         sent_ago = {signature: self.now - at for signature, at in self.sent.items()}
         paces: dict[str, list[tuple[int, float]]] = {}
-        for session in sorted(self.sessions, key=lambda s: s.started):
-            paces.setdefault(session.plan.signature, []).append(session.pace(self.now))
+        for session in self.sessions:
+            pace = session.pace(self.now)
+            if pace is not None:
+                paces.setdefault(session.plan.signature, []).append(pace)
+        for streams in paces.values():
+            streams.sort(key=lambda pace: -pace[1])
         if self.isolated:  # requests as if alone: nothing is load, but each shows its pace
             return LoadSnapshot(sent_ago=sent_ago, paces=paces)
         routes = dict(Counter(s.plan.signature for s in self.sessions))
@@ -303,7 +320,8 @@ class RunResult:
     to_majority: list[int | None]  # per event; None: not before the next event (or the end)
     settled: list[float]  # per event: share on the new best just before the next event
     longest_gap: float  # seconds a candidate had neither a request in flight nor a sample
-    overdue: float  # seconds past the bound a candidate was left so by a decision
+    overdue: float  # seconds past the bound a candidate was passed over by a decision
+    late: float  # seconds past the bound a decision left one idle (it may have scouted another)
 
 
 class GapWatch:
@@ -315,6 +333,7 @@ class GapWatch:
         self.longest = 0.0
         self.bound = bound
         self.overdue = 0.0  # longest a candidate was passed over past the bound by a decision
+        self.late = 0.0  # longest a decision left one idle past the bound, whatever it chose
         self.chose_overdue = False  # the last request went to a candidate past the bound
 
     def candidates(self, plans: list[RoutePlan], now: float, load: Load) -> None:
@@ -335,10 +354,10 @@ class GapWatch:
     def decided(self, now: float) -> None:
         """A request was routed: how far past the bound did it pass over an idle candidate?
         (Sent to another candidate past the bound, it could not have measured both.)"""
-        if self.chose_overdue:
-            return
         for since in self.idle_since.values():
-            self.overdue = max(self.overdue, now - since - self.bound)
+            self.late = max(self.late, now - since - self.bound)
+            if not self.chose_overdue:
+                self.overdue = max(self.overdue, now - since - self.bound)
 
     def finished(self, signature: str, now: float, load: Load) -> None:
         if signature in self.current and all(
@@ -366,7 +385,7 @@ def simulate(
     now = 0.0
     store = RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=lambda: now)
     arrivals, work, noise = random.Random(seed), random.Random(seed + 1), random.Random(seed + 2)
-    rng = random.Random(seed + 3)
+    rng, prefills = random.Random(seed + 3), random.Random(seed + 4)
     event_at = {requests * (i + 1) // 5: event for i, event in enumerate(EVENTS)}
     load = Load(isolated=rate is None)
     gaps = GapWatch(THOMPSON.max_unsampled_seconds)
@@ -396,6 +415,7 @@ def simulate(
                 arrived_at,
                 started=now,
                 noise=math.exp(noise.gauss(0, NOISE_SIGMA)),
+                prefill=prefills.uniform(*PREFILL),
             )
         )
 
@@ -411,18 +431,21 @@ def simulate(
             step = next_arrival - now
         for session, speed in zip(load.sessions, speeds, strict=True):
             session.remaining -= speed * step
+            if session.first_at is None and session.remaining <= session.route_tokens:
+                session.first_at = now + step - (session.route_tokens - session.remaining) / speed
         now += step
         if soonest is not None and load.sessions[soonest].remaining <= 1e-9:
             done = load.sessions.pop(soonest)
             latencies.append(now - done.arrived)
             tokens_total += done.tokens
-            # The proxy's sample: the tokens of the request's last route over its time there.
-            observed = done.sent_remaining / (now - done.started) * done.noise
+            # The proxy's sample: the tokens of the request's last route over its time
+            # there, its prefill included.
+            observed = done.route_tokens / (now - done.started) * done.noise
             store.record_sample(
                 model_key="sim",
                 signature=done.plan.signature,
                 epoch=done.epoch,
-                output_tokens=round(done.sent_remaining),
+                output_tokens=round(done.route_tokens),
                 tokens_per_second=observed,
             )
             gaps.finished(done.plan.signature, now, load)
@@ -458,7 +481,9 @@ def simulate(
                 load.sessions = [s for s in load.sessions if victim not in s.plan.node_ids]
                 for session in failed:
                     gaps.finished(session.plan.signature, now, load)
-                    dispatch(session.tokens, session.remaining, session.arrived)
+                    # Its tokens so far are replayed on the new route: another prefill.
+                    left = min(session.remaining, session.route_tokens)
+                    dispatch(session.tokens, left, session.arrived)
             targets.append(net.fastest(plans).signature)
             to_majority.append(None)
             began = request
@@ -479,6 +504,7 @@ def simulate(
         settled,
         gaps.close(now),
         gaps.overdue,
+        gaps.late,
     )
 
 
@@ -542,7 +568,8 @@ def report(results: dict[str, list[RunResult]]) -> None:
             f"[{min(ratios):.3f}-{max(ratios):.3f}]  "
             f"p50 {percentile(latencies, 0.5):6.2f}  p99 {percentile(latencies, 0.99):7.2f}"
             f"  gap {max(run.longest_gap for run in runs):6.0f}"
-            f" (overdue {max(run.overdue for run in runs):5.0f})"
+            f" (overdue {max(run.overdue for run in runs):3.0f},"
+            f" late {max(run.late for run in runs):3.0f})"
         )
         for index, event in enumerate(EVENTS):
             answers = [run.to_majority[index] for run in runs]
@@ -566,8 +593,9 @@ def main() -> None:
     )
     print(
         "columns: mean ratio to the oracle's throughput [lowest-highest seed], p50/p99 "
-        "end-to-end latency (s), longest time a candidate went unsampled (s) and the most a "
-        "request's routing left one idle past the bound; per event, median requests until "
+        "end-to-end latency (s), longest time a candidate went unsampled (s), the most a "
+        "request's routing passed one over past the bound (overdue) or left one idle past it "
+        "while scouting another (late); per event, median requests until "
         "the share on the new fastest route passed 50% (max over seeds)"
     )
     for scenario in SCENARIOS:

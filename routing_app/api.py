@@ -73,7 +73,7 @@ class ConfigOutput(serializers.Serializer[dict[str, Any]]):
     stats_half_life = serializers.FloatField()
     min_sample_tokens = serializers.IntegerField()
     max_unsampled_seconds = serializers.FloatField(
-        help_text="thompson-load: a candidate is re-measured before it goes this long unmeasured"
+        help_text="thompson-load: a candidate unmeasured for 95 % of this takes the next request"
     )
     load_exponent = serializers.FloatField(
         help_text="thompson-load: score lowered by load_exponent × ln(1 + sessions in flight)"

@@ -50,7 +50,10 @@ class Decided(Protocol):
 DecisionT = TypeVar("DecisionT", bound=Decided)
 
 
-# One stream in flight: (tokens it has produced, seconds since it was sent).
+# One stream in flight: (tokens it has produced since its first, seconds since
+# its first token arrived). Its prefill is left out: a busy route's prefill is
+# not a stall, and a stream that never yields tokens (echo with max_tokens 0)
+# has no pace at all.
 Pace = tuple[int, float]
 
 
@@ -68,8 +71,9 @@ class LoadSnapshot:
         return self.routes.get(plan.signature, 0)
 
     def route_paces(self, plan: RoutePlan) -> Sequence[Pace]:
-        """How far each stream in flight on the route has got, oldest first (a request
-        chosen but not streaming yet has no pace)."""
+        """How far each request in flight on the route has got since its first token,
+        longest running first: one pace per request, as one sample is taken per
+        request (its stream furthest along, when its several choices stream)."""
         return self.paces.get(plan.signature, ())
 
     def seconds_since_sent(self, plan: RoutePlan) -> float | None:
@@ -83,12 +87,19 @@ NO_LOAD = LoadSnapshot()
 @dataclass(slots=True)
 class _Stream:
     """One session: the stream it counts (None: the request chosen but not
-    streaming yet), when it was sent, its last sign of life, its tokens so far."""
+    streaming yet), its last sign of life, its tokens so far on the route, and
+    when its first tokens came (and how many)."""
 
     stream: object | None  # held so the key (its identity) stays unique while open
-    sent: float
     touched: float
     tokens: int = 0
+    first_at: float | None = None
+    first_tokens: int = 0
+
+    def pace(self, now: float) -> Pace | None:
+        if self.first_at is None:
+            return None
+        return self.tokens - self.first_tokens, now - self.first_at
 
 
 @dataclass(slots=True)
@@ -162,6 +173,8 @@ class RouteLoad:
                 session.touched = self.clock()
                 if tokens is not None:
                     session.tokens = tokens
+                    if session.first_at is None and tokens > 0:
+                        session.first_at, session.first_tokens = session.touched, tokens
 
     def close(self, decision: Decided, stream: object | None = None) -> None:
         """End ``stream``'s session on the decision, or with no ``stream`` every session
@@ -184,10 +197,11 @@ class RouteLoad:
         entry = self._sessions.setdefault(id(decision), _Sessions(decision))
         if stream is None:
             if not entry.live:
-                entry.live[_CHOSEN] = _Stream(None, now, now)
+                entry.live[_CHOSEN] = _Stream(None, now)
         else:
             entry.live.pop(_CHOSEN, None)
-            entry.live[id(stream)] = _Stream(stream, now, now)  # sent (again): its pace restarts
+            if id(stream) not in entry.live:  # sent (again after a close): a new pace
+                entry.live[id(stream)] = _Stream(stream, now)
         self._sent[decision.plan.signature] = now
 
     def _snapshot(self) -> LoadSnapshot:
@@ -202,9 +216,9 @@ class RouteLoad:
                 continue
             signature = entry.decision.plan.signature
             routes[signature] += len(entry.live)
-            for session in entry.live.values():
-                if session.stream is not None:
-                    paces.setdefault(signature, []).append((session.tokens, now - session.sent))
+            started = [p for p in (s.pace(now) for s in entry.live.values()) if p is not None]
+            if started:
+                paces.setdefault(signature, []).append(max(started))
         for signature in [k for k, at in self._sent.items() if now - at > SENT_MEMORY]:
             del self._sent[signature]
         sent_ago = {signature: now - at for signature, at in self._sent.items()}

@@ -3,9 +3,10 @@
 Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
 and widening back to a broad prior as that mass decays (so a quiet arm is
-retried: discounted Thompson sampling). The streams in flight on the route
-count as the samples they will give at the pace they are going, so a route
-that slowed down loses traffic before its slow requests complete. A request
+retried: discounted Thompson sampling). The requests in flight on the route
+count as the samples they will give at the pace they are going (since their
+first token), so a route that slowed down loses traffic before its slow
+requests complete. A request
 draws once from every
 belief, subtracts the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
 saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
@@ -16,8 +17,9 @@ taken deterministically and quarantined arms are never chosen (both applied
 by ``routing_app.choice`` before this policy sees the arms); arms not measured
 under the current topology epoch (unsampled, stale) are scouted before any
 draw, one request at a time; and an arm that has had neither a sample nor a
-request sent to it for ``max_unsampled_seconds`` is scouted before that bound,
-as soon as nothing is in flight on it (it falls due at ``DUE_SHARE`` of it).
+request sent to it for ``DUE_SHARE`` of ``max_unsampled_seconds`` takes the
+next request once nothing is in flight on it (so it goes unmeasured for the
+bound at most, plus the wait for that request).
 """
 
 from __future__ import annotations
@@ -70,20 +72,21 @@ def belief(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float,
 
 
 def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
-    """The arm's tokens/s and mass as its streams in flight will leave them if each
-    finishes at the pace it is going: their samples, taken early.
+    """The arm's tokens/s and mass as its requests in flight will leave them if each
+    goes on at the pace it is going: their samples, taken early.
 
     A route's samples arrive only as requests complete, long after a node slowed
     down when requests are long (a 5x slower route takes seconds per request, and
-    every request sent meanwhile goes to it). A stream counts once it holds a
-    sample's worth of tokens (``min_tokens``) or has lagged so far that the arm's
-    speed would have given it twice that: a stalled stream is evidence too,
-    and a stream's first tokens (its prefill included) are not judged alone.
+    every request sent meanwhile goes to it). A pace runs from the request's first
+    token (``load.Pace``: a prefill is not a stall). It counts once it has run as
+    long as the arm's believed speed needs for twice a sample's worth of tokens
+    (``min_tokens``), however many came: a stream stalled mid-way is evidence,
+    its first few tokens, or a backlog of frames read at once, are not.
     """
     assert arm.tps is not None and arm.tps > 0
     tps, mass = arm.tps, arm.weight
     for tokens, seconds in paces:
-        if seconds > 0 and (tokens >= min_tokens or seconds * arm.tps >= 2 * min_tokens):
+        if seconds * arm.tps >= 2 * min_tokens:
             tps, mass = sample_added(tps, mass, max(tokens, 1) / seconds)
     return tps, mass
 

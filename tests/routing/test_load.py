@@ -115,13 +115,16 @@ def test_a_long_generation_that_makes_progress_keeps_counting_past_the_ttl():
     assert load.snapshot().route_sessions(PLANS[0]) == 1
 
 
-def test_a_streams_pace_is_its_tokens_since_it_was_sent_on_the_route():
+def test_a_streams_pace_runs_from_its_first_token_on_the_route():
     clock = ManualClock()
     load = RouteLoad(clock=clock)
     chosen, stream = decision(), object()
     load.open(chosen)  # chosen, not streaming yet: load without a pace
     waiting = load.snapshot()
     route_session_open(decision=chosen, stream=stream, load=load)
+    clock.advance(1.0)  # its prefill: no token yet, no pace
+    prefilling = load.snapshot()
+    route_session_touch(decision=chosen, stream=stream, tokens=2, load=load)
     clock.advance(2.0)
     route_session_touch(decision=chosen, stream=stream, tokens=30, load=load)
     streaming = load.snapshot()
@@ -130,8 +133,30 @@ def test_a_streams_pace_is_its_tokens_since_it_was_sent_on_the_route():
     clock.advance(1.0)
 
     assert (waiting.route_sessions(PLANS[0]), list(waiting.route_paces(PLANS[0]))) == (1, [])
-    assert list(streaming.route_paces(PLANS[0])) == [(30, 2.0)]
-    assert list(load.snapshot().route_paces(PLANS[0])) == [(0, 1.0)]
+    assert (prefilling.route_sessions(PLANS[0]), list(prefilling.route_paces(PLANS[0]))) == (1, [])
+    assert list(streaming.route_paces(PLANS[0])) == [(28, 2.0)]
+    assert list(load.snapshot().route_paces(PLANS[0])) == []
+
+
+def test_a_request_whose_choices_stream_together_shows_one_pace_its_furthest():
+    """One sample is taken per request, so its several choices are one pace, not n."""
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    chosen, first, second = decision(), object(), object()
+    route_session_open(decision=chosen, stream=first, load=load)
+    route_session_open(decision=chosen, stream=second, load=load)
+    route_session_touch(decision=chosen, stream=first, tokens=1, load=load)
+    route_session_touch(decision=chosen, stream=second, tokens=1, load=load)
+    clock.advance(1.0)
+    route_session_touch(decision=chosen, stream=first, tokens=9, load=load)
+    route_session_touch(decision=chosen, stream=second, tokens=21, load=load)
+
+    snapshot = load.snapshot()
+
+    assert (snapshot.route_sessions(PLANS[0]), list(snapshot.route_paces(PLANS[0]))) == (
+        2,
+        [(20, 1.0)],
+    )
 
 
 def test_a_touch_after_the_close_does_not_bring_the_session_back():

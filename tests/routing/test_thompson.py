@@ -57,7 +57,7 @@ def picks(arms, *, loads=NO_LOAD, config=CONFIG, n=2000, seed=3):
 def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
     """Up to six candidates in any state, best prior first, with any load."""
     count = draw(st.integers(min_value=1, max_value=6))
-    arms, routes, sent_ago = [], {}, {}
+    arms, routes, sent_ago, paces = [], {}, {}, {}
     for index in range(count):
         status = draw(st.sampled_from(list(ArmStatus)))
         arms.append(
@@ -73,7 +73,16 @@ def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
         sent = draw(st.none() | st.floats(min_value=0.0, max_value=5000.0))
         if sent is not None:
             sent_ago[PLANS[index].signature] = sent
-    return arms, LoadSnapshot(routes=routes, sent_ago=sent_ago)
+        paces[PLANS[index].signature] = draw(
+            st.lists(
+                st.tuples(
+                    st.integers(min_value=0, max_value=5000),
+                    st.floats(min_value=0.0, max_value=5000.0),
+                ),
+                max_size=routes[PLANS[index].signature],
+            )
+        )
+    return arms, LoadSnapshot(routes=routes, sent_ago=sent_ago, paces=paces)
 
 
 @settings(max_examples=300, deadline=None)
@@ -139,7 +148,7 @@ def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(ca
     arms, loads = case
     shares = route_shares(arms=arms, loads=loads, config=CONFIG)
 
-    assert all(share >= 0.0 for share in shares)
+    assert all(math.isfinite(share) and share >= 0.0 for share in shares)
     for view, share in zip(arms, shares, strict=True):
         if view.status is ArmStatus.QUARANTINED:
             assert share == 0.0
@@ -290,15 +299,19 @@ def test_streams_that_stalled_count_against_their_route():
     assert stalled[0] < 0.2
 
 
-def test_a_streams_first_tokens_are_not_judged_alone():
-    """A stream that has had too little time for a sample's worth of tokens (its prefill
-    included) says nothing yet: the route keeps the share its load alone gives it."""
+def test_a_stream_is_not_judged_before_it_has_had_time_for_two_samples_worth():
+    """A stream's first tokens, or a backlog of its frames read at once, say nothing yet:
+    the route keeps the share its load alone gives it (16 tokens at 60 tok/s: 0.27 s)."""
     arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=9.0), arm(1, ArmStatus.PROVEN, 45.0)]
-
-    starting = route_shares(arms=arms, loads=paced([(1, 0.2)]), config=CONFIG)
     unpaced = route_shares(arms=arms, loads=busy(0), config=CONFIG)
 
+    starting = route_shares(arms=arms, loads=paced([(1, 0.2)]), config=CONFIG)
+    backlog = route_shares(arms=arms, loads=paced([(30, 0.05)]), config=CONFIG)
+    judged = route_shares(arms=arms, loads=paced([(1, 0.3)]), config=CONFIG)
+
     assert starting == pytest.approx(unpaced)
+    assert backlog == pytest.approx(unpaced)
+    assert judged[0] < unpaced[0] - 0.05
 
 
 def test_the_bound_is_a_setting():
