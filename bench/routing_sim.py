@@ -13,13 +13,15 @@ A node serving k sessions at once runs a batch step k^0.6 times slower than
 one alone, so its aggregate throughput grows as k^0.4 (2.3x at 8, as measured
 with 64 tiny streams) up to ``BATCH_CAP`` sessions and stays flat beyond
 (processor sharing: every session queues for its share). Each request's
-observed speed carries 10 % log-normal noise. A request first spends 2-20 of
-its own decode steps in prefill on its route (its time to first token; again
-after a failover). A sample is recorded when a request completes (its tokens
-÷ its time on its last route, prefill included), and while it runs the
-tracker sees its pace (tokens so far ÷ time since its first token, with the
+observed speed on a route carries 10 % log-normal noise. A request first
+spends 2-20 of its own decode steps in prefill on its route (its time to
+first token; again after a failover; the capacity estimate counts it). A
+sample is recorded when a request completes (its tokens ÷ its time on its
+last route, prefill included), and while it runs the tracker sees its pace
+(tokens so far, time since it was sent and since its first token, with the
 same noise: it is the request that is slower or faster than its route's
-usual), as the proxy reports it to the load book.
+usual), as the proxy reports it to the load book. ``thompson-load without
+paces`` is the default policy with the paces hidden from it, side by side.
 
 Load levels: ``isolated`` is the first simulator's setting (1 request/s,
 each request served as if alone), the others put arrivals at a share of the
@@ -71,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from routing_app.choice import policy_choose, route_shares
 from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.load import LoadSnapshot
+from routing_app.load import LoadSnapshot, Pace
 from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
 from routing_app.stats import RouteStatsStore
 
@@ -196,7 +198,7 @@ class Network:
                 continue
             used.update(plan.node_ids)
             tokens_per_second += self.session_tps(plan) * BATCH_CAP**BATCH_EXPONENT
-        return tokens_per_second / (sum(TOKENS) / 2)
+        return tokens_per_second / (sum(TOKENS) / 2 + sum(PREFILL) / 2)
 
 
 @dataclass
@@ -216,13 +218,13 @@ class Session:
         self.route_tokens = self.remaining
         self.remaining += self.prefill  # ``remaining`` is work: the prefill, then the tokens
 
-    def pace(self, now: float) -> tuple[int, float] | None:
-        """Tokens produced on this route and seconds since the first of them, as the
-        tracker sees them (with the request's noise); None before its first token."""
+    def pace(self, now: float) -> Pace | None:
+        """As the tracker sees it (with the request's noise): tokens produced on this
+        route, seconds since it was sent there and since its first token there."""
         if self.first_at is None:
             return None
         produced = (self.route_tokens - self.remaining) * self.noise
-        return int(produced), now - self.first_at
+        return Pace(int(produced), now - self.started, now - self.first_at)
 
 
 @dataclass
@@ -242,13 +244,13 @@ class Load:
 
     def snapshot(self) -> LoadSnapshot:
         sent_ago = {signature: self.now - at for signature, at in self.sent.items()}
-        paces: dict[str, list[tuple[int, float]]] = {}
+        paces: dict[str, list[Pace]] = {}
         for session in self.sessions:
             pace = session.pace(self.now)
             if pace is not None:
                 paces.setdefault(session.plan.signature, []).append(pace)
         for streams in paces.values():
-            streams.sort(key=lambda pace: -pace[1])
+            streams.sort(key=lambda pace: -pace.seconds)
         if self.isolated:  # requests as if alone: nothing is load, but each shows its pace
             return LoadSnapshot(sent_ago=sent_ago, paces=paces)
         routes = dict(Counter(s.plan.signature for s in self.sessions))
@@ -258,12 +260,18 @@ class Load:
 Policy = Callable[[list[RoutePlan], RouteStatsStore, Network, Load, random.Random], RoutePlan]
 
 
-def bandit(config: RoutingConfig) -> Policy:
+def bandit(config: RoutingConfig, *, paces: bool = True) -> Policy:
+    """The tracker's choice; ``paces=False`` hides the requests' paces from it (what
+    ADR-0011 §4's early samples add, side by side)."""
+
     def choose(
         plans: list[RoutePlan], store: RouteStatsStore, net: Network, load: Load, rng: random.Random
     ) -> RoutePlan:
         arms = store.views(plans=plans, epoch=net.epoch)
-        picked = policy_choose(arms=arms, config=config, rng=rng, loads=load.snapshot())
+        loads = load.snapshot()
+        if not paces:
+            loads = replace(loads, paces={})
+        picked = policy_choose(arms=arms, config=config, rng=rng, loads=loads)
         assert picked is not None
         return picked[0].plan
 
@@ -309,7 +317,10 @@ def expected_share(
         return 1.0 if oracle(plans, store, net, load, None).signature == target else 0.0
     assert config is not None
     arms = store.views(plans=plans, epoch=net.epoch)
-    shares = route_shares(arms=arms, config=config, loads=load.snapshot(), include_scout=False)
+    loads = load.snapshot()
+    if name == WITHOUT_PACES:
+        loads = replace(loads, paces={})
+    shares = route_shares(arms=arms, config=config, loads=loads, include_scout=False)
     return shares[signatures.index(target)]
 
 
@@ -510,8 +521,11 @@ def simulate(
 
 EVENTS = ("slowdown", "recover", "join", "leave")
 THOMPSON = RoutingConfig(policy="thompson-load")
+# The default policy with the requests' paces hidden from it: what ADR-0011 §4 adds.
+WITHOUT_PACES = "thompson-load without paces (§4 off)"
 POLICIES: list[tuple[str, RoutingConfig | None]] = [
     ("thompson-load (ADR-0011 default)", THOMPSON),
+    (WITHOUT_PACES, THOMPSON),
     ("adr0021 default (explore 0.3, alpha 1)", RoutingConfig(policy=POLICY_ADR0021)),
     (
         "adr0021 tuned (explore 0.1, alpha 2)",
@@ -531,7 +545,7 @@ LOADS: list[tuple[str, float | None]] = [
 
 def policy_for(name: str, config: RoutingConfig | None) -> Policy:
     if config is not None:
-        return bandit(config)
+        return bandit(config, paces=name != WITHOUT_PACES)
     return round_robin() if name == "round-robin" else oracle
 
 

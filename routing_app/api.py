@@ -73,7 +73,10 @@ class ConfigOutput(serializers.Serializer[dict[str, Any]]):
     stats_half_life = serializers.FloatField()
     min_sample_tokens = serializers.IntegerField()
     max_unsampled_seconds = serializers.FloatField(
-        help_text="thompson-load: a candidate unmeasured for 95 % of this takes the next request"
+        help_text=(
+            "thompson-load: a candidate unmeasured for 95 % of this takes the next request "
+            "once nothing is in flight on it"
+        )
     )
     load_exponent = serializers.FloatField(
         help_text="thompson-load: score lowered by load_exponent × ln(1 + sessions in flight)"

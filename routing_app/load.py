@@ -5,9 +5,9 @@ step with the choice (``RouteLoad.open_chosen``: concurrent requests never
 choose from the same snapshot). The proxy opens a session for each stream
 it sends on that decision (``route_session_open``, again after a busy
 route's wait; a request's several choices are several streams), touches it
-as tokens arrive, with the tokens the stream has produced on the route (its
-pace, which ``thompson-load`` reads as an early sample), and closes it when
-the stream ends, however it ends (``route_session_close``;
+as tokens arrive, with the tokens the stream has produced on the route (from
+which its pace, ``Pace``, which ``thompson-load`` reads as an early sample),
+and closes it when the stream ends, however it ends (``route_session_close``;
 ``route_sample_record`` closes the decision), so a failed or cancelled
 request does not count as load. A session with no sign of life for
 ``SESSION_TTL`` seconds is forgotten, so a lost close can only overstate a
@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from routing_app.planner import RoutePlan
 
@@ -50,17 +50,23 @@ class Decided(Protocol):
 DecisionT = TypeVar("DecisionT", bound=Decided)
 
 
-# One stream in flight: (tokens it has produced since its first, seconds since
-# its first token arrived). Its prefill is left out: a busy route's prefill is
-# not a stall, and a stream that never yields tokens (echo with max_tokens 0)
-# has no pace at all.
-Pace = tuple[int, float]
+class Pace(NamedTuple):
+    """How far a request in flight on a route has got: ``tokens`` produced there in
+    ``seconds`` since it was sent there (what its sample would be if it ended now:
+    the proxy's sample is the same ratio), ``streaming`` of them since its first
+    token. Only a request that has had its first token has a pace: a busy
+    route's prefill is not a stall, and a request that yields no tokens (echo
+    with ``max_tokens`` 0) has none."""
+
+    tokens: int
+    seconds: float
+    streaming: float
 
 
 @dataclass(frozen=True, slots=True)
 class LoadSnapshot:
     """Sessions in flight per route signature at one moment, the pace of each
-    stream among them, and how long ago each route was last sent a request."""
+    request among them, and how long ago each route was last sent a request."""
 
     routes: Mapping[str, int] = field(default_factory=dict)
     sent_ago: Mapping[str, float] = field(default_factory=dict)
@@ -71,9 +77,9 @@ class LoadSnapshot:
         return self.routes.get(plan.signature, 0)
 
     def route_paces(self, plan: RoutePlan) -> Sequence[Pace]:
-        """How far each request in flight on the route has got since its first token,
-        longest running first: one pace per request, as one sample is taken per
-        request (its stream furthest along, when its several choices stream)."""
+        """How far each request in flight on the route has got, longest running first:
+        one pace per request, as one sample is taken per request (when its several
+        choices stream, the one sent there first)."""
         return self.paces.get(plan.signature, ())
 
     def seconds_since_sent(self, plan: RoutePlan) -> float | None:
@@ -87,19 +93,19 @@ NO_LOAD = LoadSnapshot()
 @dataclass(slots=True)
 class _Stream:
     """One session: the stream it counts (None: the request chosen but not
-    streaming yet), its last sign of life, its tokens so far on the route, and
-    when its first tokens came (and how many)."""
+    streaming yet), when it was sent, its last sign of life, its tokens so far
+    on the route and when the first of them came."""
 
     stream: object | None  # held so the key (its identity) stays unique while open
+    sent: float
     touched: float
     tokens: int = 0
     first_at: float | None = None
-    first_tokens: int = 0
 
     def pace(self, now: float) -> Pace | None:
         if self.first_at is None:
             return None
-        return self.tokens - self.first_tokens, now - self.first_at
+        return Pace(self.tokens, now - self.sent, now - self.first_at)
 
 
 @dataclass(slots=True)
@@ -174,7 +180,7 @@ class RouteLoad:
                 if tokens is not None:
                     session.tokens = tokens
                     if session.first_at is None and tokens > 0:
-                        session.first_at, session.first_tokens = session.touched, tokens
+                        session.first_at = session.touched
 
     def close(self, decision: Decided, stream: object | None = None) -> None:
         """End ``stream``'s session on the decision, or with no ``stream`` every session
@@ -197,11 +203,11 @@ class RouteLoad:
         entry = self._sessions.setdefault(id(decision), _Sessions(decision))
         if stream is None:
             if not entry.live:
-                entry.live[_CHOSEN] = _Stream(None, now)
+                entry.live[_CHOSEN] = _Stream(None, now, now)
         else:
             entry.live.pop(_CHOSEN, None)
             if id(stream) not in entry.live:  # sent (again after a close): a new pace
-                entry.live[id(stream)] = _Stream(stream, now)
+                entry.live[id(stream)] = _Stream(stream, now, now)
         self._sent[decision.plan.signature] = now
 
     def _snapshot(self) -> LoadSnapshot:
@@ -218,12 +224,12 @@ class RouteLoad:
             routes[signature] += len(entry.live)
             started = [p for p in (s.pace(now) for s in entry.live.values()) if p is not None]
             if started:
-                paces.setdefault(signature, []).append(max(started))
+                paces.setdefault(signature, []).append(max(started, key=lambda p: p.seconds))
         for signature in [k for k, at in self._sent.items() if now - at > SENT_MEMORY]:
             del self._sent[signature]
         sent_ago = {signature: now - at for signature, at in self._sent.items()}
         for streams in paces.values():
-            streams.sort(key=lambda pace: -pace[1])
+            streams.sort(key=lambda pace: -pace.seconds)
         return LoadSnapshot(routes=dict(routes), sent_ago=sent_ago, paces=paces)
 
 

@@ -4,9 +4,9 @@ Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
 and widening back to a broad prior as that mass decays (so a quiet arm is
 retried: discounted Thompson sampling). The requests in flight on the route
-count as the samples they will give at the pace they are going (since their
-first token), so a route that slowed down loses traffic before its slow
-requests complete. A request
+count as the samples they would give if they ended now (once they have
+streamed a little), so a route that slowed down loses traffic before its
+slow requests complete. A request
 draws once from every
 belief, subtracts the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
 saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
@@ -58,7 +58,7 @@ MEASURED = frozenset({ArmStatus.PROVEN, ArmStatus.DECAYED})
 
 def belief(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
     """Mean and spread of the arm's ln tok/s (a measured arm: tps is known), counting
-    the streams in flight on it at their ``paces`` (``anticipated``).
+    the requests in flight on it at their ``paces`` (``anticipated``).
 
     The normal posterior of a mean seen through ``n`` samples of spread
     ``SAMPLE_SIGMA`` under a prior of spread ``PRIOR_SIGMA``:
@@ -72,22 +72,22 @@ def belief(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float,
 
 
 def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
-    """The arm's tokens/s and mass as its requests in flight will leave them if each
-    goes on at the pace it is going: their samples, taken early.
+    """The arm's tokens/s and mass with each request in flight on it counted as the
+    sample it would give if it ended now: their samples, taken early.
 
     A route's samples arrive only as requests complete, long after a node slowed
     down when requests are long (a 5x slower route takes seconds per request, and
-    every request sent meanwhile goes to it). A pace runs from the request's first
-    token (``load.Pace``: a prefill is not a stall). It counts once it has run as
-    long as the arm's believed speed needs for twice a sample's worth of tokens
-    (``min_tokens``), however many came: a stream stalled mid-way is evidence,
-    its first few tokens, or a backlog of frames read at once, are not.
+    every request sent meanwhile goes to it). A pace (``load.Pace``) counts once
+    the request has streamed, since its first token, as long as the arm's
+    believed speed needs for twice a sample's worth of tokens (``min_tokens``),
+    however many came: a stream stalled mid-way is evidence; a prefill, a
+    request's first few tokens, or a backlog of frames read at once are not.
     """
     assert arm.tps is not None and arm.tps > 0
     tps, mass = arm.tps, arm.weight
-    for tokens, seconds in paces:
-        if seconds * arm.tps >= 2 * min_tokens:
-            tps, mass = sample_added(tps, mass, max(tokens, 1) / seconds)
+    for pace in paces:
+        if pace.streaming * arm.tps >= 2 * min_tokens:
+            tps, mass = sample_added(tps, mass, max(pace.tokens, 1) / pace.seconds)
     return tps, mass
 
 

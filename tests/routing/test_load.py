@@ -12,7 +12,7 @@ import pytest
 
 from routing_app.choice import DecisionMode, RouteDecision
 from routing_app.config import RoutingConfig
-from routing_app.load import RouteLoad
+from routing_app.load import Pace, RouteLoad
 from routing_app.planner import enumerate_routes
 from routing_app.services import (
     route_choose,
@@ -115,7 +115,7 @@ def test_a_long_generation_that_makes_progress_keeps_counting_past_the_ttl():
     assert load.snapshot().route_sessions(PLANS[0]) == 1
 
 
-def test_a_streams_pace_runs_from_its_first_token_on_the_route():
+def test_a_request_has_a_pace_once_its_first_token_came_and_it_runs_from_the_send():
     clock = ManualClock()
     load = RouteLoad(clock=clock)
     chosen, stream = decision(), object()
@@ -126,24 +126,31 @@ def test_a_streams_pace_runs_from_its_first_token_on_the_route():
     prefilling = load.snapshot()
     route_session_touch(decision=chosen, stream=stream, tokens=2, load=load)
     clock.advance(2.0)
+    route_session_open(decision=chosen, stream=stream, load=load)  # opened twice: kept
     route_session_touch(decision=chosen, stream=stream, tokens=30, load=load)
     streaming = load.snapshot()
     route_session_close(decision=chosen, stream=stream, load=load)  # busy: sent again
     route_session_open(decision=chosen, stream=stream, load=load)
     clock.advance(1.0)
+    resent = load.snapshot()
+    route_session_touch(decision=chosen, stream=stream, tokens=4, load=load)
+    clock.advance(1.0)
 
     assert (waiting.route_sessions(PLANS[0]), list(waiting.route_paces(PLANS[0]))) == (1, [])
     assert (prefilling.route_sessions(PLANS[0]), list(prefilling.route_paces(PLANS[0]))) == (1, [])
-    assert list(streaming.route_paces(PLANS[0])) == [(28, 2.0)]
-    assert list(load.snapshot().route_paces(PLANS[0])) == []
+    assert list(streaming.route_paces(PLANS[0])) == [Pace(30, 3.0, 2.0)]
+    assert list(resent.route_paces(PLANS[0])) == []
+    assert list(load.snapshot().route_paces(PLANS[0])) == [Pace(4, 2.0, 1.0)]
 
 
-def test_a_request_whose_choices_stream_together_shows_one_pace_its_furthest():
-    """One sample is taken per request, so its several choices are one pace, not n."""
+def test_a_request_whose_choices_stream_together_shows_one_pace_the_first_sent():
+    """One sample is taken per request, so its several choices are one pace, not n;
+    not the fastest choice's (that would flatter the route), the one sent first."""
     clock = ManualClock()
     load = RouteLoad(clock=clock)
     chosen, first, second = decision(), object(), object()
     route_session_open(decision=chosen, stream=first, load=load)
+    clock.advance(0.1)
     route_session_open(decision=chosen, stream=second, load=load)
     route_session_touch(decision=chosen, stream=first, tokens=1, load=load)
     route_session_touch(decision=chosen, stream=second, tokens=1, load=load)
@@ -155,7 +162,7 @@ def test_a_request_whose_choices_stream_together_shows_one_pace_its_furthest():
 
     assert (snapshot.route_sessions(PLANS[0]), list(snapshot.route_paces(PLANS[0]))) == (
         2,
-        [(20, 1.0)],
+        [Pace(9, pytest.approx(1.1), 1.0)],
     )
 
 

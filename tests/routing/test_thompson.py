@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from routing_app.choice import policy_choose, route_shares
 from routing_app.config import RoutingConfig
-from routing_app.load import NO_LOAD, LoadSnapshot, RouteLoad
+from routing_app.load import NO_LOAD, LoadSnapshot, Pace, RouteLoad
 from routing_app.planner import enumerate_routes
 from routing_app.services import (
     route_choose,
@@ -73,15 +73,19 @@ def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
         sent = draw(st.none() | st.floats(min_value=0.0, max_value=5000.0))
         if sent is not None:
             sent_ago[PLANS[index].signature] = sent
-        paces[PLANS[index].signature] = draw(
-            st.lists(
-                st.tuples(
-                    st.integers(min_value=0, max_value=5000),
-                    st.floats(min_value=0.0, max_value=5000.0),
-                ),
-                max_size=routes[PLANS[index].signature],
+        paces[PLANS[index].signature] = [
+            Pace(tokens, prefill + streaming, streaming)
+            for tokens, prefill, streaming in draw(
+                st.lists(
+                    st.tuples(
+                        st.integers(min_value=0, max_value=5000),
+                        st.floats(min_value=0.0, max_value=100.0),
+                        st.floats(min_value=0.0, max_value=5000.0),
+                    ),
+                    max_size=routes[PLANS[index].signature],
+                )
             )
-        )
+        ]
     return arms, LoadSnapshot(routes=routes, sent_ago=sent_ago, paces=paces)
 
 
@@ -272,11 +276,15 @@ def test_a_route_quiet_since_before_a_topology_change_is_scouted_before_the_othe
     assert then is not None and (then[0].plan, then[1]) == (PLANS[1], "scout")
 
 
-def paced(*routes: list[tuple[int, float]]) -> LoadSnapshot:
-    """Streams in flight on routes 0, 1, ...: (tokens so far, seconds since sent) each."""
+def paced(*routes: list[tuple[int, float]], prefill: float = 0.0) -> LoadSnapshot:
+    """Requests in flight on routes 0, 1, ...: (tokens so far, seconds since the first
+    token) each, sent ``prefill`` seconds before that first token."""
     return LoadSnapshot(
         routes={PLANS[i].signature: len(streams) for i, streams in enumerate(routes)},
-        paces={PLANS[i].signature: streams for i, streams in enumerate(routes)},
+        paces={
+            PLANS[i].signature: [Pace(t, prefill + seconds, seconds) for t, seconds in streams]
+            for i, streams in enumerate(routes)
+        },
     )
 
 
@@ -307,11 +315,30 @@ def test_a_stream_is_not_judged_before_it_has_had_time_for_two_samples_worth():
 
     starting = route_shares(arms=arms, loads=paced([(1, 0.2)]), config=CONFIG)
     backlog = route_shares(arms=arms, loads=paced([(30, 0.05)]), config=CONFIG)
+    prefilled = route_shares(arms=arms, loads=paced([(1, 0.2)], prefill=3.0), config=CONFIG)
     judged = route_shares(arms=arms, loads=paced([(1, 0.3)]), config=CONFIG)
 
     assert starting == pytest.approx(unpaced)
     assert backlog == pytest.approx(unpaced)
+    assert prefilled == pytest.approx(unpaced)
     assert judged[0] < unpaced[0] - 0.05
+
+
+def test_a_judged_request_counts_as_the_sample_it_would_give_if_it_ended_now():
+    """Its prefill included, as the proxy's sample includes it: 60 tokens 2 s after a
+    2 s prefill are 15 tok/s, not 30."""
+    arms = [arm(0, ArmStatus.PROVEN, 30.0, weight=9.0), arm(1, ArmStatus.PROVEN, 25.0)]
+    others = [Pace(50, 2.0, 2.0)] * 3  # route 1 as loaded, at its 25 tok/s
+
+    def shares(prefill: float) -> list[float]:
+        ours = [Pace(60, prefill + 2.0, 2.0)] * 3
+        loads = LoadSnapshot(
+            routes={PLANS[0].signature: 3, PLANS[1].signature: 3},
+            paces={PLANS[0].signature: ours, PLANS[1].signature: others},
+        )
+        return route_shares(arms=arms, loads=loads, config=CONFIG)
+
+    assert shares(prefill=0.0)[0] > 0.5 > shares(prefill=2.0)[0]
 
 
 def test_the_bound_is_a_setting():

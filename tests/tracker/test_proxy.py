@@ -972,8 +972,8 @@ def test_every_streaming_choice_is_load_on_its_route_until_the_request_ends(net:
 
 
 def test_a_streaming_choice_shows_its_route_the_tokens_it_has_relayed(net: Net) -> None:
-    # thompson-load reads a stream's pace (tokens on the route since its first / time
-    # since that first) as an early sample: the book must hold what the client was sent.
+    # thompson-load reads a stream's pace (tokens on the route / time since it was sent
+    # there) as an early sample: the book must hold what the client has been sent.
     net.node("whole", 0, 3)
     net.heads.plan("whole", Behaviour(gap=0.02))
     proxy = net.proxy(progress_interval=0.0)
@@ -983,7 +983,7 @@ def test_a_streaming_choice_shows_its_route_the_tokens_it_has_relayed(net: Net) 
     async def emit(kind: str, request_id: str, **data: Any) -> None:
         if kind == console.PROGRESS:
             paces = route_load().snapshot().paces.get(proxy.meshnet["route"], ())
-            seen.append(([tokens for tokens, _ in paces], proxy.completion_tokens))
+            seen.append(([pace.tokens for pace in paces], proxy.completion_tokens))
         await relayed(kind, request_id, **data)
 
     proxy.emit = emit
@@ -993,7 +993,7 @@ def test_a_streaming_choice_shows_its_route_the_tokens_it_has_relayed(net: Net) 
     assert texts_by_choice(chunks) == {0: answer(12)}
     streaming = [(shown, sent) for shown, sent in seen if sent]
     assert len(streaming) >= 3
-    assert all(shown == [sent - 1] for shown, sent in streaming)  # a token per frame
+    assert all(shown == [sent] for shown, sent in streaming)
 
 
 # --- echo ---------------------------------------------------------------------
