@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from meshnet_site.files import create_once
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -335,20 +336,7 @@ def secret_key(env: Mapping[str, str], var_dir: Path) -> str:
     if env.get("DATABASE_URL", "").strip():
         raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DATABASE_URL is set")
     path = var_dir / "secret_key"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written whole under a private name, then linked into place: another
-        # process never reads a half-written key, and the first link wins.
-        draft = path.with_name(f".secret_key.{os.getpid()}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(50))
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink()
+    create_once(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
 

@@ -16,9 +16,7 @@ verify with it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -30,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+
+from meshnet_site.files import create_once
 
 _DOMAIN = b"meshnet-node-registration-v1\n"
 _PLAN_DOMAIN = b"meshnet-plan-v1\n"
@@ -101,27 +101,15 @@ def load_or_create_wallet(path: Path) -> Ed25519PrivateKey:
 
     Several processes, and several threads of one process, may start at once
     on one key (trackers and a worker share the tracker key; a tracker's first
-    requests come in side by side): each writes the key whole under a name of
-    its own and links it into place, so the first link wins and nobody reads
-    half a key.
+    requests come in side by side): ``create_once`` lets one key win whole.
     """
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         raw = Ed25519PrivateKey.generate().private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
             serialization.NoEncryption(),
         )
-        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(raw.hex() + "\n")
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink()
+        create_once(path, raw.hex() + "\n")
     try:
         return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(path.read_text().strip()))
     except ValueError:
