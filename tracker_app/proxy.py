@@ -261,10 +261,7 @@ class ChatProxy:
         finally:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
-            # However the request ended, none of its streams is load on a route now.
-            for generation in self.generations:
-                if generation.segments:
-                    route_session_close(decision=generation.segments[-1].decision)
+            self._release_routes()
         await self._finish_completed()
         assert last is not None and last.finish_reason is not None
         yield self.answer.finish(last.choice, last.finish_reason, self.usage)
@@ -274,8 +271,10 @@ class ChatProxy:
 
         Safe to call on any exit path and more than once: only the first call
         that finds the request still processing changes it and tells the
-        console.
+        console. A request that failed before ``run()`` began (its client gone
+        while the headers were sent) stops counting as load on its routes here.
         """
+        self._release_routes()
         failed = await database_call(accounting.chat_request_fail)(
             request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
         )
@@ -283,6 +282,13 @@ class ChatProxy:
             # The Call wall keeps the last count a failed request reached.
             await self._progress.close(flush=True)
             await self.emit(console.ERROR, self.request_id, message=message)
+
+    def _release_routes(self) -> None:
+        """However the request ended, none of its streams is load on a route now
+        (idempotent)."""
+        for generation in self.generations:
+            if generation.segments:
+                route_session_close(decision=generation.segments[-1].decision)
 
     async def _generate(self, generation: Generation) -> AsyncGenerator[Piece, None]:
         """One choice's pieces, its end last, over as many routes as it takes."""

@@ -971,6 +971,23 @@ def test_every_streaming_choice_is_load_on_its_route_until_the_request_ends(net:
     assert route_load().snapshot().routes.get(proxy.meshnet["route"], 0) == 0
 
 
+def test_a_request_whose_client_left_before_its_stream_began_is_no_load(net: Net) -> None:
+    # The consumer fails a request whose client went away while its headers were being
+    # sent; run() never began, so only fail() can take it off its route.
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+
+    async def start_then_disconnect() -> tuple[int, int]:
+        await proxy.start()
+        chosen = route_load().snapshot().routes.get(proxy.meshnet["route"], 0)
+        await proxy.fail("client disconnected", cancelled=True)
+        await proxy.client.aclose()
+        return chosen, route_load().snapshot().routes.get(proxy.meshnet["route"], 0)
+
+    assert asyncio.run(start_then_disconnect()) == (1, 0)
+    assert record(proxy).status == RequestStatus.CANCELLED
+
+
 def test_a_streaming_choice_shows_its_route_the_tokens_it_has_relayed(net: Net) -> None:
     # thompson-load reads a stream's pace (tokens on the route / time since it was sent
     # there) as an early sample: the book must hold what the client has been sent.
