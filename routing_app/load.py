@@ -5,9 +5,9 @@ step with the choice (``RouteLoad.open_chosen``: concurrent requests never
 choose from the same snapshot). The proxy opens a session for each stream
 it sends on that decision (``route_session_open``, again after a busy
 route's wait; a request's several choices are several streams), touches it
-as tokens arrive, with the tokens the stream has produced on the route (from
-which its pace, ``Pace``, which ``thompson-load`` reads as an early sample),
-and closes it when the stream ends, however it ends (``route_session_close``;
+as tokens arrive, with the tokens the stream has produced on the route
+(``thompson-load`` reads each request's ``Pace`` as an early sample), and
+closes it when the stream ends, however it ends (``route_session_close``;
 ``route_sample_record`` closes the decision), so a failed or cancelled
 request does not count as load. A session with no sign of life for
 ``SESSION_TTL`` seconds is forgotten, so a lost close can only overstate a
@@ -167,8 +167,8 @@ class RouteLoad:
     def touch(
         self, decision: Decided, stream: object | None = None, *, tokens: int | None = None
     ) -> None:
-        """The stream (or the request) made progress, to ``tokens`` produced since it
-        was sent when given: its session's TTL starts afresh.
+        """The stream (or the request) made progress, to ``tokens`` produced on the
+        route when given: its session's TTL starts afresh.
 
         Does nothing to a closed session (a late touch never re-opens one).
         """

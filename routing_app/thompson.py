@@ -6,11 +6,11 @@ and widening back to a broad prior as that mass decays (so a quiet arm is
 retried: discounted Thompson sampling). The requests in flight on the route
 count as the samples they would give if they ended now (once they have
 streamed a little), so a route that slowed down loses traffic before its
-slow requests complete. A request
-draws once from every
-belief, subtracts the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)`` (a
-saturated fast route sheds traffic, as peak-EWMA load balancers do) and takes
-the highest score. Uncertainty, not a fixed share, decides how much to explore.
+slow requests complete. A request draws once from every belief, subtracts
+the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)``
+(a saturated fast route sheds traffic, as peak-EWMA load balancers do) and
+takes the highest score. Uncertainty, not a fixed share, decides how much
+to explore.
 
 The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
 taken deterministically and quarantined arms are never chosen (both applied
