@@ -14,7 +14,7 @@ from routing_app.choice import DecisionMode, NoRouteAvailable, choose_route, rou
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.planner import enumerate_routes
 from routing_app.services import route_sample_record, route_select
-from tests.support.routing import make_model, make_node, record
+from tests.support.routing import learn, make_model, make_node, record
 
 NODES = [
     record("fast", 0, 29, tps=300.0),
@@ -24,17 +24,6 @@ NODES = [
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
 FAST, SLOW, THIRD = PLANS
 DEFAULT = RoutingConfig(policy=POLICY_ADR0021)
-
-
-def learn(store, plan, tps, *, times=3, epoch=1):
-    for _ in range(times):
-        store.record_sample(
-            model_key="m",
-            signature=plan.signature,
-            epoch=epoch,
-            output_tokens=64,
-            tokens_per_second=tps,
-        )
 
 
 def draw(store, *, plans=PLANS, config=DEFAULT, n=4000, seed=7, epoch=1):

@@ -20,7 +20,7 @@ from routing_app.services import (
     route_session_open,
     route_session_touch,
 )
-from tests.support.routing import ManualClock, record
+from tests.support.routing import ManualClock, learn, record
 
 NODES = [record("fast", 0, 29, tps=100.0), record("new", 0, 29, tps=90.0)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -60,14 +60,7 @@ def choose_at_once(store, rng, load, *, requests):
 
 
 def test_requests_chosen_at_once_send_one_scout_to_an_unmeasured_route(store, busy_interpreter):
-    for _ in range(5):
-        store.record_sample(
-            model_key="m",
-            signature=PLANS[0].signature,
-            epoch=1,
-            output_tokens=64,
-            tokens_per_second=50.0,
-        )
+    learn(store, PLANS[0], 50.0, times=5)
     rng = random.Random(5)  # shared by every thread, like the tracker's
     for _ in range(20):
         load = RouteLoad()

@@ -23,7 +23,7 @@ from routing_app.services import (
 )
 from routing_app.stats import ArmStatus, ArmView
 from routing_app.thompson import DUE_SHARE
-from tests.support.routing import make_model, make_node, record
+from tests.support.routing import learn, make_model, make_node, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -351,21 +351,8 @@ def test_the_bound_is_a_setting():
 
 
 def test_the_table_states_the_active_policys_shares(store):
-    for _ in range(5):
-        store.record_sample(
-            model_key="m",
-            signature=PLANS[0].signature,
-            epoch=1,
-            output_tokens=64,
-            tokens_per_second=60.0,
-        )
-        store.record_sample(
-            model_key="m",
-            signature=PLANS[1].signature,
-            epoch=1,
-            output_tokens=64,
-            tokens_per_second=30.0,
-        )
+    learn(store, PLANS[0], 60.0, times=5)
+    learn(store, PLANS[1], 30.0, times=5)
     arms = store.views(plans=PLANS[:2], epoch=1)
 
     adr = route_shares(arms=arms, config=RoutingConfig(policy="adr0021"))
@@ -396,22 +383,9 @@ def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_a
 ):
     model_plans = PLANS[:2]
     for plan, tps in zip(model_plans, (60.0, 20.0), strict=True):
-        for _ in range(3):
-            store.record_sample(
-                model_key="m",
-                signature=plan.signature,
-                epoch=1,
-                output_tokens=64,
-                tokens_per_second=tps,
-            )
+        learn(store, plan, tps)
     clock.advance(601.0)
-    store.record_sample(
-        model_key="m",
-        signature=PLANS[0].signature,
-        epoch=1,
-        output_tokens=64,
-        tokens_per_second=60.0,
-    )
+    learn(store, PLANS[0], 60.0, times=1)
     load, rng = RouteLoad(), random.Random(2)
 
     def choose():

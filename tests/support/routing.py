@@ -8,7 +8,8 @@ import uuid
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
-from routing_app.planner import NodeRecord
+from routing_app.planner import NodeRecord, RoutePlan
+from routing_app.stats import RouteStatsStore
 
 _counter = itertools.count()
 
@@ -77,3 +78,17 @@ def make_node(
         last_heartbeat_at=now,
         **fields,
     )
+
+
+def learn(
+    store: RouteStatsStore, plan: RoutePlan, tps: float, *, times: int = 3, epoch: int = 1
+) -> None:
+    """``times`` samples of ``tps`` tokens/s for ``plan`` (model "m"), as completed requests."""
+    for _ in range(times):
+        store.record_sample(
+            model_key="m",
+            signature=plan.signature,
+            epoch=epoch,
+            output_tokens=64,
+            tokens_per_second=tps,
+        )
