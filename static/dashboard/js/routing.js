@@ -22,7 +22,7 @@ function policyLine(config) {
   const knobs =
     config.policy === "adr0021"
       ? `explore share ${pct(config.explore_share)} · weight alpha ${config.weight_alpha}`
-      : `every route re-measured after ${config.max_unsampled_seconds} s unsampled · ` +
+      : `a route is due for re-measuring before ${config.max_unsampled_seconds} s unsampled · ` +
         `load exponent ${config.load_exponent}`;
   return (
     `Policy ${config.policy}: ${knobs} · stats half-life ${config.stats_half_life} s · ` +
