@@ -404,7 +404,7 @@ class ChoiceSetting:
 ROUTE_POLICY = ChoiceSetting(
     "MESHNET_ROUTE_POLICY", "thompson-load", choices=("thompson-load", "adr0021")
 )
-ROUTE_MAX_UNSAMPLED = NumberSetting("MESHNET_ROUTE_MAX_UNSAMPLED", 600.0, minimum=1.0)
+ROUTE_MAX_UNSAMPLED = NumberSetting("MESHNET_ROUTE_MAX_UNSAMPLED", 900.0, minimum=1.0)
 ROUTE_LOAD_EXPONENT = NumberSetting("MESHNET_ROUTE_LOAD_EXPONENT", 0.5, minimum=0.0, maximum=4.0)
 
 # The routing policy (ADR-0021).

@@ -75,7 +75,7 @@ def test_it_shows_config_epoch_and_every_candidate(mixed):
         "weight_alpha": 1.0,
         "stats_half_life": 600.0,
         "min_sample_tokens": 8,
-        "max_unsampled_seconds": 600.0,
+        "max_unsampled_seconds": 900.0,
         "load_exponent": 0.5,
     }
     (entry,) = body["models"]

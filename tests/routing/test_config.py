@@ -17,7 +17,7 @@ def test_it_defaults_to_the_thompson_load_policy_with_the_adr_values():
         "weight_alpha": 1.0,
         "stats_half_life": 600.0,
         "min_sample_tokens": 8,
-        "max_unsampled_seconds": 600.0,
+        "max_unsampled_seconds": 900.0,
         "load_exponent": 0.5,
     }
 

@@ -232,7 +232,8 @@ def test_its_draws_follow_the_expected_shares_it_states():
 
 
 def test_it_scouts_a_route_past_the_bound_once_then_waits_for_its_sample():
-    arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=601.0)]
+    past_bound = CONFIG.max_unsampled_seconds + 1.0
+    arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=past_bound)]
 
     first = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
     while_in_flight = picks(arms, loads=busy(1), n=200)
@@ -384,7 +385,7 @@ def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_a
     model_plans = PLANS[:2]
     for plan, tps in zip(model_plans, (60.0, 20.0), strict=True):
         learn(store, plan, tps)
-    clock.advance(601.0)
+    clock.advance(CONFIG.max_unsampled_seconds + 1.0)
     learn(store, PLANS[0], 60.0, times=1)
     load, rng = RouteLoad(), random.Random(2)
 
