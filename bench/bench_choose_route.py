@@ -1,10 +1,12 @@
 """How long one routing decision takes with 200 online nodes of one model.
 
 One decision = enumerate the candidates from the node records (the prefix-
-maximum planner) + read their arms from the store + the ADR-0021 choice; the
-database read that produces the records is not included. Printed side by
-side with a naive planner (every hop scans every node) and against the 1 ms
-budget of issue 4. Standalone: ``.venv/bin/python bench/bench_choose_route.py``.
+maximum planner) + read their arms from the store + the policy's choice
+(``policy_choose``, every candidate measured, so ``thompson-load`` draws
+rather than scouts); the database read that produces the records is not
+included. Each policy is timed, side by side with a naive planner (every hop
+scans every node) and against the 1 ms budget of issue 4. Standalone:
+``.venv/bin/python bench/bench_choose_route.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "meshnet_site.settings")
 
-from routing_app.choice import choose_arm
-from routing_app.config import MAX_CANDIDATES, RoutingConfig
+from routing_app.choice import policy_choose
+from routing_app.config import MAX_CANDIDATES, POLICY_ADR0021, POLICY_THOMPSON_LOAD, RoutingConfig
 from routing_app.planner import NodeRecord, RoutePlan, _plan, enumerate_routes
 from routing_app.stats import RouteStatsStore
 
@@ -83,12 +85,13 @@ def naive_enumerate(
     return [_plan(model_key, last, chain) for *_, chain in ranked[:MAX_CANDIDATES]]
 
 
-def measure(planner: Callable[..., list[RoutePlan]], nodes: list[NodeRecord]) -> list[float]:
-    config = RoutingConfig()
+def measure(
+    planner: Callable[..., list[RoutePlan]], nodes: list[NodeRecord], config: RoutingConfig
+) -> list[float]:
     store = RouteStatsStore(half_life=600.0)
     rng = random.Random(1)
-    # Warm up and make some arms proven, as on a tracker that has served traffic.
-    for plan in planner(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes)[:5]:
+    # Every candidate proven, as on a tracker that has served traffic for a while.
+    for plan in planner(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes):
         store.record_sample(
             model_key="bench",
             signature=plan.signature,
@@ -101,7 +104,7 @@ def measure(planner: Callable[..., list[RoutePlan]], nodes: list[NodeRecord]) ->
         began = time.perf_counter()
         plans = planner(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes)
         arms = store.views(plans=plans, epoch=1)
-        picked = choose_arm(arms=arms, config=config, rng=rng)
+        picked = policy_choose(arms=arms, config=config, rng=rng)
         timings.append(time.perf_counter() - began)
         assert picked is not None
     return timings
@@ -111,15 +114,17 @@ def main() -> None:
     nodes = network(random.Random(2026))
     fast = enumerate_routes(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes)
     assert fast == naive_enumerate(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes)
-    ours = measure(enumerate_routes, nodes)
-    naive = measure(naive_enumerate, nodes)
-    ours_median, naive_median = statistics.median(ours), statistics.median(naive)
-    p95 = sorted(ours)[int(len(ours) * 0.95)]
     print(f"choose_route, {NODES} online nodes, {NUM_LAYERS} layers, {len(fast)} candidates")
-    print(f"  median {ours_median * 1e6:8.1f} us   p95 {p95 * 1e6:8.1f} us")
-    print(f"  naive planner median {naive_median * 1e6:8.1f} us")
-    print(f"  ratio median / 1 ms budget: {ours_median / BUDGET_SECONDS:.3f}")
-    print(f"  ratio median / naive baseline: {ours_median / naive_median:.3f}")
+    for policy in (POLICY_THOMPSON_LOAD, POLICY_ADR0021):
+        config = RoutingConfig(policy=policy)
+        ours = measure(enumerate_routes, nodes, config)
+        naive = measure(naive_enumerate, nodes, config)
+        ours_median, naive_median = statistics.median(ours), statistics.median(naive)
+        p95 = sorted(ours)[int(len(ours) * 0.95)]
+        print(f"  {policy}: median {ours_median * 1e6:8.1f} us   p95 {p95 * 1e6:8.1f} us")
+        print(f"    naive planner median {naive_median * 1e6:8.1f} us")
+        print(f"    ratio median / 1 ms budget: {ours_median / BUDGET_SECONDS:.3f}")
+        print(f"    ratio median / naive baseline: {ours_median / naive_median:.3f}")
 
 
 if __name__ == "__main__":
