@@ -117,8 +117,13 @@ def main() -> int:
                     assert not isinstance(choice, bytes)
                     token = choice.token_id
                 else:
+                    assert session.picker is not None
 
-                    def plain(ids: list[int] = ids, position: int = session.position) -> int:
+                    def plain(
+                        ids: list[int] = ids,
+                        position: int = session.position,
+                        generator: torch.Generator = session.picker.generator,
+                    ) -> int:
                         out = executor.run_layers(
                             executor.embed(ids),
                             cache=session.cache,
@@ -127,7 +132,7 @@ def main() -> int:
                             position=position,
                         )
                         logits = executor.last_logits(out)[0]
-                        return sample_token(logits, greedy, session.picker.generator)
+                        return sample_token(logits, greedy, generator)
 
                     token = await service.compute(plain)
                 session.position += 1

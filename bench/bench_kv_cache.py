@@ -39,6 +39,7 @@ def main() -> int:
     )
     executor = ShardExecutor(shard)
     tokenizer = shard.tokenizer
+    assert tokenizer is not None
     text = " ".join(["The lighthouse keeper climbed the stairs and watched the sea."] * 120)
     corpus = tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -83,7 +84,7 @@ def main() -> int:
     head, tail = head_node.endpoint, tail_node.endpoint
     try:
         source = resolve_source(MODEL)
-        model = load_causal_lm(source)
+        model: Any = load_causal_lm(source)  # transformers' generate(), unknown to nn.Module
         prompt = prompt_token_ids(load_tokenizer(source), [{"role": "user", "content": PROMPT}])
         head_node.wait_serving(timeout=300)
         tail_node.wait_serving(timeout=300)

@@ -71,7 +71,7 @@ def in_process_generate() -> Callable[[], tuple[int, float]]:
 
     torch.set_num_threads(1)
     source = resolve_source(MODEL)
-    model = load_causal_lm(source)
+    model: Any = load_causal_lm(source)  # transformers' generate(), unknown to nn.Module
     prompt = torch.tensor([prompt_token_ids(load_tokenizer(source), MESSAGES)])
 
     def run() -> tuple[int, float]:
