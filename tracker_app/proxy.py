@@ -49,7 +49,7 @@ import httpx
 from django.conf import settings
 from django.utils import timezone
 
-from meshnet_site.database import database_call
+from meshnet_site.database import database_call, through_outage
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
@@ -167,6 +167,8 @@ class ChatProxy:
         # When this request last banned each node: the choices sharing a route all fail
         # when one of its nodes dies, and that is one failure of the node, not n.
         self._banned_at: dict[str, float] = {}
+        # Recording the request completed and billed (``_finish_completed``), once begun.
+        self._completion: asyncio.Future[None] | None = None
 
     @property
     def meshnet(self) -> dict[str, Any]:
@@ -273,8 +275,13 @@ class ChatProxy:
         that finds the request still processing changes it and tells the
         console. A request that failed before ``run()`` began (its client gone
         while the headers were sent) stops counting as load on its routes here.
+        A request whose completion is being recorded (its whole answer was
+        generated; the client left while the usage was billed) is left to it.
         """
         self._release_routes()
+        if self._completion is not None and not self._completion.done():
+            self._completion.add_done_callback(self._completed_alone)
+            return
         failed = await database_call(accounting.chat_request_fail)(
             request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
         )
@@ -465,6 +472,23 @@ class ChatProxy:
         return "length" if "length" in reasons else min(reasons)
 
     async def _finish_completed(self) -> None:
+        """Record the request completed and billed, learn its route's speed and tell the
+        console, to the end even if the client leaves meanwhile (shielded: the whole
+        answer was generated, so it is owed)."""
+        self._completion = asyncio.ensure_future(self._complete())
+        await asyncio.shield(self._completion)
+
+    def _completed_alone(self, completion: asyncio.Future[None]) -> None:
+        """The client left while the completion was recorded: say if it failed."""
+        error = None if completion.cancelled() else completion.exception()
+        if error is not None:
+            logger.warning(
+                "request %s: its client left and its completion could not be recorded",
+                self.request_id,
+                exc_info=error,
+            )
+
+    async def _complete(self) -> None:
         # ``proxy complete`` below carries the final count: no progress after it.
         await self._progress.close()
         now = self.clock()
@@ -473,17 +497,23 @@ class ChatProxy:
         elapsed = now - self._started
         tps = completion / elapsed if elapsed > 0 else None
         ttft = (self._first_token_at - self._started) * 1000 if self._first_token_at else None
-        await database_call(accounting.chat_request_complete)(
-            request_id=self.request_uuid,
-            model=self.model,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=completion,
-            finish_reason=self.finish_reason,
-            time_to_first_token_ms=ttft,
-            tokens_per_second=tps,
-            work=work,
-            fee_share=self.fee_share,
-            now=timezone.now(),
+        complete = database_call(accounting.chat_request_complete)
+        # A database blip now would leave a generated answer unbilled; the write is
+        # conditional (only a request still processing), so a retry never bills twice.
+        await through_outage(
+            lambda: complete(
+                request_id=self.request_uuid,
+                model=self.model,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=completion,
+                finish_reason=self.finish_reason,
+                time_to_first_token_ms=ttft,
+                tokens_per_second=tps,
+                work=work,
+                fee_share=self.fee_share,
+                now=timezone.now(),
+            ),
+            sleep=self.sleep,
         )
         # One speed sample a request, as routing counts them: the first choice's last route.
         last = self.generations[0].segments[-1]

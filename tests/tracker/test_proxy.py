@@ -20,10 +20,13 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from django.conf import settings
+from django.db import OperationalError
 from django.utils import timezone
 
+from meshnet_site.database import OUTAGE_RETRY_PAUSES, database_call
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.models import LanguageModel, Node, TopologyEpoch
 from nodes_app.plans import tracker_public_key
@@ -43,7 +46,7 @@ from routing_app.bans import node_bans_reset
 from routing_app.load import route_load
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
-from tracker_app import console
+from tracker_app import accounting, console
 from tracker_app.chat import ChatAnswer, chat_params_parse
 from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
@@ -1071,3 +1074,139 @@ def test_a_prompt_too_long_to_score_is_refused_only_when_its_scores_are_asked(ne
 
     assert refused.value.code == "prompt_too_long"
     assert echoing.generations[0].prompt_count.tokens * 6 > 2**14
+
+
+# --- the database going away as the answer ends -----------------------------------
+
+
+def outage() -> OperationalError:
+    """What Django raises when the connection to PostgreSQL is cut."""
+    error = OperationalError("server closed the connection unexpectedly")
+    error.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
+    return error
+
+
+@dataclass
+class Blips:
+    """Stands in for ``accounting.chat_request_complete``: the database is away for the
+    first ``away`` tries; with ``lost_ack``, the first try's commit goes through and
+    only its answer is lost."""
+
+    away: int = 0
+    lost_ack: bool = False
+    tries: int = 0
+    real: Any = accounting.chat_request_complete
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.tries += 1
+        if self.tries <= self.away:
+            raise outage()
+        result = self.real(**kwargs)
+        if self.lost_ack and self.tries == 1:
+            raise outage()
+        return result
+
+
+def bills(proxy: ChatProxy) -> int:
+    return BillingRecord.objects.filter(request_id=proxy.request_uuid).count()
+
+
+def test_a_database_blip_as_the_answer_ends_is_waited_out_and_the_request_billed(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net.node("whole", 0, 3)
+    proxy, pauses = net.proxy(), []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    proxy.sleep = pause
+    blips = Blips(away=2)
+    monkeypatch.setattr(accounting, "chat_request_complete", blips)
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert (record(proxy).status, bills(proxy)) == (RequestStatus.COMPLETED, 1)
+    assert (blips.tries, pauses) == (3, list(OUTAGE_RETRY_PAUSES[:2]))
+    assert net.event_kinds()[-1] == console.COMPLETE
+
+
+def test_a_completion_whose_commit_went_through_before_the_cut_is_billed_once(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+    proxy.sleep = asyncio.sleep  # the real pause: 0.5 s
+    blips = Blips(lost_ack=True)
+    monkeypatch.setattr(accounting, "chat_request_complete", blips)
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert (record(proxy).status, bills(proxy), blips.tries) == (RequestStatus.COMPLETED, 1, 2)
+
+
+def test_a_database_away_past_every_retry_leaves_the_request_open_for_the_sweep(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+
+    async def pause(seconds: float) -> None:
+        pass
+
+    proxy.sleep = pause
+    blips = Blips(away=len(OUTAGE_RETRY_PAUSES) + 1)
+    monkeypatch.setattr(accounting, "chat_request_complete", blips)
+
+    with pytest.raises(OperationalError):
+        serve(proxy)
+
+    assert (record(proxy).status, bills(proxy)) == (RequestStatus.PROCESSING, 0)
+    assert blips.tries == len(OUTAGE_RETRY_PAUSES) + 1
+
+
+def test_a_client_that_leaves_while_its_answer_is_billed_is_still_billed(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+    monkeypatch.setattr(accounting, "chat_request_complete", Blips(away=1))
+    status = database_call(lambda: record(proxy).status)
+
+    async def run() -> list[dict[str, Any]]:
+        await proxy.start()
+        paused, resume = asyncio.Event(), asyncio.Event()
+
+        async def pause(seconds: float) -> None:  # the database is away: the client leaves
+            paused.set()
+            await resume.wait()
+
+        proxy.sleep = pause
+        chunks: list[dict[str, Any]] = []
+
+        async def relay() -> None:
+            async for event in proxy.run():
+                chunks.append(chunk_of(event))
+
+        task = asyncio.create_task(relay())
+        await paused.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await proxy.fail("client disconnected", cancelled=True)  # as the consumer does
+        resume.set()
+        for _ in range(500):
+            if await status() != RequestStatus.PROCESSING:
+                break
+            await asyncio.sleep(0.01)
+        await proxy.client.aclose()
+        return chunks
+
+    chunks = asyncio.run(run())
+
+    assert text(chunks) == answer(12)
+    assert "usage" not in chunks[-1]
+    assert (record(proxy).status, bills(proxy)) == (RequestStatus.COMPLETED, 1)
+    assert net.event_kinds()[-1] == console.COMPLETE
