@@ -74,6 +74,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "meshnet_site.middleware.DatabaseOutageMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 

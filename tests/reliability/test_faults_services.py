@@ -109,6 +109,24 @@ def served(url: str, api_key: str) -> dict[str, Any]:
     return dict(response.json())
 
 
+def signed_in(network: Network, username: str, password: str) -> httpx.Client:
+    """A browser-like client signed in to the dashboard as a staff user."""
+    network.create_staff_user(username, password)
+    client = httpx.Client(base_url=network.url, timeout=30)
+    client.get("/dashboard/login/")
+    response = client.post(
+        "/dashboard/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+    )
+    assert response.status_code == 302, response.text
+    assert client.get("/dashboard/").status_code == 200
+    return client
+
+
 def committed_rows(network: Network) -> set[tuple[Any, ...]]:
     """Every request, charge and work unit, as the database holds them now."""
     return {
@@ -267,6 +285,7 @@ def test_with_postgresql_unreachable_clients_get_503s_and_the_tracker_recovers_b
 ) -> None:
     network = deployment.network
     served(network.url, network.api_key)
+    operator = signed_in(network, "outage-operator", "a-long-enough-passphrase")
 
     with deployment.link.down():
         answers = {
@@ -275,6 +294,7 @@ def test_with_postgresql_unreachable_clients_get_503s_and_the_tracker_recovers_b
             "models": httpx.get(f"{network.url}/v1/models", timeout=30),
         }
         health = httpx.get(f"{network.url}/healthz", timeout=30)
+        pages = {path: operator.get(path) for path in ("/dashboard/", "/admin/")}
 
     for name, answer in answers.items():
         assert answer.status_code == 503, (name, answer.text)
@@ -284,6 +304,10 @@ def test_with_postgresql_unreachable_clients_get_503s_and_the_tracker_recovers_b
         assert "unavailable" in error["message"]
         assert answer.headers["Retry-After"] == "5"
     assert health.status_code == 503
+    for path, page in pages.items():  # a page, not Django's 500
+        assert page.status_code == 503, (path, page.text)
+        assert "database is unavailable" in page.text, path
+        assert page.headers["Retry-After"] == "5", path
     # The link is back: no restart. The worker (its own connection) may have swept
     # the nodes whose heartbeats the tracker could not record meanwhile; their next
     # heartbeats, which the tracker now records, bring the route back.
@@ -292,6 +316,8 @@ def test_with_postgresql_unreachable_clients_get_503s_and_the_tracker_recovers_b
     assert reply["usage"]["completion_tokens"] == 12
     assert httpx.get(f"{network.url}/v1/models", timeout=30).status_code == 200
     assert httpx.get(f"{network.url}/healthz", timeout=30).status_code == 200
+    assert operator.get("/dashboard/").status_code == 200
+    operator.close()
 
 
 def test_a_chat_stuck_on_a_database_lock_does_not_hold_up_another_clients_chat(

@@ -1,0 +1,33 @@
+"""A page whose database is unreachable answers 503, not Django's 500."""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django.utils.deprecation import MiddlewareMixin
+
+from meshnet_site.errors import DATABASE_RETRY_AFTER_SECONDS, is_database_outage
+
+logger = logging.getLogger(__name__)
+
+
+class DatabaseOutageMiddleware(MiddlewareMixin):
+    """The dashboard's and the admin's pages, while the database is away: a 503 page
+    saying so, with ``Retry-After``, as the API answers ``database_unavailable``.
+
+    Any other error is left to Django (a 500, logged as a bug). The page is drawn
+    without the request's context: the session and the user live in the database.
+    """
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not is_database_outage(exception):
+            return None
+        logger.warning("%s %s: the database is unavailable", request.method, request.path)
+        response = HttpResponse(
+            render_to_string("outage.html", {"retry_after": DATABASE_RETRY_AFTER_SECONDS}),
+            status=503,
+        )
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
