@@ -36,7 +36,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy meshnet_site nodes_app routing_app tracker_app bench
+	$(VENV)/bin/mypy meshnet_site nodes_app routing_app tracker_app bench tests
 	$(VENV)/bin/lint-imports
 
 bench: setup

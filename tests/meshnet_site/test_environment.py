@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -173,10 +174,11 @@ def test_the_route_policy_is_read_by_name_and_an_unknown_one_is_refused() -> Non
 def test_the_environment_the_routing_config_and_runtracker_refuse_the_same_route_values(
     setting: env_.NumberSetting, flag: str | None, field: str, outside: float, inside: float
 ) -> None:
+    too_far: dict[str, Any] = {field: outside}
     with pytest.raises(ImproperlyConfigured, match=setting.name):
         setting.read({setting.name: str(outside)})
     with pytest.raises(ImproperlyConfigured, match=setting.name):
-        RoutingConfig(**{field: outside})
+        RoutingConfig(**too_far)
     if flag is not None:
         with pytest.raises(CommandError, match="--" + flag.replace("_", "-")):
             RunTracker().apply_route_overrides({flag: outside})
@@ -187,7 +189,8 @@ def test_the_environment_and_the_routing_config_accept_the_edge_of_each_route_ra
     setting: env_.NumberSetting, flag: str | None, field: str, outside: float, inside: float
 ) -> None:
     assert setting.read({setting.name: str(inside)}) == inside
-    assert getattr(RoutingConfig(**{field: inside}), field) == inside
+    at_the_edge: dict[str, Any] = {field: inside}
+    assert getattr(RoutingConfig(**at_the_edge), field) == inside
 
 
 def test_a_routing_config_built_in_code_has_the_settings_defaults() -> None:

@@ -45,7 +45,7 @@ class Clock:
         return self.now
 
 
-def tiny_service(start: int = 0, end: int = 3, **options) -> NodeService:  # type: ignore[no-untyped-def]
+def tiny_service(start: int = 0, end: int = 3, **options) -> NodeService:
     torch.set_num_threads(1)
     shard = load_shard(
         model_key=TINY, source=resolve_source(TINY), start=start, end=end, progress=False

@@ -36,6 +36,7 @@ def service() -> NodeService:
 @pytest.fixture(scope="module")
 def prompts(service: NodeService) -> list[list[int]]:
     tokenizer = service.shard.tokenizer
+    assert tokenizer is not None
     texts = [
         "The capital of France is",
         "Water boils at a temperature of one hundred degrees",

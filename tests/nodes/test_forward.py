@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -185,7 +186,8 @@ def test_an_echo_or_resumed_tokens_on_a_later_step_are_refused(
     link: LinkClient, field: str
 ) -> None:
     assert link.step(tiny_step("later", 2), hidden_bytes(2)).status == 200
-    later = replace(tiny_step("later", 1, position=2), **{field: (65,)})
+    resumed: dict[str, Any] = {field: (65,)}
+    later = replace(tiny_step("later", 1, position=2), **resumed)
 
     answer = link.step(later, hidden_bytes(1))
 

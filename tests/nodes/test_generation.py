@@ -40,7 +40,9 @@ def test_a_prompt_the_tokenizer_writes_with_an_id_past_the_vocabulary_is_refused
         service = tiny_head()
         try:
             # A token the tokenizer knows and the model has no embedding for.
-            service.shard.tokenizer.add_tokens(["<|extra|>"])
+            tokenizer = service.shard.tokenizer
+            assert tokenizer is not None
+            tokenizer.add_tokens(["<|extra|>"])
             assert await prompt_for(service, raw_prompt("Hi")) == [72, 105]
             with pytest.raises(RuntimeRequestError) as caught:
                 await prompt_for(service, raw_prompt("Hi <|extra|>"))

@@ -370,11 +370,13 @@ def test_an_error_frame_names_the_hop_and_says_whether_it_was_only_busy() -> Non
         "node_id": "tail",
     }
     assert parse_frame(json.loads(json.dumps(failed.to_json()))) == failed
-    assert parse_frame(busy.to_json()).busy and not failed.busy
+    parsed = parse_frame(busy.to_json())
+    assert isinstance(parsed, ErrorFrame)
+    assert parsed.busy and not failed.busy
 
 
 ENTRY = {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}
-FIRST = {"token": "<s>", "logprob": None, "bytes": [], "top_logprobs": []}
+FIRST: dict[str, Any] = {"token": "<s>", "logprob": None, "bytes": [], "top_logprobs": []}
 
 
 def scored(**choice: Any) -> dict[str, Any]:

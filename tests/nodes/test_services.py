@@ -4,6 +4,7 @@ registration behind an isolated endpoint gate."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -107,7 +108,7 @@ def test_draining_and_banning_leave_routing_once_and_unbanning_does_not_rejoin()
     assert not node_set_status(node=node, new_status=NodeStatus.OFFLINE)
 
 
-def register_with(gate: EndpointGate, **overrides: object) -> Registration:
+def register_with(gate: EndpointGate, **overrides: Any) -> Registration:
     """``node_register`` as the API calls it, with ``gate`` in place of the real one."""
     body = signed_registration(**overrides)
     fields = {k: v for k, v in body.items() if k != "signature"}

@@ -15,13 +15,13 @@ from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
 TINY = "tiny-random-llama"
 
 
-def shard(start: int, end: int):  # type: ignore[no-untyped-def]
+def shard(start: int, end: int):
     return load_shard(
         model_key=TINY, source=resolve_source(TINY), start=start, end=end, progress=False
     )
 
 
-def parameters(loaded) -> int:  # type: ignore[no-untyped-def]
+def parameters(loaded) -> int:
     modules = [*loaded.layers.values(), loaded.embed, loaded.norm, loaded.lm_head]
     seen = {id(p): p.numel() for m in modules if m is not None for p in m.parameters()}
     return sum(seen.values())
@@ -95,7 +95,7 @@ def test_layers_outside_the_model_are_refused() -> None:
         shard(2, 4)
 
 
-def test_an_unsupported_architecture_gets_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_unsupported_architecture_gets_a_clear_error(tmp_path) -> None:
     (tmp_path / "config.json").write_text(
         '{"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 50}'
     )

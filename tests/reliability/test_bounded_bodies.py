@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -117,12 +117,12 @@ async def _app_reached(scope: Any, receive: Any, send: Any) -> None:
 def test_the_asgi_limit_refuses_on_headers_without_reading_the_body(
     headers: list[tuple[bytes, bytes]], status: int, code: str | None
 ) -> None:
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         raise AssertionError("the body was read")
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     app = BoundedBodies(_app_reached, limit=1024)

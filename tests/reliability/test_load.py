@@ -16,7 +16,7 @@ import http.client
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -70,6 +70,7 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 @pytest.fixture(scope="module")
 def load(network: Network) -> LoadRun:
     assert network.tracker is not None
+    tracker = network.tracker
 
     async def drive() -> LoadRun:
         async with load_client(network.headers(), chats=CHATS, timeout=120) as client:
@@ -78,14 +79,14 @@ def load(network: Network) -> LoadRun:
                 network.url,
                 TINY,
                 chat_mix(CHATS, distinct=DISTINCT_PROMPTS, max_tokens=MAX_TOKENS),
-                tracker_pid=network.tracker.process.pid,
+                tracker_pid=tracker.process.pid,
             )
 
     return asyncio.run(drive())
 
 
 def test_concurrent_streamed_chats_each_get_their_lone_greedy_answer_token_for_token(
-    load: LoadRun, record_property: pytest.RecordProperty
+    load: LoadRun, record_property: Callable[[str, object], None]
 ) -> None:
     lone_texts = {answer.text for answer in load.expected.values()}
 
@@ -109,7 +110,7 @@ def test_every_concurrent_chat_is_recorded_completed_and_billed_once(
 
 
 def test_the_tracker_is_back_to_its_memory_with_no_connection_left_once_the_load_is_over(
-    load: LoadRun, record_property: pytest.RecordProperty
+    load: LoadRun, record_property: Callable[[str, object], None]
 ) -> None:
     memory = load.memory
     record_property("tracker", " / ".join(memory.lines()))

@@ -393,7 +393,7 @@ def test_past_the_tracker_the_nodes_refuse_the_same_input_themselves(network: Ne
     key = tracker_key(network.tracker_key_file)
     head, tail = network.nodes["head"], network.nodes["tail"]
     hops = [head.hop(), tail.hop()]
-    body = {
+    body: dict[str, Any] = {
         "request_id": "direct",
         "messages": PROMPT,
         "max_tokens": 4,

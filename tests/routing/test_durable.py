@@ -68,7 +68,9 @@ def test_a_tracker_restarted_under_its_id_routes_on_what_it_had_learned(clock):
 
     (arm,) = restarted.views(plans=[FULL], epoch=1)
     assert (arm.status, arm.samples) == (ArmStatus.PROVEN, 2)
-    assert arm.tps == pytest.approx(first.arm(model_key="m", signature=FULL.signature).value)
+    learned = first.arm(model_key="m", signature=FULL.signature)
+    assert learned is not None
+    assert arm.tps == pytest.approx(learned.value)
     assert status(other) is ArmStatus.UNSAMPLED
 
 

@@ -160,4 +160,6 @@ class TestRecording:
         assert summary.released == [via_c.signature]
         assert RouteQuarantine.objects.get().released_at == now + timedelta(minutes=1)
         assert Node.objects.get(pk="c").reputation == 1.0
-        assert OutboxMessage.objects.order_by("id").last().kind == ROUTE_RELEASED
+        last = OutboxMessage.objects.order_by("id").last()
+        assert last is not None
+        assert last.kind == ROUTE_RELEASED

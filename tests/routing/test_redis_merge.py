@@ -62,6 +62,7 @@ def test_it_sees_the_samples_another_tracker_recorded(client, prefix):
     second.sync()
 
     arm = second.arm(model_key="m", signature=SIG)
+    assert arm is not None
     assert (arm.value, arm.mass, arm.samples) == (60.0, 3.0, 3)
 
 
@@ -78,6 +79,7 @@ def test_it_merges_both_trackers_samples_by_decayed_weight(client, prefix):
     expected = (0.5 * 100.0 + 1.0 * 200.0) / 1.5
     for store in (first, second):
         arm = store.arm(model_key="m", signature=SIG)
+        assert arm is not None
         assert arm.value == pytest.approx(expected)
         assert (arm.mass, arm.samples) == (pytest.approx(1.5), 2)
 
@@ -93,6 +95,7 @@ def test_it_never_counts_its_own_samples_twice(client, prefix):
 
     for store in (first, second):
         arm = store.arm(model_key="m", signature=SIG)
+        assert arm is not None
         assert (arm.mass, arm.samples) == (1.0, 1)
 
 
@@ -120,6 +123,7 @@ def test_it_lets_a_peers_newer_epoch_supersede_local_stale_stats(client, prefix)
     first.sync()
 
     arm = first.arm(model_key="m", signature=SIG)
+    assert arm is not None
     assert (arm.value, arm.epoch, arm.samples) == (30.0, 2, 1)
 
 
@@ -143,6 +147,7 @@ def test_it_forgets_a_withdrawn_peer_at_the_next_sync(client, prefix):
     leaving.sync()
     staying.sync()
 
+    assert isinstance(leaving.exchange, RedisArmExchange)
     leaving.exchange.withdraw()
     staying.sync()
 
@@ -192,7 +197,9 @@ def test_it_syncs_in_the_background_until_stopped(client, prefix):
             thread.stop()
             thread.join(timeout=2.0)
 
-    assert second.arm(model_key="m", signature=SIG).value == 70.0
+    arm = second.arm(model_key="m", signature=SIG)
+    assert arm is not None
+    assert arm.value == 70.0
 
 
 def test_it_wires_the_process_store_to_redis_only_when_redis_is_configured(redis_url):
@@ -214,7 +221,9 @@ def test_it_keeps_routing_on_local_statistics_without_redis():
 
     alone.sync()
 
-    assert alone.arm(model_key="m", signature=SIG).value == 45.0
+    arm = alone.arm(model_key="m", signature=SIG)
+    assert arm is not None
+    assert arm.value == 45.0
 
 
 def test_it_syncs_from_an_asyncio_loop_without_blocking_it(client, prefix):
@@ -228,4 +237,6 @@ def test_it_syncs_from_an_asyncio_loop_without_blocking_it(client, prefix):
 
     asyncio.run(both())
 
-    assert second.arm(model_key="m", signature=SIG).value == 80.0
+    arm = second.arm(model_key="m", signature=SIG)
+    assert arm is not None
+    assert arm.value == 80.0

@@ -254,7 +254,7 @@ def test_a_wrong_capability_can_neither_step_nor_delete_anothers_session(
     opened = step(tail, "owned.a1", plan=plan, capability=mine)
     assert opened.status == 200, opened
 
-    position = {"position": HIDDEN_ROWS, "rows": 1}
+    position: dict[str, Any] = {"position": HIDDEN_ROWS, "rows": 1}
     refused(step(tail, "owned.a1", **position), 401, "capability_required")
     refused(step(tail, "owned.a1", capability=new_capability(), **position), 403,
             "capability_invalid")  # fmt: skip
@@ -406,7 +406,7 @@ def test_a_hops_error_text_never_reaches_the_heads_caller(
 TRACKER = Ed25519PrivateKey.generate()
 TRACKER_HEX = wallet_of(TRACKER)
 
-hop_strategy = st.builds(
+hop_strategy: st.SearchStrategy[dict[str, Any]] = st.builds(
     dict,
     node_id=st.text(min_size=1, max_size=20),
     endpoint=st.text(max_size=40),
@@ -486,7 +486,7 @@ def test_a_node_with_no_tracker_key_and_not_dev_open_refuses_every_plan() -> Non
 
     error = gate_refusal(lambda: closed.admit_plan(plan(now=time.time()), node_id="head"))
     assert (error.status, error.code) == (403, "tracker_key_unknown")
-    assert PlanGate(dev_open=True).admit_plan(SignedPlan("r", TINY, ()), node_id="x") is None
+    PlanGate(dev_open=True).admit_plan(SignedPlan("r", TINY, ()), node_id="x")  # no refusal
 
 
 def test_the_gate_refuses_plans_valid_too_long_and_forgets_used_ones_once_expired() -> None:

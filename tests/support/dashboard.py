@@ -7,7 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus
@@ -20,7 +20,7 @@ TINY = "tiny-random-llama"  # in the catalogue migration: 4 layers
 PASSWORD = "dashboard-test-password"
 
 
-def staff_user(username: str = "staff", *, is_staff: bool = True) -> AbstractBaseUser:
+def staff_user(username: str = "staff", *, is_staff: bool = True) -> User:
     return get_user_model().objects.create_user(
         username=username, password=PASSWORD, is_staff=is_staff
     )

@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import json
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -58,7 +58,9 @@ class LinkClient:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def exchange(self, entries: list[wire.LinkStep | wire.CancelEntry]) -> list[wire.StepAnswer]:
+    def exchange(
+        self, entries: Sequence[wire.LinkStep | wire.CancelEntry]
+    ) -> list[wire.StepAnswer]:
         """Send ``entries`` as one frame; their answers, in the entries' order."""
         self._send(wire.encode_requests(entries))
         return self.answers([entry.step_id for entry in entries])

@@ -41,12 +41,15 @@ class Tracker:
 
 
 @contextlib.contextmanager
-def running_tracker(database_url: str, log_dir: Path, **settings: str) -> Iterator[Tracker]:
-    """A tracker on a free port over ``database_url`` (``settings`` as env), stopped after.
+def running_tracker(database_url: str, log_dir: Path, **settings: str | None) -> Iterator[Tracker]:
+    """A tracker on a free port over ``database_url`` (``settings`` as env, None removes a
+    variable), stopped after.
 
     Its plan-signing key is a file of its own in ``log_dir``.
     """
-    key_file = Path(settings.setdefault("MESHNET_TRACKER_KEY_FILE", str(log_dir / "tracker_key")))
+    key_path = settings.setdefault("MESHNET_TRACKER_KEY_FILE", str(log_dir / "tracker_key"))
+    assert key_path is not None, "MESHNET_TRACKER_KEY_FILE=None: the tracker needs a key file"
+    key_file = Path(key_path)
     started = start_tracker(env=process_env(database_url, **settings), log_dir=log_dir)
     with started.process:
         started.wait_healthy()
@@ -89,8 +92,9 @@ class Network(LocalNetwork):
         )
 
 
-def start_network(database_url: str, tmp: Path, **settings: str) -> Iterator[Network]:
-    """A tracker (with ``settings`` as MESHNET_* env) and an API key; add nodes after."""
+def start_network(database_url: str, tmp: Path, **settings: str | None) -> Iterator[Network]:
+    """A tracker (with ``settings`` as MESHNET_* env, None removes a variable) and an API
+    key; add nodes after."""
     with Network.throwaway(workdir=tmp, database_url=database_url, env=settings) as network:
         # The key is made over the database while the tracker starts: two
         # process starts overlap.

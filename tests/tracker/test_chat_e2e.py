@@ -8,12 +8,13 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
 import websockets
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.databases import fresh_process_database
 from tests.support.network import (
@@ -344,18 +345,20 @@ def test_a_pinned_route_through_a_dead_node_is_a_502_and_is_not_charged(
 
 def test_the_openai_python_client_chats_through_the_tracker(network: Network) -> None:
     client = openai.OpenAI(base_url=f"{network.url}/v1", api_key=network.api_key)
+    # The same list of plain dicts: the OpenAI client types its messages as TypedDicts.
+    messages = cast("list[ChatCompletionMessageParam]", PROMPT)
 
     reply = client.chat.completions.create(
         model=TINY,
-        messages=PROMPT,
+        messages=messages,
         max_tokens=12,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     pieces = [
         chunk.choices[0].delta.content or ""
         for chunk in client.chat.completions.create(
             model=TINY,
-            messages=PROMPT,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=12,
             temperature=0,
             stream=True,
@@ -368,7 +371,7 @@ def test_the_openai_python_client_chats_through_the_tracker(network: Network) ->
     assert reply.usage is not None and reply.usage.completion_tokens == 12
     assert [m.id for m in client.models.list()] == [TINY]
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="gpt-9", messages=PROMPT)  # type: ignore[arg-type]
+        client.chat.completions.create(model="gpt-9", messages=messages)
 
 
 @pytest.fixture

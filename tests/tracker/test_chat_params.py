@@ -54,7 +54,7 @@ def test_it_joins_text_parts_and_takes_max_completion_tokens() -> None:
         route=["n1", "n2"],
     )
 
-    assert params.prompts[0][0]["content"] == "ab"  # type: ignore[index]
+    assert params.prompts[0][0]["content"] == "ab"
     assert params.max_tokens == 7
     assert params.stop == ["\n"]
     assert params.route == ["n1", "n2"]

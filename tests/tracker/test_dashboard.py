@@ -70,11 +70,11 @@ def test_staff_see_the_five_tabs_drawn_from_an_embedded_snapshot(client: Client)
     page = response.content.decode()
     tabs = re.findall(r'<button type="button" role="tab"[^>]*>([^<]+)', page)
     assert [tab.strip() for tab in tabs] == TABS
-    snapshot = json.loads(
-        re.search(r'<script id="dashboard-snapshot" type="application/json">(.*?)</script>', page)[
-            1
-        ]
+    embedded = re.search(
+        r'<script id="dashboard-snapshot" type="application/json">(.*?)</script>', page
     )
+    assert embedded is not None
+    snapshot = json.loads(embedded[1])
     [tiny] = [m for m in snapshot["models"] if m["key"] == TINY]
     assert [n["id"] for n in tiny["nodes"]] == ["head-node"]
     assert set(snapshot) >= {"models", "routing", "calls", "billing", "server_time"}

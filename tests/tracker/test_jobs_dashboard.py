@@ -46,7 +46,7 @@ def test_a_node_the_worker_sweeps_offline_shows_on_an_open_dashboard(
     with (
         fresh_process_database() as database_url,
         network(database_url, tmp_path, **settings) as net,
-    ):  # type: ignore[arg-type]
+    ):
         registered = httpx.post(
             f"{net.url}/api/nodes/register", json=proven_registration(responder)
         )

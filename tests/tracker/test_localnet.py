@@ -163,7 +163,12 @@ def test_the_node_command_line_without_a_tracker_serves_alone_under_its_id(
     from nodes_app.runtime import __main__ as runtime_main
 
     seen: list[Any] = []
-    monkeypatch.setattr(runtime_main, "run_node", lambda options: seen.append(options) or 0)
+
+    def run_node(options: Any) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(runtime_main, "run_node", run_node)
     argv = node_argv(model="tiny-random-llama", layers=(0, 1), port=7106, node_id="tiny-head")
 
     assert argv[1:3] == ["-m", "nodes_app.runtime"]

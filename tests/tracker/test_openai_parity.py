@@ -227,7 +227,7 @@ def test_chat_logprobs_come_with_every_token_streamed_and_not_and_agree_across_r
     choice = reply.choices[0]
     assert choice.logprobs is not None and choice.message.content is not None
     entries = entries_of(choice.logprobs)
-    assert len(entries) == reply.usage.completion_tokens == 10  # type: ignore[union-attr]
+    assert len(entries) == reply.usage.completion_tokens == 10
     # Greedy: each token is its position's best alternative, logprobs are log-probabilities.
     for token, logprob, tops in entries:
         assert len(tops) == 3 and tops[0] == (token, logprob) and logprob <= 0
@@ -502,7 +502,7 @@ def test_a_split_route_scores_a_prompt_as_the_whole_model_does_within_1e_4(
     for split_best, whole_best in zip(
         on_split.top_logprobs[1:],
         on_whole.top_logprobs[1:],
-        strict=True,  # type: ignore[index]
+        strict=True,
     ):
         assert split_best == pytest.approx(whole_best, abs=1e-4)
 
