@@ -17,8 +17,10 @@ class DatabaseOutageMiddleware(MiddlewareMixin):
     """The dashboard's and the admin's pages, while the database is away: a 503 page
     saying so, with ``Retry-After``, as the API answers ``database_unavailable``.
 
-    Any other error is left to Django (a 500, logged as a bug). The page is drawn
-    without the request's context: the session and the user live in the database.
+    Any other error is left to Django (a 500, logged as a bug), and so is an
+    outage met outside a view (e.g. saving the session as the response leaves).
+    The page is drawn without the request's context: the session and the user
+    live in the database.
     """
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
@@ -30,4 +32,6 @@ class DatabaseOutageMiddleware(MiddlewareMixin):
             status=503,
         )
         response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        # Logged above as what it is: not Django's "Service Unavailable" error line.
+        response._has_been_logged = True  # type: ignore[attr-defined]
         return response

@@ -50,7 +50,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from meshnet_site.database import database_call, through_outage
-from meshnet_site.errors import DomainError, ErrorKind, http_error
+from meshnet_site.errors import DomainError, ErrorKind, http_error, is_database_outage
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
 from nodes_app.protocol import GenerateRequest, PlanHop, Usage, sse_event
@@ -167,8 +167,10 @@ class ChatProxy:
         # When this request last banned each node: the choices sharing a route all fail
         # when one of its nodes dies, and that is one failure of the node, not n.
         self._banned_at: dict[str, float] = {}
-        # Recording the request completed and billed (``_finish_completed``), once begun.
+        # Recording the request completed and billed (``_finish_completed``), once begun,
+        # and whether its client left meanwhile (nobody awaits it then).
         self._completion: asyncio.Future[None] | None = None
+        self._left_while_completing = False
 
     @property
     def meshnet(self) -> dict[str, Any]:
@@ -280,8 +282,11 @@ class ChatProxy:
         """
         self._release_routes()
         if self._completion is not None and not self._completion.done():
-            self._completion.add_done_callback(self._completed_alone)
+            self._left_while_completing = True
             return
+        await self._record_failed(message, cancelled=cancelled)
+
+    async def _record_failed(self, message: str, *, cancelled: bool) -> None:
         failed = await database_call(accounting.chat_request_fail)(
             request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
         )
@@ -475,18 +480,28 @@ class ChatProxy:
         """Record the request completed and billed, learn its route's speed and tell the
         console, to the end even if the client leaves meanwhile (shielded: the whole
         answer was generated, so it is owed)."""
-        self._completion = asyncio.ensure_future(self._complete())
+        self._completion = asyncio.ensure_future(self._complete_owed())
         await asyncio.shield(self._completion)
 
-    def _completed_alone(self, completion: asyncio.Future[None]) -> None:
-        """The client left while the completion was recorded: say if it failed."""
-        error = None if completion.cancelled() else completion.exception()
-        if error is not None:
-            logger.warning(
-                "request %s: its client left and its completion could not be recorded",
-                self.request_id,
-                exc_info=error,
-            )
+    async def _complete_owed(self) -> None:
+        """``_complete``; if it fails after the client left, nobody awaits it: the
+        request ends here as the consumer would have ended it."""
+        try:
+            await self._complete()
+        except Exception as error:
+            if not self._left_while_completing:
+                raise
+            if is_database_outage(error):  # open until the abandoned-request sweep
+                logger.warning(
+                    "request %s: its client left and the database is unavailable",
+                    self.request_id,
+                    exc_info=True,
+                )
+            else:
+                logger.exception("request %s: failed inside the tracker", self.request_id)
+                await self._record_failed(
+                    "the tracker failed to serve this request", cancelled=False
+                )
 
     async def _complete(self) -> None:
         # ``proxy complete`` below carries the final count: no progress after it.

@@ -23,10 +23,10 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import OperationalError
+from django.db import OperationalError, ProgrammingError
 from django.utils import timezone
 
-from meshnet_site.database import OUTAGE_RETRY_PAUSES, database_call
+from meshnet_site.database import OUTAGE_RETRY_PAUSES
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.models import LanguageModel, Node, TopologyEpoch
 from nodes_app.plans import tracker_public_key
@@ -1090,10 +1090,12 @@ def outage() -> OperationalError:
 class Blips:
     """Stands in for ``accounting.chat_request_complete``: the database is away for the
     first ``away`` tries; with ``lost_ack``, the first try's commit goes through and
-    only its answer is lost."""
+    only its answer is lost; with ``then_bug``, the try after the outage fails as a
+    bug of ours would."""
 
     away: int = 0
     lost_ack: bool = False
+    then_bug: bool = False
     tries: int = 0
     real: Any = accounting.chat_request_complete
 
@@ -1101,6 +1103,8 @@ class Blips:
         self.tries += 1
         if self.tries <= self.away:
             raise outage()
+        if self.then_bug:
+            raise ProgrammingError("column does not exist")
         result = self.real(**kwargs)
         if self.lost_ack and self.tries == 1:
             raise outage()
@@ -1137,7 +1141,11 @@ def test_a_completion_whose_commit_went_through_before_the_cut_is_billed_once(
 ) -> None:
     net.node("whole", 0, 3)
     proxy = net.proxy()
-    proxy.sleep = asyncio.sleep  # the real pause: 0.5 s
+
+    async def pause(seconds: float) -> None:
+        pass
+
+    proxy.sleep = pause
     blips = Blips(lost_ack=True)
     monkeypatch.setattr(accounting, "chat_request_complete", blips)
 
@@ -1167,13 +1175,10 @@ def test_a_database_away_past_every_retry_leaves_the_request_open_for_the_sweep(
     assert blips.tries == len(OUTAGE_RETRY_PAUSES) + 1
 
 
-def test_a_client_that_leaves_while_its_answer_is_billed_is_still_billed(
-    net: Net, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    net.node("whole", 0, 3)
-    proxy = net.proxy()
-    monkeypatch.setattr(accounting, "chat_request_complete", Blips(away=1))
-    status = database_call(lambda: record(proxy).status)
+def leave_while_billed(net: Net, proxy: ChatProxy, until: str) -> list[dict[str, Any]]:
+    """The client leaves while the first try of its completion waits out an outage (the
+    consumer cancels, then fails the request); then the proxy carries on alone until the
+    console hears ``until``."""
 
     async def run() -> list[dict[str, Any]]:
         await proxy.start()
@@ -1197,16 +1202,47 @@ def test_a_client_that_leaves_while_its_answer_is_billed_is_still_billed(
             await task
         await proxy.fail("client disconnected", cancelled=True)  # as the consumer does
         resume.set()
-        for _ in range(500):
-            if await status() != RequestStatus.PROCESSING:
+        for _ in range(500):  # the completion ends alone: its console event is its last step
+            if until in net.event_kinds():
                 break
             await asyncio.sleep(0.01)
         await proxy.client.aclose()
         return chunks
 
-    chunks = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_client_that_leaves_while_its_answer_is_billed_is_still_billed(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+    monkeypatch.setattr(accounting, "chat_request_complete", Blips(away=1))
+
+    chunks = leave_while_billed(net, proxy, until=console.COMPLETE)
 
     assert text(chunks) == answer(12)
     assert "usage" not in chunks[-1]
     assert (record(proxy).status, bills(proxy)) == (RequestStatus.COMPLETED, 1)
     assert net.event_kinds()[-1] == console.COMPLETE
+    assert console.ERROR not in net.event_kinds()
+
+
+def test_a_completion_that_fails_after_its_client_left_records_the_request_failed(
+    net: Net, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+    monkeypatch.setattr(accounting, "chat_request_complete", Blips(away=1, then_bug=True))
+
+    with caplog.at_level(logging.ERROR, logger="tracker_app.proxy"):
+        leave_while_billed(net, proxy, until=console.ERROR)
+
+    request = record(proxy)
+    assert (request.status, request.error, bills(proxy)) == (
+        RequestStatus.FAILED,
+        "the tracker failed to serve this request",
+        0,
+    )
+    assert net.event_kinds()[-1] == console.ERROR
+    assert any(r.exc_info and r.exc_info[0] is ProgrammingError for r in caplog.records)
