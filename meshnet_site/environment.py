@@ -293,16 +293,18 @@ def celery_broker_config(env: Mapping[str, str], var_dir: Path) -> dict[str, Any
 
     Task results go to the database (django-celery-results), not the broker.
 
-    The embedded broker is kombu's filesystem transport: the tracker and the
-    worker are separate processes on one machine, so an in-memory broker
-    would not reach the worker, while a shared folder does.
+    The embedded broker is kombu's filesystem transport (with whole-message
+    writes, ``meshnet_site.celery_broker``): the tracker and the worker are
+    separate processes on one machine, so an in-memory broker would not reach
+    the worker, while a shared folder does.
     """
     url = redis_url(env)
     if url is not None:
-        return {"broker_url": url, "broker_transport_options": {}}
+        return {"broker_url": url, "broker_transport": None, "broker_transport_options": {}}
     folder = var_dir / "celery"
     return {
         "broker_url": "filesystem://",
+        "broker_transport": "meshnet_site.celery_broker:Transport",
         "broker_transport_options": {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),

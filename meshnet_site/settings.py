@@ -105,6 +105,7 @@ REDIS_URL = env_.redis_url(ENV)
 
 _broker = env_.celery_broker_config(ENV, VAR_DIR)
 CELERY_BROKER_URL = _broker["broker_url"]
+CELERY_BROKER_TRANSPORT = _broker["broker_transport"]
 CELERY_BROKER_TRANSPORT_OPTIONS = _broker["broker_transport_options"]
 # Results are kept (django-celery-results, in the admin) only for the tasks
 # that ask for them: the prune, probe and audit runs, not every liveness sweep.
