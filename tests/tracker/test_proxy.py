@@ -1115,9 +1115,11 @@ def bills(proxy: ChatProxy) -> int:
     return BillingRecord.objects.filter(request_id=proxy.request_uuid).count()
 
 
-def test_a_database_blip_as_the_answer_ends_is_waited_out_and_the_request_billed(
-    net: Net, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def proxy_through(
+    net: Net, monkeypatch: pytest.MonkeyPatch, blips: Blips
+) -> tuple[ChatProxy, list[float]]:
+    """A proxy on one whole-model node whose completion meets ``blips``, and the pauses
+    it takes between tries (recorded, not waited)."""
     net.node("whole", 0, 3)
     proxy, pauses = net.proxy(), []
 
@@ -1125,8 +1127,15 @@ def test_a_database_blip_as_the_answer_ends_is_waited_out_and_the_request_billed
         pauses.append(seconds)
 
     proxy.sleep = pause
-    blips = Blips(away=2)
     monkeypatch.setattr(accounting, "chat_request_complete", blips)
+    return proxy, pauses
+
+
+def test_a_database_blip_as_the_answer_ends_is_waited_out_and_the_request_billed(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blips = Blips(away=2)
+    proxy, pauses = proxy_through(net, monkeypatch, blips)
 
     chunks = serve(proxy)
 
@@ -1139,15 +1148,8 @@ def test_a_database_blip_as_the_answer_ends_is_waited_out_and_the_request_billed
 def test_a_completion_whose_commit_went_through_before_the_cut_is_billed_once(
     net: Net, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    net.node("whole", 0, 3)
-    proxy = net.proxy()
-
-    async def pause(seconds: float) -> None:
-        pass
-
-    proxy.sleep = pause
     blips = Blips(lost_ack=True)
-    monkeypatch.setattr(accounting, "chat_request_complete", blips)
+    proxy, _ = proxy_through(net, monkeypatch, blips)
 
     chunks = serve(proxy)
 
@@ -1158,21 +1160,14 @@ def test_a_completion_whose_commit_went_through_before_the_cut_is_billed_once(
 def test_a_database_away_past_every_retry_leaves_the_request_open_for_the_sweep(
     net: Net, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    net.node("whole", 0, 3)
-    proxy = net.proxy()
-
-    async def pause(seconds: float) -> None:
-        pass
-
-    proxy.sleep = pause
     blips = Blips(away=len(OUTAGE_RETRY_PAUSES) + 1)
-    monkeypatch.setattr(accounting, "chat_request_complete", blips)
+    proxy, pauses = proxy_through(net, monkeypatch, blips)
 
     with pytest.raises(OperationalError):
         serve(proxy)
 
     assert (record(proxy).status, bills(proxy)) == (RequestStatus.PROCESSING, 0)
-    assert blips.tries == len(OUTAGE_RETRY_PAUSES) + 1
+    assert (blips.tries, pauses) == (len(OUTAGE_RETRY_PAUSES) + 1, list(OUTAGE_RETRY_PAUSES))
 
 
 def leave_while_billed(net: Net, proxy: ChatProxy, until: str) -> list[dict[str, Any]]:
