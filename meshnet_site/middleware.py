@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
-from meshnet_site.errors import DATABASE_RETRY_AFTER_SECONDS, is_database_outage
+from meshnet_site.errors import database_unavailable, http_error, is_database_outage
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +27,11 @@ class DatabaseOutageMiddleware(MiddlewareMixin):
         if not is_database_outage(exception):
             return None
         logger.warning("%s %s: the database is unavailable", request.method, request.path)
-        response = HttpResponse(
-            render_to_string("outage.html", {"retry_after": DATABASE_RETRY_AFTER_SECONDS}),
-            status=503,
-        )
-        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        # The API's answer to the same outage, as a page: its status and Retry-After.
+        error = database_unavailable()
+        answer = http_error(error)
+        page = render_to_string("outage.html", {"retry_after": error.retry_after})
+        response = HttpResponse(page, status=answer.status, headers=answer.headers)
         # Logged above as what it is: not Django's "Service Unavailable" error line.
         response._has_been_logged = True  # type: ignore[attr-defined]
         return response

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import psycopg
 from django.db import IntegrityError, OperationalError
 
 from meshnet_site.database import through_outage
-
-
-def _cut() -> OperationalError:
-    error = OperationalError("server closed the connection unexpectedly")
-    error.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
-    return error
+from tests.support.database_errors import connection_cut
 
 
 def _run(failures: list[Exception], pauses: tuple[float, ...]) -> tuple[object, list[float], int]:
@@ -40,18 +34,20 @@ def _run(failures: list[Exception], pauses: tuple[float, ...]) -> tuple[object, 
 
 
 def test_an_outage_is_waited_out_pause_by_pause_until_the_write_lands() -> None:
-    assert _run([_cut(), _cut()], (0.5, 1.0, 2.5)) == ("written", [0.5, 1.0], 3)
+    assert _run([connection_cut(), connection_cut()], (0.5, 1.0, 2.5)) == ("written", [0.5, 1.0], 3)
 
 
 def test_an_outage_past_the_last_pause_is_raised_after_one_try_per_pause_and_a_last() -> None:
-    outcome, waited, calls = _run([_cut(), _cut(), _cut()], (0.5, 1.0))
+    outcome, waited, calls = _run(
+        [connection_cut(), connection_cut(), connection_cut()], (0.5, 1.0)
+    )
 
     assert isinstance(outcome, OperationalError)
     assert (waited, calls) == ([0.5, 1.0], 3)
 
 
 def test_an_error_that_is_not_an_outage_is_raised_at_once() -> None:
-    outcome, waited, calls = _run([IntegrityError("duplicate key"), _cut()], (0.5, 1.0))
+    outcome, waited, calls = _run([IntegrityError("duplicate key"), connection_cut()], (0.5, 1.0))
 
     assert isinstance(outcome, IntegrityError)
     assert (waited, calls) == ([], 1)

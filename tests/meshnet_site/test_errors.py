@@ -6,16 +6,11 @@ import sqlite3
 
 import psycopg
 import pytest
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError
 from psycopg_pool import PoolTimeout
 
 from meshnet_site.errors import is_database_outage
-
-
-def _django(cause: BaseException) -> OperationalError:
-    error = OperationalError(str(cause))
-    error.__cause__ = cause
-    return error
+from tests.support.database_errors import django_error
 
 
 @pytest.mark.parametrize(
@@ -28,7 +23,7 @@ def _django(cause: BaseException) -> OperationalError:
     ],
 )
 def test_a_database_that_cannot_be_reached_is_an_outage(cause: BaseException) -> None:
-    assert is_database_outage(_django(cause))
+    assert is_database_outage(django_error(cause))
 
 
 def test_a_connection_already_closed_is_an_outage() -> None:
@@ -46,4 +41,4 @@ def test_a_connection_already_closed_is_an_outage() -> None:
     ],
 )
 def test_a_query_the_database_refused_stays_a_bug(cause: BaseException) -> None:
-    assert not is_database_outage(_django(cause))
+    assert not is_database_outage(django_error(cause))

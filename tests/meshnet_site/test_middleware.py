@@ -3,18 +3,12 @@ test in tests/reliability/test_faults_services.py cuts a real PostgreSQL link)."
 
 from __future__ import annotations
 
-import psycopg
-from django.db import OperationalError, ProgrammingError
+from django.db import ProgrammingError
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 
 from meshnet_site.middleware import DatabaseOutageMiddleware
-
-
-def _cut() -> OperationalError:
-    error = OperationalError("server closed the connection unexpectedly")
-    error.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
-    return error
+from tests.support.database_errors import connection_cut
 
 
 def _middleware() -> DatabaseOutageMiddleware:
@@ -27,7 +21,7 @@ def _middleware() -> DatabaseOutageMiddleware:
 def test_a_page_whose_database_is_away_answers_503_saying_so_with_retry_after() -> None:
     request = RequestFactory().get("/dashboard/")
 
-    response = _middleware().process_exception(request, _cut())
+    response = _middleware().process_exception(request, connection_cut())
 
     assert response is not None
     assert (response.status_code, response["Retry-After"]) == (503, "5")

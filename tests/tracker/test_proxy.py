@@ -20,7 +20,6 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from django.conf import settings
 from django.db import OperationalError, ProgrammingError
@@ -46,6 +45,7 @@ from routing_app.bans import node_bans_reset
 from routing_app.load import route_load
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
+from tests.support.database_errors import connection_cut
 from tracker_app import accounting, console
 from tracker_app.chat import ChatAnswer, chat_params_parse
 from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
@@ -1079,13 +1079,6 @@ def test_a_prompt_too_long_to_score_is_refused_only_when_its_scores_are_asked(ne
 # --- the database going away as the answer ends -----------------------------------
 
 
-def outage() -> OperationalError:
-    """What Django raises when the connection to PostgreSQL is cut."""
-    error = OperationalError("server closed the connection unexpectedly")
-    error.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
-    return error
-
-
 @dataclass
 class Blips:
     """Stands in for ``accounting.chat_request_complete``: the database is away for the
@@ -1102,12 +1095,12 @@ class Blips:
     def __call__(self, **kwargs: Any) -> Any:
         self.tries += 1
         if self.tries <= self.away:
-            raise outage()
+            raise connection_cut()
         if self.then_bug:
             raise ProgrammingError("column does not exist")
         result = self.real(**kwargs)
         if self.lost_ack and self.tries == 1:
-            raise outage()
+            raise connection_cut()
         return result
 
 
