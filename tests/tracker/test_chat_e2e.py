@@ -16,6 +16,7 @@ import pytest
 import websockets
 from openai.types.chat import ChatCompletionMessageParam
 
+from nodes_app.runtime.tiny import tiny_config
 from tests.support.databases import fresh_process_database
 from tests.support.network import (
     Network,
@@ -154,7 +155,15 @@ def test_a_client_that_disconnects_frees_every_hops_cache(network: Network) -> N
     with httpx.stream(
         "POST",
         f"{network.url}/v1/chat/completions",
-        json={"model": TINY, "messages": PROMPT, "max_tokens": 4000, "stream": True},
+        # The end-of-text token barred: a sampled answer must not end by itself before the
+        # client leaves (it once did, after 2 tokens, and nothing was left to cancel).
+        json={
+            "model": TINY,
+            "messages": PROMPT,
+            "max_tokens": 4000,
+            "stream": True,
+            "logit_bias": {str(tiny_config().eos_token_id): -100},
+        },
         headers=network.headers(),
         timeout=60,
     ) as response:
