@@ -1,0 +1,134 @@
+"""Tiny random-weight checkpoints of every decoder family Meshnet serves, made at test time.
+
+The way transformers tests itself: a family's config shrunk to a hidden size
+of 64 and six layers (few experts, short sliding windows and attention
+chunks, so a short generation crosses them), a model built from it with a
+fixed seed, ``save_pretrained`` into a directory beside the byte-level tiny
+tokenizer. Nothing is downloaded; each checkpoint takes a second or two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from nodes_app.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
+
+SEED = 20261202
+LAYERS = 6
+# A window or chunk this short is crossed by a prompt plus a dozen tokens.
+WINDOW = 8
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": TINY_VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "pad_token_id": 256,
+    "eos_token_id": 258,
+    "bos_token_id": None,
+}
+_MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+_LINEAR: dict[str, Any] = {
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "shared_expert_intermediate_size": 32,
+    # Layers 0-2 linear attention, 3 full, 4-5 linear: splits fall on both kinds.
+    "full_attention_interval": 4,
+}
+
+# Per family: what differs from _COMMON (None removes a key the family does not take).
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {"sliding_window": WINDOW},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {**_MOE, "decoder_sparse_step": 1},
+    "qwen3_next": {**_MOE, **_LINEAR},
+    "qwen3_5_moe_text": {**_MOE, **_LINEAR},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "gemma2": {"sliding_window": WINDOW},
+    "gemma3_text": {"sliding_window": WINDOW, "sliding_window_pattern": 2},
+    "gemma4_text": {
+        "sliding_window": WINDOW,
+        "vocab_size_per_layer_input": TINY_VOCAB_SIZE,
+        "hidden_size_per_layer_input": 8,
+    },
+    "phi3": {},
+    "olmo2": {},
+    "granite": {
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2,
+        "logits_scaling": 4.0,
+    },
+    "smollm3": {"no_rope_layer_interval": 3},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW},
+    "deepseek_v3": {
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "head_dim": 8,
+    },
+    "llama4_text": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 128,
+        "attention_chunk_size": WINDOW,
+        "interleave_moe_layer_step": 1,
+    },
+}
+
+
+def tiny_family_config(model_type: str) -> PretrainedConfig:
+    """The shrunk config of ``model_type`` (a key of :data:`FAMILIES`)."""
+    overrides = {**_COMMON, **FAMILIES[model_type]}
+    return AutoConfig.for_model(
+        model_type, **{key: value for key, value in overrides.items() if value is not None}
+    )
+
+
+def tiny_checkpoint(model_type: str, directory: Path) -> Path:
+    """``directory`` holding a seeded random checkpoint of ``model_type`` and the tiny tokenizer."""
+    config = tiny_family_config(model_type)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # Random init leaves many weights tiny: widen them so layers and experts matter.
+        for parameter in model.parameters():
+            parameter.data.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def transformers_greedy(directory: Path, prompt: list[int], tokens: int) -> list[int]:
+    """The tokens transformers' own greedy ``generate`` gives on the checkpoint, whole."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        do_sample=False,
+    )
+    return out[0, len(prompt) :].tolist()
