@@ -90,6 +90,8 @@ class StepJob:
     arrived: float
     tokens: list[int] | None = None
     hidden: torch.Tensor | None = None
+    # A hop's step ids beside its hidden states, for families whose layers take them.
+    ids: list[int] | None = None
     # Positions already computed (a chunked prefill) and, on a middle hop, their outputs.
     done: int = 0
     outputs: list[torch.Tensor] = field(default_factory=list)
@@ -174,6 +176,7 @@ class StepBatcher:
         tail: TailRequest | None,
         tokens: list[int] | None = None,
         hidden: torch.Tensor | None = None,
+        ids: list[int] | None = None,
     ) -> bytes | Choice:
         """The step's result: hidden-state bytes, or (with ``tail``: the last layer) the choice.
 
@@ -190,6 +193,7 @@ class StepBatcher:
             arrived=self.clock(),
             tokens=tokens,
             hidden=hidden,
+            ids=ids,
         )
         if job.length == 1:
             self._decodes.append(job)
@@ -286,13 +290,22 @@ class StepBatcher:
         return forwards
 
     def _take_decodes(self) -> list[StepJob]:
-        """The oldest decode step and those of the same layer range, up to ``MAX_BATCH``."""
-        first = self._decodes[0]
-        group = (first.session.start, first.session.end)
+        """The oldest decode step and those of the same layer range, up to ``MAX_BATCH``.
+
+        A family whose layers read the past length off the cache (Llama 4)
+        batches only steps at the same position.
+        """
+        shared = self.executor.family.rows_share_past
+
+        def group(job: StepJob) -> tuple[int, int, int]:
+            session = job.session
+            return session.start, session.end, session.position if shared else 0
+
+        first = group(self._decodes[0])
         batch: list[StepJob] = []
         rest: list[StepJob] = []
         for job in self._decodes:
-            same = (job.session.start, job.session.end) == group
+            same = group(job) == first
             (batch if same and len(batch) < MAX_BATCH else rest).append(job)
         self._decodes = rest
         return batch
@@ -315,8 +328,13 @@ class StepBatcher:
         first = batch[0]
         length = min(self.prefill_chunk, first.length - first.done)
         rows = []
+        ids: list[list[int]] | None = [] if executor.family.per_layer_inputs else None
         for job in batch:
             span = slice(job.done, job.done + length)
+            if ids is not None:
+                step_ids = job.tokens if job.tokens is not None else job.ids
+                assert step_ids is not None  # service.check_step: such a hop's step has them
+                ids.append(step_ids[span])
             if job.tokens is not None:
                 rows.append(executor.embed(job.tokens[span]))
             else:
@@ -328,6 +346,7 @@ class StepBatcher:
             pasts=[job.session.position + job.done for job in batch],
             start=first.session.start,
             end=first.session.end,
+            token_ids=ids,
         )
         if self.transform is not None:
             out = self.transform(out)

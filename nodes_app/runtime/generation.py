@@ -344,6 +344,7 @@ class Generation:
                 logprobs=tail.logprobs if last else None,
                 prompt_ids=tail.prompt_ids if last and tail.prompt_ids else None,
                 generated_ids=tail.generated_ids if last and tail.generated_ids else None,
+                token_ids=tuple(token_ids) if service.shard.family.per_layer_inputs else None,
             )
             try:
                 answer = await self.links.to(hop.endpoint).step(

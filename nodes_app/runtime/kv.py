@@ -137,26 +137,51 @@ class BatchCache:
             values[i, :, : row_values.shape[2]] = row_values[0]
         return keys, values
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions ``layer_idx`` held before this step, the same for every row (Llama 4 asks).
+
+        Llama 4's NoPE layers derive the step's positions from it; the batcher
+        only batches rows of such a family at the same past, and this checks it.
+        """
+        lengths = {kv.length(layer_idx) for kv in self.sessions}
+        if len(lengths) != 1:
+            raise RuntimeError("the rows of this batch do not share their past length")
+        return lengths.pop()
+
 
 def attention_mask(
-    pasts: Sequence[int], length: int, *, window: int | None, device: torch.device
+    pasts: Sequence[int],
+    length: int,
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
+    device: torch.device,
+    explicit: bool = False,
 ) -> torch.Tensor | None:
     """The boolean mask ``[N, 1, length, L]`` of a batch whose row ``i`` has ``pasts[i]`` before.
 
     Row ``i``'s queries sit at ``pasts[i] .. pasts[i] + length - 1`` and its
     keys at ``0 .. pasts[i] + length - 1``; ``L`` is the longest row. A query
-    attends keys at or before it (causal, which also hides the padding) and,
-    on a sliding-window layer, only the last ``window`` of them (transformers'
-    rule: ``key > query - window``). ``None`` when ``sdpa`` needs no mask: one
-    row, no window reached, and either one query (it sees everything) or no
-    past (``sdpa``'s own ``is_causal`` applies; with a past it would not).
+    attends keys at or before it (causal, which also hides the padding); on a
+    sliding-window layer only the last ``window`` of them (transformers' rule:
+    ``key > query - window``); on a chunked layer only those in its own chunk
+    of ``chunk`` positions (``key // chunk == query // chunk``). ``None`` when
+    ``sdpa`` needs no mask and ``explicit`` is not asked: one row, no window
+    or chunk boundary reached, and either one query (it sees everything) or
+    no past (``sdpa``'s own ``is_causal`` applies; with a past it would not).
     """
     longest = max(pasts) + length
-    if len(pasts) == 1 and (window is None or longest <= window) and (length == 1 or pasts[0] == 0):
+    bounded = (window is not None and longest > window) or (chunk is not None and longest > chunk)
+    if not explicit and len(pasts) == 1 and not bounded and (length == 1 or pasts[0] == 0):
         return None
     queries = torch.tensor(pasts, device=device).unsqueeze(1) + torch.arange(length, device=device)
-    keys = torch.arange(longest, device=device)
-    allowed = keys.view(1, 1, -1) <= queries.unsqueeze(2)
+    keys = torch.arange(longest, device=device).view(1, 1, -1)
+    queries = queries.unsqueeze(2)
+    allowed = keys <= queries
     if window is not None:
-        allowed &= keys.view(1, 1, -1) > queries.unsqueeze(2) - window
+        allowed &= keys > queries - window
+    if chunk is not None:
+        allowed &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(
+            queries, chunk, rounding_mode="floor"
+        )
     return allowed.unsqueeze(1)

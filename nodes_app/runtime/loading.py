@@ -22,12 +22,10 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
+from nodes_app.runtime.errors import ModelSourceError
+from nodes_app.runtime.families import Family, family_of
 from nodes_app.runtime.sources import ModelSource
 from nodes_app.tokenization import TokenizerUnavailable, model_text_of
-
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
 @dataclass
@@ -36,6 +34,7 @@ class LoadedShard:
 
     model_key: str
     config: PretrainedConfig
+    family: Family
     start: int
     end: int
     layers: dict[int, nn.Module]
@@ -49,6 +48,9 @@ class LoadedShard:
     load_seconds: float = 0.0
     rss_added_bytes: int = 0
     layer_types: list[str] = field(default_factory=list)
+    # transformers' decoder module: only the parts this range needs hold weights (the
+    # rest stays on ``meta``); a family's own inputs (Gemma 4's per-layer embeddings) live here.
+    decoder: nn.Module | None = None
 
     @property
     def num_layers(self) -> int:
@@ -68,6 +70,14 @@ class LoadedShard:
             f"on {self.device} {str(self.dtype).removeprefix('torch.')} "
             f"in {self.load_seconds:.1f} s, +{self.rss_added_bytes / 2**20:.0f} MiB RSS"
         )
+
+
+# Gemma 4's modules that turn token ids into every layer's own input (families.py).
+PER_LAYER_MODULES = (
+    "embed_tokens_per_layer",
+    "per_layer_model_projection",
+    "per_layer_projection_norm",
+)
 
 
 def load_config(source: ModelSource) -> PretrainedConfig:
@@ -105,7 +115,7 @@ def load_shard(
     began = time.perf_counter()
     rss_before = psutil.Process().memory_info().rss
     config = load_config(source)
-    _check_supported(config)
+    family = family_of(config)
     num_layers = int(config.num_hidden_layers)
     if not 0 <= start <= end < num_layers:
         raise ModelSourceError(
@@ -115,7 +125,7 @@ def load_shard(
     if dtype is None:
         # Exact split == whole comparisons need float32 on CPU; accelerators halve it.
         dtype = torch.float32 if target.type == "cpu" else torch.float16
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = family.attention
 
     tokenizer = None
     if with_tokenizer if with_tokenizer is not None else start == 0:
@@ -129,7 +139,7 @@ def load_shard(
     wanted = [
         name
         for name in skeleton.state_dict()
-        if _needed(name, start=start, end=end, is_last=is_last, tied=tied)
+        if _needed(name, start=start, end=end, is_last=is_last, tied=tied, family=family)
     ]
     tensors = dict(
         tqdm(
@@ -152,6 +162,7 @@ def load_shard(
             if name.startswith(prefix)
         }
         module.load_state_dict(own, strict=True, assign=True)
+        _initialise_buffers(skeleton, module, target)
         return module.eval()
 
     decoder = skeleton.model
@@ -161,6 +172,8 @@ def load_shard(
     embed: nn.Embedding | None = None
     if "model.embed_tokens.weight" in tensors:
         embed = materialise(decoder.embed_tokens, "model.embed_tokens.")  # type: ignore[assignment]
+    for name in PER_LAYER_MODULES if family.per_layer_inputs else ():
+        materialise(getattr(decoder, name), f"model.{name}.")
     norm = materialise(decoder.norm, "model.norm.") if is_last else None
     lm_head: nn.Module | None = None
     if is_last:
@@ -176,6 +189,7 @@ def load_shard(
     shard = LoadedShard(
         model_key=model_key,
         config=config,
+        family=family,
         start=start,
         end=end,
         layers=layers,
@@ -186,21 +200,47 @@ def load_shard(
         tokenizer=tokenizer,
         device=target,
         dtype=dtype,
-        layer_types=[_layer_type(config, i) for i in range(num_layers)],
+        layer_types=[family.layer_type(config, i) for i in range(num_layers)],
+        decoder=decoder,
     )
-    del skeleton
     shard.load_seconds = time.perf_counter() - began
     shard.rss_added_bytes = max(0, psutil.Process().memory_info().rss - rss_before)
     return shard
 
 
-def _needed(name: str, *, start: int, end: int, is_last: bool, tied: bool) -> bool:
+def _initialise_buffers(model: Any, module: nn.Module, device: torch.device) -> None:
+    """Give ``module``'s computed buffers (not in any checkpoint) their values.
+
+    A non-persistent buffer (Gemma's embedding scale, say) stays on ``meta``
+    when weights are assigned: it is allocated here and set by the model's
+    own ``_init_weights``, which leaves everything loaded alone (transformers
+    skips tensors marked ``_is_hf_initialized``, as its own loading does).
+    """
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if not tensor.is_meta:
+            tensor._is_hf_initialized = True  # type: ignore[attr-defined]
+    for owner in module.modules():
+        computed = [name for name, buffer in owner.named_buffers(recurse=False) if buffer.is_meta]
+        if not computed:
+            continue
+        for name in computed:
+            meta = owner.get_buffer(name)
+            owner.register_buffer(
+                name, torch.empty(meta.shape, dtype=meta.dtype, device=device), persistent=False
+            )
+        model._init_weights(owner)
+
+
+def _needed(name: str, *, start: int, end: int, is_last: bool, tied: bool, family: Family) -> bool:
     """Whether a shard ``start..end`` needs the tensor ``name`` (a Hugging Face state-dict key)."""
     if name.startswith("model.layers."):
         return start <= int(name.split(".")[2]) <= end
+    if family.per_layer_inputs and name.split(".")[1] in PER_LAYER_MODULES:
+        return True
     if name == "model.embed_tokens.weight":
-        # The last hop of a tied model uses the embedding matrix as its LM head.
-        return start == 0 or (is_last and tied)
+        # The last hop of a tied model uses the embedding matrix as its LM head; every
+        # hop of a family with per-layer inputs embeds the step's ids itself.
+        return start == 0 or (is_last and tied) or family.per_layer_inputs
     if name == "model.norm.weight":
         return is_last
     if name == "lm_head.weight":
@@ -219,29 +259,6 @@ def load_tokenizer(source: ModelSource) -> Any:
         return model_text_of(source).tokenizer
     except TokenizerUnavailable:
         return AutoTokenizer.from_pretrained(_local_directory(source))
-
-
-def _check_supported(config: PretrainedConfig) -> None:
-    model_type = getattr(config, "model_type", "?")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        supported = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
-        raise UnsupportedModelError(
-            f"architecture {model_type!r} is not supported by the shard executor "
-            f"(supported: {supported})"
-        )
-    for index in range(int(config.num_hidden_layers)):
-        kind = _layer_type(config, index)
-        if kind not in LAYER_TYPES:
-            raise UnsupportedModelError(f"layer {index} has unsupported attention type {kind!r}")
-
-
-def _layer_type(config: PretrainedConfig, index: int) -> str:
-    types = getattr(config, "layer_types", None)
-    if types:
-        return str(types[index])
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding_attention"
-    return "full_attention"
 
 
 def _require_builtin(source: ModelSource) -> None:
@@ -347,8 +364,7 @@ def load_causal_lm(source: ModelSource) -> nn.Module:
     The baseline the benchmarks compare the pipeline against (``generate`` in one process).
     """
     config = load_config(source)
-    _check_supported(config)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = family_of(config).attention
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tied = bool(getattr(config, "tie_word_embeddings", False))

@@ -275,6 +275,22 @@ class NodeService:
                 "prompt_ids and generated_ids are for the step that opens the session",
                 code="bad_field",
             )
+        if self.shard.family.per_layer_inputs:
+            if step.token_ids is None or len(step.token_ids) != step.shape[1]:
+                raise RuntimeRequestError(
+                    f"{self.shard.config.model_type} layers take the step's token ids, "
+                    "one per position",
+                    code="missing_field",
+                )
+            if max(step.token_ids) >= self.vocab_size:
+                raise RuntimeRequestError(
+                    f"the step names token ids past the vocabulary (0..{self.vocab_size - 1})",
+                    code="bad_field",
+                )
+        elif step.token_ids is not None:
+            raise RuntimeRequestError(
+                "token_ids are for families whose layers take them", code="bad_field"
+            )
         if step.sampling is not None:
             self.check_vocabulary(
                 step.sampling, (*(step.prompt_ids or ()), *(step.generated_ids or ()))
@@ -361,7 +377,12 @@ class NodeService:
                     prompt_ids=step.prompt_ids or (),
                 )
             self._cover(session, step.position + step.shape[1], step.reserve)
-            result = await self.batcher.submit(session, tail=tail, hidden=hidden)
+            result = await self.batcher.submit(
+                session,
+                tail=tail,
+                hidden=hidden,
+                ids=list(step.token_ids) if step.token_ids is not None else None,
+            )
             session.position += step.shape[1]
             session.touch()
             return result

@@ -118,6 +118,9 @@ class ForwardStep:
     # and only the opening step (position 0) carries them.
     logprobs: int | None = None
     prompt_ids: tuple[int, ...] | None = None
+    # The step's own token ids, one per position, for a family whose every layer takes
+    # an embedding of them (Gemma 4's per-layer inputs: families.Family.per_layer_inputs).
+    token_ids: tuple[int, ...] | None = None
     generated_ids: tuple[int, ...] | None = None
 
 
@@ -527,7 +530,7 @@ def step_from_fields(raw: Any) -> ForwardStep:
 
 
 # Fields that are lists of token ids, bounded by the step's positions.
-_TOKEN_LISTS = ("prompt_ids", "generated_ids")
+_TOKEN_LISTS = ("prompt_ids", "generated_ids", "token_ids")
 
 
 def _optional(name: str) -> bool:

@@ -30,6 +30,7 @@ STEP = wire.ForwardStep(
     logprobs=3,
     prompt_ids=(5, 6, 7),
     generated_ids=(7,),
+    token_ids=(5, 6, 7),
 )
 
 

@@ -121,14 +121,21 @@ def tiny_checkpoint(model_type: str, directory: Path) -> Path:
     return directory
 
 
-def transformers_greedy(directory: Path, prompt: list[int], tokens: int) -> list[int]:
-    """The tokens transformers' own greedy ``generate`` gives on the checkpoint, whole."""
+def transformers_greedy(
+    directory: Path, prompt: list[int], tokens: int
+) -> tuple[list[int], torch.Tensor]:
+    """Transformers' own greedy ``generate`` on the whole checkpoint: the tokens and their logits.
+
+    The logits ``[tokens, vocab]`` are the model's raw logits at each step (float32).
+    """
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     out = model.generate(
         torch.tensor([prompt]),
         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
         max_new_tokens=tokens,
-        min_new_tokens=tokens,
         do_sample=False,
+        eos_token_id=None,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
-    return out[0, len(prompt) :].tolist()
+    return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float()
