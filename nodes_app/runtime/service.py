@@ -24,7 +24,7 @@ from nodes_app.runtime import wire
 from nodes_app.runtime.batching import StepBatcher, ThroughputMeter
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.kv import bytes_per_position, default_kv_budget
+from nodes_app.runtime.kv import default_kv_budget, session_bytes
 from nodes_app.runtime.loading import LoadedShard
 from nodes_app.runtime.plan import check_logit_bias
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest, TokenPicker
@@ -182,7 +182,7 @@ class NodeService:
             end=end,
             cache=self.executor.new_cache(limit=positions),
             reserve=positions,
-            reserved_bytes=positions * bytes_per_position(self.shard, start, end),
+            reserved_bytes=session_bytes(self.shard, start, end, positions),
             capability=capability,
         )
 
@@ -194,7 +194,7 @@ class NodeService:
         self.store.extend(
             session,
             reserve=positions,
-            reserved_bytes=positions * bytes_per_position(self.shard, session.start, session.end),
+            reserved_bytes=session_bytes(self.shard, session.start, session.end, positions),
         )
         session.cache.limit = session.reserve
 

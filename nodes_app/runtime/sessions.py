@@ -6,12 +6,13 @@ repeated step is refused instead of corrupting the cache.
 
 Admission is by memory, not by count: a session reserves the bytes of the
 positions it may reach (``reserve`` positions × the bytes one position takes
-in its layers) and is admitted while the node's reservations fit its KV
-budget; past it the node answers 503 ``node_busy`` (the tracker queues and
-retries). A session that outgrows its reservation is never failed for it:
-the reservation grows, and new sessions wait until it shrinks again. An
-optional ``max_sessions`` ceiling remains for operators and tests that want a
-count. Sessions left idle longer than the timeout are forgotten.
+in its layers, plus the fixed states of its linear-attention layers) and is
+admitted while the node's reservations fit its KV budget; past it the node
+answers 503 ``node_busy`` (the tracker queues and retries). A session that
+outgrows its reservation is never failed for it: the reservation grows, and
+new sessions wait until it shrinks again. An optional ``max_sessions``
+ceiling remains for operators and tests that want a count. Sessions left
+idle longer than the timeout are forgotten.
 """
 
 from __future__ import annotations

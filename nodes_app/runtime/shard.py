@@ -113,6 +113,7 @@ class ShardExecutor:
                 cache=cache,
                 use_cache=True,
             )
+        cache.commit()
         return hidden
 
     def _per_layer(
