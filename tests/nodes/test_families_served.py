@@ -87,7 +87,7 @@ def test_a_whole_node_and_a_split_answer_as_transformers_generates(
 def test_a_client_chat_through_the_tracker_gets_the_split_models_answer(
     served: tuple[Network, dict[str, Path]],
 ) -> None:
-    network, checkpoints = served
+    network, _ = served
     key = "qwen3-5-moe-text"
     head, tail = network.nodes[f"{key}-head"], network.nodes[f"{key}-tail"]
     body = generate_body([(head, 0, SPLIT), (tail, SPLIT + 1, LAYERS - 1)], model=key,
