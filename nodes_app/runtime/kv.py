@@ -66,17 +66,18 @@ def _linear_layers(config: PretrainedConfig, start: int, end: int) -> int:
 def bytes_per_position(shard: Any, start: int, end: int) -> int:
     """K/V bytes one position takes in layers ``start..end`` of ``shard`` (a LoadedShard).
 
-    2 (K and V) × layers keeping K/V (linear-attention layers keep none) × KV
-    heads × head dim × the dtype's size.
+    Per layer keeping K/V (linear-attention layers keep none): KV heads × (key
+    head dim + value head dim) × the dtype's size, each layer's dimensions as
+    its family declares them (``Family.kv_dims``).
     """
-    config: PretrainedConfig = shard.config
-    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    head_dim = int(
-        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    )
     itemsize = torch.empty((), dtype=shard.dtype).element_size()
-    layers = end - start + 1 - _linear_layers(config, start, end)
-    return 2 * layers * heads * head_dim * itemsize
+    total = 0
+    for index in range(start, end + 1):
+        if shard.layer_types[index] == LINEAR_ATTENTION:
+            continue
+        heads, key_dim, value_dim = shard.family.kv_dims(shard.config, index)
+        total += heads * (key_dim + value_dim) * itemsize
+    return total
 
 
 def linear_state_bytes(shard: Any, start: int, end: int) -> int:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from nodes_app.runtime.errors import UnsupportedModelError
+from nodes_app.runtime.kv import session_bytes
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.shard import ShardExecutor
 from nodes_app.runtime.sources import ModelSource
@@ -147,3 +148,18 @@ def test_a_family_the_runner_does_not_serve_is_refused_naming_it(tmp_path: Path)
     )
     with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported"):
         hops_of(tmp_path, [(0, 1)])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_sessions_reservation_is_what_its_state_really_takes(
+    checkpoints: dict[str, Path], family: str
+) -> None:
+    ((executor, start, end),) = hops_of(checkpoint(checkpoints, family), [(0, LAYERS - 1)])
+    prompt = (PROMPT * 2)[:16]
+    cache = executor.new_cache(limit=len(prompt))
+
+    executor.run_layers(
+        executor.embed(prompt), cache=cache, start=start, end=end, position=0, token_ids=prompt
+    )
+
+    assert cache.nbytes == session_bytes(executor.shard, start, end, len(prompt))
