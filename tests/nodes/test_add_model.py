@@ -9,7 +9,9 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
+from django.test import Client
 
 from nodes_app.models import LanguageModel
 from nodes_app.runtime.sources import parse_source
@@ -111,3 +113,64 @@ def test_a_directory_without_weights_or_tokenizer_is_refused(
 def test_a_negative_price_is_refused(qwen3_moe: Path) -> None:
     with pytest.raises(CommandError, match="prompt price must be a number of at least 0"):
         add_model("tiny-qwen3-moe", "--weights", str(qwen3_moe), "--prompt-price", "-1")
+
+
+@pytest.fixture
+def staff_client() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("operator", password="pw-for-tests"))
+    return client
+
+
+def admin_add(client: Client, key: str, weights: Path) -> str:
+    form = {
+        "key": key,
+        "display_name": "",
+        "weight_source": str(weights),
+        "prompt_price_per_1k": "0.1",
+        "completion_price_per_1k": "0.2",
+    }
+    return client.post("/admin/nodes_app/languagemodel/add/", form, follow=True).content.decode()
+
+
+def test_the_admin_form_reads_the_layer_count_from_the_weights(
+    staff_client: Client, qwen3_moe: Path
+) -> None:
+    admin_add(staff_client, "tiny-qwen3-moe", qwen3_moe)
+
+    model = LanguageModel.objects.get(key="tiny-qwen3-moe")
+    assert (model.num_layers, model.context_length) == (6, 4096)
+    assert model.completion_price_per_1k == Decimal("0.2")
+
+
+def test_the_admin_form_refuses_an_unknown_architecture_naming_it(
+    staff_client: Client, gpt2: Path
+) -> None:
+    page = admin_add(staff_client, "gpt2-small", gpt2)
+
+    assert "model type &#x27;gpt2&#x27; is not served" in page
+    assert not LanguageModel.objects.filter(key="gpt2-small").exists()
+
+
+def test_the_admin_form_refuses_a_missing_path(staff_client: Client, tmp_path: Path) -> None:
+    page = admin_add(staff_client, "ghost", tmp_path / "nowhere.gguf")
+
+    assert "does not exist" in page
+    assert not LanguageModel.objects.filter(key="ghost").exists()
+
+
+def test_prices_of_a_shipped_model_stay_editable_in_the_admin(staff_client: Client) -> None:
+    model = LanguageModel.objects.get(key="tiny-random-llama")
+    form = {
+        "key": model.key,
+        "display_name": model.display_name,
+        "weight_source": model.weight_source,
+        "prompt_price_per_1k": "0.5",
+        "completion_price_per_1k": "0.7",
+    }
+
+    staff_client.post(f"/admin/nodes_app/languagemodel/{model.pk}/change/", form)
+
+    model.refresh_from_db()
+    assert model.prompt_price_per_1k == Decimal("0.5")
+    assert model.num_layers == 4
