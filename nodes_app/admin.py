@@ -3,10 +3,15 @@ catalogue and topology epochs."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from nodes_app.model_intake import ModelRefused, language_model_add, model_weights_read
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.services import node_set_status
 
@@ -60,17 +65,84 @@ class NodeAdmin(admin.ModelAdmin[Node]):
         )
 
 
+class LanguageModelForm(forms.ModelForm[LanguageModel]):
+    """The model form: the layer count and context length come from the weights, as with
+    ``add_model``, and weights the runtime cannot serve are refused with the reason."""
+
+    class Meta:
+        model = LanguageModel
+        fields = [
+            "key",
+            "display_name",
+            "weight_source",
+            "prompt_price_per_1k",
+            "completion_price_per_1k",
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["display_name"].required = False
+        self.fields["display_name"].help_text = "Default: the key"
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        adding = self.instance._state.adding
+        source = cleaned.get("weight_source")
+        if source is None or not (adding or "weight_source" in self.changed_data):
+            return cleaned  # shipped models' built-in sources are never re-read
+        try:
+            weights = model_weights_read(weight_source=source)
+        except ModelRefused as refused:
+            raise ValidationError({"weight_source": refused.message}) from None
+        if not adding and weights.num_layers != self.instance.num_layers:
+            raise ValidationError(
+                {
+                    "weight_source": f"these weights have {weights.num_layers} layers, but "
+                    f"nodes serve {self.instance.key} as {self.instance.num_layers}: "
+                    "add them under a new key"
+                }
+            )
+        cleaned["weight_source"] = weights.weight_source
+        self.instance.num_layers = weights.num_layers
+        self.instance.context_length = weights.context_length
+        return cleaned
+
+
 @admin.register(LanguageModel)
 class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
+    form = LanguageModelForm
     list_display = [
         "key",
         "display_name",
         "num_layers",
+        "context_length",
         "weight_source",
         "prompt_price_per_1k",
         "completion_price_per_1k",
     ]
     search_fields = ["key", "display_name", "weight_source"]
+    readonly_fields = ["num_layers", "context_length"]
+
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: LanguageModel,
+        form: forms.ModelForm[LanguageModel],
+        change: bool,
+    ) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # A new model is added the one way add_model adds it.
+        added = language_model_add(
+            key=obj.key,
+            weight_source=obj.weight_source,
+            display_name=obj.display_name,
+            prompt_price_per_1k=obj.prompt_price_per_1k,
+            completion_price_per_1k=obj.completion_price_per_1k,
+        )
+        obj.pk = added.pk
+        obj.refresh_from_db()
 
 
 @admin.register(TopologyEpoch)

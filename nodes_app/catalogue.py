@@ -7,8 +7,10 @@ rows are created from it by migrations (``nodes_app/migrations/0003``), and
 from then on belong to the operator: prices and names edited in the admin
 are never overwritten.
 
-Adding a model: add its entry here and a migration that creates its row
-(copy ``0003_catalogue_rows``; a migration already applied does not run again).
+Operators add their own models with ``manage.py add_model`` (or the admin),
+which reads them from their weights (``nodes_app.model_intake``). Shipping
+a model with the project: add its entry here and a migration that creates its
+row (copy ``0003_catalogue_rows``; a migration already applied does not run again).
 """
 
 from __future__ import annotations

