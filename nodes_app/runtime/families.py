@@ -22,8 +22,10 @@ is declared here, never branched on in the runner:
 - **how the last hop finishes**: final norm and LM head, then a logit scale
   (Granite) or tanh softcapping (Gemma).
 
-A model type missing from :data:`FAMILIES` is refused at start, naming what
-is missing (:func:`family_of`).
+Which model types are served is declared once, torch-free, in
+:mod:`nodes_app.families`; :data:`FAMILIES` holds an adapter for each of
+them, and anything else is refused at start with the reason
+(:func:`family_of`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, Literal
 import torch
 from transformers import PretrainedConfig
 
+from nodes_app.families import family_refusal
 from nodes_app.runtime.errors import UnsupportedModelError
 
 AttentionImplementation = Literal["sdpa", "eager"]
@@ -164,20 +167,16 @@ FAMILIES: dict[str, Family] = {
 
 
 def family_of(config: PretrainedConfig) -> Family:
-    """The adapter for ``config``'s model type; refuses what the runner cannot serve, saying why."""
+    """The adapter for ``config``'s model type; refuses what the runner cannot serve, saying why.
+
+    What is served, and why anything else is refused, is declared once in
+    :mod:`nodes_app.families` (``add_model`` and the admin say the same).
+    """
     model_type = str(getattr(config, "model_type", "?"))
-    family = FAMILIES.get(model_type)
-    if family is None:
-        supported = ", ".join(sorted(FAMILIES))
-        raise UnsupportedModelError(
-            f"architecture {model_type!r} is not supported by the shard executor "
-            f"(supported: {supported})"
-        )
-    if getattr(config, "num_kv_shared_layers", 0):
-        raise UnsupportedModelError(
-            f"{model_type} with num_kv_shared_layers > 0 is not supported: its last layers read "
-            "the K/V of earlier layers, which another node may hold (KV sharing across layers)"
-        )
+    refusal = family_refusal(model_type, config.to_dict())
+    if refusal is not None:
+        raise UnsupportedModelError(refusal)
+    family = FAMILIES[model_type]
     for index in range(int(config.num_hidden_layers)):
         kind = family.layer_type(config, index)
         if kind not in LAYER_TYPES:

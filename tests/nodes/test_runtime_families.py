@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from nodes_app.families import SUPPORTED_FAMILIES
 from nodes_app.runtime.errors import UnsupportedModelError
+from nodes_app.runtime.families import FAMILIES as ADAPTERS
 from nodes_app.runtime.kv import session_bytes
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.shard import ShardExecutor
@@ -146,7 +148,7 @@ def test_a_family_the_runner_does_not_serve_is_refused_naming_it(tmp_path: Path)
     (tmp_path / "config.json").write_text(
         '{"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 50}'
     )
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not served"):
         hops_of(tmp_path, [(0, 1)])
 
 
@@ -163,3 +165,7 @@ def test_a_sessions_reservation_is_what_its_state_really_takes(
     )
 
     assert cache.nbytes == session_bytes(executor.shard, start, end, len(prompt))
+
+
+def test_the_runner_has_an_adapter_for_every_served_family_and_no_other() -> None:
+    assert set(ADAPTERS) == set(SUPPORTED_FAMILIES) == set(FAMILIES)

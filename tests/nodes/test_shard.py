@@ -99,7 +99,7 @@ def test_an_unsupported_architecture_gets_a_clear_error(tmp_path) -> None:
     (tmp_path / "config.json").write_text(
         '{"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 50}'
     )
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not served"):
         load_shard(
             model_key="gpt2-ish",
             source=ModelSource("directory", str(tmp_path)),
