@@ -37,20 +37,15 @@ SUPPORTED_FAMILIES: dict[str, str] = {
 }
 
 # llama.cpp's ``general.architecture`` → the model_type transformers loads it as,
-# for the GGUF architectures transformers reads that map to a served family.
-# (A "llama" file whose name says Mistral loads as mistral: served either way.)
+# for the GGUF architectures whose tensors the node's GGUF reader maps (the
+# dense Llama layout; a "llama" file whose name says Mistral loads as mistral).
+# GGUF files of the other families (fused expert tensors, Gemma's norms) are
+# refused until a test reads one: serve those from a Hugging Face directory.
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "llama",
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
-    "qwen3moe": "qwen3_moe",
-    "qwen35moe": "qwen3_5_moe_text",
-    "gemma2": "gemma2",
-    "gemma3": "gemma3_text",
-    "gemma4": "gemma4_text",
-    "phi3": "phi3",
-    "gpt-oss": "gpt_oss",
 }
 
 # Vision-language checkpoints whose text model is a served family: saved on
