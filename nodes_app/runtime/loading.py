@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 
 from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
 from nodes_app.runtime.sources import ModelSource
+from nodes_app.runtime.weights import PER_LAYER_INPUT_MODULES, read_tensors, shard_needs
 from nodes_app.tokenization import TokenizerUnavailable, model_text_of
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -49,6 +49,8 @@ class LoadedShard:
     load_seconds: float = 0.0
     rss_added_bytes: int = 0
     layer_types: list[str] = field(default_factory=list)
+    # Modules that turn token ids into per-layer inputs (Gemma 4), on the head.
+    per_layer_inputs: dict[str, nn.Module] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -129,11 +131,11 @@ def load_shard(
     wanted = [
         name
         for name in skeleton.state_dict()
-        if _needed(name, start=start, end=end, is_last=is_last, tied=tied)
+        if shard_needs(name, start=start, end=end, is_last=is_last, tied=tied)
     ]
     tensors = dict(
         tqdm(
-            _read_tensors(source, config, skeleton, set(wanted)),
+            read_tensors(_local(source), config, skeleton, set(wanted), dtype=dtype),
             total=len(wanted),
             desc=f"{model_key} layers {start}-{end}",
             unit="tensor",
@@ -161,6 +163,11 @@ def load_shard(
     embed: nn.Embedding | None = None
     if "model.embed_tokens.weight" in tensors:
         embed = materialise(decoder.embed_tokens, "model.embed_tokens.")  # type: ignore[assignment]
+    per_layer_inputs = {
+        name: materialise(getattr(decoder, name), f"model.{name}.")
+        for name in PER_LAYER_INPUT_MODULES
+        if any(key.startswith(f"model.{name}.") for key in tensors)
+    }
     norm = materialise(decoder.norm, "model.norm.") if is_last else None
     lm_head: nn.Module | None = None
     if is_last:
@@ -187,25 +194,12 @@ def load_shard(
         device=target,
         dtype=dtype,
         layer_types=[_layer_type(config, i) for i in range(num_layers)],
+        per_layer_inputs=per_layer_inputs,
     )
     del skeleton
     shard.load_seconds = time.perf_counter() - began
     shard.rss_added_bytes = max(0, psutil.Process().memory_info().rss - rss_before)
     return shard
-
-
-def _needed(name: str, *, start: int, end: int, is_last: bool, tied: bool) -> bool:
-    """Whether a shard ``start..end`` needs the tensor ``name`` (a Hugging Face state-dict key)."""
-    if name.startswith("model.layers."):
-        return start <= int(name.split(".")[2]) <= end
-    if name == "model.embed_tokens.weight":
-        # The last hop of a tied model uses the embedding matrix as its LM head.
-        return start == 0 or (is_last and tied)
-    if name == "model.norm.weight":
-        return is_last
-    if name == "lm_head.weight":
-        return is_last and not tied
-    return False
 
 
 def load_tokenizer(source: ModelSource) -> Any:
@@ -249,6 +243,13 @@ def _require_builtin(source: ModelSource) -> None:
         raise ModelSourceError(f"no built-in model named {source.location!r}")
 
 
+def _local(source: ModelSource) -> ModelSource:
+    """``source`` with a hub id resolved to its downloaded directory."""
+    if source.kind == "hub":
+        return ModelSource("directory", _local_directory(source))
+    return source
+
+
 def _local_directory(source: ModelSource) -> str:
     if source.kind == "directory":
         return source.location
@@ -268,79 +269,6 @@ def _local_directory(source: ModelSource) -> str:
     raise ModelSourceError(f"source {source} is not a directory")
 
 
-def _read_tensors(
-    source: ModelSource, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    if source.kind == "builtin":
-        from nodes_app.runtime import tiny
-
-        _require_builtin(source)
-        for name, tensor in tiny.tiny_state_dict().items():
-            if name in wanted:
-                yield name, tensor
-    elif source.kind == "gguf":
-        yield from _read_gguf(Path(source.location), config, skeleton, wanted)
-    else:
-        yield from _read_safetensors(Path(_local_directory(source)), wanted)
-
-
-def _read_gguf(
-    path: Path, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    import numpy as np
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-    )
-
-    # transformers' header reader maps the file and parses only the tensor table:
-    # gguf.GGUFReader would also materialise every metadata array (~160 MB here).
-    header = GgufHeader.from_file(str(path))
-    raw = load_gguf_state_dict(header)
-    shapes = {info.name: info.shape for info in header.tensors}
-    # llama.cpp permutes q/k rows for its rotary layout; the processor undoes it.
-    processor_class = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)
-    processor = processor_class(config=config.to_dict())
-    gguf_to_hf = get_gguf_hf_weights_map(skeleton, processor)
-    for gguf_name, lazy in raw.items():
-        hf_name = gguf_to_hf.get(gguf_name)
-        if hf_name is None or hf_name not in wanted:
-            continue
-        quant = GGMLQuantizationType(lazy.ggml_type)
-        shape = shapes[gguf_name]
-        if quant == GGMLQuantizationType.F32:
-            weights = np.asarray(lazy.data).view(np.float32).reshape(shape)
-        elif quant == GGMLQuantizationType.F16:
-            weights = np.asarray(lazy.data).view(np.float16).astype(np.float32).reshape(shape)
-        else:
-            # Quantized blocks (and BF16) go to gguf as rows of bytes.
-            row_bytes = lazy.data.size // max(1, int(np.prod(shape[:-1])))
-            stored = np.asarray(lazy.data).reshape(*shape[:-1], row_bytes)
-            weights = dequantize(stored, quant).reshape(shape)
-        weights = processor.process(weights=weights, name=gguf_name).weights
-        weights = np.ascontiguousarray(weights, dtype=np.float32)
-        if not weights.flags.writeable:  # a view of the mapped file: own a copy
-            weights = weights.copy()
-        yield hf_name, torch.from_numpy(weights)
-
-
-def _read_safetensors(directory: Path, wanted: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelSourceError(f"{directory} holds no *.safetensors files")
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if name in wanted:
-                    yield name, handle.get_tensor(name)
-
-
 def load_causal_lm(source: ModelSource) -> nn.Module:
     """The whole model as transformers' own ``*ForCausalLM``, with the weights a node would load.
 
@@ -352,8 +280,13 @@ def load_causal_lm(source: ModelSource) -> nn.Module:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    wanted = {name for name in model.state_dict() if not (tied and name == "lm_head.weight")}
-    tensors = dict(_read_tensors(source, config, model, wanted))
+    last = int(config.num_hidden_layers) - 1
+    wanted = {
+        name
+        for name in model.state_dict()
+        if shard_needs(name, start=0, end=last, is_last=True, tied=tied)
+    }
+    tensors = dict(read_tensors(_local(source), config, model, wanted, dtype=torch.float32))
     model.load_state_dict(tensors, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
