@@ -23,7 +23,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 
 from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
 from nodes_app.runtime.sources import ModelSource
-from nodes_app.runtime.weights import PER_LAYER_INPUT_MODULES, read_tensors, shard_needs
+from nodes_app.runtime.weights import (
+    PER_LAYER_INPUT_MODULES,
+    compute_unsaved_buffers,
+    read_tensors,
+    shard_needs,
+)
 from nodes_app.tokenization import TokenizerUnavailable, model_text_of
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -154,6 +159,7 @@ def load_shard(
             if name.startswith(prefix)
         }
         module.load_state_dict(own, strict=True, assign=True)
+        compute_unsaved_buffers(decoder, module, target)
         return module.eval()
 
     decoder = skeleton.model
@@ -291,6 +297,7 @@ def load_causal_lm(source: ModelSource) -> nn.Module:
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    compute_unsaved_buffers(model, model, torch.device("cpu"))
     still_meta = [name for name, p in model.named_parameters() if p.is_meta]
     if still_meta:
         raise ModelSourceError(f"the weights lack {still_meta[0]}")

@@ -86,6 +86,30 @@ def read_tensors(
         raise ModelSourceError(f"source {source} is not local: resolve it to a directory first")
 
 
+def compute_unsaved_buffers(model: nn.Module, module: nn.Module, device: torch.device) -> None:
+    """Give ``module``'s buffers that no checkpoint holds the values ``from_pretrained`` gives.
+
+    Such buffers (Gemma's embedding scale, say) are not in the state dict, so
+    they stay on ``meta`` after loading. transformers computes them with the
+    model's ``_init_weights``, which skips tensors flagged as loaded; the same
+    here, so the loaded weights are left as they are.
+    """
+    pending = [
+        (owner, name, buffer)
+        for owner in module.modules()
+        for name, buffer in owner.named_buffers(recurse=False)
+        if buffer.is_meta
+    ]
+    if not pending:
+        return
+    for tensor in [*module.parameters(), *module.buffers()]:
+        tensor._is_hf_initialized = True  # type: ignore[attr-defined]
+    for owner, name, buffer in pending:
+        owner._buffers[name] = torch.empty_like(buffer, device=device)
+    for owner in {id(owner): owner for owner, _, _ in pending}.values():
+        model._init_weights(owner)  # type: ignore[operator]
+
+
 @dataclass
 class ReadPlan:
     """What to read from a checkpoint for a set of wanted parameters, and how to convert it.
