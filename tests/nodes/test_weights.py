@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from nodes_app.runtime import loading
 from nodes_app.runtime.errors import UnsupportedModelError
 from nodes_app.runtime.sources import ModelSource, resolve_source
-from nodes_app.runtime.weights import plan_reads, read_tensors, shard_needs
+from nodes_app.runtime.weights import plan_reads, read_gguf, read_tensors, shard_needs
 from tests.support.checkpoints import FAMILIES, LAYERS, tiny_checkpoint, tiny_family_config
 
 LAST = LAYERS - 1
@@ -269,3 +269,60 @@ def test_gguf_weights_load_into_the_chosen_dtype(
     assert {tensor.dtype for tensor in chosen.values()} == {dtype}
     for name, tensor in chosen.items():
         assert torch.equal(tensor, float32[name].to(dtype)), name
+
+
+def write_gguf(path: Path, tensors: dict[str, torch.Tensor], stored: str) -> Path:
+    """A GGUF file of ``tensors`` (GGUF names) stored as ``stored``: F32, F16 or BF16."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    kind = GGMLQuantizationType[stored]
+    writer = GGUFWriter(str(path), "llama")
+    for name, tensor in tensors.items():
+        values = tensor.float().numpy()
+        if kind == GGMLQuantizationType.F32:
+            writer.add_tensor(name, values)
+        elif kind == GGMLQuantizationType.F16:
+            writer.add_tensor(name, values.astype(np.float16))
+        else:
+            bits = quantize(values, kind)
+            writer.add_tensor(name, bits, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("stored", ["F16", "BF16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_16_bit_gguf_tensors_give_what_a_float32_detour_would(
+    stored: str, dtype: torch.dtype, checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    from transformers.modeling_gguf_pytorch_utils import (
+        LlamaTensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    skeleton = skeleton_of(checkpoint("llama"))
+    config = skeleton.config
+    names = get_gguf_hf_weights_map(skeleton, LlamaTensorProcessor(config=config.to_dict()))
+    weights = read(checkpoint("llama"), 0, LAST)
+    # Values the 16-bit format holds exactly, so the float32 file holds the same ones.
+    rounded = {
+        gguf: weights[hf].to(getattr(torch, {"F16": "float16", "BF16": "bfloat16"}[stored]))
+        for gguf, hf in names.items()
+        if hf in weights
+    }
+    sixteen = write_gguf(tmp_path / "sixteen.gguf", rounded, stored)
+    thirty_two = write_gguf(tmp_path / "thirty_two.gguf", rounded, "F32")
+    wanted = set(weights)
+
+    direct = dict(read_gguf(sixteen, config, skeleton, wanted, dtype=dtype))
+    detour = dict(read_gguf(thirty_two, config, skeleton, wanted, dtype=torch.float32))
+
+    assert set(direct) == wanted
+    for name, tensor in direct.items():
+        assert tensor.dtype == dtype
+        assert torch.equal(tensor, detour[name].to(dtype)), name
