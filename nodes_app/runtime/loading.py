@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from nodes_app.runtime.errors import ModelSourceError
 from nodes_app.runtime.families import Family, family_of
 from nodes_app.runtime.sources import ModelSource
+from nodes_app.runtime.weights import (
+    PER_LAYER_INPUT_MODULES,
+    compute_unsaved_buffers,
+    read_tensors,
+    shard_needs,
+)
 from nodes_app.tokenization import TokenizerUnavailable, model_text_of
 
 
@@ -70,14 +75,6 @@ class LoadedShard:
             f"on {self.device} {str(self.dtype).removeprefix('torch.')} "
             f"in {self.load_seconds:.1f} s, +{self.rss_added_bytes / 2**20:.0f} MiB RSS"
         )
-
-
-# Gemma 4's modules that turn token ids into every layer's own input (families.py).
-PER_LAYER_MODULES = (
-    "embed_tokens_per_layer",
-    "per_layer_model_projection",
-    "per_layer_projection_norm",
-)
 
 
 def load_config(source: ModelSource) -> PretrainedConfig:
@@ -139,11 +136,18 @@ def load_shard(
     wanted = [
         name
         for name in skeleton.state_dict()
-        if _needed(name, start=start, end=end, is_last=is_last, tied=tied, family=family)
+        if shard_needs(
+            name,
+            start=start,
+            end=end,
+            is_last=is_last,
+            tied=tied,
+            per_layer_inputs=family.per_layer_inputs,
+        )
     ]
     tensors = dict(
         tqdm(
-            _read_tensors(source, config, skeleton, set(wanted)),
+            read_tensors(_local(source), config, skeleton, set(wanted), dtype=dtype),
             total=len(wanted),
             desc=f"{model_key} layers {start}-{end}",
             unit="tensor",
@@ -162,7 +166,7 @@ def load_shard(
             if name.startswith(prefix)
         }
         module.load_state_dict(own, strict=True, assign=True)
-        _initialise_buffers(skeleton, module, target)
+        compute_unsaved_buffers(decoder, module, target)
         return module.eval()
 
     decoder = skeleton.model
@@ -172,7 +176,7 @@ def load_shard(
     embed: nn.Embedding | None = None
     if "model.embed_tokens.weight" in tensors:
         embed = materialise(decoder.embed_tokens, "model.embed_tokens.")  # type: ignore[assignment]
-    for name in PER_LAYER_MODULES if family.per_layer_inputs else ():
+    for name in PER_LAYER_INPUT_MODULES if family.per_layer_inputs else ():
         materialise(getattr(decoder, name), f"model.{name}.")
     norm = materialise(decoder.norm, "model.norm.") if is_last else None
     lm_head: nn.Module | None = None
@@ -208,46 +212,6 @@ def load_shard(
     return shard
 
 
-def _initialise_buffers(model: Any, module: nn.Module, device: torch.device) -> None:
-    """Give ``module``'s computed buffers (not in any checkpoint) their values.
-
-    A non-persistent buffer (Gemma's embedding scale, say) stays on ``meta``
-    when weights are assigned: it is allocated here and set by the model's
-    own ``_init_weights``, which leaves everything loaded alone (transformers
-    skips tensors marked ``_is_hf_initialized``, as its own loading does).
-    """
-    for tensor in [*module.parameters(), *module.buffers()]:
-        if not tensor.is_meta:
-            tensor._is_hf_initialized = True  # type: ignore[attr-defined]
-    for owner in module.modules():
-        computed = [name for name, buffer in owner.named_buffers(recurse=False) if buffer.is_meta]
-        if not computed:
-            continue
-        for name in computed:
-            meta = owner.get_buffer(name)
-            owner.register_buffer(
-                name, torch.empty(meta.shape, dtype=meta.dtype, device=device), persistent=False
-            )
-        model._init_weights(owner)
-
-
-def _needed(name: str, *, start: int, end: int, is_last: bool, tied: bool, family: Family) -> bool:
-    """Whether a shard ``start..end`` needs the tensor ``name`` (a Hugging Face state-dict key)."""
-    if name.startswith("model.layers."):
-        return start <= int(name.split(".")[2]) <= end
-    if family.per_layer_inputs and name.split(".")[1] in PER_LAYER_MODULES:
-        return True
-    if name == "model.embed_tokens.weight":
-        # The last hop of a tied model uses the embedding matrix as its LM head; every
-        # hop of a family with per-layer inputs embeds the step's ids itself.
-        return start == 0 or (is_last and tied) or family.per_layer_inputs
-    if name == "model.norm.weight":
-        return is_last
-    if name == "lm_head.weight":
-        return is_last and not tied
-    return False
-
-
 def load_tokenizer(source: ModelSource) -> Any:
     """The tokenizer the tracker loads too (``nodes_app.tokenization``), so both count alike.
 
@@ -264,6 +228,13 @@ def load_tokenizer(source: ModelSource) -> Any:
 def _require_builtin(source: ModelSource) -> None:
     if source.location != "tiny-random-llama":
         raise ModelSourceError(f"no built-in model named {source.location!r}")
+
+
+def _local(source: ModelSource) -> ModelSource:
+    """``source`` with a hub id resolved to its downloaded directory."""
+    if source.kind == "hub":
+        return ModelSource("directory", _local_directory(source))
+    return source
 
 
 def _local_directory(source: ModelSource) -> str:
@@ -285,79 +256,6 @@ def _local_directory(source: ModelSource) -> str:
     raise ModelSourceError(f"source {source} is not a directory")
 
 
-def _read_tensors(
-    source: ModelSource, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    if source.kind == "builtin":
-        from nodes_app.runtime import tiny
-
-        _require_builtin(source)
-        for name, tensor in tiny.tiny_state_dict().items():
-            if name in wanted:
-                yield name, tensor
-    elif source.kind == "gguf":
-        yield from _read_gguf(Path(source.location), config, skeleton, wanted)
-    else:
-        yield from _read_safetensors(Path(_local_directory(source)), wanted)
-
-
-def _read_gguf(
-    path: Path, config: PretrainedConfig, skeleton: nn.Module, wanted: set[str]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    import numpy as np
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-    from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-    )
-
-    # transformers' header reader maps the file and parses only the tensor table:
-    # gguf.GGUFReader would also materialise every metadata array (~160 MB here).
-    header = GgufHeader.from_file(str(path))
-    raw = load_gguf_state_dict(header)
-    shapes = {info.name: info.shape for info in header.tensors}
-    # llama.cpp permutes q/k rows for its rotary layout; the processor undoes it.
-    processor_class = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)
-    processor = processor_class(config=config.to_dict())
-    gguf_to_hf = get_gguf_hf_weights_map(skeleton, processor)
-    for gguf_name, lazy in raw.items():
-        hf_name = gguf_to_hf.get(gguf_name)
-        if hf_name is None or hf_name not in wanted:
-            continue
-        quant = GGMLQuantizationType(lazy.ggml_type)
-        shape = shapes[gguf_name]
-        if quant == GGMLQuantizationType.F32:
-            weights = np.asarray(lazy.data).view(np.float32).reshape(shape)
-        elif quant == GGMLQuantizationType.F16:
-            weights = np.asarray(lazy.data).view(np.float16).astype(np.float32).reshape(shape)
-        else:
-            # Quantized blocks (and BF16) go to gguf as rows of bytes.
-            row_bytes = lazy.data.size // max(1, int(np.prod(shape[:-1])))
-            stored = np.asarray(lazy.data).reshape(*shape[:-1], row_bytes)
-            weights = dequantize(stored, quant).reshape(shape)
-        weights = processor.process(weights=weights, name=gguf_name).weights
-        weights = np.ascontiguousarray(weights, dtype=np.float32)
-        if not weights.flags.writeable:  # a view of the mapped file: own a copy
-            weights = weights.copy()
-        yield hf_name, torch.from_numpy(weights)
-
-
-def _read_safetensors(directory: Path, wanted: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ModelSourceError(f"{directory} holds no *.safetensors files")
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if name in wanted:
-                    yield name, handle.get_tensor(name)
-
-
 def load_causal_lm(source: ModelSource) -> nn.Module:
     """The whole model as transformers' own ``*ForCausalLM``, with the weights a node would load.
 
@@ -368,12 +266,18 @@ def load_causal_lm(source: ModelSource) -> nn.Module:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    wanted = {name for name in model.state_dict() if not (tied and name == "lm_head.weight")}
-    tensors = dict(_read_tensors(source, config, model, wanted))
+    last = int(config.num_hidden_layers) - 1
+    wanted = {
+        name
+        for name in model.state_dict()
+        if shard_needs(name, start=0, end=last, is_last=True, tied=tied)
+    }
+    tensors = dict(read_tensors(_local(source), config, model, wanted, dtype=torch.float32))
     model.load_state_dict(tensors, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    compute_unsaved_buffers(model, model, torch.device("cpu"))
     still_meta = [name for name, p in model.named_parameters() if p.is_meta]
     if still_meta:
         raise ModelSourceError(f"the weights lack {still_meta[0]}")
