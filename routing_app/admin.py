@@ -49,7 +49,15 @@ class RouteArmSnapshotAdmin(ReadOnlyAdmin):
 
 @admin.register(RouteProbe)
 class RouteProbeAdmin(ReadOnlyAdmin):
-    list_display = ["probed_at", "model_key", "epoch", "signature", "outcome", "first_difference"]
+    list_display = [
+        "probed_at",
+        "model_key",
+        "epoch",
+        "signature",
+        "outcome",
+        "first_difference",
+        "tie_gap",
+    ]
     list_filter = ["outcome", "model_key"]
     search_fields = ["signature", "run_id"]
     date_hierarchy = "probed_at"

@@ -98,6 +98,14 @@ class RouteProbe(models.Model):
     first_difference = models.PositiveIntegerField(
         null=True, blank=True, help_text="Index of the first token that differs"
     )
+    tie_gap = models.FloatField(
+        null=True,
+        blank=True,
+        help_text=(
+            "At the first difference, how far below its own choice each route put the "
+            "other's token, summed (nats); within the margin, the routes agree (ADR-0015)"
+        ),
+    )
     suspects = models.JSONField(default=list, help_text="Node ids blamed for the difference")
     error = models.TextField(blank=True)
     elapsed_ms = models.FloatField(null=True, blank=True)

@@ -3,7 +3,10 @@
 A probe is a fixed greedy chat request sent straight to a route's head with
 the protocol's ``GenerateRequest``, exactly as the chat proxy sends a
 client's: a node cannot tell a probe from traffic, so it cannot answer
-probes honestly and clients dishonestly. It is a probe only on the
+probes honestly and clients dishonestly (as far as a fixed prompt allows:
+docs/SECURITY.md). It asks for each token's logprob and its best
+alternatives, as clients may, so that routes of mixed precision that part
+at a rounding near-tie are not judged corrupt (ADR-0015). It is a probe only on the
 tracker's side: it never passes the proxy, so it opens no request record,
 is never billed and never becomes a route sample; its answer is kept in a
 ``RouteProbe`` row. Verdicts and quarantines: ``routing_app.probing``.
@@ -25,7 +28,7 @@ from django.conf import settings
 from meshnet_site.celery import app as celery_app
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
-from nodes_app.protocol import GenerateRequest, PlanHop, SamplingParams
+from nodes_app.protocol import GenerateRequest, PlanHop, SamplingParams, TokenLogprob
 from nodes_app.selectors import topology_epoch_current
 from routing_app.models import RouteProbe
 from routing_app.planner import RoutePlan, enumerate_routes
@@ -53,6 +56,9 @@ logger = logging.getLogger(__name__)
 # enough to probe eight SmolLM2 routes in seconds.
 PROBE_MESSAGES = [{"role": "user", "content": "List the first five prime numbers."}]
 PROBE_MAX_TOKENS = 12
+# Alternatives per token: a rounding near-tie is between the best two, and 5
+# is the most the legacy completions endpoint lets a client ask for.
+PROBE_TOP_LOGPROBS = 5
 PROBE_TIMEOUT_SECONDS = 120.0
 
 AUDIT_TASK = "billing.audit"
@@ -61,7 +67,7 @@ ProbeSender = Callable[[RoutePlan], ProbeAnswer]
 
 
 def probe_request(plan: RoutePlan) -> GenerateRequest:
-    """The probe for ``plan``: indistinguishable on the wire from a client's greedy request."""
+    """The probe for ``plan``: on the wire a client's greedy request with logprobs."""
     return GenerateRequest(
         request_id=str(uuid.uuid4()),
         model=plan.model_key,
@@ -71,6 +77,8 @@ def probe_request(plan: RoutePlan) -> GenerateRequest:
         messages=PROBE_MESSAGES,
         max_tokens=PROBE_MAX_TOKENS,
         sampling=SamplingParams(temperature=0.0),
+        logprobs=True,
+        top_logprobs=PROBE_TOP_LOGPROBS,
     )
 
 
@@ -78,6 +86,7 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
     """Run the probe along ``plan``; any failure becomes the answer's ``error``."""
     began = time.perf_counter()
     token_ids: list[int] = []
+    logprobs: list[TokenLogprob] = []
 
     async def read() -> None:
         request = plan_sign(probe_request(plan))
@@ -91,6 +100,10 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
         async with aclosing(frames):
             async for frame in frames:
                 token_ids.extend(frame.token_ids)
+                # Entries stay a prefix aligned with the token ids: the protocol
+                # lets a frame come without them, and positions must not shift.
+                if len(logprobs) == len(token_ids) - len(frame.token_ids):
+                    logprobs.extend(frame.logprobs)
 
     try:
         await asyncio.wait_for(read(), PROBE_TIMEOUT_SECONDS)
@@ -102,7 +115,11 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
         return ProbeAnswer(error=refused.message)
     except TimeoutError:
         return ProbeAnswer(error=f"no answer within {PROBE_TIMEOUT_SECONDS:.0f} s")
-    return ProbeAnswer(token_ids=tuple(token_ids), elapsed_ms=(time.perf_counter() - began) * 1000)
+    return ProbeAnswer(
+        token_ids=tuple(token_ids),
+        elapsed_ms=(time.perf_counter() - began) * 1000,
+        logprobs=tuple(logprobs),
+    )
 
 
 def probe_send(plan: RoutePlan) -> ProbeAnswer:

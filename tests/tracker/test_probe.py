@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.utils import timezone
 
+from nodes_app.protocol import (
+    SSE_DONE,
+    ChunkFrame,
+    GenerateRequest,
+    TokenLogprob,
+    TopLogprob,
+    sse_event,
+)
 from nodes_app.services import topology_epoch_bump
 from routing_app import receivers
 from routing_app.models import RouteProbe, RouteQuarantine
@@ -54,9 +65,69 @@ def test_the_probe_is_a_plain_greedy_request_for_the_route(model):
     request = probe_request(plan)
 
     assert request.sampling.greedy
+    # Logprobs as a client may ask them: near-ties are judged on them (ADR-0015).
+    assert (request.logprobs, request.top_logprobs) == (True, probes.PROBE_TOP_LOGPROBS)
     assert request.messages == probes.PROBE_MESSAGES
     assert request.hops[0].node_id == "full"
     assert "probe" not in request.request_id  # a node cannot tell a probe from traffic
+
+
+def scored(token_id: int) -> TokenLogprob:
+    text = chr(ord("a") + token_id)
+    return TokenLogprob(text, -0.1, (ord(text),), (TopLogprob(text, -0.1, (ord(text),)),))
+
+
+def head_answering(*frames: ChunkFrame) -> httpx.AsyncClient:
+    """A client whose every head streams ``frames`` (then the end) to the request it got."""
+
+    def answer(http_request: httpx.Request) -> httpx.Response:
+        request = GenerateRequest.parse(json.loads(http_request.content))
+        events = [
+            sse_event(frame.to_json(completion_id="c", created=1, model=request.model))
+            for frame in (ChunkFrame(role="assistant"), *frames)
+        ]
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=b"".join([*events, sse_event(SSE_DONE)]),
+        )
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+def send(model, client: httpx.AsyncClient):
+    plan = RoutePlan(model.key, 3, (Hop("full", "http://full", 0, 3),))
+
+    async def run():
+        async with client:
+            return await probes.probe_send_async(plan, client)
+
+    return asyncio.run(run())
+
+
+def test_the_probe_answer_keeps_each_tokens_logprobs(model):
+    client = head_answering(
+        ChunkFrame(content="ab", token_ids=(0, 1), logprobs=(scored(0), scored(1))),
+        ChunkFrame(content="c", token_ids=(2,), logprobs=(scored(2),), finish_reason="stop"),
+    )
+
+    answer = send(model, client)
+
+    assert answer.token_ids == (0, 1, 2)
+    assert [entry.token for entry in answer.logprobs] == ["a", "b", "c"]
+
+
+def test_the_probe_answer_keeps_only_the_logprobs_that_line_up_with_its_tokens(model):
+    client = head_answering(
+        ChunkFrame(content="a", token_ids=(0,), logprobs=(scored(0),)),
+        ChunkFrame(content="b", token_ids=(1,)),
+        ChunkFrame(content="c", token_ids=(2,), logprobs=(scored(2),), finish_reason="stop"),
+    )
+
+    answer = send(model, client)
+
+    assert answer.token_ids == (0, 1, 2)
+    assert [entry.token for entry in answer.logprobs] == ["a"]
 
 
 def test_it_probes_every_candidate_route_and_quarantines_the_corrupt_one(model):
