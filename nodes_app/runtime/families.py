@@ -77,17 +77,13 @@ class Family:
 
         Read from the layer's own config where a family varies it per layer
         (Gemma 4's global layers have wider heads); multi-head latent
-        attention (DeepSeek V3) keeps every head's expanded K and V.
+        attention (DeepSeek V3) keeps one compressed latent and one rotary
+        key per position, which transformers' layer hands the cache as K and V.
         """
         layers = getattr(config, "per_layer_config", None)
         layer = layers[index] if layers else config
         if getattr(config, "kv_lora_rank", None):
-            heads = int(config.num_attention_heads)
-            return (
-                heads,
-                int(config.qk_nope_head_dim + config.qk_rope_head_dim),
-                int(config.v_head_dim),
-            )
+            return 1, int(config.kv_lora_rank), int(config.qk_rope_head_dim)
         heads = int(getattr(layer, "num_key_value_heads", None) or config.num_attention_heads)
         head_dim = int(
             getattr(layer, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -61,6 +61,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"sliding_window": WINDOW, "sliding_window_pattern": 2},
     "gemma4_text": {
         "sliding_window": WINDOW,
+        "global_head_dim": 32,
         "vocab_size_per_layer_input": TINY_VOCAB_SIZE,
         "hidden_size_per_layer_input": 8,
     },
@@ -88,6 +89,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "qk_nope_head_dim": 8,
         "v_head_dim": 16,
         "head_dim": 8,
+        # Latent attention expands K/V to every head (real DeepSeek configs say so too).
+        "num_key_value_heads": 4,
     },
     "llama4_text": {
         "num_local_experts": 4,
