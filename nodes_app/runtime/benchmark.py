@@ -18,12 +18,21 @@ def measure_decode_tps(executor: ShardExecutor, *, context: int = 16, steps: int
         hidden = torch.randn(
             1, context, shard.hidden_size, generator=generator, dtype=torch.float32
         ).to(device=shard.device, dtype=shard.dtype)
-        executor.run_layers(hidden, cache=cache, start=shard.start, end=shard.end, position=0)
+        # Families whose layers also take the token ids (Gemma 4): any ids will do.
+        ids = [0] * context
+        executor.run_layers(
+            hidden, cache=cache, start=shard.start, end=shard.end, position=0, token_ids=ids
+        )
         step = hidden[:, -1:, :]
         began = time.perf_counter()
         for offset in range(steps):
             out = executor.run_layers(
-                step, cache=cache, start=shard.start, end=shard.end, position=context + offset
+                step,
+                cache=cache,
+                start=shard.start,
+                end=shard.end,
+                position=context + offset,
+                token_ids=ids[:1],
             )
             if shard.is_last:
                 executor.last_logits(out)
