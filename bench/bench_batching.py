@@ -3,15 +3,15 @@
 Two ratios, side by side in one run:
 
 - **batch ÷ one at a time**: 8 sessions (contexts of 16-44 tokens) decoding as
-  one batched forward per step (``ShardExecutor.run_batch``), tokens/s over
+  one batched forward per step (``ShardRunner.run_batch``), tokens/s over
   all of them, ÷ the same 8 sessions decoded one after another
   (``run_layers``, one forward per token). Target > 1: what batching buys a
   loaded node.
-- **lone through the batcher ÷ plain**: one session's decode steps through
-  ``NodeService.head_forward`` (the step batcher, its queue and its one
+- **lone through the scheduler ÷ plain**: one session's decode steps through
+  ``NodeService.head_forward`` (the step scheduler, its queue and its one
   callback) ÷ the same steps as plain jobs on the torch thread
   (``NodeService.compute`` of ``run_layers`` + sampling: the path before the
-  batcher). Target >= 0.97: batching costs a lone chat nothing.
+  scheduler). Target >= 0.97: batching costs a lone chat nothing.
 
 Each figure is the best of three runs.
 
@@ -56,7 +56,7 @@ def main() -> int:
         model_key=MODEL, source=resolve_source(MODEL), start=0, end=29, progress=False
     )
     service = NodeService(shard, node_id="bench", gate=PlanGate(dev_open=True), kv_budget=2**32)
-    executor = service.executor
+    runner = service.runner
     greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
     greedy_tail = TailRequest(greedy)
     prompts = [[1 + (7 * i + j) % 2000 for j in range(16 + 4 * i)] for i in range(args.sessions)]
@@ -64,13 +64,11 @@ def main() -> int:
     def prefilled() -> tuple[list, list[int], list[int]]:
         caches, positions, nexts = [], [], []
         for prompt in prompts:
-            cache = executor.new_cache()
-            out = executor.run_layers(
-                executor.embed(prompt), cache=cache, start=0, end=29, position=0
-            )
+            cache = runner.new_cache()
+            out = runner.run_layers(runner.embed(prompt), cache=cache, start=0, end=29, position=0)
             caches.append(cache)
             positions.append(len(prompt))
-            nexts.append(int(executor.last_logits(out).argmax()))
+            nexts.append(int(runner.last_logits(out).argmax()))
         return caches, positions, nexts
 
     def one_at_a_time() -> float:
@@ -78,10 +76,10 @@ def main() -> int:
         began = time.perf_counter()
         for cache, position, token in zip(caches, positions, nexts, strict=True):
             for step in range(args.steps):
-                out = executor.run_layers(
-                    executor.embed([token]), cache=cache, start=0, end=29, position=position + step
+                out = runner.run_layers(
+                    runner.embed([token]), cache=cache, start=0, end=29, position=position + step
                 )
-                token = int(executor.last_logits(out).argmax())
+                token = int(runner.last_logits(out).argmax())
         return args.sessions * args.steps / (time.perf_counter() - began)
 
     def batched() -> float:
@@ -89,15 +87,15 @@ def main() -> int:
         began = time.perf_counter()
         with torch.inference_mode():
             for step in range(args.steps):
-                hidden = executor.embed(tokens).view(len(tokens), 1, -1)
-                out = executor.run_batch(
+                hidden = runner.embed(tokens).view(len(tokens), 1, -1)
+                out = runner.run_batch(
                     hidden,
                     caches=caches,
                     pasts=[p + step for p in positions],
                     start=0,
                     end=29,
                 )
-                tokens = executor.last_logits(out).argmax(dim=-1).tolist()
+                tokens = runner.last_logits(out).argmax(dim=-1).tolist()
         return args.sessions * args.steps / (time.perf_counter() - began)
 
     async def lone(through_batcher: bool) -> float:
@@ -124,14 +122,14 @@ def main() -> int:
                         position: int = session.position,
                         generator: torch.Generator = session.picker.generator,
                     ) -> int:
-                        out = executor.run_layers(
-                            executor.embed(ids),
+                        out = runner.run_layers(
+                            runner.embed(ids),
                             cache=session.cache,
                             start=0,
                             end=29,
                             position=position,
                         )
-                        logits = executor.last_logits(out)[0]
+                        logits = runner.last_logits(out)[0]
                         return sample_token(logits, greedy, generator)
 
                     token = await service.compute(plain)
@@ -159,7 +157,7 @@ def main() -> int:
     ratio = through / plain
     verdict = "meets" if ratio >= LONE_TARGET else "misses"
     print(
-        f"lone through the batcher {through:6.1f} tok/s ÷ plain {plain:6.1f} tok/s = "
+        f"lone through the scheduler {through:6.1f} tok/s ÷ plain {plain:6.1f} tok/s = "
         f"{ratio:.3f} ({verdict} the {LONE_TARGET} target)"
     )
     return 0

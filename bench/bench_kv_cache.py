@@ -1,6 +1,6 @@
 """Decode tokens/s at 1,000 tokens of context ÷ at 20 tokens of context (target >= 0.80).
 
-SmolLM2 layers 0-29 in the node's shard executor, one torch thread, greedy:
+SmolLM2 layers 0-29 in the node's shard runner, one torch thread, greedy:
 with the per-session KV cache a decode step feeds one position, so a longer
 context only adds attention over cached keys, never a re-computation of the
 prefix. Each figure is the best of three runs of 64 decode steps after the
@@ -30,31 +30,31 @@ def main() -> int:
     import torch
 
     from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.shard import ShardExecutor
+    from nodes_app.runtime.runner import ShardRunner
     from nodes_app.runtime.sources import resolve_source
 
     torch.set_num_threads(1)
     shard = load_shard(
         model_key=MODEL, source=resolve_source(MODEL), start=0, end=29, progress=False
     )
-    executor = ShardExecutor(shard)
+    runner = ShardRunner(shard)
     tokenizer = shard.tokenizer
     assert tokenizer is not None
     text = " ".join(["The lighthouse keeper climbed the stairs and watched the sea."] * 120)
     corpus = tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode_tps(context: int) -> float:
-        cache = executor.new_cache()
-        hidden = executor.run_layers(
-            executor.embed(corpus[:context]), cache=cache, start=0, end=29, position=0
+        cache = runner.new_cache()
+        hidden = runner.run_layers(
+            runner.embed(corpus[:context]), cache=cache, start=0, end=29, position=0
         )
-        token = int(executor.last_logits(hidden).argmax())
+        token = int(runner.last_logits(hidden).argmax())
         began = time.perf_counter()
         for offset in range(STEPS):
-            hidden = executor.run_layers(
-                executor.embed([token]), cache=cache, start=0, end=29, position=context + offset
+            hidden = runner.run_layers(
+                runner.embed([token]), cache=cache, start=0, end=29, position=context + offset
             )
-            token = int(executor.last_logits(hidden).argmax())
+            token = int(runner.last_logits(hidden).argmax())
         return STEPS / (time.perf_counter() - began)
 
     decode_tps(20)  # warm up

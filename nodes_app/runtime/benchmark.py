@@ -6,13 +6,13 @@ import time
 
 import torch
 
-from nodes_app.runtime.shard import ShardExecutor
+from nodes_app.runtime.runner import ShardRunner
 
 
-def measure_decode_tps(executor: ShardExecutor, *, context: int = 16, steps: int = 16) -> float:
+def measure_decode_tps(runner: ShardRunner, *, context: int = 16, steps: int = 16) -> float:
     """Decode steps per second over the shard's layers after a ``context``-token prefill."""
-    shard = executor.shard
-    cache = executor.new_cache()
+    shard = runner.shard
+    cache = runner.new_cache()
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         hidden = torch.randn(
@@ -20,13 +20,13 @@ def measure_decode_tps(executor: ShardExecutor, *, context: int = 16, steps: int
         ).to(device=shard.device, dtype=shard.dtype)
         # Families whose layers also take the token ids (Gemma 4): any ids will do.
         ids = [0] * context
-        executor.run_layers(
+        runner.run_layers(
             hidden, cache=cache, start=shard.start, end=shard.end, position=0, token_ids=ids
         )
         step = hidden[:, -1:, :]
         began = time.perf_counter()
         for offset in range(steps):
-            out = executor.run_layers(
+            out = runner.run_layers(
                 step,
                 cache=cache,
                 start=shard.start,
@@ -35,6 +35,6 @@ def measure_decode_tps(executor: ShardExecutor, *, context: int = 16, steps: int
                 token_ids=ids[:1],
             )
             if shard.is_last:
-                executor.last_logits(out)
+                runner.last_logits(out)
         elapsed = time.perf_counter() - began
     return steps / elapsed if elapsed > 0 else 0.0

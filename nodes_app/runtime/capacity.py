@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-# Defaults of the batcher (nodes_app.runtime.batching).
+# Defaults of the scheduler (nodes_app.runtime.scheduler).
 DEFAULT_MAX_WAIT_SECONDS = 0.002
 DEFAULT_PREFILL_CHUNK = 128
 

@@ -32,7 +32,7 @@ class RuntimeRequestError(Exception):
 
 
 class UnsupportedModelError(Exception):
-    """The model source names an architecture the shard executor cannot split."""
+    """The model source names an architecture the shard runner cannot split."""
 
 
 class ModelSourceError(Exception):

@@ -1,6 +1,6 @@
 """Model families as small declared adapters over transformers' own decoder modules.
 
-The runner (:mod:`nodes_app.runtime.shard`) runs any family's layers the same
+The runner (:mod:`nodes_app.runtime.runner`) runs any family's layers the same
 way: embed (the head), each layer with its position embeddings, mask and
 per-session state, and finish (the last hop). What differs between families
 is declared here, never branched on in the runner:

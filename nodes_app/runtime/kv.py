@@ -261,7 +261,7 @@ class BatchCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Positions ``layer_idx`` held before this step, the same for every row (Llama 4 asks).
 
-        Llama 4's NoPE layers derive the step's positions from it; the batcher
+        Llama 4's NoPE layers derive the step's positions from it; the scheduler
         only batches rows of such a family at the same past, and this checks it.
         """
         lengths = {kv.length(layer_idx) for kv in self.sessions}

@@ -165,7 +165,7 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
             file=out,
             flush=True,
         )
-    service.benchmark_tps = measure_decode_tps(service.executor)
+    service.benchmark_tps = measure_decode_tps(service.runner)
     print(
         f"benchmark: {service.benchmark_tps:.1f} decode steps/s over layers "
         f"{shard.start}-{shard.end} with {torch.get_num_threads()} thread(s)",

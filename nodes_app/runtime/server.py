@@ -33,8 +33,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from nodes_app import protocol
+from nodes_app.runtime.driver import Generation, prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.generation import Generation, prompt_for
 from nodes_app.runtime.link_server import serve_link
 from nodes_app.runtime.links import HopLinks
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request

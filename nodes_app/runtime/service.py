@@ -1,6 +1,6 @@
-"""A node's serving state: the shard, its sessions, the step batcher and the torch thread.
+"""A node's serving state: the shard, its sessions, the step scheduler and the torch thread.
 
-Every forward step goes through the :class:`~nodes_app.runtime.batching.StepBatcher`,
+Every forward step goes through the :class:`~nodes_app.runtime.scheduler.StepScheduler`,
 which batches decode steps across sessions and runs them on the node's one
 torch thread; other torch-side work (tokenising) runs on the same thread via
 :meth:`NodeService.compute`. So the event loop stays responsive (health
@@ -21,15 +21,15 @@ import torch
 
 from nodes_app import protocol
 from nodes_app.runtime import wire
-from nodes_app.runtime.batching import StepBatcher, ThroughputMeter
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.kv import default_kv_budget, session_bytes
 from nodes_app.runtime.loading import LoadedShard
 from nodes_app.runtime.plan import check_logit_bias
+from nodes_app.runtime.runner import ShardRunner
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest, TokenPicker
+from nodes_app.runtime.scheduler import StepScheduler, ThroughputMeter
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
-from nodes_app.runtime.shard import ShardExecutor
 from nodes_app.runtime.text import TokenPieces
 from nodes_app.runtime.trust import PlanGate
 
@@ -62,15 +62,15 @@ class NodeService:
         self.node_id = node_id
         # Closed unless given: no pinned tracker key, not dev-open.
         self.gate = gate or PlanGate()
-        self.executor = ShardExecutor(shard)
+        self.runner = ShardRunner(shard)
         self.store = SessionStore(
             kv_budget=default_kv_budget(shard.device) if kv_budget is None else kv_budget,
             max_sessions=max_sessions,
             idle_timeout=idle_timeout,
         )
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshnet-torch")
-        self.batcher = StepBatcher(
-            self.executor,
+        self.scheduler = StepScheduler(
+            self.runner,
             self.worker,
             max_wait=batch_wait,
             prefill_chunk=prefill_chunk,
@@ -91,7 +91,7 @@ class NodeService:
         self.corrupt_hidden_states = corrupt_hidden_states
 
     async def compute(self, work: Callable[[], T]) -> T:
-        """Run ``work`` (not a forward step: those go through the batcher) on the torch thread."""
+        """Run ``work`` (not a forward step: those go through the scheduler) on the torch thread."""
         self.computing += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self.worker, work)
@@ -101,11 +101,11 @@ class NodeService:
     @property
     def queued(self) -> int:
         """Jobs waiting for or running on the torch thread (the heartbeat's queue depth)."""
-        return self.computing + self.batcher.depth
+        return self.computing + self.scheduler.depth
 
     @property
     def meter(self) -> ThroughputMeter:
-        return self.batcher.meter
+        return self.scheduler.meter
 
     def health(self) -> dict[str, Any]:
         return {
@@ -123,7 +123,7 @@ class NodeService:
             "max_sessions": self.store.max_sessions,
             "kv_budget_bytes": self.store.kv_budget,
             "kv_reserved_bytes": self.store.reserved,
-            "batched_steps": self.batcher.batched_steps,
+            "batched_steps": self.scheduler.batched_steps,
             "measured_tps": round(self.meter.tps, 3),
             "benchmark_tps": round(self.benchmark_tps, 3),
         }
@@ -180,7 +180,7 @@ class NodeService:
             session_id,
             start=start,
             end=end,
-            cache=self.executor.new_cache(limit=positions),
+            cache=self.runner.new_cache(limit=positions),
             reserve=positions,
             reserved_bytes=session_bytes(self.shard, start, end, positions),
             capability=capability,
@@ -200,7 +200,7 @@ class NodeService:
 
     def cancel(self, session_id: str) -> bool:
         """Free a session (the node's own decision: end of a generation, a failed step)."""
-        self.batcher.forget(session_id)
+        self.scheduler.forget(session_id)
         return self.store.drop(session_id)
 
     def end_session(self, session_id: str, headers: Mapping[str, str]) -> bool:
@@ -377,7 +377,7 @@ class NodeService:
                     prompt_ids=step.prompt_ids or (),
                 )
             self._cover(session, step.position + step.shape[1], step.reserve)
-            result = await self.batcher.submit(
+            result = await self.scheduler.submit(
                 session,
                 tail=tail,
                 hidden=hidden,
@@ -400,7 +400,7 @@ class NodeService:
         if last and session.picker is None:
             session.picker = TokenPicker(tail.sampling, tail.generated_ids)
         self._cover(session, session.position + len(token_ids))
-        return await self.batcher.submit(session, tail=tail if last else None, tokens=token_ids)
+        return await self.scheduler.submit(session, tail=tail if last else None, tokens=token_ids)
 
     def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:
         """The hidden states this node outputs, plus noise when the test-only option is set."""
@@ -411,7 +411,7 @@ class NodeService:
     def reap_idle(self) -> list[str]:
         reaped = self.store.reap_idle()
         for session_id in reaped:
-            self.batcher.forget(session_id)
+            self.scheduler.forget(session_id)
         return reaped
 
     def close(self) -> None:

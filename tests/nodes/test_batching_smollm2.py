@@ -83,4 +83,4 @@ def test_smollm2_sessions_batched_and_joining_mid_batch_decode_what_they_decode_
 
     alone, batched = asyncio.run(run())
     assert batched == alone
-    assert max(service.batcher.batch_sizes) >= 2
+    assert max(service.scheduler.batch_sizes) >= 2

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nodes_app.protocol import GenerateRequest, PlanHop
+from nodes_app.runtime.driver import prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.generation import prompt_for
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source

@@ -21,7 +21,7 @@ from nodes_app.runtime.errors import UnsupportedModelError
 from nodes_app.runtime.families import FAMILIES as ADAPTERS
 from nodes_app.runtime.kv import session_bytes
 from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.shard import ShardExecutor
+from nodes_app.runtime.runner import ShardRunner
 from nodes_app.runtime.sources import ModelSource
 from tests.support.checkpoints import FAMILIES, LAYERS, tiny_checkpoint, transformers_greedy
 
@@ -34,7 +34,7 @@ SPLITS = {
     "three hops": [(0, 1), (2, 3), (4, LAYERS - 1)],
 }
 
-Hops = list[tuple[ShardExecutor, int, int]]
+Hops = list[tuple[ShardRunner, int, int]]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def hops_of(directory: Path, ranges: list[tuple[int, int]]) -> Hops:
     source = ModelSource("directory", str(directory))
     return [
         (
-            ShardExecutor(
+            ShardRunner(
                 load_shard(model_key="tiny", source=source, start=start, end=end, progress=False)
             ),
             start,
@@ -66,14 +66,14 @@ def hops_of(directory: Path, ranges: list[tuple[int, int]]) -> Hops:
 
 def greedy(hops: Hops, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens along ``hops`` and each step's logits, one session per hop."""
-    caches = [executor.new_cache() for executor, _, _ in hops]
+    caches = [runner.new_cache() for runner, _, _ in hops]
     tokens: list[int] = []
     logits = []
     step, position = list(prompt), 0
     for _ in range(steps):
         hidden = hops[0][0].embed(step)
-        for (executor, start, end), cache in zip(hops, caches, strict=True):
-            hidden = executor.run_layers(
+        for (runner, start, end), cache in zip(hops, caches, strict=True):
+            hidden = runner.run_layers(
                 hidden, cache=cache, start=start, end=end, position=position, token_ids=step
             )
         position += len(step)
@@ -106,34 +106,34 @@ def test_sessions_decoded_in_one_batch_get_what_each_gets_alone(
     checkpoints: dict[str, Path], family: str
 ) -> None:
     torch.set_num_threads(1)
-    ((executor, start, end),) = hops_of(checkpoint(checkpoints, family), [(0, LAYERS - 1)])
+    ((runner, start, end),) = hops_of(checkpoint(checkpoints, family), [(0, LAYERS - 1)])
     prompts = [PROMPT, PROMPT[3:], PROMPT[:9]]
-    # Llama 4's NoPE layers need the rows of a batch at one past: the batcher groups them so.
-    if executor.family.rows_share_past:
+    # Llama 4's NoPE layers need the rows of a batch at one past: the scheduler groups them so.
+    if runner.family.rows_share_past:
         prompts = [PROMPT, PROMPT[::-1], [min(p + 1, 255) for p in PROMPT]]
-    caches = [executor.new_cache() for _ in prompts]
+    caches = [runner.new_cache() for _ in prompts]
     alone, nexts = [], []
     for prompt, cache in zip(prompts, caches, strict=True):
-        hidden = executor.run_layers(
-            executor.embed(prompt), cache=cache, start=start, end=end, position=0, token_ids=prompt
+        hidden = runner.run_layers(
+            runner.embed(prompt), cache=cache, start=start, end=end, position=0, token_ids=prompt
         )
-        nexts.append(int(executor.last_logits(hidden)[0].argmax()))
-        fresh = executor.new_cache()
-        executor.run_layers(
-            executor.embed(prompt), cache=fresh, start=start, end=end, position=0, token_ids=prompt
+        nexts.append(int(runner.last_logits(hidden)[0].argmax()))
+        fresh = runner.new_cache()
+        runner.run_layers(
+            runner.embed(prompt), cache=fresh, start=start, end=end, position=0, token_ids=prompt
         )
-        single = executor.run_layers(
-            executor.embed(nexts[-1:]),
+        single = runner.run_layers(
+            runner.embed(nexts[-1:]),
             cache=fresh,
             start=start,
             end=end,
             position=len(prompt),
             token_ids=nexts[-1:],
         )
-        alone.append(executor.last_logits(single)[0])
+        alone.append(runner.last_logits(single)[0])
 
-    batch = executor.run_batch(
-        torch.cat([executor.embed([token]) for token in nexts]),
+    batch = runner.run_batch(
+        torch.cat([runner.embed([token]) for token in nexts]),
         caches=caches,
         pasts=[len(prompt) for prompt in prompts],
         start=start,
@@ -141,7 +141,7 @@ def test_sessions_decoded_in_one_batch_get_what_each_gets_alone(
         token_ids=[[token] for token in nexts],
     )
 
-    torch.testing.assert_close(executor.last_logits(batch), torch.stack(alone), rtol=0, atol=1e-5)
+    torch.testing.assert_close(runner.last_logits(batch), torch.stack(alone), rtol=0, atol=1e-5)
 
 
 def test_a_family_the_runner_does_not_serve_is_refused_naming_it(tmp_path: Path) -> None:
@@ -156,15 +156,15 @@ def test_a_family_the_runner_does_not_serve_is_refused_naming_it(tmp_path: Path)
 def test_a_sessions_reservation_is_what_its_state_really_takes(
     checkpoints: dict[str, Path], family: str
 ) -> None:
-    ((executor, start, end),) = hops_of(checkpoint(checkpoints, family), [(0, LAYERS - 1)])
+    ((runner, start, end),) = hops_of(checkpoint(checkpoints, family), [(0, LAYERS - 1)])
     prompt = (PROMPT * 2)[:16]
-    cache = executor.new_cache(limit=len(prompt))
+    cache = runner.new_cache(limit=len(prompt))
 
-    executor.run_layers(
-        executor.embed(prompt), cache=cache, start=start, end=end, position=0, token_ids=prompt
+    runner.run_layers(
+        runner.embed(prompt), cache=cache, start=start, end=end, position=0, token_ids=prompt
     )
 
-    assert cache.nbytes == session_bytes(executor.shard, start, end, len(prompt))
+    assert cache.nbytes == session_bytes(runner.shard, start, end, len(prompt))
 
 
 def test_the_runner_has_an_adapter_for_every_served_family_and_no_other() -> None:

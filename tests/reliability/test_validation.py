@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from meshnet_site.errors import DomainError
+from nodes_app.prompting import prompt_token_ids
 from nodes_app.protocol import (
     SEED_MAX,
     TEMPERATURE_MAX,
@@ -33,7 +34,6 @@ from nodes_app.protocol import (
 )
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput
-from nodes_app.runtime.generation import prompt_token_ids
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.sampling import new_generator, sample_token
 from nodes_app.runtime.server import create_app

@@ -1,8 +1,8 @@
-"""The step batcher in a real NodeService on the tiny model: batched equals alone, and the policy.
+"""The step scheduler in a real NodeService on the tiny model: batched equals alone, and the policy.
 
 Greedy outputs are compared token for token: a session decoded in a batch
 with others (joining, leaving, cancelled mid-way) must answer what it answers
-alone. The policy tests watch the batcher's own state (``waiting``, the
+alone. The policy tests watch the scheduler's own state (``waiting``, the
 sizes of the batches it ran) on a clock the test controls, never wall time.
 """
 
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from nodes_app.runtime import wire
-from nodes_app.runtime.batching import ECHO_SCORE_ROWS, RECENT_SECONDS
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
+from nodes_app.runtime.scheduler import ECHO_SCORE_ROWS, RECENT_SECONDS
 from nodes_app.runtime.service import DEFAULT_RESERVE_POSITIONS, NodeService
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.sources import resolve_source
@@ -109,7 +109,7 @@ def test_every_session_in_a_batch_decodes_what_it_decodes_alone(
             outputs = await asyncio.gather(
                 *(decode(service, f"s{i}", prompt) for i, prompt in enumerate(PROMPTS))
             )
-            return list(outputs), list(service.batcher.batch_sizes)
+            return list(outputs), list(service.scheduler.batch_sizes)
         finally:
             service.close()
 
@@ -148,7 +148,7 @@ def test_a_session_joining_mid_batch_and_one_cancelled_mid_batch_leave_the_other
             with pytest.raises(asyncio.CancelledError):
                 await cancelled
             assert service.store.get("doomed") is None
-            return first, second, late, list(service.batcher.batch_sizes)
+            return first, second, late, list(service.scheduler.batch_sizes)
         finally:
             service.close()
 
@@ -165,7 +165,7 @@ def test_a_session_closed_while_its_step_waits_is_answered_and_the_batch_runs_wi
         try:
             kept = service.open_session("kept", 0, 3)
             closed = service.open_session("closed", 0, 3)
-            # Both queued before the batcher runs (two prefills: one after the other)...
+            # Both queued before the scheduler runs (two prefills: one after the other)...
             steps = [
                 asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY_TAIL)),
                 asyncio.ensure_future(service.head_forward(closed, PROMPTS[1], GREEDY_TAIL)),
@@ -192,14 +192,14 @@ def test_a_lone_step_runs_at_once_whatever_the_wait_bound() -> None:
             session = service.open_session("lone", 0, 3)
             step = asyncio.ensure_future(head_step(service, session, PROMPTS[1]))
             await asyncio.sleep(0)
-            held = service.batcher.waiting
+            held = service.scheduler.waiting
             await step
             # Its next step too: it is the only recently active session.
             step = asyncio.ensure_future(head_step(service, session, [65]))
             await asyncio.sleep(0)
-            held = held or service.batcher.waiting
+            held = held or service.scheduler.waiting
             await step
-            return held, service.batcher.depth
+            return held, service.scheduler.depth
         finally:
             service.close()
 
@@ -211,7 +211,7 @@ def test_a_step_waits_for_a_recently_active_session_then_runs_with_it_as_one_bat
 
     async def run() -> tuple[bool, int, bool]:
         service = tiny_service(batch_wait=3600.0)
-        service.batcher.clock = clock
+        service.scheduler.clock = clock
         try:
             a, b = service.open_session("a", 0, 3), service.open_session("b", 0, 3)
             await asyncio.gather(
@@ -219,15 +219,15 @@ def test_a_step_waits_for_a_recently_active_session_then_runs_with_it_as_one_bat
             )
             step_a = asyncio.ensure_future(head_step(service, a, [65]))
             await asyncio.sleep(0)
-            held_for_b = service.batcher.waiting
+            held_for_b = service.scheduler.waiting
             await head_step(service, b, [66])
             await step_a
-            together = service.batcher.batch_sizes[-1]
+            together = service.scheduler.batch_sizes[-1]
             # b goes quiet past the recent window: a is no longer held for it.
             clock.now += RECENT_SECONDS + 1
             step_a = asyncio.ensure_future(head_step(service, a, [67]))
             await asyncio.sleep(0)
-            held_again = service.batcher.waiting
+            held_again = service.scheduler.waiting
             await step_a
             return held_for_b, together, held_again
         finally:
@@ -302,7 +302,7 @@ def test_one_sessions_non_finite_output_fails_it_alone(alone_outputs: list[list[
             good, bad = service.open_session("good", 0, 3), service.open_session("bad", 0, 3)
             first = await head_step(service, good, PROMPTS[1])
             await head_step(service, bad, PROMPTS[1])
-            service.batcher.transform = poison_second_row
+            service.scheduler.transform = poison_second_row
             results = await asyncio.gather(
                 head_step(service, good, [first]),
                 head_step(service, bad, [first]),
@@ -427,7 +427,7 @@ def test_sessions_with_their_own_penalties_bias_and_logprobs_each_get_their_lone
                     for i in range(len(MIXED))
                 )
             )
-            return alone, list(together), list(service.batcher.batch_sizes)
+            return alone, list(together), list(service.scheduler.batch_sizes)
         finally:
             service.close()
 
@@ -451,14 +451,14 @@ def test_an_echo_scores_every_prompt_token_whatever_the_prefill_chunk() -> None:
 
         async def run() -> tuple[Choice, int]:
             service = tiny_service(prefill_chunk=chunk)
-            executor, widest = service.executor, [0]
-            full_logits = executor.logits
+            runner, widest = service.runner, [0]
+            full_logits = runner.logits
 
             def logits(hidden: torch.Tensor) -> torch.Tensor:
                 widest[0] = max(widest[0], hidden.shape[1])
                 return full_logits(hidden)
 
-            executor.logits = logits  # type: ignore[method-assign]
+            runner.logits = logits  # type: ignore[method-assign]
             try:
                 [choice] = (await choices_of(service, "echo", prompt, echo, later))[:1]
                 return choice, widest[0]

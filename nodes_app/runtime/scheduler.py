@@ -1,4 +1,4 @@
-"""The step batcher: every forward step of a node runs here, batched across sessions when it can.
+"""The step scheduler: every forward step of a node runs here, batched across sessions when it can.
 
 Decode steps (one position each) of different sessions that are ready
 together run as one batched forward through the node's layers, with
@@ -49,9 +49,9 @@ import torch
 from nodes_app.runtime import wire
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.runner import ShardRunner
 from nodes_app.runtime.sampling import Choice, TailRequest, TokenScore, prompt_scores
 from nodes_app.runtime.sessions import Session
-from nodes_app.runtime.shard import ShardExecutor
 
 # Rows of one batched forward at most; the KV budget bounds sessions anyway.
 MAX_BATCH = 64
@@ -129,12 +129,12 @@ def _finite(hidden: torch.Tensor) -> torch.Tensor:
     return hidden
 
 
-class StepBatcher:
+class StepScheduler:
     """Queues steps, forms batches by the policy above, runs them on the torch thread."""
 
     def __init__(
         self,
-        executor: ShardExecutor,
+        runner: ShardRunner,
         worker: ThreadPoolExecutor,
         *,
         max_wait: float = DEFAULT_MAX_WAIT_SECONDS,
@@ -144,7 +144,7 @@ class StepBatcher:
     ) -> None:
         if max_wait < 0 or prefill_chunk < 1:
             raise ValueError("max_wait must be >= 0 and prefill_chunk >= 1")
-        self.executor = executor
+        self.runner = runner
         self.worker = worker
         self.max_wait = max_wait
         self.prefill_chunk = prefill_chunk
@@ -295,7 +295,7 @@ class StepBatcher:
         A family whose layers read the past length off the cache (Llama 4)
         batches only steps at the same position.
         """
-        shared = self.executor.family.rows_share_past
+        shared = self.runner.family.rows_share_past
 
         def group(job: StepJob) -> tuple[int, int, int]:
             session = job.session
@@ -324,11 +324,11 @@ class StepBatcher:
     @torch.inference_mode()
     def _compute(self, batch: list[StepJob]) -> list[Outcome]:
         began = time.perf_counter()
-        executor, shard = self.executor, self.executor.shard
+        runner, shard = self.runner, self.runner.shard
         first = batch[0]
         length = min(self.prefill_chunk, first.length - first.done)
         rows = []
-        ids: list[list[int]] | None = [] if executor.family.per_layer_inputs else None
+        ids: list[list[int]] | None = [] if runner.family.per_layer_inputs else None
         for job in batch:
             span = slice(job.done, job.done + length)
             if ids is not None:
@@ -336,11 +336,11 @@ class StepBatcher:
                 assert step_ids is not None  # service.check_step: such a hop's step has them
                 ids.append(step_ids[span])
             if job.tokens is not None:
-                rows.append(executor.embed(job.tokens[span]))
+                rows.append(runner.embed(job.tokens[span]))
             else:
                 assert job.hidden is not None
                 rows.append(job.hidden[:, span].to(device=shard.device, dtype=shard.dtype))
-        out = executor.run_batch(
+        out = runner.run_batch(
             rows[0] if len(rows) == 1 else torch.cat(rows),
             caches=[job.session.cache for job in batch],
             pasts=[job.session.position + job.done for job in batch],
@@ -351,7 +351,7 @@ class StepBatcher:
         if self.transform is not None:
             out = self.transform(out)
         final = first.done + length == first.length
-        logits = executor.last_logits(out) if final and first.last else None
+        logits = runner.last_logits(out) if final and first.last else None
         outcomes: list[Outcome] = []
         for row, job in enumerate(batch):
             try:
@@ -389,7 +389,7 @@ class StepBatcher:
         # scored ECHO_SCORE_ROWS at a time, whatever the prefill chunk.
         for first in range(0, max(rows, 0), ECHO_SCORE_ROWS):
             last = min(first + ECHO_SCORE_ROWS, rows)
-            logits = self.executor.logits(out[first:last].unsqueeze(0))[0]
+            logits = self.runner.logits(out[first:last].unsqueeze(0))[0]
             targets = ids[job.done + 1 + first : job.done + 1 + last]
             job.prompt.extend(prompt_scores(logits, targets, job.tail.alternatives))
 

@@ -1,4 +1,4 @@
-"""The shard loader and executor in process, on the tiny model."""
+"""The shard loader and runner in process, on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from transformers import LlamaForCausalLM
 
 from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
 from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.shard import ShardExecutor
+from nodes_app.runtime.runner import ShardRunner
 from nodes_app.runtime.sources import ModelSource, resolve_source
 from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
 
@@ -27,15 +27,13 @@ def parameters(loaded) -> int:
     return sum(seen.values())
 
 
-def greedy(steps: int, prompt: list[int], hops: list[tuple[ShardExecutor, int, int]]) -> list[int]:
-    caches = [executor.new_cache() for executor, _, _ in hops]
+def greedy(steps: int, prompt: list[int], hops: list[tuple[ShardRunner, int, int]]) -> list[int]:
+    caches = [runner.new_cache() for runner, _, _ in hops]
     tokens, step, position = [], list(prompt), 0
     for _ in range(steps):
         hidden = hops[0][0].embed(step)
-        for (executor, start, end), cache in zip(hops, caches, strict=True):
-            hidden = executor.run_layers(
-                hidden, cache=cache, start=start, end=end, position=position
-            )
+        for (runner, start, end), cache in zip(hops, caches, strict=True):
+            hidden = runner.run_layers(hidden, cache=cache, start=start, end=end, position=position)
         position += len(step)
         token = int(hops[-1][0].last_logits(hidden).argmax())
         tokens.append(token)
@@ -56,7 +54,7 @@ def test_a_shard_holds_only_its_layers_and_the_modules_its_range_needs() -> None
 def test_split_executors_generate_what_transformers_generates_whole() -> None:
     torch.set_num_threads(1)
     prompt = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97]
-    head, tail = ShardExecutor(shard(0, 1)), ShardExecutor(shard(2, 3))
+    head, tail = ShardRunner(shard(0, 1)), ShardRunner(shard(2, 3))
     split = greedy(12, prompt, [(head, 0, 1), (tail, 2, 3)])
 
     model = LlamaForCausalLM(tiny_config())
@@ -69,23 +67,21 @@ def test_split_executors_generate_what_transformers_generates_whole() -> None:
 
 def test_a_full_shard_can_run_from_a_later_layer() -> None:
     prompt = [257, 100, 101, 102, 258]
-    partial, full = ShardExecutor(shard(0, 2)), ShardExecutor(shard(0, 3))
+    partial, full = ShardRunner(shard(0, 2)), ShardRunner(shard(0, 3))
     mixed = greedy(8, prompt, [(partial, 0, 2), (full, 3, 3)])
     assert mixed == greedy(8, prompt, [(full, 0, 3)])
 
 
 def test_decoding_with_the_cache_matches_recomputing_the_prefix() -> None:
-    executor = ShardExecutor(shard(0, 3))
+    runner = ShardRunner(shard(0, 3))
     ids = [257, 40, 41, 42, 43, 44]
-    cache = executor.new_cache()
-    executor.run_layers(executor.embed(ids[:-1]), cache=cache, start=0, end=3, position=0)
-    cached = executor.last_logits(
-        executor.run_layers(executor.embed(ids[-1:]), cache=cache, start=0, end=3, position=5)
+    cache = runner.new_cache()
+    runner.run_layers(runner.embed(ids[:-1]), cache=cache, start=0, end=3, position=0)
+    cached = runner.last_logits(
+        runner.run_layers(runner.embed(ids[-1:]), cache=cache, start=0, end=3, position=5)
     )
-    fresh = executor.last_logits(
-        executor.run_layers(
-            executor.embed(ids), cache=executor.new_cache(), start=0, end=3, position=0
-        )
+    fresh = runner.last_logits(
+        runner.run_layers(runner.embed(ids), cache=runner.new_cache(), start=0, end=3, position=0)
     )
     torch.testing.assert_close(cached, fresh, rtol=1e-4, atol=1e-5)
 

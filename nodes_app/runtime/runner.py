@@ -28,7 +28,7 @@ from nodes_app.runtime.loading import LoadedShard
 _NO_SHARING: dict[str, dict[str, object]] = {"shared_kv_states": {}}
 
 
-class ShardExecutor:
+class ShardRunner:
     """Stateless compute over a :class:`LoadedShard`; sessions own their K/V."""
 
     def __init__(self, shard: LoadedShard) -> None:

@@ -1,4 +1,4 @@
-"""The head drives a generation along its route and streams OpenAI chat chunks.
+"""The route driver: the head drives a generation along its route, step by step.
 
 Each step runs the head's own layers, then sends the hidden states to every
 downstream hop in order, each over the head's persistent link to that hop
@@ -14,7 +14,8 @@ Each hop session gets a capability of its own, chosen here; the step that
 opens it carries the tracker's signed plan as well (see ``trust``). A hop's
 error is reported by its node id, status and error code only: its message
 is the hop's to write, goes to this node's log, and never reaches the
-tracker or a client.
+tracker or a client. What the choices become on the wire (text, stops,
+logprobs, frames) is the output processor's (:mod:`nodes_app.runtime.output`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -32,26 +32,18 @@ from nodes_app.protocol import (
     HOP_BUSY,
     HOP_FAILED,
     HOP_TIMED_OUT,
-    SSE_DONE,
-    SSE_STEP_COMMENT,
-    ChunkFrame,
-    ErrorFrame,
     GenerateRequest,
     PlanHop,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
     echo_scores,
     relayable_code,
-    sse_event,
     step_time_limit,
 )
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout
-from nodes_app.runtime.sampling import Choice, TailRequest, TokenScore
+from nodes_app.runtime.output import OutputProcessor
+from nodes_app.runtime.sampling import Choice, TailRequest
 from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
 from nodes_app.runtime.trust import capability_hash, new_capability
 
 logger = logging.getLogger("meshnet.node")
@@ -124,19 +116,6 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
     return prompt
 
 
-def eos_token_ids(service: NodeService) -> set[int]:
-    ids: set[int] = set()
-    configured = getattr(service.shard.config, "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif isinstance(configured, list):
-        ids.update(int(i) for i in configured)
-    tokenizer = service.shard.tokenizer
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
-
-
 class Generation:
     """One ``/v1/generate`` call on the head; iterate :meth:`stream` for SSE frames."""
 
@@ -152,8 +131,7 @@ class Generation:
         self.request = request
         self.prompt = prompt
         self.session_id = f"{request.request_id}.{uuid.uuid4().hex[:12]}"
-        self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
+        self.output = OutputProcessor(service, request, prompt)
         head = request.hops[0]
         # Positions the generation may reach: what each node reserves of its KV budget.
         self.reserve = len(prompt) + request.max_tokens
@@ -172,11 +150,6 @@ class Generation:
         self.capabilities = [new_capability() for _ in request.hops[1:]]
         self.plan_header = request.plan.to_header() if request.signature else None
 
-    def _event(self, frame: ChunkFrame) -> bytes:
-        return frame.event(
-            completion_id=self.completion_id, created=self.created, model=self.request.model
-        )
-
     async def stream(self) -> AsyncIterator[bytes]:
         self.service.streams += 1
         try:
@@ -187,72 +160,30 @@ class Generation:
             self._release()
 
     async def _frames(self) -> AsyncIterator[bytes]:
-        request, tokenizer, prompt = self.request, self.service.shard.tokenizer, self.prompt
-        resumed = request.resume_token_ids
-        budget = request.max_tokens - len(resumed)
-        detokenizer = IncrementalDetokenizer(tokenizer, resumed)
-        stopper = StopMatcher(request.stop)
-        eos = eos_token_ids(self.service)
-        if not request.echo:
-            yield self._event(ChunkFrame(role="assistant"))
-        step_ids, produced = prompt + resumed, 0
-        # Token ids not yet streamed, and their logprob entries (with ``logprobs``).
-        unsent: list[int] = []
-        entries: list[TokenLogprob] = []
-        # An echo runs the prompt even when no token is asked for (max_tokens 0).
-        finish = "length" if budget <= 0 and not request.echo else None
-        while finish is None:
+        request, output = self.request, self.output
+        opening = output.opening()
+        if opening is not None:
+            yield opening
+        step_ids = self.prompt + request.resume_token_ids
+        while output.finish is None:
             try:
-                choice = await self._step(step_ids, self._tail(opening=produced == 0))
+                choice = await self._step(step_ids, self._tail(opening=output.produced == 0))
             except HopFailed as failure:
-                error = ErrorFrame(
-                    message=f"hop {failure.hop.node_id} failed: {failure.message}",
-                    code=failure.code,
-                    node_id=failure.hop.node_id,
-                )
-                yield sse_event(error.to_json())
-                yield sse_event(SSE_DONE)
+                for event in output.failed(failure.hop.node_id, failure.message, failure.code):
+                    yield event
                 return
-            if produced == 0 and request.echo:
+            if output.produced == 0 and request.echo:
                 # Up to ECHO_MAX_SCORES values to write: built off the event loop.
-                yield await asyncio.to_thread(self._echo_event, choice)
-                if budget <= 0:
-                    finish = "length"
+                yield await asyncio.to_thread(output.echo, choice)
+                if output.budget <= 0:
+                    output.finish = "length"
                     break
-            token = choice.token_id
-            produced += 1
-            step_ids = [token]
-            unsent.append(token)
-            if request.logprobs:
-                assert choice.score is not None
-                entries.append(self._entry(token, choice.score))
-            if token in eos:
-                finish = "stop"
-                break
-            text = stopper.feed(detokenizer.push(token))
-            if stopper.stopped:
-                finish = "stop"
-            elif produced >= budget:
-                finish = "length"
-            if text:
-                yield self._event(
-                    ChunkFrame(content=text, token_ids=tuple(unsent), logprobs=tuple(entries))
-                )
-                unsent, entries = [], []
-            elif finish is None:
-                yield SSE_STEP_COMMENT
-        tail = "" if stopper.stopped else stopper.feed(detokenizer.flush()) + stopper.flush()
-        usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed) + produced)
-        yield self._event(
-            ChunkFrame(
-                content=tail,
-                token_ids=tuple(unsent),
-                finish_reason=finish,
-                usage=usage,
-                logprobs=tuple(entries),
-            )
-        )
-        yield sse_event(SSE_DONE)
+            step_ids = [choice.token_id]
+            frame = output.token(choice)
+            if frame is not None:
+                yield frame
+        for event in output.closing():
+            yield event
 
     def _tail(self, *, opening: bool) -> TailRequest:
         """What the last hop does with this generation's step (the prefill when ``opening``)."""
@@ -264,34 +195,6 @@ class Generation:
             generated_ids=(
                 tuple(request.resume_token_ids) if opening and request.sampling.penalized else ()
             ),
-        )
-
-    def _entry(self, token_id: int, score: TokenScore) -> TokenLogprob:
-        """A token's logprob entry, written as ``protocol.TokenLogprob`` says."""
-        pieces = self.service.pieces
-        token, raw = pieces(token_id)
-        top = []
-        for alternative, logprob in score.top:
-            written, alternative_raw = pieces(alternative)
-            top.append(TopLogprob(written, logprob, tuple(alternative_raw)))
-        return TokenLogprob(token, score.logprob, tuple(raw), tuple(top))
-
-    def _echo_event(self, choice: Choice) -> bytes:
-        """The first event of an echo: the role, the prompt's ids and their logprob entries.
-
-        Run on a worker thread (see :meth:`ChunkFrame.event`).
-        """
-        prompt = self.prompt
-        token, raw = self.service.pieces(prompt[0])
-        entries = [TokenLogprob(token, None, tuple(raw))]
-        entries += [
-            self._entry(token_id, score)
-            for token_id, score in zip(prompt[1:], choice.prompt, strict=True)
-        ]
-        return self._event(
-            ChunkFrame(
-                role="assistant", prompt_token_ids=tuple(prompt), prompt_logprobs=tuple(entries)
-            )
         )
 
     async def _step(self, token_ids: list[int], tail: TailRequest) -> Choice:
