@@ -99,7 +99,7 @@ def main() -> int:
         return args.sessions * args.steps / (time.perf_counter() - began)
 
     async def lone(through_batcher: bool) -> float:
-        session = service.open_session("lone", 0, 29)
+        session = service.admission.open_session("lone", 0, 29)
         session.picker = TokenPicker(greedy)
         try:
             async with session.lock:

@@ -93,7 +93,7 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
         raise RuntimeRequestError("the prompt has no tokens", code="invalid_request")
     # A tokenizer may add tokens the model has no row for: run, such an id would
     # crash this head's embedding, or make it blame the honest tail that refused it.
-    vocab = service.vocab_size
+    vocab = service.admission.vocab_size
     if max(prompt) >= vocab:
         raise RuntimeRequestError(
             f"the prompt tokenises to ids past the model's vocabulary (0..{vocab - 1})",
@@ -107,10 +107,10 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
             code="prompt_too_long",
         )
     needed = len(prompt) + request.max_tokens
-    if needed > service.context_length:
+    if needed > service.admission.context_length:
         raise RuntimeRequestError(
             f"the prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
-            f"the model's context of {service.context_length} tokens",
+            f"the model's context of {service.admission.context_length} tokens",
             code="context_length_exceeded",
         )
     return prompt
@@ -137,7 +137,7 @@ class Generation:
         self.reserve = len(prompt) + request.max_tokens
         # Opened now, so a full node answers 503 before the stream starts. Its
         # capability is known to nobody: only this generation frees it.
-        self.session = service.open_session(
+        self.session = service.admission.open_session(
             self.session_id,
             0,
             head.end_layer,
@@ -287,7 +287,7 @@ class Generation:
         try:
             return wire.choice_of(
                 answer,
-                vocab=self.service.vocab_size,
+                vocab=self.service.admission.vocab_size,
                 logprobs=tail.logprobs,
                 prompt_scores=max(0, len(tail.prompt_ids) - 1),
             )

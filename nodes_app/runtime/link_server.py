@@ -143,8 +143,8 @@ def _admit(
         return asyncio.create_task(_cancel(service, entry, answers))
     step = entry.step
     try:
-        service.check_step(step)
-        capability = service.admit_step(step, _credentials(entry.capability, entry.plan))
+        service.admission.check_step(step)
+        capability = service.admission.admit_step(step, _credentials(entry.capability, entry.plan))
         expected = wire.body_length(step)
         if len(entry.body) != expected:
             raise RuntimeRequestError(

@@ -333,7 +333,9 @@ class StepScheduler:
             span = slice(job.done, job.done + length)
             if ids is not None:
                 step_ids = job.tokens if job.tokens is not None else job.ids
-                assert step_ids is not None  # service.check_step: such a hop's step has them
+                assert (
+                    step_ids is not None
+                )  # service.admission.check_step: such a hop's step has them
                 ids.append(step_ids[span])
             if job.tokens is not None:
                 rows.append(runner.embed(job.tokens[span]))

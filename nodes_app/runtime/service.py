@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -21,23 +21,19 @@ import torch
 
 from nodes_app import protocol
 from nodes_app.runtime import wire
+from nodes_app.runtime.admission import Admission
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.kv import default_kv_budget, session_bytes
+from nodes_app.runtime.kv import default_kv_budget
 from nodes_app.runtime.loading import LoadedShard
-from nodes_app.runtime.plan import check_logit_bias
 from nodes_app.runtime.runner import ShardRunner
-from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest, TokenPicker
+from nodes_app.runtime.sampling import Choice, TailRequest, TokenPicker
 from nodes_app.runtime.scheduler import StepScheduler, ThroughputMeter
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.text import TokenPieces
 from nodes_app.runtime.trust import PlanGate
 
 T = TypeVar("T")
-
-# Positions a session reserves past the end of the step that opens (or
-# outgrows) it when nobody said how far it goes (no ``reserve`` on its opening step).
-DEFAULT_RESERVE_POSITIONS = 512
 
 
 class NodeService:
@@ -59,7 +55,6 @@ class NodeService:
         step_timeout: float = protocol.STEP_TIMEOUT_SECONDS,
     ) -> None:
         self.shard = shard
-        self.node_id = node_id
         # Closed unless given: no pinned tracker key, not dev-open.
         self.gate = gate or PlanGate()
         self.runner = ShardRunner(shard)
@@ -67,6 +62,9 @@ class NodeService:
             kv_budget=default_kv_budget(shard.device) if kv_budget is None else kv_budget,
             max_sessions=max_sessions,
             idle_timeout=idle_timeout,
+        )
+        self.admission = Admission(
+            shard, node_id=node_id, store=self.store, gate=self.gate, runner=self.runner
         )
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshnet-torch")
         self.scheduler = StepScheduler(
@@ -89,6 +87,15 @@ class NodeService:
         # TEST ONLY (``runnode --corrupt-hidden-states``): a node that silently
         # computes wrong, which the tracker's route probe must catch.
         self.corrupt_hidden_states = corrupt_hidden_states
+
+    @property
+    def node_id(self) -> str:
+        """The id this node serves under (the tracker's, once registered); plans must name it."""
+        return self.admission.node_id
+
+    @node_id.setter
+    def node_id(self, node_id: str) -> None:
+        self.admission.node_id = node_id
 
     async def compute(self, work: Callable[[], T]) -> T:
         """Run ``work`` (not a forward step: those go through the scheduler) on the torch thread."""
@@ -132,72 +139,6 @@ class NodeService:
     def can_head(self) -> bool:
         return self.shard.start == 0 and self.shard.tokenizer is not None
 
-    def check_range(self, start: int, end: int) -> None:
-        if not (self.shard.start <= start <= end <= self.shard.end):
-            raise RuntimeRequestError(
-                f"layers {start}-{end} are outside this node's shard "
-                f"{self.shard.start}-{self.shard.end}",
-                code="layers_out_of_range",
-            )
-
-    @property
-    def context_length(self) -> int:
-        """Positions the model was built for; nothing past them is computed."""
-        return int(getattr(self.shard.config, "max_position_embeddings", 0) or 2**31)
-
-    def check_context(self, position: int, length: int) -> None:
-        """Refuse steps that would run past the model's context length."""
-        if position + length > self.context_length:
-            raise RuntimeRequestError(
-                f"positions {position}..{position + length - 1} exceed the model's "
-                f"context of {self.context_length} tokens",
-                code="context_length_exceeded",
-            )
-
-    def reservation(self, reserve: int | None, *, reached: int = 0) -> int:
-        """Positions a session reserves: ``reserve``, else ``reached`` plus a default.
-
-        ``reached`` is the end of its latest step; without ``reserve`` the
-        session reserves :data:`DEFAULT_RESERVE_POSITIONS` past it. Never past
-        the model's context, never short of ``reached``.
-        """
-        wanted = reserve if reserve is not None else reached + DEFAULT_RESERVE_POSITIONS
-        return max(1, min(max(wanted, reached), self.context_length))
-
-    def open_session(
-        self,
-        session_id: str,
-        start: int,
-        end: int,
-        *,
-        capability: bytes | None = None,
-        reserve: int | None = None,
-    ) -> Session:
-        """Admit a session reserving ``reserve`` positions (see :meth:`reservation`), or 503."""
-        self.check_range(start, end)
-        positions = self.reservation(reserve)
-        return self.store.create(
-            session_id,
-            start=start,
-            end=end,
-            cache=self.runner.new_cache(limit=positions),
-            reserve=positions,
-            reserved_bytes=session_bytes(self.shard, start, end, positions),
-            capability=capability,
-        )
-
-    def _cover(self, session: Session, reached: int, reserve: int | None = None) -> None:
-        """Grow ``session``'s reservation to cover position ``reached`` (never refused)."""
-        if reached <= session.reserve and (reserve is None or reserve <= session.reserve):
-            return
-        positions = self.reservation(reserve, reached=reached)
-        self.store.extend(
-            session,
-            reserve=positions,
-            reserved_bytes=session_bytes(self.shard, session.start, session.end, positions),
-        )
-        session.cache.limit = session.reserve
-
     def cancel(self, session_id: str) -> bool:
         """Free a session (the node's own decision: end of a generation, a failed step)."""
         self.scheduler.forget(session_id)
@@ -215,104 +156,10 @@ class NodeService:
         self.gate.check_capability(headers, session.capability)
         return self.cancel(session_id)
 
-    def admit_step(self, step: wire.ForwardStep, headers: Mapping[str, str]) -> bytes | None:
-        """The trust check of a step, on its headers alone; the capability hash it presents.
-
-        A step that opens a session needs a signed plan for it (see
-        :class:`PlanGate`); a later step needs the session's capability.
-        """
-        session = self.store.get(step.session_id)
-        if session is not None:
-            return self.gate.check_capability(headers, session.capability)
-        if step.position != 0:
-            # Refused here, before its bytes become a tensor: only a session's
-            # opening step may come without one.
-            raise RuntimeRequestError(
-                f"unknown session {step.session_id} (expired or cancelled?)",
-                code="unknown_session",
-            )
-        return self.gate.admit_session(
-            headers,
-            node_id=self.node_id,
-            session_id=step.session_id,
-            start=step.start,
-            end=step.end,
-        )
-
-    def check_step(self, step: wire.ForwardStep) -> None:
-        """Everything about a step its headers alone can refuse, before its body is read."""
-        self.check_range(step.start, step.end)
-        if step.start == 0:
-            raise RuntimeRequestError(
-                "layer 0 takes token ids: only the head runs it", code="layers_out_of_range"
-            )
-        self.check_context(step.position, step.shape[1])
-        # Any float dtype of the wire is accepted and cast on arrival: a GPU
-        # head in float16 may hand over to a CPU node computing in float32.
-        if step.shape[2] != self.shard.hidden_size:
-            raise RuntimeRequestError(
-                f"hidden size is {self.shard.hidden_size}, not {step.shape[2]}", code="bad_shape"
-            )
-        last = step.end == self.shard.num_layers - 1
-        # A session's sampling is fixed when it opens; later steps need not repeat it
-        # (a head before this one did: it is then read and ignored).
-        if last and step.position == 0 and step.sampling is None:
-            raise RuntimeRequestError(
-                f"the hop ending at the last layer needs {protocol.SAMPLING} on the step "
-                "that opens the session",
-                code="missing_field",
-            )
-        tail_fields = (step.logprobs, step.prompt_ids, step.generated_ids)
-        if not last and any(value is not None for value in tail_fields):
-            raise RuntimeRequestError(
-                "logprobs, prompt_ids and generated_ids are for the hop ending at the last layer",
-                code="bad_field",
-            )
-        # An echo scores the prompt from position 0 on, and the resumed tokens are
-        # counted when the session's picker is made: both belong to the opening step.
-        if step.position != 0 and (step.prompt_ids is not None or step.generated_ids is not None):
-            raise RuntimeRequestError(
-                "prompt_ids and generated_ids are for the step that opens the session",
-                code="bad_field",
-            )
-        if self.shard.family.per_layer_inputs:
-            if step.token_ids is None or len(step.token_ids) != step.shape[1]:
-                raise RuntimeRequestError(
-                    f"{self.shard.config.model_type} layers take the step's token ids, "
-                    "one per position",
-                    code="missing_field",
-                )
-            if max(step.token_ids) >= self.vocab_size:
-                raise RuntimeRequestError(
-                    f"the step names token ids past the vocabulary (0..{self.vocab_size - 1})",
-                    code="bad_field",
-                )
-        elif step.token_ids is not None:
-            raise RuntimeRequestError(
-                "token_ids are for families whose layers take them", code="bad_field"
-            )
-        if step.sampling is not None:
-            self.check_vocabulary(
-                step.sampling, (*(step.prompt_ids or ()), *(step.generated_ids or ()))
-            )
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.shard.config.vocab_size)
-
     @functools.cached_property
     def pieces(self) -> TokenPieces:
         """How a head writes each token in logprob entries (built at first use, then cached)."""
         return TokenPieces(self.shard.tokenizer)
-
-    def check_vocabulary(self, sampling: SamplingParams, token_ids: Iterable[int] = ()) -> None:
-        """Refuse token ids past the vocabulary: logit_bias keys (``bad_sampling``), others."""
-        vocab = self.vocab_size
-        check_logit_bias(sampling, vocab)
-        if any(token >= vocab for token in token_ids):
-            raise RuntimeRequestError(
-                f"the step names token ids past the vocabulary (0..{vocab - 1})", code="bad_field"
-            )
 
     async def forward(
         self, step: wire.ForwardStep, body: bytes, capability: bytes | None = None
@@ -322,7 +169,7 @@ class NodeService:
         ``capability`` is what :meth:`admit_step` returned for the step: a
         new session keeps it, an existing one must hold the same.
         """
-        self.check_step(step)
+        self.admission.check_step(step)
         last = step.end == self.shard.num_layers - 1
         hidden = wire.tensor_from_bytes(body, step.dtype, step.shape)
         if not wire.is_finite(hidden):
@@ -333,32 +180,7 @@ class NodeService:
                 f"the hidden states sent {sender}hold NaN or infinite values",
                 code="non_finite_input",
             )
-        session = self.store.get(step.session_id)
-        if session is None:
-            if step.position != 0:
-                raise RuntimeRequestError(
-                    f"unknown session {step.session_id} (expired or cancelled?)",
-                    code="unknown_session",
-                )
-            session = self.open_session(
-                step.session_id,
-                step.start,
-                step.end,
-                capability=capability,
-                reserve=self.reservation(step.reserve, reached=step.position + step.shape[1]),
-            )
-        elif not session.admits(capability):
-            raise RuntimeRequestError(
-                "wrong capability for this session",
-                code="capability_invalid",
-                status=403,
-                error_type="permission_error",
-            )
-        if (session.start, session.end) != (step.start, step.end):
-            raise RuntimeRequestError(
-                f"session {step.session_id} runs layers {session.start}-{session.end}",
-                code="layers_changed",
-            )
+        session = self.admission.session_for(step, capability)
         async with session.lock:
             if step.position != session.position:
                 raise RuntimeRequestError(
@@ -376,7 +198,7 @@ class NodeService:
                     logprobs=step.logprobs,
                     prompt_ids=step.prompt_ids or (),
                 )
-            self._cover(session, step.position + step.shape[1], step.reserve)
+            self.admission.cover(session, step.position + step.shape[1], step.reserve)
             result = await self.scheduler.submit(
                 session,
                 tail=tail,
@@ -399,7 +221,7 @@ class NodeService:
         last = session.end == self.shard.num_layers - 1
         if last and session.picker is None:
             session.picker = TokenPicker(tail.sampling, tail.generated_ids)
-        self._cover(session, session.position + len(token_ids))
+        self.admission.cover(session, session.position + len(token_ids))
         return await self.scheduler.submit(session, tail=tail if last else None, tokens=token_ids)
 
     def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ def prompts(service: NodeService) -> list[list[int]]:
 async def decode(
     service: NodeService, name: str, prompt: list[int], started: asyncio.Event | None = None
 ) -> list[int]:
-    session = service.open_session(name, 0, 29)
+    session = service.admission.open_session(name, 0, 29)
     tokens, ids = [], prompt
     try:
         for _ in range(NEW_TOKENS):

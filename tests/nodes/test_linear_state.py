@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
+from nodes_app.runtime.families import family_of
 from nodes_app.runtime.kv import (
     LINEAR_ATTENTION,
     MIN_CAPACITY,
@@ -188,7 +189,13 @@ def test_a_session_counts_its_fixed_linear_states_as_admission_does(
 ) -> None:
     session = SessionKV(limit=MIN_CAPACITY)
     step(model, [session], [prompt(5, seed=4)], [0])
-    shard = SimpleNamespace(config=model.config, dtype=torch.float32)
+    family = family_of(model.config)
+    shard = SimpleNamespace(
+        config=model.config,
+        dtype=torch.float32,
+        family=family,
+        layer_types=[family.layer_type(model.config, i) for i in range(LAYERS)],
+    )
     kv_bytes = MIN_CAPACITY * bytes_per_position(shard, 0, LAYERS - 1)
 
     # One full-attention layer of 2 KV heads × 16 keeps K/V; five linear layers

@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from nodes_app.runtime import wire
+from nodes_app.runtime.admission import DEFAULT_RESERVE_POSITIONS
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
 from nodes_app.runtime.scheduler import ECHO_SCORE_ROWS, RECENT_SECONDS
-from nodes_app.runtime.service import DEFAULT_RESERVE_POSITIONS, NodeService
+from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.trust import PlanGate
@@ -70,7 +71,7 @@ async def decode(
     after_token: Callable[[int], Awaitable[None]] | None = None,
 ) -> list[int]:
     """Greedy tokens of ``prompt`` through the whole model on ``service``'s head."""
-    session = service.open_session(name, 0, 3)
+    session = service.admission.open_session(name, 0, 3)
     tokens, ids = [], prompt
     try:
         for _ in range(NEW_TOKENS):
@@ -163,8 +164,8 @@ def test_a_session_closed_while_its_step_waits_is_answered_and_the_batch_runs_wi
     async def run() -> tuple[list[int], RuntimeRequestError]:
         service = tiny_service()
         try:
-            kept = service.open_session("kept", 0, 3)
-            closed = service.open_session("closed", 0, 3)
+            kept = service.admission.open_session("kept", 0, 3)
+            closed = service.admission.open_session("closed", 0, 3)
             # Both queued before the scheduler runs (two prefills: one after the other)...
             steps = [
                 asyncio.ensure_future(service.head_forward(kept, PROMPTS[1], GREEDY_TAIL)),
@@ -189,7 +190,7 @@ def test_a_lone_step_runs_at_once_whatever_the_wait_bound() -> None:
     async def run() -> tuple[bool, int]:
         service = tiny_service(batch_wait=3600.0)
         try:
-            session = service.open_session("lone", 0, 3)
+            session = service.admission.open_session("lone", 0, 3)
             step = asyncio.ensure_future(head_step(service, session, PROMPTS[1]))
             await asyncio.sleep(0)
             held = service.scheduler.waiting
@@ -213,7 +214,10 @@ def test_a_step_waits_for_a_recently_active_session_then_runs_with_it_as_one_bat
         service = tiny_service(batch_wait=3600.0)
         service.scheduler.clock = clock
         try:
-            a, b = service.open_session("a", 0, 3), service.open_session("b", 0, 3)
+            a, b = (
+                service.admission.open_session("a", 0, 3),
+                service.admission.open_session("b", 0, 3),
+            )
             await asyncio.gather(
                 head_step(service, a, PROMPTS[1]), head_step(service, b, PROMPTS[1])
             )
@@ -251,11 +255,11 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_turn_between_two_decode_st
             finished.append("prefill")
 
         try:
-            running = service.open_session("running", 0, 3)
+            running = service.admission.open_session("running", 0, 3)
             await head_step(service, running, PROMPTS[1])
             decoding = asyncio.ensure_future(keep_decoding(running))
             await asyncio.sleep(0)  # its first step holds the torch thread
-            newcomers = [service.open_session(f"new-{i}", 0, 3) for i in range(3)]
+            newcomers = [service.admission.open_session(f"new-{i}", 0, 3) for i in range(3)]
             await asyncio.gather(*(prefill(s, PROMPTS[i]) for i, s in enumerate(newcomers)))
             await decoding
             return finished
@@ -299,7 +303,10 @@ def test_one_sessions_non_finite_output_fails_it_alone(alone_outputs: list[list[
             return out
 
         try:
-            good, bad = service.open_session("good", 0, 3), service.open_session("bad", 0, 3)
+            good, bad = (
+                service.admission.open_session("good", 0, 3),
+                service.admission.open_session("bad", 0, 3),
+            )
             first = await head_step(service, good, PROMPTS[1])
             await head_step(service, bad, PROMPTS[1])
             service.scheduler.transform = poison_second_row
@@ -325,15 +332,15 @@ def test_a_node_refuses_sessions_past_its_kv_budget_and_admits_again_when_one_en
         budget = 100 * bytes_per_position(probe.shard, 0, 3)
         service = tiny_service(kv_budget=budget)
         try:
-            service.open_session("first", 0, 3, reserve=60)
+            service.admission.open_session("first", 0, 3, reserve=60)
             with pytest.raises(RuntimeRequestError) as refused:
-                service.open_session("second", 0, 3, reserve=60)
+                service.admission.open_session("second", 0, 3, reserve=60)
             assert (refused.value.code, refused.value.status) == ("node_busy", 503)
             health = service.health()
             assert health["kv_reserved_bytes"] == 60 * bytes_per_position(service.shard, 0, 3)
             assert health["kv_budget_bytes"] == budget
             service.cancel("first")
-            assert service.open_session("second", 0, 3, reserve=60).session_id == "second"
+            assert service.admission.open_session("second", 0, 3, reserve=60).session_id == "second"
         finally:
             service.close()
 
@@ -384,7 +391,7 @@ async def choices_of(
     service: NodeService, name: str, prompt: list[int], opening: TailRequest, later: TailRequest
 ) -> list[Choice]:
     """A session's choices: its prefill with ``opening``, then later steps with ``later``."""
-    session = service.open_session(name, 0, 3)
+    session = service.admission.open_session(name, 0, 3)
     choices: list[Choice] = []
     ids = prompt
     try:
