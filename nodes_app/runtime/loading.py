@@ -22,7 +22,10 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from nodes_app.protocol import precision_label
 from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
+from nodes_app.runtime.memory import release_freed_memory
+from nodes_app.runtime.quantization import quantize_shard, resolve_dtype
 from nodes_app.runtime.sources import ModelSource
 from nodes_app.tokenization import TokenizerUnavailable, model_text_of
 
@@ -49,6 +52,7 @@ class LoadedShard:
     load_seconds: float = 0.0
     rss_added_bytes: int = 0
     layer_types: list[str] = field(default_factory=list)
+    quantize: str = "none"
 
     @property
     def num_layers(self) -> int:
@@ -62,10 +66,15 @@ class LoadedShard:
     def is_last(self) -> bool:
         return self.end == self.num_layers - 1
 
+    @property
+    def precision(self) -> str:
+        """``float32``, ``bfloat16+int8``…: the compute dtype, then the weights' quantisation."""
+        return precision_label(str(self.dtype).removeprefix("torch."), self.quantize)
+
     def summary(self) -> str:
         return (
             f"loaded {self.model_key} layers {self.start}-{self.end} of {self.num_layers} "
-            f"on {self.device} {str(self.dtype).removeprefix('torch.')} "
+            f"on {self.device} {self.precision} "
             f"in {self.load_seconds:.1f} s, +{self.rss_added_bytes / 2**20:.0f} MiB RSS"
         )
 
@@ -90,7 +99,8 @@ def load_shard(
     start: int,
     end: int,
     device: str = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
+    quantize: str = "none",
     with_tokenizer: bool | None = None,
     progress: bool | None = None,
 ) -> LoadedShard:
@@ -98,7 +108,8 @@ def load_shard(
 
     ``progress`` draws a tqdm bar of the tensors read on stderr; None (the
     default) draws it only when stderr is a terminal, so logs stay one line
-    per event.
+    per event. ``dtype`` (a torch dtype, a name or ``"auto"``) and ``quantize``
+    set the shard's precision (``nodes_app.runtime.quantization``).
     """
     if progress is None:
         progress = sys.stderr.isatty()
@@ -112,9 +123,7 @@ def load_shard(
             f"layers {start}-{end} are outside the model's layers 0-{num_layers - 1}"
         )
     target = torch.device(device)
-    if dtype is None:
-        # Exact split == whole comparisons need float32 on CPU; accelerators halve it.
-        dtype = torch.float32 if target.type == "cpu" else torch.float16
+    dtype = resolve_dtype(dtype, target)
     config._attn_implementation = "sdpa"
 
     tokenizer = None
@@ -189,6 +198,8 @@ def load_shard(
         layer_types=[_layer_type(config, i) for i in range(num_layers)],
     )
     del skeleton
+    quantize_shard(shard, quantize)
+    release_freed_memory()
     shard.load_seconds = time.perf_counter() - began
     shard.rss_added_bytes = max(0, psutil.Process().memory_info().rss - rss_before)
     return shard

@@ -1,0 +1,130 @@
+"""A shard's precision: the dtype it computes in and the weight-only quantisation of its weights.
+
+``--dtype`` picks the dtype of activations and of every weight left unquantised
+(``auto``: float32 on CPU, where exact split == whole comparisons need it, and
+float16 on accelerators). ``--quantize int8`` stores the decoder layers' Linear
+weights as int8 with one scale per output row (torchao's ``Int8WeightOnlyConfig``)
+and, on the last hop, the LM head too; the embedding table is kept as int8 rows
+as well (:class:`Int8Embedding`), so a tied model's largest matrix shrinks
+fourfold on the head and on the tail. ADR-0014 holds the measurements behind
+the choice of library.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from nodes_app.protocol import DTYPE_CHOICES, QUANTIZE_CHOICES
+from nodes_app.runtime.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from nodes_app.runtime.loading import LoadedShard
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The torch dtype ``dtype`` names on ``device``.
+
+    None or ``"auto"``: float32 on CPU, float16 on accelerators. Raises
+    ValueError for a name outside ``DTYPE_CHOICES``.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        # Exact split == whole comparisons need float32 on CPU; accelerators halve it.
+        return torch.float32 if device.type == "cpu" else torch.float16
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_CHOICES)})")
+    return TORCH_DTYPES[dtype]
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table stored as int8 rows with one float scale each.
+
+    A lookup dequantises only the rows it reads: torchao's quantised tensors
+    dequantise the whole table for ``F.embedding`` (50 ms a token for SmolLM2's).
+    """
+
+    rows: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        table = weight.detach().float()
+        scale = table.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+        self.register_buffer("rows", torch.round(table / scale).to(torch.int8))
+        self.register_buffer("scale", scale.to(dtype))
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows[ids].to(self.dtype) * self.scale[ids]
+
+
+def quantize_shard(shard: LoadedShard, scheme: str) -> None:
+    """Quantise ``shard``'s weights in place by ``scheme`` (one of ``QUANTIZE_CHOICES``).
+
+    ``"none"`` leaves it as loaded. ``"int8"``: every ``nn.Linear`` of the
+    decoder layers, the LM head and the embedding table become int8 weights
+    with per-row scales; activations, norms and rotary stay in the shard's
+    dtype. ``"int4"`` is refused (ADR-0014: no maintained library packs
+    4-bit weights for an x86 CPU under torch 2.13). Raises
+    UnsupportedModelError for a scheme it cannot apply.
+    """
+    if scheme not in QUANTIZE_CHOICES:
+        raise UnsupportedModelError(
+            f"unknown quantisation {scheme!r} (one of {', '.join(QUANTIZE_CHOICES)})"
+        )
+    if scheme == "none":
+        return
+    if scheme == "int4":
+        raise UnsupportedModelError(
+            "--quantize int4 is not available: torchao packs 4-bit weights only for CUDA "
+            "and ARM CPUs, and its x86 fallback stores them in int8 bytes (no memory saved); "
+            "use --quantize int8 (see docs/adr/0014-precision-and-quantisation.md)"
+        )
+    quantize_, config = _torchao_int8()
+    for layer in shard.layers.values():
+        quantize_(layer, config)
+    if shard.lm_head is not None:
+        head = shard.lm_head
+        if shard.embed is not None and head.weight is shard.embed.weight:
+            # A tied head: its own int8 copy, so the float table can go.
+            table = shard.embed.weight.detach()
+            head = nn.Linear(table.shape[1], table.shape[0], bias=False, device="meta")
+            head.weight = nn.Parameter(table, requires_grad=False)
+        quantize_(head, config)
+        shard.lm_head = head.eval()
+    if shard.embed is not None:
+        if shard.start == 0:
+            shard.embed = Int8Embedding(shard.embed.weight, dtype=shard.dtype)  # type: ignore[assignment]
+        else:
+            # Loaded only as a tied LM head's weight, which now has its own copy.
+            shard.embed = None
+    shard.quantize = scheme
+
+
+def _torchao_int8() -> tuple[Any, Any]:
+    """torchao's ``quantize_`` and its int8 weight-only config, imported without its noise.
+
+    On a CPU build of torch, torchao's import logs a warning for each CUDA
+    kernel library it cannot load, and torch one for each enum it registers.
+    """
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    finally:
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+    return quantize_, Int8WeightOnlyConfig()

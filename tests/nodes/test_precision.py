@@ -1,0 +1,170 @@
+"""A shard's precision (``--dtype``, ``--quantize``) on the tiny model, in process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from django.core.management import CommandError, call_command
+from starlette.testclient import TestClient
+
+from nodes_app.runtime import wire
+from nodes_app.runtime.errors import UnsupportedModelError
+from nodes_app.runtime.loading import LoadedShard, load_shard
+from nodes_app.runtime.server import create_app
+from nodes_app.runtime.service import NodeService
+from nodes_app.runtime.shard import ShardExecutor
+from nodes_app.runtime.sources import resolve_source
+from nodes_app.runtime.trust import PlanGate
+from tests.support.link import in_process_link, tiny_step
+
+TINY = "tiny-random-llama"
+PROMPT = [1, 15, 27, 3, 99, 42]
+
+
+def tiny_shard(
+    start: int = 0, end: int = 3, *, dtype: str = "auto", quantize: str = "none"
+) -> LoadedShard:
+    torch.set_num_threads(1)
+    return load_shard(
+        model_key=TINY,
+        source=resolve_source(TINY),
+        start=start,
+        end=end,
+        dtype=dtype,
+        quantize=quantize,
+        progress=False,
+    )
+
+
+def stored_dtype(module: Any) -> torch.dtype:
+    """What a module's weight is stored as: a torchao int8 weight keeps its bytes in ``qdata``."""
+    weight = module.weight
+    return weight.qdata.dtype if hasattr(weight, "qdata") else weight.dtype
+
+
+def logits_of(shard: LoadedShard, ids: list[int]) -> torch.Tensor:
+    executor = ShardExecutor(shard)
+    hidden = executor.run_layers(
+        executor.embed(ids), cache=executor.new_cache(), start=0, end=3, position=0
+    )
+    return executor.logits(hidden)[0]
+
+
+def greedy(shard: LoadedShard, ids: list[int], count: int) -> list[int]:
+    executor = ShardExecutor(shard)
+    cache = executor.new_cache()
+    hidden = executor.run_layers(executor.embed(ids), cache=cache, start=0, end=3, position=0)
+    tokens = [int(executor.last_logits(hidden).argmax())]
+    for position in range(len(ids), len(ids) + count - 1):
+        hidden = executor.run_layers(
+            executor.embed(tokens[-1:]), cache=cache, start=0, end=3, position=position
+        )
+        tokens.append(int(executor.last_logits(hidden).argmax()))
+    return tokens
+
+
+def test_auto_computes_in_float32_on_cpu() -> None:
+    shard = tiny_shard()
+
+    assert shard.dtype == torch.float32
+    assert shard.precision == "float32"
+
+
+def test_a_bfloat16_shard_computes_in_bfloat16_and_generates() -> None:
+    shard = tiny_shard(dtype="bfloat16")
+
+    assert all(
+        p.dtype == torch.bfloat16 for layer in shard.layers.values() for p in layer.parameters()
+    )
+    executor = ShardExecutor(shard)
+    hidden = executor.run_layers(
+        executor.embed(PROMPT), cache=executor.new_cache(), start=0, end=3, position=0
+    )
+    assert hidden.dtype == torch.bfloat16
+    tokens = greedy(shard, PROMPT, 8)
+    assert len(tokens) == 8
+    assert all(0 <= token < shard.config.vocab_size for token in tokens)
+
+
+def test_an_int8_shard_stays_close_to_float32() -> None:
+    reference = logits_of(tiny_shard(), PROMPT)
+    quantised_shard = tiny_shard(quantize="int8")
+    quantised = logits_of(quantised_shard, PROMPT)
+
+    assert quantised_shard.precision == "float32+int8"
+    error = (quantised - reference).norm() / reference.norm()
+    assert error < 0.05, error
+    assert torch.equal(quantised.argmax(-1), reference.argmax(-1))
+
+
+def test_an_int8_shard_holds_its_linear_weights_and_embeddings_in_int8() -> None:
+    shard = tiny_shard(quantize="int8")
+
+    layer: Any = shard.layers[0]
+    assert stored_dtype(layer.self_attn.q_proj) == torch.int8
+    assert stored_dtype(layer.mlp.down_proj) == torch.int8
+    assert shard.embed is not None and shard.embed.rows.dtype == torch.int8
+    assert stored_dtype(shard.lm_head) == torch.int8
+
+
+def test_an_int8_tail_holds_its_lm_head_in_int8() -> None:
+    shard = tiny_shard(2, 3, quantize="int8")
+
+    assert shard.embed is None
+    assert stored_dtype(shard.lm_head) == torch.int8
+
+
+def test_int4_is_refused_naming_the_reason() -> None:
+    with pytest.raises(UnsupportedModelError, match="int4 is not available"):
+        tiny_shard(quantize="int4")
+
+
+def test_the_ready_line_names_the_precision() -> None:
+    assert " on cpu bfloat16+int8 in " in tiny_shard(dtype="bfloat16", quantize="int8").summary()
+    assert " on cpu float32 in " in tiny_shard(2, 3).summary()
+
+
+@pytest.fixture(scope="module")
+def float32_tail() -> Iterator[TestClient]:
+    """A float32 tail (layers 2-3) served in process, dev-open."""
+    service = NodeService(tiny_shard(2, 3), node_id="tail", gate=PlanGate(dev_open=True))
+    with TestClient(create_app(service, max_frame_bytes=2**20)) as client:
+        yield client
+
+
+def test_a_float32_tail_takes_a_bfloat16_heads_hidden_states_converting_them_once(
+    float32_tail: TestClient,
+) -> None:
+    head = ShardExecutor(tiny_shard(0, 1, dtype="bfloat16"))
+    sent = head.run_layers(head.embed(PROMPT), cache=head.new_cache(), start=0, end=1, position=0)
+    assert sent.dtype == torch.bfloat16
+    tail = ShardExecutor(tiny_shard(2, 3))
+    local = tail.run_layers(
+        sent.to(torch.float32), cache=tail.new_cache(), start=2, end=3, position=0
+    )
+    expected = int(tail.last_logits(local).argmax())
+
+    with in_process_link(float32_tail) as link:
+        step = tiny_step("mixed", len(PROMPT), dtype="bfloat16")
+        answer = link.step(step, wire.tensor_to_bytes(sent))
+        link.cancel("mixed")
+
+    assert answer.status == 200
+    assert answer.token_id == expected
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--dtype", "float8"), ("--dtype", "fp16"), ("--quantize", "int3")]
+)
+def test_runnode_refuses_a_precision_it_does_not_offer_naming_the_choices(
+    flag: str, value: str
+) -> None:
+    with pytest.raises(CommandError, match="invalid choice") as caught:
+        call_command(
+            "runnode", "--model", TINY, "--layers", "0-3", "--port", "7001",
+            "--tracker", "http://127.0.0.1:8000", flag, value,
+        )  # fmt: skip
+    assert value in str(caught.value) and "choose from" in str(caught.value)
