@@ -43,7 +43,7 @@ class LoadedShard:
     end: int
     layers: dict[int, nn.Module]
     rotary: nn.Module
-    embed: nn.Embedding | None
+    embed: nn.Module | None  # nn.Embedding, or an Int8Embedding when quantised
     norm: nn.Module | None
     lm_head: nn.Module | None
     tokenizer: Any | None

@@ -52,21 +52,28 @@ class Int8Embedding(nn.Module):
 
     A lookup dequantises only the rows it reads: torchao's quantised tensors
     dequantise the whole table for ``F.embedding`` (50 ms a token for SmolLM2's).
+    ``rows`` and ``scale`` may be a tied LM head's int8 weight (torchao's
+    per-row ``qdata`` and ``scale``, symmetric), so the two share one table.
     """
 
     rows: torch.Tensor
     scale: torch.Tensor
 
-    def __init__(self, weight: torch.Tensor, *, dtype: torch.dtype) -> None:
+    def __init__(self, rows: torch.Tensor, scale: torch.Tensor, *, dtype: torch.dtype) -> None:
         super().__init__()
-        table = weight.detach().float()
-        scale = table.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-        self.register_buffer("rows", torch.round(table / scale).to(torch.int8))
-        self.register_buffer("scale", scale.to(dtype))
+        self.register_buffer("rows", rows)
+        self.register_buffer("scale", scale.reshape(-1, 1))
         self.dtype = dtype
 
+    @classmethod
+    def quantising(cls, weight: torch.Tensor, *, dtype: torch.dtype) -> Int8Embedding:
+        """A float table ``weight`` quantised to int8 rows, symmetric, one scale per row."""
+        table = weight.detach().float()
+        scale = table.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+        return cls(torch.round(table / scale).to(torch.int8), scale, dtype=dtype)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.rows[ids].to(self.dtype) * self.scale[ids]
+        return (self.rows[ids] * self.scale[ids]).to(self.dtype)
 
 
 def quantize_shard(shard: LoadedShard, scheme: str) -> None:
@@ -74,10 +81,11 @@ def quantize_shard(shard: LoadedShard, scheme: str) -> None:
 
     ``"none"`` leaves it as loaded. ``"int8"``: every ``nn.Linear`` of the
     decoder layers, the LM head and the embedding table become int8 weights
-    with per-row scales; activations, norms and rotary stay in the shard's
-    dtype. ``"int4"`` is refused (ADR-0014: no maintained library packs
-    4-bit weights for an x86 CPU under torch 2.13). Raises
-    UnsupportedModelError for a scheme it cannot apply.
+    with per-row scales (one table when the model ties them); activations,
+    norms and rotary stay in the shard's dtype. ``"int4"`` is refused
+    (ADR-0014: no maintained library packs 4-bit weights for an x86 CPU
+    under torch 2.13). Raises UnsupportedModelError for a scheme it cannot
+    apply.
     """
     if scheme not in QUANTIZE_CHOICES:
         raise UnsupportedModelError(
@@ -94,21 +102,23 @@ def quantize_shard(shard: LoadedShard, scheme: str) -> None:
     quantize_, config = _torchao_int8()
     for layer in shard.layers.values():
         quantize_(layer, config)
-    if shard.lm_head is not None:
-        head = shard.lm_head
-        if shard.embed is not None and head.weight is shard.embed.weight:
-            # A tied head: its own int8 copy, so the float table can go.
-            table = shard.embed.weight.detach()
-            head = nn.Linear(table.shape[1], table.shape[0], bias=False, device="meta")
-            head.weight = nn.Parameter(table, requires_grad=False)
+    head = shard.lm_head
+    table = shard.embed.weight if shard.embed is not None else None
+    if head is not None and isinstance(table, torch.Tensor) and head.weight is table:
+        # Tied: one int8 table serves as the LM head and, on a head, as the embedding.
+        head = nn.Linear(table.shape[1], table.shape[0], bias=False, device="meta")
+        head.weight = nn.Parameter(table.detach(), requires_grad=False)
         quantize_(head, config)
-        shard.lm_head = head.eval()
-    if shard.embed is not None:
-        if shard.start == 0:
-            shard.embed = Int8Embedding(shard.embed.weight, dtype=shard.dtype)  # type: ignore[assignment]
-        else:
-            # Loaded only as a tied LM head's weight, which now has its own copy.
-            shard.embed = None
+        int8: Any = head.weight  # torchao's Int8Tensor
+        embed = Int8Embedding(int8.qdata, int8.scale, dtype=shard.dtype)
+        # A tail loaded the table only as its LM head's weight.
+        shard.embed = embed if shard.start == 0 else None
+    else:
+        if head is not None:
+            quantize_(head, config)
+        if isinstance(table, torch.Tensor):
+            shard.embed = Int8Embedding.quantising(table, dtype=shard.dtype)
+    shard.lm_head = head.eval() if head is not None else None
     shard.quantize = scheme
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from django.core.management import CommandError, call_command
 from starlette.testclient import TestClient
+from transformers import AutoModelForCausalLM
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import UnsupportedModelError
@@ -18,6 +20,8 @@ from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.shard import ShardExecutor
 from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.trust import PlanGate
+from nodes_app.tokenization import tiny_tokenizer
+from tests.support.checkpoints import LAYERS, tiny_family_config
 from tests.support.link import in_process_link, tiny_step
 
 TINY = "tiny-random-llama"
@@ -115,6 +119,50 @@ def test_an_int8_tail_holds_its_lm_head_in_int8() -> None:
 
     assert shard.embed is None
     assert stored_dtype(shard.lm_head) == torch.int8
+
+
+@pytest.fixture(scope="module")
+def tied_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded tiny llama whose LM head is its embedding table, as SmolLM2's is."""
+    config = tiny_family_config("llama")
+    config.tie_word_embeddings = True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        for parameter in model.parameters():
+            parameter.data.normal_(0.0, 0.2)
+    directory = tmp_path_factory.mktemp("tied")
+    model.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def tied_shard(directory: Path, start: int, end: int, quantize: str) -> LoadedShard:
+    return load_shard(
+        model_key="tied",
+        source=resolve_source("tied", str(directory)),
+        start=start,
+        end=end,
+        quantize=quantize,
+        progress=False,
+    )
+
+
+def test_a_tied_model_quantised_keeps_one_int8_table_for_embedding_and_lm_head(
+    tied_checkpoint: Path,
+) -> None:
+    last = LAYERS - 1
+    reference = tied_shard(tied_checkpoint, 0, last, "none")
+    whole = tied_shard(tied_checkpoint, 0, last, "int8")
+    tail = tied_shard(tied_checkpoint, 2, last, "int8")
+
+    head_weight: Any = whole.lm_head.weight if whole.lm_head is not None else None
+    assert whole.embed is not None and whole.embed.rows is head_weight.qdata
+    assert tail.embed is None and stored_dtype(tail.lm_head) == torch.int8
+    ids = [3, 14, 15, 92]
+    expected = ShardExecutor(reference).embed(ids)
+    embedded = ShardExecutor(whole).embed(ids)
+    assert ((embedded - expected).norm() / expected.norm()) < 0.01
 
 
 def test_int4_is_refused_naming_the_reason() -> None:
