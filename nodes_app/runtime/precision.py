@@ -25,6 +25,6 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         default="none",
         choices=QUANTIZE_CHOICES,
-        help="weight-only quantisation of the decoder layers, LM head and embeddings "
-        "(default none; int4 is refused on CPU, see ADR-0014)",
+        help="weight-only quantisation: int8 (decoder layers, LM head and embeddings) or int4 "
+        "(decoder layers NF4, CPU only; LM head and embeddings int8); default none (ADR-0014)",
     )

@@ -6,13 +6,17 @@ float16 on accelerators). ``--quantize int8`` stores the decoder layers' Linear
 weights as int8 with one scale per output row (torchao's ``Int8WeightOnlyConfig``)
 and, on the last hop, the LM head too; the embedding table is kept as int8 rows
 as well (:class:`Int8Embedding`), so a tied model's largest matrix shrinks
-fourfold on the head and on the tail. ADR-0014 holds the measurements behind
-the choice of library.
+fourfold on the head and on the tail. ``--quantize int4`` stores the decoder
+layers' Linear weights as bitsandbytes NF4 instead (CPU only). ADR-0014 holds
+the measurements behind the choice of libraries.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,10 +86,10 @@ def quantize_shard(shard: LoadedShard, scheme: str) -> None:
     ``"none"`` leaves it as loaded. ``"int8"``: every ``nn.Linear`` of the
     decoder layers, the LM head and the embedding table become int8 weights
     with per-row scales (one table when the model ties them); activations,
-    norms and rotary stay in the shard's dtype. ``"int4"`` is refused
-    (ADR-0014: no maintained library packs 4-bit weights for an x86 CPU
-    under torch 2.13). Raises UnsupportedModelError for a scheme it cannot
-    apply.
+    norms and rotary stay in the shard's dtype. ``"int4"``: the decoder
+    layers' Linear weights become bitsandbytes NF4 (4-bit, CPU only), the
+    LM head and embeddings int8 as above. Raises UnsupportedModelError for a
+    scheme it cannot apply.
     """
     if scheme not in QUANTIZE_CHOICES:
         raise UnsupportedModelError(
@@ -93,15 +97,17 @@ def quantize_shard(shard: LoadedShard, scheme: str) -> None:
         )
     if scheme == "none":
         return
-    if scheme == "int4":
+    if scheme == "int4" and shard.device.type != "cpu":
         raise UnsupportedModelError(
-            "--quantize int4 is not available: torchao packs 4-bit weights only for CUDA "
-            "and ARM CPUs, and its x86 fallback stores them in int8 bytes (no memory saved); "
+            f"--quantize int4 runs on cpu only (bitsandbytes' NF4), not {shard.device.type}; "
             "use --quantize int8 (see docs/adr/0014-precision-and-quantisation.md)"
         )
     quantize_, config = _torchao_int8()
     for layer in shard.layers.values():
-        quantize_(layer, config)
+        if scheme == "int4":
+            _to_nf4(layer, dtype=shard.dtype)
+        else:
+            quantize_(layer, config)
     head = shard.lm_head
     table = shard.embed.weight if shard.embed is not None else None
     if head is not None and isinstance(table, torch.Tensor) and head.weight is table:
@@ -122,19 +128,64 @@ def quantize_shard(shard: LoadedShard, scheme: str) -> None:
     shard.quantize = scheme
 
 
+def _to_nf4(module: nn.Module, *, dtype: torch.dtype) -> None:
+    """Replace every ``nn.Linear`` under ``module`` by bitsandbytes' NF4 ``Linear4bit``."""
+    bnb = _bitsandbytes()
+    for name, child in list(module.named_children()):
+        if not isinstance(child, nn.Linear):
+            _to_nf4(child, dtype=dtype)
+            continue
+        packed = bnb.nn.Linear4bit(
+            child.in_features,
+            child.out_features,
+            bias=child.bias is not None,
+            compute_dtype=dtype,
+            quant_type="nf4",
+            device="meta",
+        )
+        packed.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
+        if child.bias is not None:
+            packed.bias = nn.Parameter(child.bias.data, requires_grad=False)
+        # Params4bit packs its weight when it is moved to a device.
+        setattr(module, name, packed.to(child.weight.device).eval())
+
+
+def _bitsandbytes() -> Any:
+    """bitsandbytes, imported without its warning that the hub's faster CPU kernel is absent."""
+    with _quiet("bitsandbytes"):
+        import bitsandbytes
+    return bitsandbytes
+
+
+@functools.cache
 def _torchao_int8() -> tuple[Any, Any]:
     """torchao's ``quantize_`` and its int8 weight-only config, imported without its noise.
 
     On a CPU build of torch, torchao's import logs a warning for each CUDA
     kernel library it cannot load, and torch one for each enum it registers.
     """
-    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in quiet]
-    for logger in quiet:
+    with _quiet("torchao", "torch.utils._pytree"):
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        # What transformers imports of torchao as it builds a model: torchao's prototypes.
+        with contextlib.suppress(ImportError):
+            import transformers.integrations.torchao  # noqa: F401
+    return quantize_, Int8WeightOnlyConfig()
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        yield
     finally:
-        for logger, level in zip(quiet, levels, strict=True):
+        for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-    return quantize_, Int8WeightOnlyConfig()
+
+
+# transformers imports torchao whenever it builds a model and torchao is
+# installed: import it first, quietly, so a node's log stays its own.
+_torchao_int8()
