@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -151,8 +152,10 @@ def _to_nf4(module: nn.Module, *, dtype: torch.dtype) -> None:
 
 
 def _bitsandbytes() -> Any:
-    """bitsandbytes, imported without its warning that the hub's faster CPU kernel is absent."""
-    with _quiet("bitsandbytes"):
+    """bitsandbytes, imported without its warnings (the hub's faster CPU kernel is
+    absent; it still decorates with ``torch.jit.script_method``)."""
+    with _quiet("bitsandbytes"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         import bitsandbytes
     return bitsandbytes
 

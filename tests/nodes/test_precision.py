@@ -166,10 +166,9 @@ def test_a_tied_model_quantised_keeps_one_int8_table_for_embedding_and_lm_head(
 
 
 def test_an_int4_shard_packs_its_layers_weights_in_4_bits_close_to_float32() -> None:
-    from bitsandbytes.functional import dequantize_4bit
-
     reference = tiny_shard()
     shard = tiny_shard(quantize="int4")
+    from bitsandbytes.functional import dequantize_4bit  # imported quietly by the loader
 
     assert shard.precision == "float32+int4"
     q_proj: Any = shard.layers[0].self_attn.q_proj  # type: ignore[union-attr]
