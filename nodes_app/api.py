@@ -20,10 +20,12 @@ from nodes_app.endpoints import EndpointGate
 from nodes_app.models import LanguageModel, Node
 from nodes_app.plans import tracker_public_key
 from nodes_app.protocol import (
+    DEFAULT_PRECISION,
     MAX_LAYERS,
     MAX_REPORTED_QUEUE_DEPTH,
     MAX_REPORTED_SESSIONS,
     MAX_REPORTED_TPS,
+    PRECISIONS,
     TRACKER_KEY_ALGORITHM,
 )
 from nodes_app.registration_limit import registration_rate_limit_check
@@ -67,6 +69,7 @@ class NodeOutput(serializers.ModelSerializer[Node]):
             "shard_end",
             "hardware",
             "device_name",
+            "precision",
             "benchmark_tps",
             "measured_tps",
             "queue_depth",
@@ -95,6 +98,8 @@ class RegisterNodeApi(APIView):
         num_layers = serializers.IntegerField(min_value=1, max_value=MAX_LAYERS)
         hardware = serializers.ChoiceField(choices=HARDWARE)
         device_name = serializers.CharField(max_length=200, allow_blank=True, default="")
+        # Nodes older than the field compute in float32 and do not send it.
+        precision = serializers.ChoiceField(choices=PRECISIONS, default=DEFAULT_PRECISION)
         # Its upper bound is the service's (MESHNET_NODE_MAX_BENCHMARK_TPS,
         # refused as benchmark_out_of_range), the one rule for a speed claim.
         benchmark_tps = serializers.FloatField(min_value=0.0)
@@ -155,6 +160,7 @@ class RegisterNodeApi(APIView):
             num_layers=fields["num_layers"],
             hardware=fields["hardware"],
             device_name=fields["device_name"],
+            precision=fields["precision"],
             benchmark_tps=fields["benchmark_tps"],
             timestamp=fields["timestamp"],
             # The signature covers the fields exactly as the node sent them.

@@ -45,6 +45,7 @@ def node_row(node: Node) -> dict[str, Any]:
         "shard_end": node.shard_end,
         "hardware": node.hardware,
         "device_name": node.device_name,
+        "precision": node.precision,
         "benchmark_tps": node.benchmark_tps,
         "measured_tps": node.measured_tps,
         "active_sessions": node.active_sessions,

@@ -8,6 +8,8 @@ from decimal import Decimal
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from nodes_app.protocol import DEFAULT_PRECISION
+
 
 class LanguageModel(models.Model):
     """A model the network can serve: its layer count, weight source and prices."""
@@ -89,6 +91,11 @@ class Node(models.Model):
     shard_end = models.PositiveIntegerField()
     hardware = models.CharField(max_length=16, help_text="cpu, cuda or mps")
     device_name = models.CharField(max_length=200, blank=True)
+    precision = models.CharField(
+        max_length=32,
+        default=DEFAULT_PRECISION,
+        help_text="Compute dtype, then +int8 when the weights are quantised (e.g. bfloat16+int8)",
+    )
     benchmark_tps = models.FloatField(
         default=0.0, validators=[MinValueValidator(0.0)], help_text="Tokens/s measured at start-up"
     )

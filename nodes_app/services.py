@@ -24,6 +24,7 @@ from meshnet_site.guards.services import claim_once
 from nodes_app.endpoints import EndpointGate
 from nodes_app.events import epoch_announce, node_heartbeat_announce, nodes_announce
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
+from nodes_app.protocol import DEFAULT_PRECISION
 from nodes_app.selectors import (
     ModelNotFound,
     language_model_get,
@@ -153,6 +154,7 @@ def node_register(
     device_name: str,
     benchmark_tps: float,
     timestamp: float,
+    precision: str = DEFAULT_PRECISION,
     signed_fields: Mapping[str, Any],
     signature: str,
     now: datetime,
@@ -239,6 +241,7 @@ def node_register(
             "shard_end": shard_end,
             "hardware": hardware,
             "device_name": device_name,
+            "precision": precision,
             "benchmark_tps": benchmark_tps,
             "queue_depth": 0,
             "active_sessions": 0,

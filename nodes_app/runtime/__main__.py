@@ -19,6 +19,7 @@ from nodes_app.protocol import (
 )
 from nodes_app.runtime.capacity import add_capacity_arguments
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
+from nodes_app.runtime.precision import add_precision_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", required=True, type=int)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    add_precision_arguments(parser)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--weights")
     parser.add_argument("--node-id")
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         host=args.host,
         device=args.device,
+        dtype=args.dtype,
+        quantize=args.quantize,
         threads=args.threads,
         weights=args.weights,
         node_id=args.node_id,

@@ -21,8 +21,11 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from nodes_app.protocol import precision_label
 from nodes_app.runtime.errors import ModelSourceError
 from nodes_app.runtime.families import Family, family_of
+from nodes_app.runtime.memory import release_freed_memory
+from nodes_app.runtime.quantization import quantize_shard, resolve_dtype
 from nodes_app.runtime.sources import ModelSource
 from nodes_app.runtime.weights import (
     PER_LAYER_INPUT_MODULES,
@@ -44,7 +47,7 @@ class LoadedShard:
     end: int
     layers: dict[int, nn.Module]
     rotary: nn.Module
-    embed: nn.Embedding | None
+    embed: nn.Module | None  # nn.Embedding, or an Int8Embedding when quantised
     norm: nn.Module | None
     lm_head: nn.Module | None
     tokenizer: Any | None
@@ -56,6 +59,7 @@ class LoadedShard:
     # transformers' decoder module: only the parts this range needs hold weights (the
     # rest stays on ``meta``); a family's own inputs (Gemma 4's per-layer embeddings) live here.
     decoder: nn.Module | None = None
+    quantize: str = "none"
 
     @property
     def num_layers(self) -> int:
@@ -69,10 +73,15 @@ class LoadedShard:
     def is_last(self) -> bool:
         return self.end == self.num_layers - 1
 
+    @property
+    def precision(self) -> str:
+        """``float32``, ``bfloat16+int8``…: the compute dtype, then the weights' quantisation."""
+        return precision_label(str(self.dtype).removeprefix("torch."), self.quantize)
+
     def summary(self) -> str:
         return (
             f"loaded {self.model_key} layers {self.start}-{self.end} of {self.num_layers} "
-            f"on {self.device} {str(self.dtype).removeprefix('torch.')} "
+            f"on {self.device} {self.precision} "
             f"in {self.load_seconds:.1f} s, +{self.rss_added_bytes / 2**20:.0f} MiB RSS"
         )
 
@@ -97,7 +106,8 @@ def load_shard(
     start: int,
     end: int,
     device: str = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
+    quantize: str = "none",
     with_tokenizer: bool | None = None,
     progress: bool | None = None,
 ) -> LoadedShard:
@@ -105,7 +115,8 @@ def load_shard(
 
     ``progress`` draws a tqdm bar of the tensors read on stderr; None (the
     default) draws it only when stderr is a terminal, so logs stay one line
-    per event.
+    per event. ``dtype`` (a torch dtype, a name or ``"auto"``) and ``quantize``
+    set the shard's precision (``nodes_app.runtime.quantization``).
     """
     if progress is None:
         progress = sys.stderr.isatty()
@@ -119,9 +130,7 @@ def load_shard(
             f"layers {start}-{end} are outside the model's layers 0-{num_layers - 1}"
         )
     target = torch.device(device)
-    if dtype is None:
-        # Exact split == whole comparisons need float32 on CPU; accelerators halve it.
-        dtype = torch.float32 if target.type == "cpu" else torch.float16
+    dtype = resolve_dtype(dtype, target)
     config._attn_implementation = family.attention
 
     tokenizer = None
@@ -207,6 +216,8 @@ def load_shard(
         layer_types=[family.layer_type(config, i) for i in range(num_layers)],
         decoder=decoder,
     )
+    quantize_shard(shard, quantize)
+    release_freed_memory()
     shard.load_seconds = time.perf_counter() - began
     shard.rss_added_bytes = max(0, psutil.Process().memory_info().rss - rss_before)
     return shard

@@ -62,6 +62,9 @@ class NodeOptions:
     port: int
     host: str = "127.0.0.1"
     device: str = "cpu"
+    # Compute dtype ("auto": float32 on CPU, float16 on accelerators) and weight quantisation.
+    dtype: str = "auto"
+    quantize: str = "none"
     threads: int | None = None
     weights: str | None = None
     tracker: str | None = None
@@ -124,6 +127,8 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
         start=options.start,
         end=options.end,
         device=options.device,
+        dtype=options.dtype,
+        quantize=options.quantize,
     )
     print(shard.summary(), file=out, flush=True)
     gate = PlanGate(tracker_key=options.tracker_key, dev_open=options.dev_open)
@@ -277,6 +282,7 @@ async def _serve_joined(
             num_layers=shard.num_layers,
             hardware=shard.device.type,
             device_name=device_name(options.device),
+            precision=shard.precision,
             benchmark_tps=service.benchmark_tps,
         )
         try:
@@ -293,6 +299,7 @@ async def _serve_joined(
         print(
             f"node {service.node_id} serving {shard.model_key} layers "
             f"{shard.start}-{shard.end} at {options.endpoint} on {shard.device.type} "
+            f"{shard.precision} "
             f"(+{shard.rss_added_bytes / 2**20:.0f} MiB, benchmark "
             f"{service.benchmark_tps:.1f} tok/s)",
             file=out,

@@ -14,7 +14,12 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import MAX_REPORTED_TPS, TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
+from nodes_app.protocol import (
+    DEFAULT_PRECISION,
+    MAX_REPORTED_TPS,
+    TRACKER_KEY_ALGORITHM,
+    TRACKER_KEY_PATH,
+)
 from nodes_app.signing import public_key_from_hex, sign_registration, wallet_of
 
 
@@ -32,6 +37,8 @@ class NodeAnnouncement:
     hardware: str
     device_name: str
     benchmark_tps: float
+    # The shard's compute dtype and weight quantisation (nodes_app.protocol.PRECISIONS).
+    precision: str = DEFAULT_PRECISION
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class TrackerClient:
             "num_layers": node.num_layers,
             "hardware": node.hardware,
             "device_name": node.device_name,
+            "precision": node.precision,
             "benchmark_tps": round(_reportable_tps(node.benchmark_tps), 3),
             "timestamp": time.time(),
         }

@@ -260,6 +260,31 @@ def test_a_registration_may_leave_out_optional_fields(
     assert response.json()["node"]["device_name"] == ""
 
 
+def test_a_registration_records_the_nodes_precision(
+    client: APIClient, responder: ChallengeResponder
+) -> None:
+    response = register(client, proven_registration(responder, precision="bfloat16+int8"))
+
+    assert response.status_code == status.HTTP_201_CREATED, response.content
+    assert response.json()["node"]["precision"] == "bfloat16+int8"
+    assert Node.objects.get(pk=response.json()["node_id"]).precision == "bfloat16+int8"
+
+
+def test_a_node_that_does_not_say_its_precision_is_recorded_as_float32(
+    client: APIClient, responder: ChallengeResponder
+) -> None:
+    response = register(client, proven_registration(responder))
+
+    assert response.status_code == status.HTTP_201_CREATED, response.content
+    assert Node.objects.get(pk=response.json()["node_id"]).precision == "float32"
+
+
+def test_it_refuses_an_unknown_precision(client: APIClient, responder: ChallengeResponder) -> None:
+    body = proven_registration(responder, precision="float8")
+
+    assert_error(register(client, body), 400, "invalid_request", "precision")
+
+
 def test_layers_sent_as_numeric_strings_are_read_as_numbers(
     client: APIClient, responder: ChallengeResponder
 ) -> None:

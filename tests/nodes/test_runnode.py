@@ -100,3 +100,27 @@ def test_the_tracker_refuses_a_layer_count_that_disagrees_with_the_catalogue(
             raise AssertionError("a refused node must not keep serving")
     finally:
         node.stop()
+
+
+def test_a_bfloat16_int8_head_registers_its_precision_and_serves_in_front_of_a_float32_tail(
+    tmp_path: Path, tracker: Tracker
+) -> None:
+    head = runnode(tmp_path, tracker, (0, 1), "--dtype", "bfloat16", "--quantize", "int8")
+    tail = runnode(tmp_path, tracker, (2, 3))
+    try:
+        head.node_id, tail.node_id = head.wait_serving(), tail.wait_serving()
+        rows = tracker.query(
+            "SELECT id, precision FROM nodes_app_node WHERE id IN (%s, %s) ORDER BY shard_start",
+            head.node_id,
+            tail.node_id,
+        )
+        assert rows == [(head.node_id, "bfloat16+int8"), (tail.node_id, "float32")]
+        assert " on cpu bfloat16+int8 in " in head.output()
+        assert " on cpu bfloat16+int8 (+" in head.output()
+
+        body = generate_body([(head, 0, 1), (tail, 2, 3)], max_tokens=8)
+        frames = read_stream(head.endpoint, signed(body, tracker_key(tracker.key_file)))
+        assert completion(frames)[2]["usage"]["completion_tokens"] == 8
+    finally:
+        head.stop()
+        tail.stop()

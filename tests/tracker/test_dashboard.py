@@ -204,6 +204,21 @@ def test_the_overview_shows_which_node_serves_which_layers_and_the_gaps() -> Non
 
 
 @pytest.mark.django_db
+def test_the_overview_shows_each_nodes_precision() -> None:
+    make_node("old", 0, 1)
+    quantised = make_node("quantised", 2, 3)
+    quantised.precision = "bfloat16+int8"
+    quantised.save()
+
+    [tiny] = [m for m in dashboard.models_overview() if m["key"] == TINY]
+
+    assert [(n["id"], n["precision"]) for n in tiny["nodes"]] == [
+        ("old", "float32"),
+        ("quantised", "bfloat16+int8"),
+    ]
+
+
+@pytest.mark.django_db
 def test_a_model_is_fully_covered_once_online_nodes_serve_every_layer() -> None:
     make_node("head", 0, 2)
     make_node("overlap", 1, 3)

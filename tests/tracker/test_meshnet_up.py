@@ -299,7 +299,7 @@ def test_each_part_logs_one_ready_line_and_no_progress_bar_off_a_terminal(demo: 
 
     assert f"Meshnet tracker ready: dashboard {demo.url}/dashboard/  API {demo.url}/v1/" in tracker
     ready = re.search(
-        r"^node \S+ serving tiny-random-llama layers 0-3 at (\S+) on cpu "
+        r"^node \S+ serving tiny-random-llama layers 0-3 at (\S+) on cpu float32 "
         r"\(\+\d+ MiB, benchmark [\d.]+ tok/s\)$",
         node,
         re.MULTILINE,

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from meshnet_site.environment import HOP_STEP_TIMEOUT
 from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS, LINK_MAX_FRAME_BYTES
 from nodes_app.runtime.capacity import add_capacity_arguments
+from nodes_app.runtime.precision import add_precision_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
@@ -52,6 +53,7 @@ class Command(BaseCommand):
         parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+        add_precision_arguments(parser)
         parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
         parser.add_argument(
             "--wallet-key", type=Path, help="default $MESHNET_VAR_DIR/wallets/node-<port>.key"
@@ -117,6 +119,8 @@ class Command(BaseCommand):
             port=options["port"],
             host=options["host"],
             device=options["device"],
+            dtype=options["dtype"],
+            quantize=options["quantize"],
             threads=options["threads"],
             weights=options["weights"],
             tracker=options["tracker"],

@@ -142,6 +142,7 @@ function nodesTable(state, nodes, ages) {
       h("td", {}, h("span", { class: "ellipsis mono", title: node.endpoint }, node.endpoint)),
       h("td", { class: "num" }, `${node.shard_start}–${node.shard_end}`),
       h("td", {}, node.device_name ? `${node.hardware} · ${node.device_name}` : node.hardware),
+      h("td", {}, h("code", {}, node.precision)),
       h("td", { class: "num" }, num(node.benchmark_tps)),
       h(
         "td",
@@ -165,6 +166,7 @@ function nodesTable(state, nodes, ages) {
         h("th", {}, "Endpoint"),
         h("th", { class: "num" }, "Shard"),
         h("th", {}, "Device"),
+        h("th", {}, "Precision"),
         h("th", { class: "num" }, "Benchmark tok/s"),
         h("th", { class: "num" }, "Sessions in use"),
         h("th", {}, "Status"),
