@@ -1,15 +1,16 @@
 """The background jobs through a real Celery worker on Redis, over a real tiny network.
 
-One network: a full node and a node that corrupts its hidden states (the
-test-only runtime option). Requests are served and billed through the
-corrupt route before any worker runs; then the worker starts, probes the
-routes, quarantines the corrupt one and refunds its charges, while several
-audits race over the same records.
+One network: a full node, a node that corrupts its hidden states (the
+test-only runtime option) and an honest head computing in bfloat16 in front
+of the float32 full node. Requests are served and billed through the corrupt
+route before any worker runs; then the worker starts, probes the routes,
+quarantines the corrupt one and refunds its charges, while several audits
+race over the same records; the mixed-precision route passes the same probe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,11 @@ import httpx
 import pytest
 from celery import Celery
 
+from routing_app.probing import PROBE_TIE_MARGIN
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tests.support.redis_db import private_redis
-from tracker_app.localnet import wait_until
+from tracker_app.localnet import ManagedProcess, wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
@@ -53,12 +55,26 @@ def network(
             network.add_node(
                 "corrupt", TINY, (0, 1), extra=["--corrupt-hidden-states", "5"], wait=False
             )
+            network.add_node("bf16", TINY, (0, 1), extra=["--dtype", "bfloat16"], wait=False)
             network.wait_for_route(TINY)
             yield network, broker
 
 
+@pytest.fixture(scope="module")
+def worker(network: tuple[Network, str]) -> Callable[[], ManagedProcess]:
+    """Starts the network's one Celery worker when a test first asks for it."""
+    started: list[ManagedProcess] = []
+
+    def start() -> ManagedProcess:
+        if not started:
+            started.append(network[0].start_worker("--concurrency", "4"))
+        return started[0]
+
+    return start
+
+
 def test_a_corrupt_node_is_quarantined_and_its_routes_charges_refunded_once_by_racing_audits(
-    network: tuple[Network, str],
+    network: tuple[Network, str], worker: Callable[[], ManagedProcess]
 ) -> None:
     net, broker = network
     full, corrupt = net.nodes["full"], net.nodes["corrupt"]
@@ -84,7 +100,7 @@ def test_a_corrupt_node_is_quarantined_and_its_routes_charges_refunded_once_by_r
         net.query("UPDATE tracker_app_chatrequest SET status = 'failed' WHERE id = %s", request_id)
     assert routing_status(net, corrupt_signature) != "quarantined"
 
-    worker = net.start_worker("--concurrency", "4")
+    jobs = worker()
     # Several audits at once, on top of the worker's own scheduled one.
     client = Celery(broker=broker)
     for _ in range(4):
@@ -93,7 +109,7 @@ def test_a_corrupt_node_is_quarantined_and_its_routes_charges_refunded_once_by_r
     def quarantined() -> bool:
         return routing_status(net, corrupt_signature) == "quarantined"
 
-    wait_until(quarantined, timeout=120, what="the probe to quarantine the route", process=worker)
+    wait_until(quarantined, timeout=120, what="the probe to quarantine the route", process=jobs)
     [(suspects,)] = net.query(
         "SELECT suspects FROM routing_app_routequarantine WHERE signature = %s", corrupt_signature
     )
@@ -124,5 +140,26 @@ def test_a_corrupt_node_is_quarantined_and_its_routes_charges_refunded_once_by_r
         "JOIN tracker_app_billingrecord b ON b.id = r.billing_id"
     )
     assert all(Decimal(str(amount)) == Decimal(str(charge)) > 0 for charge, amount in bills)
-    worker.check_alive()
-    assert "routing.probe_routes" in worker.output()
+    jobs.check_alive()
+    assert "routing.probe_routes" in jobs.output()
+
+
+def test_an_honest_route_mixing_precisions_passes_the_probe_that_quarantines_a_corrupt_one(
+    network: tuple[Network, str], worker: Callable[[], ManagedProcess]
+) -> None:
+    net, _ = network
+    full, bf16 = net.nodes["full"], net.nodes["bf16"]
+    mixed = f"{TINY} | {bf16.node_id}[0-1] -> {full.node_id}[2-3]"
+    jobs = worker()
+
+    def probed() -> list[Any]:
+        return net.query(
+            "SELECT outcome, tie_gap FROM routing_app_routeprobe WHERE signature = %s", mixed
+        )
+
+    wait_until(lambda: bool(probed()), timeout=120, what="a probe of the route", process=jobs)
+    assert {outcome for outcome, _ in probed()} <= {"agreed", "reference"}
+    assert all(gap is None or gap <= PROBE_TIE_MARGIN for _, gap in probed())
+    assert routing_status(net, mixed) != "quarantined"
+    [(reputation,)] = net.query("SELECT reputation FROM nodes_app_node WHERE id = %s", bf16.node_id)
+    assert reputation == 1.0
