@@ -24,9 +24,6 @@ from nodes_app.runtime.families import LINEAR_LAYER_TYPES
 from nodes_app.runtime.kv import BatchCache, SessionKV, attention_mask
 from nodes_app.runtime.loading import LoadedShard
 
-# Gemma 4's layers take the K/V other layers share; a served config shares none (families.py).
-_NO_SHARING: dict[str, dict[str, object]] = {"shared_kv_states": {}}
-
 
 class ShardRunner:
     """Stateless compute over a :class:`LoadedShard`; sessions own their K/V."""
@@ -101,12 +98,19 @@ class ShardRunner:
         position_embeddings = self.family.position_embeddings(
             self.shard.rotary, hidden, position_ids, set(kinds)
         )
-        extra = self._per_layer(token_ids, device)
+        per_layer = self._per_layer(token_ids, device)
         cache = BatchCache(caches)
         for index, kind in zip(range(start, end + 1), kinds, strict=True):
+            # Gemma 4's layers also take their per-layer input and the K/V other layers
+            # share; a served config shares none (nodes_app.families refuses it).
+            inputs = (
+                {}
+                if per_layer is None
+                else {"per_layer_input": per_layer[:, :, index], "shared_kv_states": {}}
+            )
             hidden = self.shard.layers[index](
                 hidden,
-                **({} if extra is None else {"per_layer_input": extra[:, :, index], **_NO_SHARING}),
+                **inputs,
                 attention_mask=masks[kind],
                 position_embeddings=position_embeddings[kind],
                 position_ids=position_ids,
@@ -119,6 +123,7 @@ class ShardRunner:
     def _per_layer(
         self, token_ids: Sequence[Sequence[int]] | None, device: torch.device
     ) -> torch.Tensor | None:
+        """Each row's per-layer embeddings ``[N, q, layers, P]``, for a family that takes them."""
         if not self.family.per_layer_inputs:
             return None
         if token_ids is None:
