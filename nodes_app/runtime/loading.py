@@ -30,6 +30,7 @@ from nodes_app.runtime.sources import ModelSource
 from nodes_app.runtime.weights import (
     PER_LAYER_INPUT_MODULES,
     compute_unsaved_buffers,
+    parameter_dtypes,
     read_tensors,
     shard_needs,
 )
@@ -168,9 +169,11 @@ def load_shard(
     if missing:
         raise ModelSourceError(f"the weights lack {len(missing)} tensors, e.g. {missing[0]}")
 
+    dtype_of = parameter_dtypes(skeleton, dtype)
+
     def materialise(module: nn.Module, prefix: str) -> nn.Module:
         own = {
-            name[len(prefix) :]: tensors.pop(name).to(device=target, dtype=dtype)
+            name[len(prefix) :]: tensors.pop(name).to(device=target, dtype=dtype_of(name))
             for name in list(tensors)
             if name.startswith(prefix)
         }

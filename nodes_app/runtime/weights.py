@@ -63,6 +63,28 @@ def shard_needs(
     raise UnsupportedModelError(f"the shard loader does not know which hop needs {name}")
 
 
+def parameter_dtypes(skeleton: nn.Module, dtype: torch.dtype) -> Callable[[str], torch.dtype]:
+    """The dtype each parameter loads in: ``dtype``, or float32 where the model keeps it so.
+
+    transformers keeps some modules in float32 when a model loads in a half
+    precision (DeepSeek V3's router always; GPT-OSS's norms under float16):
+    the model's own keep-in-float32 plan for ``dtype``, matched on names as
+    its loading matches them.
+    """
+    from transformers.core_model_loading import build_glob_alternation
+
+    plan: dict[str, torch.dtype] = skeleton._get_dtype_plan(dtype)  # type: ignore[operator]
+    if not plan:
+        return lambda name: dtype
+    alternation, globs, _ = build_glob_alternation(list(plan))
+
+    def dtype_of(name: str) -> torch.dtype:
+        match = alternation.search(name)
+        return plan[globs[match.lastgroup]] if match and match.lastgroup else dtype
+
+    return dtype_of
+
+
 def read_tensors(
     source: ModelSource,
     config: PretrainedConfig,
@@ -75,15 +97,17 @@ def read_tensors(
 
     Each comes out with the name and value transformers' ``from_pretrained``
     gives that parameter, floating ones in ``dtype`` (cast as each is read, so
-    a bfloat16 node never holds a float32 copy of its shard). Names the
+    a bfloat16 node never holds a float32 copy of its shard) or in float32
+    where the model keeps them so (:func:`parameter_dtypes`). Names the
     checkpoint lacks are not yielded: the caller says what is missing.
     """
     if source.kind == "builtin":
         from nodes_app.runtime import tiny
 
+        dtype_of = parameter_dtypes(skeleton, dtype)
         for name, tensor in tiny.tiny_state_dict().items():
             if name in wanted:
-                yield name, tensor.to(dtype)
+                yield name, tensor.to(dtype_of(name))
     elif source.kind == "gguf":
         yield from read_gguf(Path(source.location), config, skeleton, wanted, dtype=dtype)
     elif source.kind == "directory":
@@ -187,11 +211,12 @@ def read_safetensors(
             handle = stack.enter_context(safe_open(str(file), framework="pt"))
             handles.update(dict.fromkeys(handle.keys(), handle))
         plan = plan_reads(list(handles), skeleton, wanted)
+        dtype_of = parameter_dtypes(skeleton, dtype)
 
         def reader(key: str) -> Callable[[], torch.Tensor]:
             def read() -> torch.Tensor:
                 tensor = handles[key].get_tensor(key)
-                return tensor.to(dtype) if tensor.is_floating_point() else tensor
+                return tensor.to(dtype_of(key)) if tensor.is_floating_point() else tensor
 
             return read
 
@@ -245,6 +270,7 @@ def read_gguf(
     # values; the others compute (e.g. Gemma's norm offset) and get float32.
     moves_only = processor_class in (TensorProcessor, LlamaTensorProcessor)
     gguf_to_hf = get_gguf_hf_weights_map(skeleton, processor)
+    dtype_of = parameter_dtypes(skeleton, dtype)
     for gguf_name, lazy in raw.items():
         hf_name = gguf_to_hf.get(gguf_name)
         if hf_name is None or hf_name not in wanted:
@@ -270,4 +296,4 @@ def read_gguf(
         tensor = torch.from_numpy(weights)
         if tensor.dtype == torch.int16:
             tensor = tensor.view(torch.bfloat16)
-        yield hf_name, tensor.to(dtype)
+        yield hf_name, tensor.to(dtype_of(hf_name))

@@ -328,3 +328,28 @@ def test_16_bit_gguf_tensors_give_what_a_float32_detour_would(
     for name, tensor in direct.items():
         assert tensor.dtype == dtype
         assert torch.equal(tensor, detour[name].to(dtype)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "gpt_oss", "llama"])
+def test_a_half_precision_shard_keeps_in_float32_what_transformers_keeps(
+    model_type: str, dtype: torch.dtype, checkpoint: Callable[[str], Path]
+) -> None:
+    directory = checkpoint(model_type)
+    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).model
+    shard = loading.load_shard(
+        model_key=model_type,
+        source=ModelSource("directory", str(directory)),
+        start=0,
+        end=LAST,
+        dtype=dtype,
+        with_tokenizer=False,
+    )
+    modules = {f"layers.{i}": layer for i, layer in shard.layers.items()}
+    assert shard.norm is not None
+    modules["norm"] = shard.norm
+
+    for path, module in modules.items():
+        expected = dict(reference.get_submodule(path).named_parameters())
+        for name, parameter in module.named_parameters():
+            assert parameter.dtype == expected[name].dtype, (path, name)
