@@ -19,6 +19,12 @@ is declared here, never branched on in the runner:
   past (``full_attention``), over a window (``sliding_attention``), within a
   chunk (``chunked_attention``), or a convolution and a recurrent state
   (``linear_attention``, Gated DeltaNet);
+- **what a layer takes beyond the hidden states**: Gemma 4's per-layer
+  embedding of the step's token ids, which every hop computes itself;
+- **each layer's K/V widths** (what a session reserves): Gemma 4's wide
+  global heads, DeepSeek's compressed latent;
+- **whether the rows of a batch must share their past** (Llama 4's NoPE
+  layers read it off the cache);
 - **how the last hop finishes**: final norm and LM head, then a logit scale
   (Granite) or tanh softcapping (Gemma).
 
@@ -43,7 +49,8 @@ AttentionImplementation = Literal["sdpa", "eager"]
 
 # The per-layer state kinds the runner keeps per session (see kv.py), by layer type.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
-LINEAR_LAYER_TYPES = frozenset({"linear_attention"})
+LINEAR_ATTENTION = "linear_attention"
+LINEAR_LAYER_TYPES = frozenset({LINEAR_ATTENTION})
 LAYER_TYPES = ATTENTION_LAYER_TYPES | LINEAR_LAYER_TYPES
 
 

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
+from nodes_app.runtime.families import LINEAR_ATTENTION
+
 # The share of the memory free at start (RAM on a CPU node, the GPU's own on
 # cuda) that the default KV budget takes: the rest is left for activations,
 # the batch's padded K/V copies, the allocator's slack and other processes.
@@ -49,10 +51,6 @@ DEFAULT_BUDGET_SHARE = 0.5
 # short prompt does not reallocate three times in a row.
 MIN_CAPACITY = 16
 
-
-# The layer type (config.layer_types) of a Gated DeltaNet layer: it keeps a
-# fixed-size state instead of K/V.
-LINEAR_ATTENTION = "linear_attention"
 
 # Gated DeltaNet computes its recurrent state in float32 whatever the model's dtype.
 RECURRENT_STATE_ITEMSIZE = 4

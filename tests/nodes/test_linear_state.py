@@ -17,9 +17,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
-from nodes_app.runtime.families import family_of
+from nodes_app.runtime.families import LINEAR_ATTENTION, family_of
 from nodes_app.runtime.kv import (
-    LINEAR_ATTENTION,
     MIN_CAPACITY,
     BatchCache,
     SessionKV,
