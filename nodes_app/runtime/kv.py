@@ -56,11 +56,6 @@ MIN_CAPACITY = 16
 RECURRENT_STATE_ITEMSIZE = 4
 
 
-def _linear_layers(config: PretrainedConfig, start: int, end: int) -> int:
-    types = list(getattr(config, "layer_types", None) or [])
-    return types[start : end + 1].count(LINEAR_ATTENTION)
-
-
 def bytes_per_position(shard: Any, start: int, end: int) -> int:
     """K/V bytes one position takes in layers ``start..end`` of ``shard`` (a LoadedShard).
 
@@ -87,7 +82,8 @@ def linear_state_bytes(shard: Any, start: int, end: int) -> int:
     0 for a range without linear-attention layers.
     """
     config: PretrainedConfig = shard.config
-    layers = _linear_layers(config, start, end)
+    # The layer types as the shard's family reads them (the same the runner masks by).
+    layers = shard.layer_types[start : end + 1].count(LINEAR_ATTENTION)
     if not layers:
         return 0
     key_heads, key_dim = int(config.linear_num_key_heads), int(config.linear_key_head_dim)
