@@ -21,11 +21,11 @@ from django.urls import path, re_path  # noqa: E402
 
 from meshnet_site.asgi_guards import AllowedHostsGuard  # noqa: E402
 from meshnet_site.asgi_limits import BoundedBodies  # noqa: E402
-from tracker_app.chat_consumer import (  # noqa: E402
+from tracker_app.completions.consumer import (  # noqa: E402
     ChatCompletionsConsumer,
     TextCompletionsConsumer,
 )
-from tracker_app.routing import websocket_urlpatterns  # noqa: E402
+from tracker_app.dashboard.websocket_urls import websocket_urlpatterns  # noqa: E402
 
 router = ProtocolTypeRouter(
     {

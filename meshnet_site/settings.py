@@ -153,9 +153,9 @@ SPECTACULAR_SETTINGS = {
     # Request and response components apart: only requests refuse a blank string.
     "COMPONENT_SPLIT_REQUEST": True,
     # The chat consumer, health and metrics are served outside DRF; the hook adds
-    # their documentation (tracker_app.schema), and the schema tests check all of it
+    # their documentation (tracker_app.completions.schema), and the schema tests check all of it
     # against a live tracker.
-    "PREPROCESSING_HOOKS": ["tracker_app.schema.add_endpoints_outside_drf"],
+    "PREPROCESSING_HOOKS": ["tracker_app.completions.schema.add_endpoints_outside_drf"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "meshnet_site.api_schema.add_security_schemes",
@@ -164,7 +164,7 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "nodes_app.models.NodeStatus",
         "RouteStatusEnum": "routing_app.api.ROUTE_STATUSES",
         "ErrorTypeEnum": "meshnet_site.api_schema.ERROR_TYPES",
-        "ChatRoleEnum": "tracker_app.chat.ROLES",
+        "ChatRoleEnum": "tracker_app.completions.chat.ROLES",
         "AssistantRoleEnum": ["assistant"],
         "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],

@@ -11,9 +11,9 @@ from rest_framework.authentication import SessionAuthentication
 
 from routing_app.api import RoutingTableApi
 from tracker_app import api as tracker_api
-from tracker_app import dashboard_views
 from tracker_app import views as tracker_views
-from tracker_app.authentication import ApiKeyAuthentication
+from tracker_app.api_keys.authentication import ApiKeyAuthentication
+from tracker_app.dashboard import views as dashboard_views
 
 # Clients read with the API key they chat with; staff with their dashboard session.
 CLIENT_OR_STAFF = [ApiKeyAuthentication, SessionAuthentication]

@@ -2,7 +2,7 @@
 
 The registry's services call these after a change; each publishes once the
 transaction commits (a rolled-back change is never announced). Message
-kinds (see ``tracker_app.consumers``):
+kinds (see ``tracker_app.dashboard.consumer``):
 
 - ``node``: ``{"node": row}``, one node's row after it changed;
 - ``epoch``: ``{"model", "epoch", "reason"}``, a model's topology epoch moved.

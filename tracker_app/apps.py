@@ -7,4 +7,4 @@ class TrackerConfig(AppConfig):
 
     def ready(self) -> None:
         # Connects the dashboard's receivers (pushes after a request finishes).
-        from tracker_app import dashboard_live  # noqa: F401
+        from tracker_app.dashboard import live  # noqa: F401

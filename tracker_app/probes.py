@@ -41,7 +41,7 @@ from routing_app.probing import (
     quarantines_held,
 )
 from routing_app.selectors import routing_nodes
-from tracker_app.head_stream import (
+from tracker_app.completions.head_stream import (
     HeadRefused,
     HopFailure,
     RouteBusy,

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from nodes_app.models import LanguageModel
 from routing_app.probing import models_with_quarantines_due
-from tracker_app.accounting import chat_requests_fail_abandoned
-from tracker_app.audits import billing_audit
+from tracker_app.billing.audits import billing_audit
+from tracker_app.completions.recording import chat_requests_fail_abandoned
 from tracker_app.probes import route_probe_done, route_probes_run
 
 # Longer than any generation runs (4,096 tokens at under 1 token/s).

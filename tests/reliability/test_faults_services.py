@@ -30,9 +30,9 @@ from tests.support.fault_link import FaultyLink
 from tests.support.network import Network, running_tracker, start_network, start_worker
 from tests.support.redis_server import RedisServer
 from tests.support.sse import text_of
+from tracker_app.api_keys.rate_limit import WINDOW_SECONDS as RATE_WINDOW_SECONDS
+from tracker_app.api_keys.services import api_key_hash
 from tracker_app.localnet import ManagedProcess, wait_until
-from tracker_app.ratelimit import WINDOW_SECONDS as RATE_WINDOW_SECONDS
-from tracker_app.services import api_key_hash
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]

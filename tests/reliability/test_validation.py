@@ -47,7 +47,7 @@ from tests.support.link import HIDDEN, in_process_link, node_link, tiny_step
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
 from tests.support.plans import signed_plan, tracker_key
-from tracker_app.chat import chat_params_parse
+from tracker_app.completions.chat import chat_params_parse
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 VOCAB = 259  # the tiny model's

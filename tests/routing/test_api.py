@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from nodes_app.services import topology_epoch_bump
 from routing_app.services import route_sample_record, route_select
 from tests.support.routing import make_model, make_node
-from tracker_app.services import api_key_create
+from tracker_app.api_keys.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 

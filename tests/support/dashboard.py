@@ -11,10 +11,10 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus
-from tracker_app import accounting
-from tracker_app.billing import HopWork
+from tracker_app.api_keys.services import api_key_create
+from tracker_app.billing.pricing import HopWork
+from tracker_app.completions import recording as accounting
 from tracker_app.models import ApiKey, ChatRequest
-from tracker_app.services import api_key_create
 
 TINY = "tiny-random-llama"  # in the catalogue migration: 4 layers
 PASSWORD = "dashboard-test-password"

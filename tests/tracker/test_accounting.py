@@ -10,15 +10,15 @@ import pytest
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node
-from tracker_app.accounting import (
+from tracker_app.api_keys.services import api_key_create
+from tracker_app.billing.pricing import HopWork
+from tracker_app.completions.recording import (
     chat_request_complete,
     chat_request_fail,
     chat_request_open,
     chat_requests_fail_abandoned,
 )
-from tracker_app.billing import HopWork
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus
-from tracker_app.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 

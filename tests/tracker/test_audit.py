@@ -15,9 +15,14 @@ from nodes_app.models import LanguageModel
 from routing_app.models import RouteQuarantine
 from tests.support.routing import make_model, make_node
 from tracker_app import tasks
-from tracker_app.accounting import chat_request_complete, chat_request_open, chat_request_route
-from tracker_app.audits import REFUND, billing_audit
-from tracker_app.billing import HopWork
+from tracker_app.api_keys.services import api_key_create
+from tracker_app.billing.audits import REFUND, billing_audit
+from tracker_app.billing.pricing import HopWork
+from tracker_app.completions.recording import (
+    chat_request_complete,
+    chat_request_open,
+    chat_request_route,
+)
 from tracker_app.models import (
     AuditFlag,
     AuditStatus,
@@ -29,7 +34,6 @@ from tracker_app.models import (
     RequestStatus,
     WorkUnit,
 )
-from tracker_app.services import api_key_create
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracker_app.billing import MONEY, HopWork, invoice, request_work
+from tracker_app.billing.pricing import MONEY, HopWork, invoice, request_work
 
 
 def test_it_prices_prompt_and_completion_per_thousand_tokens() -> None:

@@ -10,8 +10,13 @@ import pytest
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import sse_event
-from tracker_app.chat import CHAT_DEFAULT_MAX_TOKENS, ChatAnswer, chat_params_parse, choice_chunk
-from tracker_app.generation import Piece
+from tracker_app.completions.chat import (
+    CHAT_DEFAULT_MAX_TOKENS,
+    ChatAnswer,
+    chat_params_parse,
+    choice_chunk,
+)
+from tracker_app.completions.generation import Piece
 
 
 def parse(**body: Any) -> Any:

@@ -11,10 +11,10 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
+from tracker_app.api_keys.services import api_key_lookup
 from tracker_app.localnet import manage_argv, run_command
 from tracker_app.management.commands.runtracker import Command as RunTracker
 from tracker_app.models import ApiKey
-from tracker_app.services import api_key_lookup
 
 
 @pytest.mark.django_db

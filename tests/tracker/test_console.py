@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracker_app import console
-from tracker_app.console import CallBook, ConsoleEvent, ConsoleRing, RouteSeries, call_wall
+from tracker_app.completions import console
+from tracker_app.completions.console import (
+    CallBook,
+    ConsoleEvent,
+    ConsoleRing,
+    RouteSeries,
+    call_wall,
+)
 
 
 def event(kind: str, request_id: str, at: float = 0.0, **data: Any) -> ConsoleEvent:

@@ -26,7 +26,8 @@ from tests.support.dashboard import (
     staff_user,
     tiny_model,
 )
-from tracker_app import console, dashboard
+from tracker_app.completions import console
+from tracker_app.dashboard import snapshot as dashboard
 from tracker_app.models import AuditRun, Refund, RefundReason
 
 ROOT = Path(settings.BASE_DIR)

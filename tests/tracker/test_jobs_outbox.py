@@ -17,7 +17,7 @@ from nodes_app.models import Node, NodeStatus
 from nodes_app.selectors import topology_epoch_current
 from nodes_app.tasks import sweep_stale_nodes
 from tests.support.routing import make_model, make_node
-from tracker_app.outbox_relay import outbox_relay_once
+from tracker_app.dashboard.outbox_relay import outbox_relay_once
 
 pytestmark = pytest.mark.django_db
 

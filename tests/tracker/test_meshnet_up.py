@@ -110,8 +110,8 @@ def test_the_ready_block_puts_the_dashboard_and_login_first_then_key_curl_and_py
 def test_the_demo_login_and_key_are_created_once_then_reused(tmp_path: Path) -> None:
     from django.contrib.auth import authenticate
 
+    from tracker_app.api_keys.services import api_key_lookup
     from tracker_app.management.commands.meshnet_up import Command
-    from tracker_app.services import api_key_lookup
 
     first, first_is_new = Command().credentials(tmp_path)
     again, again_is_new = Command().credentials(tmp_path)

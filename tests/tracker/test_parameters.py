@@ -15,14 +15,14 @@ from openai.types.chat import completion_create_params as openai_chat_params
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
-from tracker_app.chat import chat_params_parse
-from tracker_app.completions import TEXT_DEFAULT_MAX_TOKENS, text_completion_params_parse
-from tracker_app.parameters import (
+from tracker_app.completions.chat import chat_params_parse
+from tracker_app.completions.parameters import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
     GenerationParams,
 )
-from tracker_app.schema import refused_parameters
+from tracker_app.completions.schema import refused_parameters
+from tracker_app.completions.text import TEXT_DEFAULT_MAX_TOKENS, text_completion_params_parse
 
 CHAT = {"model": "tiny-random-llama", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "tiny-random-llama", "prompt": "Once upon a time"}

@@ -46,14 +46,15 @@ from routing_app.load import route_load
 from routing_app.stats import RouteStatsStore
 from routing_app.tracker_store import route_stats_store_install
 from tests.support.database_errors import connection_cut
-from tracker_app import accounting, console
-from tracker_app.chat import ChatAnswer, chat_params_parse
-from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
+from tracker_app.api_keys.services import api_key_create
+from tracker_app.completions import console
+from tracker_app.completions import recording as accounting
+from tracker_app.completions.chat import ChatAnswer, chat_params_parse
+from tracker_app.completions.parameters import GenerationParams
+from tracker_app.completions.proxy import ChatProxy
+from tracker_app.completions.slots import BUSY_RETRY_AFTER_SECONDS
+from tracker_app.completions.text import TextCompletionAnswer, text_completion_params_parse
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
-from tracker_app.parameters import GenerationParams
-from tracker_app.proxy import ChatProxy
-from tracker_app.services import api_key_create
-from tracker_app.slots import BUSY_RETRY_AFTER_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -921,7 +922,7 @@ def test_a_node_that_dies_under_every_choice_is_banned_once_not_once_per_choice(
     net.heads.plan("fast", Behaviour(tokens=5, then="die", gap=0.01))
     proxy = net.proxy(n=4)
 
-    with caplog.at_level(logging.INFO, logger="tracker_app.proxy"):
+    with caplog.at_level(logging.INFO, logger="tracker_app.completions.proxy"):
         chunks = serve(proxy)
 
     assert texts_by_choice(chunks) == {i: answer(12) for i in range(4)}
@@ -1223,7 +1224,7 @@ def test_a_completion_that_fails_after_its_client_left_records_the_request_faile
     proxy = net.proxy()
     monkeypatch.setattr(accounting, "chat_request_complete", Blips(away=1, then_bug=True))
 
-    with caplog.at_level(logging.ERROR, logger="tracker_app.proxy"):
+    with caplog.at_level(logging.ERROR, logger="tracker_app.completions.proxy"):
         leave_while_billed(net, proxy, until=console.ERROR)
 
     request = record(proxy)

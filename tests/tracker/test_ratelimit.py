@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.cache import cache
 
-from tracker_app.ratelimit import RateLimitExceeded, rate_limit_check
+from tracker_app.api_keys.rate_limit import RateLimitExceeded, rate_limit_check
 
 pytestmark = pytest.mark.django_db
 

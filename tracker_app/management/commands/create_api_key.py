@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from tracker_app.services import api_key_create
+from tracker_app.api_keys.services import api_key_create
 
 
 class Command(BaseCommand):

@@ -13,9 +13,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tracker_app.api_keys.services import api_key_create, api_key_lookup
 from tracker_app.localnet import LocalNetwork, ProcessExited, TopologyError, demo, topology_load
 from tracker_app.models import ApiKey
-from tracker_app.services import api_key_create, api_key_lookup
 
 # The demo's own login and key. The marker (in the user's last name, shown in the
 # admin) is how the demo tells its user from an operator's of the same name.

@@ -123,7 +123,7 @@ class Command(BaseCommand):
     def start_background(self, ready_line: str) -> None:
         """Before serving: restore the learned routes, relay the workers' events, say so."""
         from routing_app.tracker_store import route_stats_store
-        from tracker_app.outbox_relay import outbox_relay_start
+        from tracker_app.dashboard.outbox_relay import outbox_relay_start
 
         route_stats_store()
         outbox_relay_start(asyncio.get_event_loop())

@@ -1,7 +1,7 @@
 """Reads for the dashboard: each part of the snapshot as plain, JSON-ready dicts.
 
 The same functions feed the page's first render (embedded as JSON) and the
-websocket's ``snapshot`` and update messages (``tracker_app.consumers``), so
+websocket's ``snapshot`` and update messages (``tracker_app.dashboard.consumer``), so
 the page draws one shape whichever way it arrived. Money is a decimal string
 (never a float) and times are Unix seconds.
 """
@@ -24,7 +24,7 @@ from routing_app.config import RoutingConfig
 from routing_app.planner import NodeRecord, uncovered_layers
 from routing_app.table import routing_table
 from routing_app.tracker_store import route_stats_store
-from tracker_app import console
+from tracker_app.completions import console
 from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
 
 # Offline nodes stay listed this long after their last heartbeat, then drop off.

@@ -10,7 +10,7 @@ selected, connected, progress, complete or error). Each event is
 - on completion, added to the route's tokens/s series (the Routing chart);
 - pushed to every dashboard as a ``call`` message (``meshnet_site.events``).
 
-When a request finishes, :data:`call_finished` is sent (``tracker_app.dashboard_live``
+When a request finishes, :data:`call_finished` is sent (``tracker_app.dashboard.live``
 listens: it pushes the request's cost and the model's new routing table).
 Everything here is per tracker process and in memory.
 """

@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, path
 
-from tracker_app.consumers import DashboardConsumer
+from tracker_app.dashboard.consumer import DashboardConsumer
 
 websocket_urlpatterns: list[URLPattern] = [
     path("ws/dashboard/", DashboardConsumer.as_asgi()),

@@ -1,10 +1,10 @@
 """What an endpoint's answer is made of, whichever endpoint: the :class:`Answer` protocol.
 
-The proxy (:mod:`tracker_app.proxy`) runs the choices of a request and hands
-what they produce (:class:`~tracker_app.generation.Piece`) to the answer of
-the endpoint that took the request: chat chunks (:class:`tracker_app.chat.ChatAnswer`)
+The proxy (:mod:`tracker_app.completions.proxy`) runs the choices of a request and hands
+what they produce (:class:`~tracker_app.completions.generation.Piece`) to the answer of
+the endpoint that took the request: chat chunks (:class:`tracker_app.completions.chat.ChatAnswer`)
 or legacy ``text_completion`` ones
-(:class:`tracker_app.completions.TextCompletionAnswer`). The answer shapes
+(:class:`tracker_app.completions.text.TextCompletionAnswer`). The answer shapes
 bytes and JSON; it decides nothing about routes, billing or failures.
 
 :class:`TextEvents` writes a text chunk's server-sent event with the request's
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nodes_app.protocol import sse_event
-from tracker_app.generation import Generation, Piece
-from tracker_app.parameters import GenerationParams
+from tracker_app.completions.generation import Generation, Piece
+from tracker_app.completions.parameters import GenerationParams
 
 
 class Answer(Protocol):

@@ -9,8 +9,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from meshnet_site.events import DASHBOARD_GROUP
 from nodes_app.events import EPOCH
-from tracker_app.dashboard import dashboard_snapshot
-from tracker_app.dashboard_live import routing_refresh
+from tracker_app.dashboard.live import routing_refresh
+from tracker_app.dashboard.snapshot import dashboard_snapshot
 
 RESYNC = "resync"
 SNAPSHOT = "snapshot"
@@ -25,7 +25,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
       ``server_time``, ``heartbeat_timeout``, ``models`` (nodes and coverage
       per model), ``routing`` (``/v1/routing`` plus each model's tok/s
       ``series``), ``calls`` (``in_flight``, ``recent``) and ``billing``; see
-      ``tracker_app.dashboard.dashboard_snapshot``;
+      ``tracker_app.dashboard.snapshot.dashboard_snapshot``;
     - ``node``: ``{"node": row}``, one node joined, left, went offline or changed load;
     - ``epoch``: ``{"model", "epoch", "reason"}``, a model's topology changed;
     - ``routing``: ``{"config", "model"}``, one model's routing table and series

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 
-from tracker_app.dashboard import dashboard_snapshot
+from tracker_app.dashboard.snapshot import dashboard_snapshot
 
 
 @never_cache

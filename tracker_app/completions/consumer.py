@@ -37,16 +37,16 @@ from meshnet_site.errors import (
 )
 from nodes_app.protocol import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
-from tracker_app.answers import AnswerKind
-from tracker_app.authentication import InvalidApiKey
-from tracker_app.chat import ChatAnswer, chat_params_parse
-from tracker_app.completions import TextCompletionAnswer, text_completion_params_parse
-from tracker_app.dashboard_chat import dashboard_chat_api_key
+from tracker_app.api_keys.authentication import InvalidApiKey
+from tracker_app.api_keys.rate_limit import rate_limit_check
+from tracker_app.api_keys.services import api_key_lookup
+from tracker_app.completions.answers import AnswerKind
+from tracker_app.completions.chat import ChatAnswer, chat_params_parse
+from tracker_app.completions.parameters import GenerationParams
+from tracker_app.completions.proxy import ChatProxy
+from tracker_app.completions.text import TextCompletionAnswer, text_completion_params_parse
+from tracker_app.dashboard.chat import dashboard_chat_api_key
 from tracker_app.models import ApiKey
-from tracker_app.parameters import GenerationParams
-from tracker_app.proxy import ChatProxy
-from tracker_app.ratelimit import rate_limit_check
-from tracker_app.services import api_key_lookup
 
 logger = logging.getLogger(__name__)
 

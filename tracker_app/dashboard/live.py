@@ -24,7 +24,8 @@ from channels.db import database_sync_to_async
 from django.dispatch import receiver
 
 from meshnet_site.events import publish_async
-from tracker_app import console, dashboard
+from tracker_app.completions import console
+from tracker_app.dashboard import snapshot as dashboard
 
 logger = logging.getLogger(__name__)
 

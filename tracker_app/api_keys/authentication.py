@@ -17,7 +17,7 @@ from rest_framework.request import Request
 
 from meshnet_site.bearer import bearer_token
 from meshnet_site.errors import DomainError, ErrorKind
-from tracker_app.services import api_key_lookup
+from tracker_app.api_keys.services import api_key_lookup
 
 
 class InvalidApiKey(DomainError):

@@ -22,8 +22,8 @@ from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from meshnet_site.errors import DomainError, ErrorKind
+from tracker_app.api_keys.services import api_key_create
 from tracker_app.models import ApiKey
-from tracker_app.services import api_key_create
 
 KEY_NAME_PREFIX = "dashboard:"
 

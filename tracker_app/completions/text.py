@@ -5,7 +5,7 @@ a raw text ``prompt`` (a string, or a list of them: each its own choices) with
 no chat template, ``echo`` to get the prompt back with its own token
 log-probabilities, ``max_tokens: 0`` with ``echo`` to score a text without
 generating. :func:`text_completion_params_parse` reads a body into
-:class:`~tracker_app.parameters.GenerationParams` (the same as a chat's, run by
+:class:`~tracker_app.completions.parameters.GenerationParams` (the same as a chat's, run by
 the same proxy); :class:`TextCompletionAnswer` gives the ``text_completion``
 shapes, whole and streamed.
 """
@@ -21,9 +21,9 @@ from typing import Any
 from rest_framework import serializers
 
 from nodes_app.protocol import TokenLogprob, sse_event
-from tracker_app.answers import TextEvents
-from tracker_app.generation import Generation, Piece
-from tracker_app.parameters import (
+from tracker_app.completions.answers import TextEvents
+from tracker_app.completions.generation import Generation, Piece
+from tracker_app.completions.parameters import (
     CHOICES_CEILING,
     COMPLETIONS_REFUSED,
     DEFAULT_MAX_CHOICES,
@@ -77,8 +77,9 @@ class _CompletionRequest(GenerationFields):
 def text_completion_params_parse(
     body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES
 ) -> GenerationParams:
-    """Validate a raw legacy completion body: :class:`~tracker_app.parameters.InvalidRequest`
-    names every bad field, :class:`~tracker_app.parameters.UnsupportedParameter` every
+    """Validate a raw legacy completion body:
+    :class:`~tracker_app.completions.parameters.InvalidRequest` names every bad field,
+    :class:`~tracker_app.completions.parameters.UnsupportedParameter` every
     OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
     raw = request_fields(body)
     unsupported_refuse(raw, COMPLETIONS_REFUSED)

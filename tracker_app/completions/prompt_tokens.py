@@ -27,7 +27,7 @@ from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
 from nodes_app.protocol import ECHO_MAX_SCORES, echo_scores
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
-from tracker_app.parameters import InvalidRequest, Prompt
+from tracker_app.completions.parameters import InvalidRequest, Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) 
     """Count ``prompt`` (chat messages, or a legacy completion's text) for the model at
     ``weight_source``.
 
-    Raises :class:`~tracker_app.parameters.InvalidRequest` (the template rejects the
+    Raises :class:`~tracker_app.completions.parameters.InvalidRequest` (the template rejects the
     messages, a text prompt of no tokens) or :class:`ContextLengthExceeded`
     (400s) where the head would refuse. Tokenises on the calling thread: call
     it off the event loop.

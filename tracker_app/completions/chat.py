@@ -1,7 +1,7 @@
 """The OpenAI chat request as Meshnet accepts it, and the chunks it answers with.
 
 ``chat_params_parse`` turns a raw request body into
-:class:`~tracker_app.parameters.GenerationParams` or raises a 400 naming every
+:class:`~tracker_app.completions.parameters.GenerationParams` or raises a 400 naming every
 bad field, or every OpenAI parameter Meshnet does not honour.
 :class:`ChatAnswer` gives OpenAI's ``chat.completion.chunk`` /
 ``chat.completion`` shapes (the chunk's is the protocol's, shared with the
@@ -18,9 +18,9 @@ from typing import Any
 from rest_framework import serializers
 
 from nodes_app.protocol import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX, completion_chunk, sse_event
-from tracker_app.answers import TextEvents
-from tracker_app.generation import Generation, Piece
-from tracker_app.parameters import (
+from tracker_app.completions.answers import TextEvents
+from tracker_app.completions.generation import Generation, Piece
+from tracker_app.completions.parameters import (
     CHAT_REFUSED,
     DEFAULT_MAX_CHOICES,
     MAX_MAX_TOKENS,
@@ -80,8 +80,8 @@ class _ChatRequest(GenerationFields):
 
 
 def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) -> GenerationParams:
-    """Validate a raw chat request body: :class:`~tracker_app.parameters.InvalidRequest`
-    names every bad field, :class:`~tracker_app.parameters.UnsupportedParameter` every
+    """Validate a raw chat request body: :class:`~tracker_app.completions.parameters.InvalidRequest`
+    names every bad field, :class:`~tracker_app.completions.parameters.UnsupportedParameter` every
     OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
     raw = request_fields(body)
     unsupported_refuse(raw, CHAT_REFUSED)

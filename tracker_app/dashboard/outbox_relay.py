@@ -20,8 +20,8 @@ from meshnet_site.outbox.services import outbox_claim
 from routing_app.durable import route_quarantines_active
 from routing_app.probing import ROUTE_QUARANTINED, ROUTE_RELEASED
 from routing_app.tracker_store import route_stats_store
-from tracker_app.audits import REFUND
-from tracker_app.dashboard_live import billing_pushes, routing_refresh
+from tracker_app.billing.audits import REFUND
+from tracker_app.dashboard.live import billing_pushes, routing_refresh
 
 logger = logging.getLogger(__name__)
 

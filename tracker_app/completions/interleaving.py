@@ -1,7 +1,7 @@
 """Several async streams read as one, each item as it comes: a request's choices at once.
 
 The proxy runs each choice of a request as its own stream of pieces
-(:mod:`tracker_app.proxy`) and gives the client their pieces as they come;
+(:mod:`tracker_app.completions.proxy`) and gives the client their pieces as they come;
 :func:`interleaved` is that merge, with the cancellation a client's
 disconnect needs.
 """

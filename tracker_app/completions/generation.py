@@ -1,14 +1,14 @@
 """One choice of a completion request: what it has produced, on which routes.
 
 A request asks for ``n`` choices of each of its prompts
-(:class:`~tracker_app.parameters.GenerationParams`); each is a
-:class:`Generation` of its own, run by the proxy (:mod:`tracker_app.proxy`)
+(:class:`~tracker_app.completions.parameters.GenerationParams`); each is a
+:class:`Generation` of its own, run by the proxy (:mod:`tracker_app.completions.proxy`)
 along a route and, when a node of it fails, resumed on another by replaying
 its tokens. A generation takes the head's frames one by one
 (:meth:`Generation.absorb`) and keeps its token ids, text and finish reason,
 and the routes that served it (:class:`Segment`), which bill the hops' work.
 What it gives the client is a :class:`Piece`; the endpoint's answer
-(:mod:`tracker_app.chat`, :mod:`tracker_app.completions`) turns pieces into
+(:mod:`tracker_app.completions.chat`, :mod:`tracker_app.completions.text`) turns pieces into
 its own chunks.
 """
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from nodes_app.protocol import ChunkFrame, SamplingParams, TokenLogprob, Usage
 from routing_app.choice import RouteDecision
 from routing_app.planner import Hop
-from tracker_app.billing import HopWork, request_work
-from tracker_app.parameters import Prompt
-from tracker_app.prompt_tokens import PromptCount
+from tracker_app.billing.pricing import HopWork, request_work
+from tracker_app.completions.parameters import Prompt
+from tracker_app.completions.prompt_tokens import PromptCount
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Generation:
         return self.segments[-1].decision
 
     def work(self) -> list[HopWork]:
-        """The hops' work for this choice (:func:`~tracker_app.billing.request_work`)."""
+        """The hops' work for this choice (:func:`~tracker_app.billing.pricing.request_work`)."""
         return request_work(prompt_tokens=self.prompt_tokens, routes=self.segments)
 
     def echo(self, frame: ChunkFrame) -> Piece:

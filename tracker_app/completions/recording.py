@@ -15,7 +15,7 @@ from decimal import Decimal
 from django.db import transaction
 
 from nodes_app.models import LanguageModel, Node
-from tracker_app.billing import HopWork, invoice
+from tracker_app.billing.pricing import HopWork, invoice
 from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
 
 

@@ -1,7 +1,7 @@
 """What both completion endpoints take of an OpenAI request, and what they refuse.
 
-``/v1/chat/completions`` (:mod:`tracker_app.chat`) and the legacy
-``/v1/completions`` (:mod:`tracker_app.completions`) share their sampling
+``/v1/chat/completions`` (:mod:`tracker_app.completions.chat`) and the legacy
+``/v1/completions`` (:mod:`tracker_app.completions.text`) share their sampling
 fields, ``n``, ``stop``, ``route`` and the way a body is read
 (:func:`request_fields`): each parses into one :class:`GenerationParams`, what
 the proxy runs. Their ranges are OpenAI's (and, for what a node checks again,

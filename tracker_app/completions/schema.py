@@ -1,7 +1,7 @@
 """The OpenAPI documentation of what the tracker serves outside DRF.
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` are Channels
-consumers (:mod:`tracker_app.chat_consumer`), ``/healthz`` and ``/metrics``
+consumers (:mod:`tracker_app.completions.consumer`), ``/healthz`` and ``/metrics``
 are plain Django views: drf-spectacular cannot see them.
 :func:`add_endpoints_outside_drf` (a preprocessing hook) adds a schema-only
 view for each, built from the serializers that parse the requests, the
@@ -11,7 +11,7 @@ live answers of every endpoint against the schema, so the documentation of
 the response bodies here cannot drift unnoticed.
 
 :class:`ApiKeyScheme` tells drf-spectacular how
-:class:`~tracker_app.authentication.ApiKeyAuthentication` authenticates; it is
+:class:`~tracker_app.api_keys.authentication.ApiKeyAuthentication` authenticates; it is
 registered when this module is imported, which the preprocessing hook's
 loading does before any view is inspected.
 """
@@ -56,21 +56,21 @@ from routing_app.api import HopOutput
 from routing_app.choice import DecisionMode
 
 # The parsers' own serializers, private to their modules: the schema documents them.
-from tracker_app.chat import _ChatRequest, _Message
-from tracker_app.completions import _CompletionRequest
-from tracker_app.parameters import (
+from tracker_app.completions.chat import _ChatRequest, _Message
+from tracker_app.completions.parameters import (
     CHAT_REFUSED,
     CHOICES_CEILING,
     COMPLETIONS_REFUSED,
     LogitBiasField,
     Refused,
 )
+from tracker_app.completions.text import _CompletionRequest
 
 FINISH_REASONS = ["stop", "length"]
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "tracker_app.authentication.ApiKeyAuthentication"
+    target_class = "tracker_app.api_keys.authentication.ApiKeyAuthentication"
     name = API_KEY
 
     def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
@@ -141,7 +141,7 @@ class _DocumentedMessage(_Message):
 
 @extend_schema_serializer(component_name="ChatCompletion")
 class ChatCompletionRequest(_ChatRequest):
-    # What tracker_app.chat.chat_params_parse accepts: every field, range and default
+    # What tracker_app.completions.chat.chat_params_parse accepts: every field, range and default
     # is the parser's; only its free-form JSON fields are described here.
 
     messages = _DocumentedMessage(many=True, allow_empty=False)
@@ -151,7 +151,7 @@ class ChatCompletionRequest(_ChatRequest):
 
 @extend_schema_serializer(component_name="TextCompletion")
 class TextCompletionRequest(_CompletionRequest):
-    # What tracker_app.completions.text_completion_params_parse accepts.
+    # What tracker_app.completions.text.text_completion_params_parse accepts.
 
     prompt = _TextPrompt()
     stop = _StopSequences(required=False, default=None, allow_null=True)

@@ -2,18 +2,18 @@
 
 ``ChatProxy`` serves both completion endpoints (chat and legacy text): it
 chooses the route, runs each of the request's choices (``n`` for each prompt,
-:class:`~tracker_app.generation.Generation`) at once on it, streams the head
-nodes' frames (:mod:`tracker_app.head_stream`; the contract is
+:class:`~tracker_app.completions.generation.Generation`) at once on it, streams the head
+nodes' frames (:mod:`tracker_app.completions.head_stream`; the contract is
 :mod:`nodes_app.protocol`) and yields the client's server-sent events in the
-endpoint's shape (:mod:`tracker_app.answers`) as tokens arrive. Along the way
+endpoint's shape (:mod:`tracker_app.completions.answers`) as tokens arrive. Along the way
 it emits the console events of the Call wall, and at the end it records the
 request, bills it (one unit of work per hop of every route any choice used,
-:mod:`tracker_app.billing`) and teaches the router the route's speed.
+:mod:`tracker_app.billing.pricing`) and teaches the router the route's speed.
 
 Per token (the hot path) it only counts the token ids, writes the client's
-event from a per-request template (:class:`~tracker_app.answers.TextEvents`)
+event from a per-request template (:class:`~tracker_app.completions.answers.TextEvents`)
 and marks progress changed: no database, no channel layer. Progress reaches
-the dashboards through :class:`~tracker_app.progress.ProgressThrottle`, at
+the dashboards through :class:`~tracker_app.completions.progress.ProgressThrottle`, at
 most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
 ``proxy complete``.
 
@@ -26,9 +26,9 @@ goes on with no gap and no repeated token. Each choice fails over on its own.
 
 Deadlines (ADR-0004): a choice waits for a busy route's slot at most
 ``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
-exponential back-off (:mod:`tracker_app.slots`), then the request ends in a
+exponential back-off (:mod:`tracker_app.completions.slots`), then the request ends in a
 503 ``route_busy`` with ``Retry-After``; a head silent past
-:func:`~tracker_app.head_stream.silence_limit` (from ``MESHNET_HOP_STEP_TIMEOUT``)
+:func:`~tracker_app.completions.head_stream.silence_limit` (from ``MESHNET_HOP_STEP_TIMEOUT``)
 has failed, like a hop the head reports hung.
 """
 
@@ -63,18 +63,18 @@ from routing_app.services import (
     route_session_open,
     route_session_touch,
 )
-from tracker_app import accounting, console
-from tracker_app.answers import AnswerKind
-from tracker_app.billing import work_merged
-from tracker_app.chat import ChatAnswer
-from tracker_app.generation import Generation, Piece, Segment
-from tracker_app.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
-from tracker_app.interleaving import interleaved
+from tracker_app.billing.pricing import work_merged
+from tracker_app.completions import console, recording
+from tracker_app.completions.answers import AnswerKind
+from tracker_app.completions.chat import ChatAnswer
+from tracker_app.completions.generation import Generation, Piece, Segment
+from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
+from tracker_app.completions.interleaving import interleaved
+from tracker_app.completions.parameters import GenerationParams
+from tracker_app.completions.progress import ProgressThrottle
+from tracker_app.completions.prompt_tokens import echo_check, prompt_tokens_count
+from tracker_app.completions.slots import SlotWait
 from tracker_app.models import ApiKey
-from tracker_app.parameters import GenerationParams
-from tracker_app.progress import ProgressThrottle
-from tracker_app.prompt_tokens import echo_check, prompt_tokens_count
-from tracker_app.slots import SlotWait
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class ChatProxy:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
         decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
         try:
-            await database_call(accounting.chat_request_open)(
+            await database_call(recording.chat_request_open)(
                 request_id=self.request_uuid,
                 api_key=self.api_key,
                 model=self.model,
@@ -287,7 +287,7 @@ class ChatProxy:
         await self._record_failed(message, cancelled=cancelled)
 
     async def _record_failed(self, message: str, *, cancelled: bool) -> None:
-        failed = await database_call(accounting.chat_request_fail)(
+        failed = await database_call(recording.chat_request_fail)(
             request_id=self.request_uuid, error=message, now=timezone.now(), cancelled=cancelled
         )
         if failed:
@@ -328,7 +328,7 @@ class ChatProxy:
             generation.segments.append(
                 Segment(decision=decision, replayed=len(generation.token_ids), started=self.clock())
             )
-        await database_call(accounting.chat_request_route)(
+        await database_call(recording.chat_request_route)(
             request_id=self.request_uuid,
             signature=decision.plan.signature,
             mode=str(decision.mode),
@@ -512,7 +512,7 @@ class ChatProxy:
         elapsed = now - self._started
         tps = completion / elapsed if elapsed > 0 else None
         ttft = (self._first_token_at - self._started) * 1000 if self._first_token_at else None
-        complete = database_call(accounting.chat_request_complete)
+        complete = database_call(recording.chat_request_complete)
         # A database blip now would leave a generated answer unbilled; the write is
         # conditional (only a request still processing), so a retry never bills twice.
         await through_outage(
