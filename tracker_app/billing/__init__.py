@@ -1,0 +1,1 @@
+"""Pricing a request and splitting its charge among hops (``pricing``), and the billing audit (``audits``)."""
