@@ -385,7 +385,7 @@ def quarantines_due(*, model_key: str, now: datetime) -> set[str]:
     )
 
 
-def quarantines_held(*, model_key: str) -> set[str]:
+def quarantines_active(*, model_key: str) -> set[str]:
     """Signatures of the model's routes under quarantine now."""
     return set(
         RouteQuarantine.objects.filter(model_key=model_key, released_at__isnull=True).values_list(

@@ -37,8 +37,8 @@ from routing_app.probing import (
     ProbeRunSummary,
     probe_results_record,
     probe_verdicts,
+    quarantines_active,
     quarantines_due,
-    quarantines_held,
 )
 from routing_app.selectors import routing_nodes
 from tracker_app.completions.head_stream import (
@@ -154,8 +154,8 @@ def route_probes_run(
     due = quarantines_due(model_key=model.key, now=now)
     if not plans or (due_only and not due.intersection(plan.signature for plan in plans)):
         return None
-    held = quarantines_held(model_key=model.key) - due
-    answers = [(plan, send(plan)) for plan in plans if plan.signature not in held]
+    quarantined = quarantines_active(model_key=model.key) - due
+    answers = [(plan, send(plan)) for plan in plans if plan.signature not in quarantined]
     summary = probe_results_record(
         model_key=model.key,
         epoch=epoch,

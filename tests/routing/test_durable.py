@@ -7,11 +7,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from routing_app.arms import ArmStatus
 from routing_app.durable import DatabaseArmArchive
 from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot, RouteQuarantine
 from routing_app.planner import Hop, RoutePlan
 from routing_app.pruning import route_arms_prune
-from routing_app.stats import ArmStatus, RouteStatsStore
+from routing_app.stats import RouteStatsStore
+from routing_app.sync import StatsSync
 from routing_app.tasks import prune_arms
 from tests.support.routing import ManualClock
 
@@ -30,15 +32,16 @@ class Monotonic:
         return self.now
 
 
-def tracker(name: str, clock: ManualClock, monotonic: Monotonic | None = None) -> RouteStatsStore:
+def tracker(name: str, clock: ManualClock, monotonic: Monotonic | None = None) -> StatsSync:
+    """Tracker ``name``'s store, synced with the database archive, restored as it starts."""
     archive = DatabaseArmArchive(tracker_id=name, monotonic=monotonic or Monotonic())
-    store = RouteStatsStore(clock=clock, archive=archive)
-    store.restore()
-    return store
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    sync.restore()
+    return sync
 
 
-def sample(store: RouteStatsStore, tps: float, plan: RoutePlan = FULL) -> None:
-    store.record_sample(
+def sample(sync: StatsSync, tps: float, plan: RoutePlan = FULL) -> None:
+    sync.store.arms.record_sample(
         model_key=plan.model_key,
         signature=plan.signature,
         epoch=1,
@@ -47,8 +50,8 @@ def sample(store: RouteStatsStore, tps: float, plan: RoutePlan = FULL) -> None:
     )
 
 
-def status(store: RouteStatsStore, plan: RoutePlan = FULL) -> ArmStatus:
-    (arm,) = store.views(plans=[plan], epoch=1)
+def status(sync: StatsSync, plan: RoutePlan = FULL) -> ArmStatus:
+    (arm,) = sync.store.views(plans=[plan], epoch=1)
     return arm.status
 
 
@@ -66,9 +69,9 @@ def test_a_tracker_restarted_under_its_id_routes_on_what_it_had_learned(clock):
     restarted = tracker("tracker-a:8000", clock)
     other = tracker("tracker-b:8000", clock)
 
-    (arm,) = restarted.views(plans=[FULL], epoch=1)
+    (arm,) = restarted.store.views(plans=[FULL], epoch=1)
     assert (arm.status, arm.samples) == (ArmStatus.PROVEN, 2)
-    learned = first.arm(model_key="m", signature=FULL.signature)
+    learned = first.store.arms.arm(model_key="m", signature=FULL.signature)
     assert learned is not None
     assert arm.tps == pytest.approx(learned.value)
     assert status(other) is ArmStatus.UNSAMPLED

@@ -37,8 +37,8 @@ async def outbox_forward(message: OutboxMessage) -> None:
     routing at once (not at its next sync), so the table pushed with it shows it.
     """
     if message.kind in (ROUTE_QUARANTINED, ROUTE_RELEASED):
-        held = await database_sync_to_async(route_quarantines_active)()
-        route_stats_store().hold_probed(held)
+        quarantined = await database_sync_to_async(route_quarantines_active)()
+        route_stats_store().exclusions.set_probe_quarantines(quarantined)
         routing_refresh(str(message.payload.get("model", "")))
     if message.kind == REFUND:
         billing_pushes.request("all")
