@@ -92,14 +92,14 @@ def test_each_tracker_writes_its_own_arm_row(clock):
 
 def test_it_snapshots_an_arm_at_most_once_per_interval(clock):
     monotonic = Monotonic()
-    store = tracker("a", clock, monotonic)
+    sync = tracker("a", clock, monotonic)
     for _ in range(3):
-        sample(store, 40.0)
-        store.sync()
+        sample(sync, 40.0)
+        sync.sync()
         monotonic.now += 20.0
     monotonic.now += 60.0
-    sample(store, 40.0)
-    store.sync()
+    sample(sync, 40.0)
+    sync.sync()
 
     assert list(
         RouteArmSnapshot.objects.order_by("taken_at").values_list("samples", flat=True)
@@ -110,44 +110,44 @@ def test_it_snapshots_an_arm_at_most_once_per_interval(clock):
 
 
 def test_the_prune_job_deletes_arms_a_day_without_samples_and_trackers_drop_them(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0, FULL)
-    store.sync()
+    sync = tracker("a", clock)
+    sample(sync, 40.0, FULL)
+    sync.sync()
     clock.advance(23 * 3600.0)
-    sample(store, 30.0, SPLIT)
-    store.sync()
+    sample(sync, 30.0, SPLIT)
+    sync.sync()
 
     summary = route_arms_prune(
         now=timezone.now() + timedelta(hours=24, seconds=1),
         ttl=DAY,
         snapshot_retention=timedelta(days=7),
     )
-    store.sync()
+    sync.sync()
 
     assert summary.arms == 1
     assert list(RouteArm.objects.values_list("signature", flat=True)) == [SPLIT.signature]
-    assert status(store, FULL) is ArmStatus.UNSAMPLED
-    assert status(store, SPLIT) is ArmStatus.PROVEN
+    assert status(sync, FULL) is ArmStatus.UNSAMPLED
+    assert status(sync, SPLIT) is ArmStatus.PROVEN
 
 
 def test_a_pruned_arm_sampled_again_before_the_sync_is_kept(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    sample(sync, 40.0)
+    sync.sync()
     route_arms_prune(now=timezone.now() + 2 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
     clock.advance(5.0)
-    sample(store, 45.0)
+    sample(sync, 45.0)
 
-    store.sync()
+    sync.sync()
 
-    assert status(store) is ArmStatus.PROVEN
+    assert status(sync) is ArmStatus.PROVEN
     assert RouteArm.objects.filter(signature=FULL.signature).exists()
 
 
 def test_pruning_twice_deletes_and_records_each_arm_once(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    sample(sync, 40.0)
+    sync.sync()
     later = timezone.now() + 2 * DAY
 
     first = route_arms_prune(now=later, ttl=DAY, snapshot_retention=7 * DAY)
@@ -158,9 +158,9 @@ def test_pruning_twice_deletes_and_records_each_arm_once(clock):
 
 
 def test_the_prune_job_deletes_snapshots_and_records_past_their_retention(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    sample(sync, 40.0)
+    sync.sync()
     route_arms_prune(now=timezone.now() + 2 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
 
     summary = route_arms_prune(now=timezone.now() + 9 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
@@ -170,16 +170,16 @@ def test_the_prune_job_deletes_snapshots_and_records_past_their_retention(clock)
 
 
 def test_the_prune_task_reads_its_ttl_from_the_settings(clock, settings):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    sample(sync, 40.0)
+    sync.sync()
     settings.MESHNET_ROUTE_ARM_TTL = 0.000001
 
     assert prune_arms() == {"arms": 1, "snapshots": 0, "records": 0}
 
 
 def test_a_tracker_holds_the_routes_quarantined_in_the_database(clock):
-    store = tracker("a", clock)
+    sync = tracker("a", clock)
     now = timezone.now()
     quarantine = RouteQuarantine.objects.create(
         model_key="m",
@@ -189,10 +189,10 @@ def test_a_tracker_holds_the_routes_quarantined_in_the_database(clock):
         next_probe_at=now,
     )
 
-    store.sync()
-    assert status(store, SPLIT) is ArmStatus.QUARANTINED
+    sync.sync()
+    assert status(sync, SPLIT) is ArmStatus.QUARANTINED
 
     quarantine.released_at = now
     quarantine.save()
-    store.sync()
-    assert status(store, SPLIT) is ArmStatus.UNSAMPLED
+    sync.sync()
+    assert status(sync, SPLIT) is ArmStatus.UNSAMPLED

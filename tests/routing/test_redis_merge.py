@@ -49,8 +49,8 @@ def tracker(client, prefix, clock, ttl=60.0) -> StatsSync:
     return StatsSync(RouteStatsStore(half_life=600.0, clock=clock), exchange=exchange)
 
 
-def sample(store, tps, *, epoch=1, signature=SIG):
-    assert store.store.arms.record_sample(
+def sample(sync, tps, *, epoch=1, signature=SIG):
+    assert sync.store.arms.record_sample(
         model_key="m", signature=signature, epoch=epoch, output_tokens=32, tokens_per_second=tps
     )
 
@@ -76,12 +76,12 @@ def test_it_merges_both_trackers_samples_by_decayed_weight(client, prefix):
     clock.advance(600.0)
     sample(second, 200.0)
 
-    for store in (first, second, first):
-        store.sync()
+    for sync in (first, second, first):
+        sync.sync()
 
     expected = (0.5 * 100.0 + 1.0 * 200.0) / 1.5
-    for store in (first, second):
-        arm = store.store.arms.arm(model_key="m", signature=SIG)
+    for sync in (first, second):
+        arm = sync.store.arms.arm(model_key="m", signature=SIG)
         assert arm is not None
         assert arm.value == pytest.approx(expected)
         assert (arm.mass, arm.samples) == (pytest.approx(1.5), 2)
@@ -96,8 +96,8 @@ def test_it_never_counts_its_own_samples_twice(client, prefix):
         first.sync()
         second.sync()
 
-    for store in (first, second):
-        arm = store.store.arms.arm(model_key="m", signature=SIG)
+    for sync in (first, second):
+        arm = sync.store.arms.arm(model_key="m", signature=SIG)
         assert arm is not None
         assert (arm.mass, arm.samples) == (1.0, 1)
 
