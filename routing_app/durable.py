@@ -20,7 +20,8 @@ from django.db import transaction
 from django.db.models import Max
 
 from routing_app.arms import ArmKey, ArmState, PrunedState
-from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot, RouteQuarantine
+from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot
+from routing_app.quarantines import route_quarantines_active
 from routing_app.sync import ArchiveNews
 
 # A busy arm changes at every sync; its history needs far less resolution.
@@ -131,9 +132,3 @@ class DatabaseArmArchive:
                 )
             )
         return pruned
-
-
-def route_quarantines_active() -> frozenset[ArmKey]:
-    """The (model key, signature) of every route the probe quarantines now."""
-    active = RouteQuarantine.objects.filter(released_at__isnull=True)
-    return frozenset(active.values_list("model_key", "signature"))
