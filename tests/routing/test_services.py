@@ -12,7 +12,8 @@ from meshnet_site.errors import http_error
 from nodes_app.models import TopologyEpoch
 from routing_app.choice import DecisionMode, NoRouteAvailable
 from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.services import route_choose, route_sample_record
+from routing_app.load import RouteLoad
+from routing_app.services import route_choose, route_sample_record, route_session_close
 from tests.support.routing import make_model, make_node
 
 pytestmark = pytest.mark.django_db
@@ -98,3 +99,18 @@ def test_it_answers_503_naming_the_layers_no_online_node_serves(store):
 
     assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE
     assert "no online node serves layers 10-11, 21-29 (of 0-29)" in caught.value.message
+
+
+def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(store):
+    model = make_model(num_layers=30)
+    make_node(model, "solo", 0, 29, tps=50.0)
+    load = RouteLoad()
+    first = route_choose(model=model, load=load)
+    second = route_choose(model=model, load=load)
+    in_flight = load.snapshot().route_sessions(first.plan)
+
+    route_sample_record(decision=first, output_tokens=64, elapsed_seconds=1.0, load=load)
+    route_session_close(decision=second, load=load)
+    route_session_close(decision=second, load=load)
+
+    assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)

@@ -15,9 +15,9 @@ from routing_app.arms import ArmStatus, ArmView
 from routing_app.config import RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot, Pace, RouteLoad
 from routing_app.planner import enumerate_routes
-from routing_app.services import route_choose, route_sample_record, route_session_close
+from routing_app.services import route_sample_record, route_session_close
 from routing_app.thompson import DUE_SHARE
-from tests.support.routing import choose_counted, learn, make_model, make_node, record
+from tests.support.routing import choose_counted, learn, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -355,22 +355,6 @@ def test_the_table_states_the_active_policys_shares(store):
 
     assert adr == pytest.approx([2 / 3, 1 / 3])
     assert ours[0] > 0.95
-
-
-@pytest.mark.django_db
-def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(store):
-    model = make_model(num_layers=30)
-    make_node(model, "solo", 0, 29, tps=50.0)
-    load = RouteLoad()
-    first = route_choose(model=model, load=load)
-    second = route_choose(model=model, load=load)
-    in_flight = load.snapshot().route_sessions(first.plan)
-
-    route_sample_record(decision=first, output_tokens=64, elapsed_seconds=1.0, load=load)
-    route_session_close(decision=second, load=load)
-    route_session_close(decision=second, load=load)
-
-    assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
 
 
 def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_at_once(
