@@ -15,7 +15,7 @@ from routing_app.pruning import route_arms_prune
 from routing_app.stats import RouteStatsStore
 from routing_app.sync import StatsSync
 from routing_app.tasks import prune_arms
-from tests.support.routing import ManualClock
+from tests.support.routing import ManualClock, arm_status, learn
 
 pytestmark = pytest.mark.django_db
 
@@ -40,21 +40,6 @@ def tracker(name: str, clock: ManualClock, monotonic: Monotonic | None = None) -
     return sync
 
 
-def sample(sync: StatsSync, tps: float, plan: RoutePlan = FULL) -> None:
-    sync.store.arms.record_sample(
-        model_key=plan.model_key,
-        signature=plan.signature,
-        epoch=1,
-        output_tokens=50,
-        tokens_per_second=tps,
-    )
-
-
-def status(sync: StatsSync, plan: RoutePlan = FULL) -> ArmStatus:
-    (arm,) = sync.store.views(plans=[plan], epoch=1)
-    return arm.status
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(start=timezone.now().timestamp())
@@ -62,8 +47,8 @@ def clock() -> ManualClock:
 
 def test_a_tracker_restarted_under_its_id_routes_on_what_it_had_learned(clock):
     first = tracker("tracker-a:8000", clock)
-    sample(first, 40.0)
-    sample(first, 60.0)
+    learn(first.store, FULL, 40.0, times=1)
+    learn(first.store, FULL, 60.0, times=1)
     first.sync()
 
     restarted = tracker("tracker-a:8000", clock)
@@ -74,16 +59,16 @@ def test_a_tracker_restarted_under_its_id_routes_on_what_it_had_learned(clock):
     learned = first.store.arms.arm(model_key="m", signature=FULL.signature)
     assert learned is not None
     assert arm.tps == pytest.approx(learned.value)
-    assert status(other) is ArmStatus.UNSAMPLED
+    assert arm_status(other.store, FULL) is ArmStatus.UNSAMPLED
 
 
 def test_each_tracker_writes_its_own_arm_row(clock):
     a, b = tracker("a", clock), tracker("b", clock)
-    sample(a, 40.0)
-    sample(b, 20.0)
+    learn(a.store, FULL, 40.0, times=1)
+    learn(b.store, FULL, 20.0, times=1)
     a.sync()
     b.sync()
-    sample(a, 50.0)
+    learn(a.store, FULL, 50.0, times=1)
     a.sync()
 
     rows = dict(RouteArm.objects.values_list("tracker_id", "samples"))
@@ -94,11 +79,11 @@ def test_it_snapshots_an_arm_at_most_once_per_interval(clock):
     monotonic = Monotonic()
     sync = tracker("a", clock, monotonic)
     for _ in range(3):
-        sample(sync, 40.0)
+        learn(sync.store, FULL, 40.0, times=1)
         sync.sync()
         monotonic.now += 20.0
     monotonic.now += 60.0
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     sync.sync()
 
     assert list(
@@ -111,10 +96,10 @@ def test_it_snapshots_an_arm_at_most_once_per_interval(clock):
 
 def test_the_prune_job_deletes_arms_a_day_without_samples_and_trackers_drop_them(clock):
     sync = tracker("a", clock)
-    sample(sync, 40.0, FULL)
+    learn(sync.store, FULL, 40.0, times=1)
     sync.sync()
     clock.advance(23 * 3600.0)
-    sample(sync, 30.0, SPLIT)
+    learn(sync.store, SPLIT, 30.0, times=1)
     sync.sync()
 
     summary = route_arms_prune(
@@ -126,27 +111,27 @@ def test_the_prune_job_deletes_arms_a_day_without_samples_and_trackers_drop_them
 
     assert summary.arms == 1
     assert list(RouteArm.objects.values_list("signature", flat=True)) == [SPLIT.signature]
-    assert status(sync, FULL) is ArmStatus.UNSAMPLED
-    assert status(sync, SPLIT) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, SPLIT) is ArmStatus.PROVEN
 
 
 def test_a_pruned_arm_sampled_again_before_the_sync_is_kept(clock):
     sync = tracker("a", clock)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     sync.sync()
     route_arms_prune(now=timezone.now() + 2 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
     clock.advance(5.0)
-    sample(sync, 45.0)
+    learn(sync.store, FULL, 45.0, times=1)
 
     sync.sync()
 
-    assert status(sync) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
     assert RouteArm.objects.filter(signature=FULL.signature).exists()
 
 
 def test_pruning_twice_deletes_and_records_each_arm_once(clock):
     sync = tracker("a", clock)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     sync.sync()
     later = timezone.now() + 2 * DAY
 
@@ -159,7 +144,7 @@ def test_pruning_twice_deletes_and_records_each_arm_once(clock):
 
 def test_the_prune_job_deletes_snapshots_and_records_past_their_retention(clock):
     sync = tracker("a", clock)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     sync.sync()
     route_arms_prune(now=timezone.now() + 2 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
 
@@ -171,7 +156,7 @@ def test_the_prune_job_deletes_snapshots_and_records_past_their_retention(clock)
 
 def test_the_prune_task_reads_its_ttl_from_the_settings(clock, settings):
     sync = tracker("a", clock)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     sync.sync()
     settings.MESHNET_ROUTE_ARM_TTL = 0.000001
 
@@ -190,9 +175,9 @@ def test_a_tracker_holds_the_routes_quarantined_in_the_database(clock):
     )
 
     sync.sync()
-    assert status(sync, SPLIT) is ArmStatus.QUARANTINED
+    assert arm_status(sync.store, SPLIT) is ArmStatus.QUARANTINED
 
     quarantine.released_at = now
     quarantine.save()
     sync.sync()
-    assert status(sync, SPLIT) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, SPLIT) is ArmStatus.UNSAMPLED

@@ -14,7 +14,7 @@ from routing_app.arms import TOMBSTONE_SECONDS, ArmKey, ArmState, ArmStatus, Pru
 from routing_app.planner import Hop, RoutePlan
 from routing_app.stats import RouteStatsStore
 from routing_app.sync import ArchiveNews, StatsSync
-from tests.support.routing import ManualClock
+from tests.support.routing import ManualClock, arm_status, learn
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
 SPLIT = RoutePlan("m", 29, (Hop("a", "http://a", 0, 14), Hop("b", "http://b", 15, 29)))
@@ -43,21 +43,6 @@ def key(plan: RoutePlan) -> ArmKey:
     return (plan.model_key, plan.signature)
 
 
-def sample(sync: StatsSync, tps: float, plan: RoutePlan = FULL) -> None:
-    assert sync.store.arms.record_sample(
-        model_key=plan.model_key,
-        signature=plan.signature,
-        epoch=1,
-        output_tokens=50,
-        tokens_per_second=tps,
-    )
-
-
-def status(sync: StatsSync, plan: RoutePlan = FULL) -> ArmStatus:
-    (arm,) = sync.store.views(plans=[plan], epoch=1)
-    return arm.status
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
@@ -66,7 +51,7 @@ def clock() -> ManualClock:
 def test_a_restarted_store_routes_on_the_arms_it_had_written(clock):
     archive = FakeArchive()
     before = StatsSync(RouteStatsStore(clock=clock), archive=archive)
-    sample(before, 40.0)
+    learn(before.store, FULL, 40.0, times=1)
     before.sync()
 
     after = StatsSync(RouteStatsStore(clock=clock), archive=archive)
@@ -79,10 +64,10 @@ def test_a_restarted_store_routes_on_the_arms_it_had_written(clock):
 def test_it_writes_only_the_arms_that_took_samples_since_the_last_sync(clock):
     archive = FakeArchive()
     sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
-    sample(sync, 40.0, FULL)
-    sample(sync, 20.0, SPLIT)
+    learn(sync.store, FULL, 40.0, times=1)
+    learn(sync.store, SPLIT, 20.0, times=1)
     sync.sync()
-    sample(sync, 50.0, FULL)
+    learn(sync.store, FULL, 50.0, times=1)
 
     sync.sync()
     sync.sync()
@@ -97,7 +82,7 @@ def test_it_writes_only_the_arms_that_took_samples_since_the_last_sync(clock):
 def test_it_writes_again_what_a_failed_sync_could_not_write(clock):
     archive = FakeArchive()
     sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     archive.fail = True
 
     with pytest.raises(ConnectionError):
@@ -111,26 +96,26 @@ def test_it_writes_again_what_a_failed_sync_could_not_write(clock):
 def test_it_drops_an_arm_the_prune_job_deleted(clock):
     archive = FakeArchive()
     sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     archive.news = ArchiveNews(pruned=[PrunedState(key(FULL), clock.now, own=True)])
 
     sync.sync()
 
-    assert status(sync) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
 
 
 def test_it_keeps_an_arm_sampled_after_the_prune_decision(clock):
     archive = FakeArchive()
     sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
-    sample(sync, 40.0)
+    learn(sync.store, FULL, 40.0, times=1)
     decided_at = clock.now
     clock.advance(10.0)
-    sample(sync, 45.0)
+    learn(sync.store, FULL, 45.0, times=1)
     archive.news = ArchiveNews(pruned=[PrunedState(key(FULL), decided_at, own=True)])
 
     sync.sync()
 
-    assert status(sync) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
 
 
 def test_a_peers_pruned_arm_stays_out_while_its_old_publication_lingers(clock):
@@ -138,15 +123,15 @@ def test_a_peers_pruned_arm_stays_out_while_its_old_publication_lingers(clock):
     stale = ArmState(40.0, 1.0, clock.now, 1, 1)
     publication = {"arms": [stale.to_row(key(FULL))]}
     sync.store.arms.absorb([publication["arms"]])
-    assert status(sync) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
 
     sync.store.arms.forget_pruned([PrunedState(key(FULL), clock.now, own=False)])
     sync.store.arms.absorb([publication["arms"]])
-    assert status(sync) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
 
     fresh = ArmState(30.0, 1.0, clock.now + 5.0, 1, 1)
     sync.store.arms.absorb([[fresh.to_row(key(FULL))]])
-    assert status(sync) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
 
 
 def test_a_tombstone_lapses_once_every_peer_has_republished(clock):
@@ -158,20 +143,20 @@ def test_a_tombstone_lapses_once_every_peer_has_republished(clock):
     old = ArmState(40.0, 1.0, clock.now - 10_000, 1, 1)
     sync.store.arms.absorb([[old.to_row(key(FULL))]])
 
-    assert status(sync) is not ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, FULL) is not ArmStatus.UNSAMPLED
 
 
 def test_it_keeps_out_the_routes_the_probe_quarantined_until_they_are_released(clock):
     archive = FakeArchive()
     sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
-    sample(sync, 40.0, SPLIT)
+    learn(sync.store, SPLIT, 40.0, times=1)
     archive.news = ArchiveNews(quarantined=frozenset({key(SPLIT)}))
 
     sync.sync()
     clock.advance(3600.0)
-    assert status(sync, SPLIT) is ArmStatus.QUARANTINED
-    assert status(sync, FULL) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, SPLIT) is ArmStatus.QUARANTINED
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
 
     archive.news = ArchiveNews()
     sync.sync()
-    assert status(sync, SPLIT) is not ArmStatus.QUARANTINED
+    assert arm_status(sync.store, SPLIT) is not ArmStatus.QUARANTINED

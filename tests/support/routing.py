@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
+from routing_app.arms import ArmStatus
 from routing_app.choice import RouteDecision
 from routing_app.load import LoadSnapshot, RouteLoad
 from routing_app.planner import NodeRecord, RoutePlan
@@ -89,15 +90,22 @@ def make_node(
 def learn(
     store: RouteStatsStore, plan: RoutePlan, tps: float, *, times: int = 3, epoch: int = 1
 ) -> None:
-    """``times`` samples of ``tps`` tokens/s for ``plan`` (model "m"), as completed requests."""
+    """``times`` samples of ``tps`` tokens/s for ``plan`` (model "m"), as completed requests;
+    each must be kept."""
     for _ in range(times):
-        store.arms.record_sample(
+        assert store.arms.record_sample(
             model_key="m",
             signature=plan.signature,
             epoch=epoch,
             output_tokens=64,
             tokens_per_second=tps,
         )
+
+
+def arm_status(store: RouteStatsStore, plan: RoutePlan, *, epoch: int = 1) -> ArmStatus:
+    """``plan``'s status in ``store`` under ``epoch``, as the choice sees it."""
+    (arm,) = store.views(plans=[plan], epoch=epoch)
+    return arm.status
 
 
 def choose_counted(
