@@ -1,11 +1,12 @@
 """How long one routing decision takes with 200 online nodes of one model.
 
 One decision = enumerate the candidates from the node records (the prefix-
-maximum planner) + read their arms from the store + the policy's choice
-(``policy_choose``, every candidate measured, so ``thompson-load`` draws
-rather than scouts); the database read that produces the records is not
-included. Each policy is timed, side by side with a naive planner (every hop
-scans every node) and against the 1 ms budget of issue 4. Standalone:
+maximum planner) + read their arms from the store + the configured policy's
+``choose`` (every candidate measured, so ``thompson-load`` draws rather than
+scouts), what ``services.route_choose`` does once it has read the registry;
+the database read that produces the records is not included. Each policy is
+timed, side by side with a naive planner (every hop scans every node) and
+against the 1 ms budget of issue 4. Standalone:
 ``.venv/bin/python bench/bench_choose_route.py``.
 """
 
@@ -22,9 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "meshnet_site.settings")
 
-from routing_app.choice import policy_choose
-from routing_app.config import MAX_CANDIDATES, POLICY_ADR0021, POLICY_THOMPSON_LOAD, RoutingConfig
-from routing_app.planner import NodeRecord, RoutePlan, _plan, enumerate_routes
+from routing_app.config import POLICY_ADR0021, POLICY_THOMPSON_LOAD, RoutingConfig
+from routing_app.planner import MAX_CANDIDATES, NodeRecord, RoutePlan, _plan, enumerate_routes
 from routing_app.stats import RouteStatsStore
 
 NUM_LAYERS = 40
@@ -92,7 +92,7 @@ def measure(
     rng = random.Random(1)
     # Every candidate proven, as on a tracker that has served traffic for a while.
     for plan in planner(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes):
-        store.record_sample(
+        store.arms.record_sample(
             model_key="bench",
             signature=plan.signature,
             epoch=1,
@@ -104,7 +104,7 @@ def measure(
         began = time.perf_counter()
         plans = planner(model_key="bench", num_layers=NUM_LAYERS, nodes=nodes)
         arms = store.views(plans=plans, epoch=1)
-        picked = policy_choose(arms=arms, config=config, rng=rng)
+        picked = config.route_policy().choose(arms, rng=rng)
         timings.append(time.perf_counter() - began)
         assert picked is not None
     return timings

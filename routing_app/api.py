@@ -21,8 +21,8 @@ from rest_framework.views import APIView
 from meshnet_site.api_schema import error_responses
 from meshnet_site.environment import ROUTE_POLICY
 from meshnet_site.errors import DomainError, ErrorKind
+from routing_app.arms import ArmStatus
 from routing_app.config import RoutingConfig
-from routing_app.stats import ArmStatus
 from routing_app.table import routing_table
 from routing_app.tracker_store import route_stats_store
 

@@ -1,7 +1,8 @@
-"""Bans of nodes that failed mid-generation: exponential back-off over quarantine.
+"""Bans of nodes that failed mid-generation: how long each is kept out (exponential back-off).
 
-A node that fails is quarantined in the route store (so the planner routes
-around it, on every tracker once Redis carries it) for 30 s × 2^(n−1) after
+A node that fails is banned in the route store's exclusions (so the planner
+routes around it, on every tracker once Redis carries it; see
+``routing_app.exclusions`` for bans and quarantines) for 30 s × 2^(n−1) after
 its n-th consecutive failure, capped at 15 minutes; a completed request
 clears the count of every node on its route. The count itself is this
 tracker process's (ADR-0004): :func:`node_bans_reset` starts it afresh.
@@ -12,8 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from routing_app.services import route_quarantine_node
 from routing_app.stats import RouteStatsStore
+from routing_app.tracker_store import route_stats_store
 
 BAN_BASE_SECONDS = 30.0
 BAN_MAX_SECONDS = 15 * 60.0
@@ -54,17 +55,17 @@ _bans = NodeBans()
 def node_ban(
     *, node_id: str, bans: NodeBans | None = None, store: RouteStatsStore | None = None
 ) -> float:
-    """Quarantine ``node_id`` for its next back-off step; returns the seconds of the ban."""
+    """Ban ``node_id`` for its next back-off step; returns the seconds of the ban."""
     seconds = (bans or _bans).fail(node_id)
-    route_quarantine_node(node_id=node_id, seconds=seconds, store=store)
+    (store or route_stats_store()).exclusions.ban_node(node_id=node_id, seconds=seconds)
     return seconds
 
 
 def node_bans_clear(*, node_ids: Iterable[str], bans: NodeBans | None = None) -> None:
     """Forget the failures of ``node_ids`` (their route just completed a request).
 
-    A quarantine still running is left to expire: the planner already
-    routes around the node until then.
+    A ban still running is left to lapse: the planner already routes around
+    the node until then.
     """
     (bans or _bans).clear(node_ids)
 

@@ -3,7 +3,9 @@
 ``meshnet_site.settings`` reads the ``MESHNET_ROUTE_*`` environment variables
 and ``runtracker`` overrides the same settings attributes from its flags, so
 the one way to get the active policy is ``RoutingConfig.from_settings()``,
-called when the value is needed (never at import time).
+called when the value is needed (never at import time). ``route_policy()``
+builds the policy object the configuration names: the one place a policy's
+name is read.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from meshnet_site.environment import (
     ROUTE_STATS_HALF_LIFE,
     ROUTE_WEIGHT_ALPHA,
 )
+from routing_app.adr0021 import Adr0021Policy
+from routing_app.policy import RoutePolicy
+from routing_app.thompson import ThompsonLoadPolicy
 
 # The policy names MESHNET_ROUTE_POLICY accepts (named once, by the setting).
 POLICY_THOMPSON_LOAD, POLICY_ADR0021 = ROUTE_POLICY.choices
-
-# At most this many candidate routes per model take part in the choice.
-MAX_CANDIDATES = 8
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,16 @@ class RoutingConfig:
             min_sample_tokens=int(settings.MESHNET_ROUTE_MIN_SAMPLE_TOKENS),
             max_unsampled_seconds=float(settings.MESHNET_ROUTE_MAX_UNSAMPLED),
             load_exponent=float(settings.MESHNET_ROUTE_LOAD_EXPONENT),
+        )
+
+    def route_policy(self) -> RoutePolicy:
+        """The policy this configuration names, built with its knobs."""
+        if self.policy == POLICY_ADR0021:
+            return Adr0021Policy(explore_share=self.explore_share, weight_alpha=self.weight_alpha)
+        return ThompsonLoadPolicy(
+            max_unsampled_seconds=self.max_unsampled_seconds,
+            load_exponent=self.load_exponent,
+            min_sample_tokens=self.min_sample_tokens,
         )
 
     def to_dict(self) -> dict[str, Any]:

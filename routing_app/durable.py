@@ -1,13 +1,13 @@
 """The durable copy of a tracker's route statistics, in the database (ADR-0003).
 
-``DatabaseArmArchive`` is the ``ArmArchive`` a tracker's ``RouteStatsStore``
-syncs with: each sync upserts the arms that took samples (one ``RouteArm``
+``DatabaseArmArchive`` is the ``ArmArchive`` a tracker's ``StatsSync`` writes
+to: each sync upserts the arms that took samples (one ``RouteArm``
 row per tracker and arm), adds a ``RouteArmSnapshot`` per arm at most every
 ``SNAPSHOT_INTERVAL_SECONDS``, reads the ``PrunedArm`` records written since
-its last sync and the routes the probe holds in quarantine. A starting
+its last sync and the routes the probe quarantines. A starting
 tracker restores its own rows, so a restart routes on what it had learned.
 
-The chooser never waits on any of this: it runs in the store's sync thread.
+The chooser never waits on any of this: it runs in the sync thread.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.db.models import Max
 
-from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot, RouteQuarantine
-from routing_app.stats import ArchiveNews, ArmKey, ArmState, PrunedState
+from routing_app.arms import ArmKey, ArmState, PrunedState
+from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot
+from routing_app.quarantines import route_quarantines_active
+from routing_app.sync import ArchiveNews
 
 # A busy arm changes at every sync; its history needs far less resolution.
 SNAPSHOT_INTERVAL_SECONDS = 60.0
@@ -130,9 +132,3 @@ class DatabaseArmArchive:
                 )
             )
         return pruned
-
-
-def route_quarantines_active() -> frozenset[ArmKey]:
-    """The (model key, signature) of every route the probe holds in quarantine now."""
-    active = RouteQuarantine.objects.filter(released_at__isnull=True)
-    return frozenset(active.values_list("model_key", "signature"))

@@ -1,6 +1,6 @@
 """Sessions this tracker has in flight on each route: the load the choice sees.
 
-``route_select`` opens a session for every decision it hands out, in one
+``route_choose`` opens a session for every decision it hands out, in one
 step with the choice (``RouteLoad.open_chosen``: concurrent requests never
 choose from the same snapshot). The proxy opens a session for each stream
 it sends on that decision (``route_session_open``, again after a busy

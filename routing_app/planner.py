@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshnet_site.errors import DomainError, ErrorKind
-from routing_app.config import MAX_CANDIDATES
+
+# At most this many candidate routes per model take part in the choice.
+MAX_CANDIDATES = 8
 
 
 class InvalidPinnedRoute(DomainError):

@@ -2,13 +2,13 @@
 
 Each tracker process publishes only its *own* arms (what it measured itself)
 under a key of its own with a TTL, and takes in every other process's
-publication; the store merges those with its own by decayed weight. Because
+publication; the sync merges those with its own by decayed weight. Because
 no process ever republishes what it merged in, no sample is counted twice,
 and a tracker that stops publishing drops out of everyone's picture when its
 key expires.
 
 Layout under ``prefix``: ``{prefix}:proc:{process_id}`` holds a JSON export
-(``RouteStatsStore.export``); the sorted set ``{prefix}:procs`` lists the
+(``StatsSync.export``); the sorted set ``{prefix}:procs`` lists the
 process ids scored by their last publication time.
 """
 

@@ -1,11 +1,11 @@
-"""Routing writes and decisions: route choice, samples, quarantine.
+"""Routing writes and decisions: route choice, samples, the sessions in flight.
 
-The chat proxy's calls: ``route_select`` before it opens the stream;
+The chat proxy's calls: ``route_choose`` before it opens the stream;
 ``route_session_open`` each time it (re)sends a stream on a decision,
 ``route_session_touch`` as tokens arrive and ``route_session_close`` when the
 stream ends any way (the session lifecycle: only live streams are a route's
-load); ``route_sample_record`` when the stream completes; and
-``route_quarantine_node`` when a hop fails. Each reads the policy from the
+load); ``route_sample_record`` when the stream completes (a failed hop's node
+is banned through ``routing_app.bans``). Each reads the policy from the
 settings at call time and uses the process's ``route_stats_store()`` unless
 given another store.
 """
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from nodes_app.models import LanguageModel
 from nodes_app.selectors import topology_epoch_current
 from routing_app import selectors
-from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision, choose_route
+from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision
 from routing_app.config import RoutingConfig
-from routing_app.load import RouteLoad, route_load
+from routing_app.load import LoadSnapshot, RouteLoad, route_load
 from routing_app.planner import (
     RoutePlan,
     enumerate_routes,
@@ -37,29 +37,29 @@ _route_rng = random.Random()
 def route_candidates(*, model: LanguageModel, store: RouteStatsStore) -> list[RoutePlan]:
     """The model's candidate routes, best prior first.
 
-    Quarantined nodes take no part in the live candidates (at most 8), so the
+    Banned nodes take no part in the live candidates (at most 8), so the
     greedy completion routes around them; the routes they would have served
     are appended so ``/v1/routing`` shows them as quarantined.
     """
     nodes = selectors.routing_nodes(model=model)
-    held = store.quarantined_nodes()
+    banned = store.exclusions.banned_nodes()
     plans = enumerate_routes(
-        model_key=model.key, num_layers=model.num_layers, nodes=nodes, avoid=held
+        model_key=model.key, num_layers=model.num_layers, nodes=nodes, avoid=banned
     )
-    if held:
+    if banned:
         live = {plan.signature for plan in plans}
         blocked = [
             plan
             for plan in enumerate_routes(
                 model_key=model.key, num_layers=model.num_layers, nodes=nodes
             )
-            if held.intersection(plan.node_ids) and plan.signature not in live
+            if banned.intersection(plan.node_ids) and plan.signature not in live
         ]
         plans = sorted(plans + blocked, key=lambda plan: (-plan.prior_tps, len(plan.hops)))
     return plans
 
 
-def route_select(
+def route_choose(
     *,
     model: LanguageModel,
     pinned: Sequence[str] | None = None,
@@ -68,17 +68,21 @@ def route_select(
     config: RoutingConfig | None = None,
     load: RouteLoad | None = None,
 ) -> RouteDecision:
-    """The route for one chat request: the pinned node ids' plan, or the bandit's choice.
+    """The route for one chat request: the pinned node ids' plan, or the policy's choice.
 
     The decision counts as a session in flight on its route (the load the
     ``thompson-load`` policy weighs) until ``route_sample_record`` or
     ``route_session_close`` is called with it: the caller closes it on every
-    path, including one that fails before the stream starts.
+    path, including one that fails before the stream starts. The chat path
+    chooses on several threads at once: the policy's choice and the session
+    it opens are one step (under ``load``'s lock), so two requests never both
+    see an unmeasured route idle and both scout it.
 
     Raises ``InvalidPinnedRoute`` for a pinned route that cannot serve the
     model, ``PinnedNodeUnavailable`` when a pinned node is not online and
-    ``NoRouteAvailable`` when no route can serve the model. Send the request
-    to ``decision.plan.head.endpoint`` with ``decision.plan.to_dict()`` as hops.
+    ``NoRouteAvailable`` when no route can serve the model (every candidate
+    kept out, or none at all). Send the request to
+    ``decision.plan.head.endpoint`` with ``decision.plan.to_dict()`` as hops.
     """
     store = store or route_stats_store()
     load = load or route_load()
@@ -98,36 +102,17 @@ def route_select(
     plans = route_candidates(model=model, store=store)
     if not plans:
         raise NoRouteAvailable(model.key, _coverage_gap(model))
-    return route_choose(
-        plans=plans,
-        epoch=epoch,
-        store=store,
-        config=config or RoutingConfig.from_settings(),
-        rng=rng or _route_rng,
-        load=load,
-    )
+    policy = (config or RoutingConfig.from_settings()).route_policy()
+    rng = rng or _route_rng
 
+    def choose(loads: LoadSnapshot) -> RouteDecision:
+        picked = policy.choose(store.views(plans=plans, epoch=epoch), rng=rng, loads=loads)
+        if picked is None:
+            raise NoRouteAvailable(model.key, "every candidate route is quarantined")
+        arm, mode = picked
+        return RouteDecision(plan=arm.plan, mode=mode, epoch=epoch)
 
-def route_choose(
-    *,
-    plans: Sequence[RoutePlan],
-    epoch: int,
-    store: RouteStatsStore,
-    config: RoutingConfig,
-    rng: random.Random,
-    load: RouteLoad,
-) -> RouteDecision:
-    """The policy's choice among ``plans`` with its session opened, as one step.
-
-    The chat path calls ``route_select`` on several threads at once: the
-    choice and the count it adds are atomic (under ``load``'s lock), so two
-    requests never both see an unmeasured route idle and both scout it.
-    """
-    return load.open_chosen(
-        lambda loads: choose_route(
-            plans=plans, store=store, epoch=epoch, config=config, rng=rng, loads=loads
-        )
-    )
+    return load.open_chosen(choose)
 
 
 def route_session_open(
@@ -138,7 +123,7 @@ def route_session_open(
 
     Idempotent, and it re-opens a closed session: call it each time a stream
     on ``decision`` (re)starts, e.g. after waiting for a busy route's slot.
-    The session ``route_select`` opened for the request gives way to its
+    The session ``route_choose`` opened for the request gives way to its
     first stream's, so nothing is counted twice.
     """
     (load or route_load()).open(decision, stream)
@@ -194,32 +179,16 @@ def route_sample_record(
     The decision's session ends here (it is no longer load on its route).
 
     ``elapsed_seconds`` is the end-to-end time of the generation as the
-    tracker saw it. Near-empty completions are rejected (see ``RouteStatsStore``).
+    tracker saw it. Near-empty completions are rejected (see ``RouteArms``).
     """
     route_session_close(decision=decision, load=load)
     if elapsed_seconds <= 0:
         return False
     store = store or route_stats_store()
-    return store.record_sample(
+    return store.arms.record_sample(
         model_key=decision.plan.model_key,
         signature=decision.plan.signature,
         epoch=decision.epoch,
         output_tokens=output_tokens,
         tokens_per_second=output_tokens / elapsed_seconds,
-    )
-
-
-def route_quarantine_node(
-    *, node_id: str, seconds: float, store: RouteStatsStore | None = None
-) -> None:
-    """Keep routes through ``node_id`` out of the choice for ``seconds`` (a failed hop)."""
-    (store or route_stats_store()).quarantine_node(node_id=node_id, seconds=seconds)
-
-
-def route_quarantine(
-    *, plan: RoutePlan, seconds: float, store: RouteStatsStore | None = None
-) -> None:
-    """Keep this exact route out of the choice for ``seconds`` (a probe found it corrupt)."""
-    (store or route_stats_store()).quarantine_route(
-        model_key=plan.model_key, signature=plan.signature, seconds=seconds
     )

@@ -16,11 +16,11 @@ from typing import Any
 
 from nodes_app.models import LanguageModel
 from nodes_app.selectors import language_model_get, topology_epoch_current
-from routing_app.choice import route_shares, scout_due
+from routing_app.arms import ArmStatus
 from routing_app.config import RoutingConfig
 from routing_app.load import route_load
 from routing_app.services import route_candidates
-from routing_app.stats import ArmStatus, RouteStatsStore
+from routing_app.stats import RouteStatsStore
 
 
 def routing_table(
@@ -44,8 +44,9 @@ def _model_table(
     plans = route_candidates(model=model, store=store)
     arms = store.views(plans=plans, epoch=epoch)
     loads = route_load().snapshot()
-    shares = route_shares(arms=arms, config=config, loads=loads, include_scout=False)
-    due = scout_due(arms=arms, config=config, loads=loads)
+    policy = config.route_policy()
+    shares = policy.shares(arms, loads=loads, include_scout=False)
+    due = policy.scout_due(arms, loads=loads)
     proven = [arm.tps for arm in arms if arm.status is ArmStatus.PROVEN and arm.tps]
     best = max(proven, default=None)
     routes = []

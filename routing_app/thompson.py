@@ -13,8 +13,8 @@ takes the highest score. Uncertainty, not a fixed share, decides how much
 to explore.
 
 The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
-taken deterministically and quarantined arms are never chosen (both applied
-by ``routing_app.choice`` before this policy sees the arms); arms not measured
+taken deterministically and kept-out arms are never chosen (both applied by
+``routing_app.policy.RoutePolicy`` before this policy sees the arms); arms not measured
 under the current topology epoch (unsampled, stale) are scouted before any
 draw, one request at a time; and an arm that has had neither a sample nor a
 request sent to it for ``DUE_SHARE`` of ``max_unsampled_seconds`` takes the
@@ -28,9 +28,10 @@ import math
 import random
 from collections.abc import Sequence
 
-from routing_app.config import RoutingConfig
+from routing_app.arms import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured, sample_added
+from routing_app.choice import DecisionMode
 from routing_app.load import LoadSnapshot, Pace
-from routing_app.stats import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured, sample_added
+from routing_app.policy import Pick, RoutePolicy
 
 # Spread (in ln tok/s) of one request's speed around its route's: prompt length,
 # sampling and neighbours move it by tens of percent (0.3: ±35 %).
@@ -91,37 +92,6 @@ def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[f
     return tps, mass
 
 
-def load_penalty(arm: ArmView, loads: LoadSnapshot, config: RoutingConfig) -> float:
-    """How much the route's sessions in flight lower its score (ln tok/s).
-
-    A node batching k sessions runs each about k^0.6 times slower than one
-    alone (ADR-0010's 2.3x aggregate at 8), so a new session on a route with k
-    in flight loses about 0.6·ln(1 + k): ``load_exponent`` (0.5) is that slope,
-    a little below it because the measured speed already holds the usual load.
-    """
-    return config.load_exponent * math.log1p(loads.route_sessions(arm.plan))
-
-
-def scout_target(arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig) -> int | None:
-    """Index of the arm that must be measured now, if any (``arms`` exclude quarantined).
-
-    Arms falling due under the ``max_unsampled_seconds`` bound (``unmeasured_for``
-    past ``DUE_SHARE`` of it) first, longest first, whatever their status: after
-    a topology change every arm is unmeasured, and one that had been quiet long
-    before it must not wait behind the others. Then the arms unmeasured under
-    this epoch (least measured, then higher prior). An arm with a request in
-    flight is being measured already and is skipped.
-    """
-    idle = [i for i, arm in enumerate(arms) if loads.route_sessions(arm.plan) == 0]
-    quiet = {i: unmeasured_for(arms[i], loads) for i in idle}
-    due_after = config.max_unsampled_seconds * DUE_SHARE
-    overdue = [i for i, seconds in quiet.items() if seconds > due_after]
-    if overdue:
-        return max(overdue, key=lambda i: (quiet[i], -i))
-    unmeasured = [i for i in idle if arms[i].status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)]
-    return least_measured(arms, unmeasured)
-
-
 def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
     """Seconds the arm has gone without a sample *or* a request sent to measure it.
 
@@ -133,58 +103,6 @@ def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
         return 0.0
     sent = loads.seconds_since_sent(arm.plan)
     return arm.last_sample_age if sent is None else min(arm.last_sample_age, sent)
-
-
-def choose_arm(
-    *, arms: Sequence[ArmView], loads: LoadSnapshot, config: RoutingConfig, rng: random.Random
-) -> tuple[ArmView, str]:
-    """The policy's pick among ``arms`` and its mode (``scout`` or ``exploit``).
-
-    ``arms``: the eligible candidates, best prior first, at least one proven
-    (``choice.policy_choose`` applies quarantine and the greedy fallback first).
-    """
-    target = scout_target(arms, loads, config)
-    if target is not None:
-        return arms[target], "scout"
-    contenders = [arm for arm in arms if arm.status in MEASURED]
-    best, best_score = contenders[0], -math.inf
-    for arm in contenders:
-        mean, spread = belief(arm, loads.route_paces(arm.plan), config.min_sample_tokens)
-        score = rng.normalvariate(mean, spread) - load_penalty(arm, loads, config)
-        if score > best_score:
-            best, best_score = arm, score
-    return best, "exploit"
-
-
-def expected_shares(
-    *,
-    arms: Sequence[ArmView],
-    loads: LoadSnapshot,
-    config: RoutingConfig,
-    include_scout: bool = True,
-) -> list[float]:
-    """Each arm's chance of taking the next request under ``choose_arm``, in the order
-    given (``arms`` as for ``choose_arm``).
-
-    A due scout takes the next request for sure (share 1); with
-    ``include_scout=False`` the draw's shares are given instead (what the
-    policy does once its scouting is done).
-    """
-    shares = [0.0] * len(arms)
-    if include_scout:
-        target = scout_target(arms, loads, config)
-        if target is not None:
-            shares[target] = 1.0
-            return shares
-    contenders = [i for i, arm in enumerate(arms) if arm.status in MEASURED]
-    scores = []
-    for i in contenders:
-        mean, spread = belief(arms[i], loads.route_paces(arms[i].plan), config.min_sample_tokens)
-        scores.append((mean - load_penalty(arms[i], loads, config), spread))
-    for position, i in enumerate(contenders):
-        shares[i] = _probability_highest(position, scores)
-    total = sum(shares)
-    return [share / total for share in shares] if total > 0 else shares
 
 
 def _probability_highest(index: int, scores: Sequence[tuple[float, float]]) -> float:
@@ -199,3 +117,85 @@ def _probability_highest(index: int, scores: Sequence[tuple[float, float]]) -> f
                 product *= 0.5 * math.erfc(-(x - other_mean) / (other_spread * math.sqrt(2.0)))
         total += product
     return total / sum(_GRID_WEIGHTS)
+
+
+class ThompsonLoadPolicy(RoutePolicy):
+    """ADR-0011's policy: scouts when due, else the best draw of (belief − load penalty)."""
+
+    def __init__(
+        self, *, max_unsampled_seconds: float, load_exponent: float, min_sample_tokens: int
+    ) -> None:
+        self.max_unsampled_seconds = max_unsampled_seconds
+        self.load_exponent = load_exponent
+        self.min_sample_tokens = min_sample_tokens
+
+    def load_penalty(self, arm: ArmView, loads: LoadSnapshot) -> float:
+        """How much the route's sessions in flight lower its score (ln tok/s).
+
+        A node batching k sessions runs each about k^0.6 times slower than one
+        alone (ADR-0010's 2.3x aggregate at 8), so a new session on a route with k
+        in flight loses about 0.6·ln(1 + k): ``load_exponent`` (0.5) is that slope,
+        a little below it because the measured speed already holds the usual load.
+        """
+        return self.load_exponent * math.log1p(loads.route_sessions(arm.plan))
+
+    def _scout_target(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> int | None:
+        """Index of the arm that must be measured now, if any.
+
+        Arms falling due under the ``max_unsampled_seconds`` bound (``unmeasured_for``
+        past ``DUE_SHARE`` of it) first, longest first, whatever their status: after
+        a topology change every arm is unmeasured, and one that had been quiet long
+        before it must not wait behind the others. Then the arms unmeasured under
+        this epoch (least measured, then higher prior). An arm with a request in
+        flight is being measured already and is skipped.
+        """
+        idle = [i for i, arm in enumerate(eligible) if loads.route_sessions(arm.plan) == 0]
+        quiet = {i: unmeasured_for(eligible[i], loads) for i in idle}
+        due_after = self.max_unsampled_seconds * DUE_SHARE
+        overdue = [i for i, seconds in quiet.items() if seconds > due_after]
+        if overdue:
+            return max(overdue, key=lambda i: (quiet[i], -i))
+        unmeasured = [
+            i for i in idle if eligible[i].status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
+        ]
+        return least_measured(eligible, unmeasured)
+
+    def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
+        """A due scout, else the measured arm with the highest draw less its load penalty."""
+        target = self._scout_target(eligible, loads)
+        if target is not None:
+            return Pick(eligible[target], DecisionMode.SCOUT)
+        contenders = [arm for arm in eligible if arm.status in MEASURED]
+        best, best_score = contenders[0], -math.inf
+        for arm in contenders:
+            mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
+            score = rng.normalvariate(mean, spread) - self.load_penalty(arm, loads)
+            if score > best_score:
+                best, best_score = arm, score
+        return Pick(best, DecisionMode.EXPLOIT)
+
+    def _shares(
+        self, eligible: Sequence[ArmView], loads: LoadSnapshot, include_scout: bool
+    ) -> list[float]:
+        """Each arm's chance of taking the next request under ``_choose``.
+
+        A due scout takes the next request for sure (share 1); with
+        ``include_scout=False`` the draw's shares are given instead (what the
+        policy does once its scouting is done).
+        """
+        shares = [0.0] * len(eligible)
+        if include_scout:
+            target = self._scout_target(eligible, loads)
+            if target is not None:
+                shares[target] = 1.0
+                return shares
+        contenders = [i for i, arm in enumerate(eligible) if arm.status in MEASURED]
+        scores = []
+        for i in contenders:
+            arm = eligible[i]
+            mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
+            scores.append((mean - self.load_penalty(arm, loads), spread))
+        for position, i in enumerate(contenders):
+            shares[i] = _probability_highest(position, scores)
+        total = sum(shares)
+        return [share / total for share in shares] if total > 0 else shares

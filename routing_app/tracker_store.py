@@ -1,13 +1,13 @@
-"""The tracker process's one ``RouteStatsStore``, kept in sync by a daemon thread.
+"""The tracker process's one ``RouteStatsStore``, kept in step by a daemon thread.
 
 ``route_stats_store()`` builds the store on first use from the settings as
 they are then (so ``runtracker`` flag overrides apply). It is wired to the
 database archive under this tracker's id (``tracker_id()``) and restores
 what that tracker had learned before it restarted; with ``REDIS_URL`` set it
-is also wired to a ``RedisArmExchange``. A daemon thread syncs every
-``SYNC_INTERVAL_SECONDS``: writes the arms that took samples, drops the arms
-the prune job deleted, takes in the probe's quarantines and, with Redis,
-publishes and merges with the other trackers.
+is also wired to a ``RedisArmExchange`` (both through a ``StatsSync``). A
+daemon thread syncs every ``SYNC_INTERVAL_SECONDS``: writes the arms that
+took samples, drops the arms the prune job deleted, takes in the probe's
+quarantines and, with Redis, publishes and merges with the other trackers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from routing_app.config import RoutingConfig
 from routing_app.durable import DatabaseArmArchive
 from routing_app.redis_merge import RedisArmExchange
 from routing_app.stats import RouteStatsStore
+from routing_app.sync import StatsSync
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +38,15 @@ _thread: StatsSyncThread | None = None
 
 
 class StatsSyncThread(threading.Thread):
-    """Calls ``store.sync()`` every ``interval`` seconds until stopped.
+    """Calls ``sync.sync()`` every ``interval`` seconds until stopped.
 
     A failing sync (database or Redis away) is logged and retried on the next
     tick: the local store keeps routing on what this tracker measured itself.
     """
 
-    def __init__(self, store: RouteStatsStore, interval: float) -> None:
+    def __init__(self, sync: StatsSync, interval: float) -> None:
         super().__init__(name="route-stats-sync", daemon=True)
-        self.store = store
+        self.sync = sync
         self.interval = interval
         self._stopped = threading.Event()
 
@@ -55,7 +56,7 @@ class StatsSyncThread(threading.Thread):
                 # Each sync is a unit of work, like a request: a connection the
                 # database dropped or that outlived its age is replaced first.
                 close_old_connections()
-                self.store.sync()
+                self.sync.sync()
                 close_old_connections()
             except Exception:  # keep routing on local statistics; retry next tick
                 logger.warning("route statistics sync failed", exc_info=True)
@@ -79,13 +80,21 @@ def route_stats_store() -> RouteStatsStore:
     global _store, _thread
     with _lock:
         if _store is None:
-            _store = _build()
-            _thread = StatsSyncThread(_store, SYNC_INTERVAL_SECONDS)
+            sync = _build()
+            _store = sync.store
+            _thread = StatsSyncThread(sync, SYNC_INTERVAL_SECONDS)
             _thread.start()
         return _store
 
 
-def _build() -> RouteStatsStore:
+def route_stats_sync() -> StatsSync | None:
+    """What keeps the process's store in step (``None`` for a store a test installed)."""
+    route_stats_store()
+    with _lock:
+        return None if _thread is None else _thread.sync
+
+
+def _build() -> StatsSync:
     config = RoutingConfig.from_settings()
     name = tracker_id()
     archive = DatabaseArmArchive(tracker_id=name)
@@ -96,21 +105,21 @@ def _build() -> RouteStatsStore:
         # Publishing under the tracker's stable id, a restarted tracker replaces
         # its old publication instead of meeting its own past as a peer.
         exchange = RedisArmExchange(client=client, ttl=PEER_TTL_SECONDS, process_id=name)
-    store = RouteStatsStore.from_config(config, exchange=exchange, archive=archive)
+    sync = StatsSync(RouteStatsStore.from_config(config), archive=archive, exchange=exchange)
     try:
-        restored = store.restore()
+        restored = sync.restore()
     except Exception:  # no database yet: learn from scratch, the sync retries writing
         logger.warning("could not restore the durable route statistics", exc_info=True)
     else:
         if restored:
             logger.info("restored %d learned route arms of tracker %s", restored, name)
-    return store
+    return sync
 
 
 def route_stats_store_install(store: RouteStatsStore | None) -> RouteStatsStore | None:
     """Replace the process's store (tests); returns the previous one, ``None`` resets.
 
-    An installed store gets no sync thread: its owner calls ``sync()``.
+    An installed store gets no sync thread: its owner syncs it (``StatsSync``).
     """
     global _store, _thread
     with _lock:

@@ -9,7 +9,7 @@ alternatives, as clients may, so that routes of mixed precision that part
 at a rounding near-tie are not judged corrupt (ADR-0015). It is a probe only on the
 tracker's side: it never passes the proxy, so it opens no request record,
 is never billed and never becomes a route sample; its answer is kept in a
-``RouteProbe`` row. Verdicts and quarantines: ``routing_app.probing``.
+``RouteProbe`` row. Verdicts: ``routing_app.probing``; quarantines: ``routing_app.quarantines``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from nodes_app.protocol import GenerateRequest, PlanHop, SamplingParams, TokenLo
 from nodes_app.selectors import topology_epoch_current
 from routing_app.models import RouteProbe
 from routing_app.planner import RoutePlan, enumerate_routes
-from routing_app.probing import (
-    ProbeAnswer,
+from routing_app.probing import ProbeAnswer, probe_verdicts
+from routing_app.quarantines import (
     ProbeRunSummary,
     probe_results_record,
-    probe_verdicts,
+    quarantines_active,
     quarantines_due,
-    quarantines_held,
 )
 from routing_app.selectors import routing_nodes
 from tracker_app.completions.head_stream import (
@@ -154,8 +153,8 @@ def route_probes_run(
     due = quarantines_due(model_key=model.key, now=now)
     if not plans or (due_only and not due.intersection(plan.signature for plan in plans)):
         return None
-    held = quarantines_held(model_key=model.key) - due
-    answers = [(plan, send(plan)) for plan in plans if plan.signature not in held]
+    quarantined = quarantines_active(model_key=model.key) - due
+    answers = [(plan, send(plan)) for plan in plans if plan.signature not in quarantined]
     summary = probe_results_record(
         model_key=model.key,
         epoch=epoch,

@@ -12,7 +12,7 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.services import topology_epoch_bump
-from routing_app.services import route_sample_record, route_select
+from routing_app.services import route_choose, route_sample_record
 from tests.support.routing import make_model, make_node
 from tracker_app.api_keys.services import api_key_create
 
@@ -115,7 +115,7 @@ def test_it_shows_unsampled_routes_with_all_traffic_on_the_best_prior(mixed):
 
 
 def test_it_marks_routes_measured_before_a_topology_change_as_stale(mixed, store):
-    decision = route_select(model=mixed, rng=random.Random(1))
+    decision = route_choose(model=mixed, rng=random.Random(1))
     route_sample_record(decision=decision, output_tokens=40, elapsed_seconds=4.0)
 
     topology_epoch_bump(model=mixed, reason="join: someone")
@@ -126,7 +126,7 @@ def test_it_marks_routes_measured_before_a_topology_change_as_stale(mixed, store
 
 
 def test_it_marks_a_route_through_a_held_node_quarantined(mixed, store):
-    store.quarantine_node(node_id="gpu-abc", seconds=60)
+    store.exclusions.ban_node(node_id="gpu-abc", seconds=60)
 
     hybrid = routes_of(mixed)[f"{mixed.key} | gpu-abc[0-21] -> cpu-def[22-39]"]
 
@@ -184,7 +184,7 @@ def serve_scripted_client(model, clock, requests, checkpoints):
     rng, noise = random.Random(5), random.Random(6)
     snapshots = []
     for request in range(1, requests + 1):
-        decision = route_select(model=model, rng=rng)
+        decision = route_choose(model=model, rng=rng)
         tokens = 64
         speed = true_tps[decision.plan.head.node_id] * noise.uniform(0.9, 1.1)
         route_sample_record(decision=decision, output_tokens=tokens, elapsed_seconds=tokens / speed)

@@ -23,11 +23,11 @@ def test_a_ban_quarantines_the_node_for_its_back_off(store: RouteStatsStore, clo
     bans = NodeBans()
 
     assert node_ban(node_id="n", bans=bans) == 30.0
-    assert store.quarantined_nodes() == {"n"}
+    assert store.exclusions.banned_nodes() == {"n"}
     clock.advance(31)
-    assert store.quarantined_nodes() == set()
+    assert store.exclusions.banned_nodes() == set()
     assert node_ban(node_id="n", bans=bans) == 60.0
-    assert store.quarantined_nodes() == {"n"}
+    assert store.exclusions.banned_nodes() == {"n"}
 
 
 def test_a_success_starts_the_back_off_afresh(store: RouteStatsStore) -> None:

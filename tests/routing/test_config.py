@@ -1,5 +1,5 @@
 """RoutingConfig: the default policy and its knobs, read from the settings at call time,
-ranges enforced."""
+ranges enforced, and the policy object its name builds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from routing_app.config import RoutingConfig
+from routing_app.adr0021 import Adr0021Policy
+from routing_app.config import POLICY_ADR0021, RoutingConfig
+from routing_app.thompson import ThompsonLoadPolicy
 
 
 def test_it_defaults_to_the_thompson_load_policy_with_the_adr_values():
@@ -69,3 +71,15 @@ def test_it_refuses_an_invalid_setting_when_read():
         pytest.raises(ImproperlyConfigured, match="EXPLORE_SHARE"),
     ):
         RoutingConfig.from_settings()
+
+
+def test_it_builds_the_policy_its_name_says_with_that_policys_knobs():
+    thompson = RoutingConfig(max_unsampled_seconds=120.0, load_exponent=1.5).route_policy()
+    adr0021 = RoutingConfig(
+        policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0
+    ).route_policy()
+
+    assert isinstance(thompson, ThompsonLoadPolicy)
+    assert (thompson.max_unsampled_seconds, thompson.load_exponent) == (120.0, 1.5)
+    assert isinstance(adr0021, Adr0021Policy)
+    assert (adr0021.explore_share, adr0021.weight_alpha) == (0.1, 2.0)

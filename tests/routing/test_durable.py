@@ -7,13 +7,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from routing_app.arms import ArmStatus
 from routing_app.durable import DatabaseArmArchive
 from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot, RouteQuarantine
 from routing_app.planner import Hop, RoutePlan
 from routing_app.pruning import route_arms_prune
-from routing_app.stats import ArmStatus, RouteStatsStore
+from routing_app.stats import RouteStatsStore
+from routing_app.sync import StatsSync
 from routing_app.tasks import prune_arms
-from tests.support.routing import ManualClock
+from tests.support.routing import ManualClock, arm_status, learn
 
 pytestmark = pytest.mark.django_db
 
@@ -30,26 +32,12 @@ class Monotonic:
         return self.now
 
 
-def tracker(name: str, clock: ManualClock, monotonic: Monotonic | None = None) -> RouteStatsStore:
+def tracker(name: str, clock: ManualClock, monotonic: Monotonic | None = None) -> StatsSync:
+    """Tracker ``name``'s store, synced with the database archive, restored as it starts."""
     archive = DatabaseArmArchive(tracker_id=name, monotonic=monotonic or Monotonic())
-    store = RouteStatsStore(clock=clock, archive=archive)
-    store.restore()
-    return store
-
-
-def sample(store: RouteStatsStore, tps: float, plan: RoutePlan = FULL) -> None:
-    store.record_sample(
-        model_key=plan.model_key,
-        signature=plan.signature,
-        epoch=1,
-        output_tokens=50,
-        tokens_per_second=tps,
-    )
-
-
-def status(store: RouteStatsStore, plan: RoutePlan = FULL) -> ArmStatus:
-    (arm,) = store.views(plans=[plan], epoch=1)
-    return arm.status
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    sync.restore()
+    return sync
 
 
 @pytest.fixture
@@ -59,28 +47,28 @@ def clock() -> ManualClock:
 
 def test_a_tracker_restarted_under_its_id_routes_on_what_it_had_learned(clock):
     first = tracker("tracker-a:8000", clock)
-    sample(first, 40.0)
-    sample(first, 60.0)
+    learn(first.store, FULL, 40.0, times=1)
+    learn(first.store, FULL, 60.0, times=1)
     first.sync()
 
     restarted = tracker("tracker-a:8000", clock)
     other = tracker("tracker-b:8000", clock)
 
-    (arm,) = restarted.views(plans=[FULL], epoch=1)
+    (arm,) = restarted.store.views(plans=[FULL], epoch=1)
     assert (arm.status, arm.samples) == (ArmStatus.PROVEN, 2)
-    learned = first.arm(model_key="m", signature=FULL.signature)
+    learned = first.store.arms.arm(model_key="m", signature=FULL.signature)
     assert learned is not None
     assert arm.tps == pytest.approx(learned.value)
-    assert status(other) is ArmStatus.UNSAMPLED
+    assert arm_status(other.store, FULL) is ArmStatus.UNSAMPLED
 
 
 def test_each_tracker_writes_its_own_arm_row(clock):
     a, b = tracker("a", clock), tracker("b", clock)
-    sample(a, 40.0)
-    sample(b, 20.0)
+    learn(a.store, FULL, 40.0, times=1)
+    learn(b.store, FULL, 20.0, times=1)
     a.sync()
     b.sync()
-    sample(a, 50.0)
+    learn(a.store, FULL, 50.0, times=1)
     a.sync()
 
     rows = dict(RouteArm.objects.values_list("tracker_id", "samples"))
@@ -89,14 +77,14 @@ def test_each_tracker_writes_its_own_arm_row(clock):
 
 def test_it_snapshots_an_arm_at_most_once_per_interval(clock):
     monotonic = Monotonic()
-    store = tracker("a", clock, monotonic)
+    sync = tracker("a", clock, monotonic)
     for _ in range(3):
-        sample(store, 40.0)
-        store.sync()
+        learn(sync.store, FULL, 40.0, times=1)
+        sync.sync()
         monotonic.now += 20.0
     monotonic.now += 60.0
-    sample(store, 40.0)
-    store.sync()
+    learn(sync.store, FULL, 40.0, times=1)
+    sync.sync()
 
     assert list(
         RouteArmSnapshot.objects.order_by("taken_at").values_list("samples", flat=True)
@@ -107,44 +95,44 @@ def test_it_snapshots_an_arm_at_most_once_per_interval(clock):
 
 
 def test_the_prune_job_deletes_arms_a_day_without_samples_and_trackers_drop_them(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0, FULL)
-    store.sync()
+    sync = tracker("a", clock)
+    learn(sync.store, FULL, 40.0, times=1)
+    sync.sync()
     clock.advance(23 * 3600.0)
-    sample(store, 30.0, SPLIT)
-    store.sync()
+    learn(sync.store, SPLIT, 30.0, times=1)
+    sync.sync()
 
     summary = route_arms_prune(
         now=timezone.now() + timedelta(hours=24, seconds=1),
         ttl=DAY,
         snapshot_retention=timedelta(days=7),
     )
-    store.sync()
+    sync.sync()
 
     assert summary.arms == 1
     assert list(RouteArm.objects.values_list("signature", flat=True)) == [SPLIT.signature]
-    assert status(store, FULL) is ArmStatus.UNSAMPLED
-    assert status(store, SPLIT) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, SPLIT) is ArmStatus.PROVEN
 
 
 def test_a_pruned_arm_sampled_again_before_the_sync_is_kept(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    learn(sync.store, FULL, 40.0, times=1)
+    sync.sync()
     route_arms_prune(now=timezone.now() + 2 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
     clock.advance(5.0)
-    sample(store, 45.0)
+    learn(sync.store, FULL, 45.0, times=1)
 
-    store.sync()
+    sync.sync()
 
-    assert status(store) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
     assert RouteArm.objects.filter(signature=FULL.signature).exists()
 
 
 def test_pruning_twice_deletes_and_records_each_arm_once(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    learn(sync.store, FULL, 40.0, times=1)
+    sync.sync()
     later = timezone.now() + 2 * DAY
 
     first = route_arms_prune(now=later, ttl=DAY, snapshot_retention=7 * DAY)
@@ -155,9 +143,9 @@ def test_pruning_twice_deletes_and_records_each_arm_once(clock):
 
 
 def test_the_prune_job_deletes_snapshots_and_records_past_their_retention(clock):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    learn(sync.store, FULL, 40.0, times=1)
+    sync.sync()
     route_arms_prune(now=timezone.now() + 2 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
 
     summary = route_arms_prune(now=timezone.now() + 9 * DAY, ttl=DAY, snapshot_retention=7 * DAY)
@@ -167,16 +155,16 @@ def test_the_prune_job_deletes_snapshots_and_records_past_their_retention(clock)
 
 
 def test_the_prune_task_reads_its_ttl_from_the_settings(clock, settings):
-    store = tracker("a", clock)
-    sample(store, 40.0)
-    store.sync()
+    sync = tracker("a", clock)
+    learn(sync.store, FULL, 40.0, times=1)
+    sync.sync()
     settings.MESHNET_ROUTE_ARM_TTL = 0.000001
 
     assert prune_arms() == {"arms": 1, "snapshots": 0, "records": 0}
 
 
 def test_a_tracker_holds_the_routes_quarantined_in_the_database(clock):
-    store = tracker("a", clock)
+    sync = tracker("a", clock)
     now = timezone.now()
     quarantine = RouteQuarantine.objects.create(
         model_key="m",
@@ -186,10 +174,10 @@ def test_a_tracker_holds_the_routes_quarantined_in_the_database(clock):
         next_probe_at=now,
     )
 
-    store.sync()
-    assert status(store, SPLIT) is ArmStatus.QUARANTINED
+    sync.sync()
+    assert arm_status(sync.store, SPLIT) is ArmStatus.QUARANTINED
 
     quarantine.released_at = now
     quarantine.save()
-    store.sync()
-    assert status(store, SPLIT) is ArmStatus.UNSAMPLED
+    sync.sync()
+    assert arm_status(sync.store, SPLIT) is ArmStatus.UNSAMPLED

@@ -15,13 +15,8 @@ from routing_app.choice import DecisionMode, RouteDecision
 from routing_app.config import RoutingConfig
 from routing_app.load import Pace, RouteLoad
 from routing_app.planner import enumerate_routes
-from routing_app.services import (
-    route_choose,
-    route_session_close,
-    route_session_open,
-    route_session_touch,
-)
-from tests.support.routing import ManualClock, learn, record
+from routing_app.services import route_session_close, route_session_open, route_session_touch
+from tests.support.routing import ManualClock, choose_counted, learn, record
 
 NODES = [record("fast", 0, 29, tps=100.0), record("new", 0, 29, tps=90.0)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -49,7 +44,9 @@ def choose_at_once(store, rng, load, *, requests):
     def request() -> None:
         barrier.wait()
         decisions.append(
-            route_choose(plans=PLANS, epoch=1, store=store, config=CONFIG, rng=rng, load=load)
+            choose_counted(
+                plans=PLANS, store=store, policy=CONFIG.route_policy(), rng=rng, load=load
+            )
         )
 
     threads = [threading.Thread(target=request) for _ in range(requests)]
@@ -85,7 +82,7 @@ def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():
 def test_a_request_sent_again_after_waiting_for_a_slot_counts_as_load_again():
     load = RouteLoad()
     chosen = decision()
-    load.open(chosen)  # route_select
+    load.open(chosen)  # route_choose
     route_session_close(decision=chosen, load=load)  # the busy segment ended
 
     route_session_open(decision=chosen, load=load)  # the retry streams on the same decision
@@ -175,7 +172,7 @@ def test_a_touch_after_the_close_does_not_bring_the_session_back():
 def test_each_choice_streaming_on_one_decision_counts_until_its_own_stream_ends():
     load = RouteLoad()
     chosen = decision()
-    load.open(chosen)  # route_select: the request, not streaming yet
+    load.open(chosen)  # route_choose: the request, not streaming yet
     first, second = object(), object()  # two choices of one request (n=2)
 
     route_session_open(decision=chosen, stream=first, load=load)

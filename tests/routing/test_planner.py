@@ -19,7 +19,7 @@ from routing_app.planner import (
     plan_pinned_route,
 )
 from routing_app.selectors import routing_nodes
-from routing_app.services import route_candidates, route_select
+from routing_app.services import route_candidates, route_choose
 from tests.support.routing import make_model, make_node, record
 
 MIXED = [record("gpu-abc", 0, 21, tps=11164.0), record("cpu-def", 0, 39, tps=425.0)]
@@ -254,7 +254,7 @@ def test_it_lists_quarantined_routes_after_routing_around_the_held_node(store):
     make_node(model, "head", 0, 9)
     make_node(model, "fast", 10, 29, tps=900.0)
     make_node(model, "slow", 5, 29, tps=50.0)
-    store.quarantine_node(node_id="fast", seconds=60)
+    store.exclusions.ban_node(node_id="fast", seconds=60)
 
     plans = route_candidates(model=model, store=store)
 
@@ -269,7 +269,7 @@ def test_it_pins_a_route_through_the_registry_and_still_names_its_head(store):
     make_node(model, "gpu-abc", 0, 21, tps=11164.0)
     make_node(model, "cpu-def", 0, 39, tps=425.0)
 
-    decision = route_select(model=model, pinned=["gpu-abc", "cpu-def"], rng=random.Random(1))
+    decision = route_choose(model=model, pinned=["gpu-abc", "cpu-def"], rng=random.Random(1))
 
     assert decision.mode is DecisionMode.PINNED
     assert decision.plan.head.endpoint == "http://gpu-abc.test:7000"
@@ -282,6 +282,6 @@ def test_it_answers_503_when_a_pinned_node_of_the_registry_is_offline(store):
     make_node(model, "gone", 0, 29, status=NodeStatus.OFFLINE)
 
     with pytest.raises(PinnedNodeUnavailable) as caught:
-        route_select(model=model, pinned=["gone"], rng=random.Random(1))
+        route_choose(model=model, pinned=["gone"], rng=random.Random(1))
 
     assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE

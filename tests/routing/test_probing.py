@@ -1,4 +1,4 @@
-"""The probe's verdicts and what follows: quarantine, reputation, back-off, release (ADR-0007).
+"""The probe's verdicts: which route agrees with the reference, and who is blamed (ADR-0007).
 
 Answers are compared token for token, or up to a rounding near-tie where
 they first part (ADR-0015).
@@ -6,80 +6,27 @@ they first part (ADR-0015).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshnet_site.outbox.models import OutboxMessage
-from nodes_app.models import Node
-from nodes_app.protocol import TokenLogprob, TopLogprob
-from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
-from routing_app.planner import Hop, RoutePlan
-from routing_app.probing import (
-    PROBE_TIE_MARGIN,
-    ROUTE_QUARANTINED,
-    ROUTE_RELEASED,
-    ProbeAnswer,
-    probe_answers_compare,
-    probe_results_record,
-    probe_verdicts,
-    reprobe_delay,
+from routing_app.probing import PROBE_TIE_MARGIN, ProbeAnswer, probe_answers_compare, probe_verdicts
+from tests.support.probe_answers import (
+    CORRUPT,
+    FLOAT32,
+    FULL,
+    MIXED,
+    RIGHT,
+    SPLIT,
+    SURE,
+    TOP,
+    VIA_C,
+    WRONG,
+    answer,
+    entry,
+    plan,
+    step,
 )
-from tests.support.routing import make_model, make_node
-
-RIGHT = ProbeAnswer(token_ids=(5, 6, 7, 8))
-WRONG = ProbeAnswer(token_ids=(5, 6, 9, 9))
-TOP = 5  # alternatives a head lists per token, as the probe asks
-
-
-def spelled(token_id: int) -> tuple[str, tuple[int, ...]]:
-    text = f"t{token_id}"
-    return text, tuple(text.encode())
-
-
-def step(scores: dict[int, float]) -> TokenLogprob:
-    """A greedy head's entry for one position: its best token and its best alternatives."""
-    best = sorted(scores, key=lambda token_id: (-scores[token_id], token_id))
-    return entry(best[0], scores[best[0]], [(t, scores[t]) for t in best[:TOP]])
-
-
-def entry(token_id: int, logprob: float, alternatives: list[tuple[int, float]]) -> TokenLogprob:
-    token, utf8 = spelled(token_id)
-    top = tuple(TopLogprob(*_written(t, lp)) for t, lp in alternatives)
-    return TokenLogprob(token, logprob, utf8, top)
-
-
-def _written(token_id: int, logprob: float) -> tuple[str, float, tuple[int, ...]]:
-    token, utf8 = spelled(token_id)
-    return token, logprob, utf8
-
-
-def answer(*steps: dict[int, float]) -> ProbeAnswer:
-    """A route's answer from the logprobs it saw at each position (greedy: the best is chosen)."""
-    entries = tuple(step(scores) for scores in steps)
-    return ProbeAnswer(token_ids=tuple(int(entry.token[1:]) for entry in entries), logprobs=entries)
-
-
-SURE = {5: -0.01, 6: -5.0}
-# float32 picks 7 by 0.05 nats; a bfloat16 head tips it to 8 by 0.04.
-TIE_FLOAT32 = {7: -0.70, 8: -0.75, 9: -4.0}
-TIE_BFLOAT16 = {7: -0.74, 8: -0.70, 9: -4.0}
-FLOAT32 = answer(SURE, TIE_FLOAT32, {1: -0.1, 2: -3.0})
-MIXED = answer(SURE, TIE_BFLOAT16, {3: -0.2, 1: -2.5})
-# A corrupt hop: sure of a token the honest route put 3 nats down.
-CORRUPT = answer(SURE, {9: -0.05, 7: -3.2, 8: -3.5}, {2: -0.3})
-
-
-def plan(*hops: tuple[str, int, int], model: str = "m") -> RoutePlan:
-    return RoutePlan(model, 3, tuple(Hop(n, f"http://{n}", a, b) for n, a, b in hops))
-
-
-FULL = plan(("full", 0, 3))
-VIA_C = plan(("c", 0, 1), ("full", 2, 3))
-SPLIT = plan(("h", 0, 1), ("t", 2, 3))
 
 
 def outcomes(verdicts):
@@ -278,99 +225,3 @@ def test_two_routes_parting_where_both_were_sure_judge_nothing():
     verdicts = probe_verdicts([(SPLIT, FLOAT32), (other, CORRUPT)])
 
     assert outcomes(verdicts) == ["inconclusive", "inconclusive"]
-
-
-def test_the_reprobe_backs_off_to_an_hour():
-    assert [reprobe_delay(n).total_seconds() for n in (1, 2, 3, 10)] == [60, 120, 240, 3600]
-
-
-@pytest.mark.django_db
-class TestRecording:
-    @pytest.fixture
-    def network(self):
-        model = make_model(num_layers=4)
-        make_node(model, "full", 0, 3)
-        make_node(model, "c", 0, 1)
-        return (
-            model,
-            plan(("full", 0, 3), model=model.key),
-            plan(("c", 0, 1), ("full", 2, 3), model=model.key),
-        )
-
-    def record(self, model, answers, now):
-        return probe_results_record(
-            model_key=model.key,
-            epoch=1,
-            verdicts=probe_verdicts(answers),
-            now=now,
-            lookback=timedelta(days=1),
-        )
-
-    def test_a_disagreeing_route_is_quarantined_its_node_penalised_and_the_dashboards_told(
-        self, network
-    ):
-        model, full, via_c = network
-        now = timezone.now()
-
-        summary = self.record(model, [(full, RIGHT), (via_c, WRONG)], now)
-
-        assert summary.quarantined == [via_c.signature]
-        quarantine = RouteQuarantine.objects.get()
-        assert (quarantine.signature, quarantine.suspects) == (via_c.signature, ["c"])
-        assert quarantine.next_probe_at == now + timedelta(seconds=60)
-        assert Node.objects.get(pk="c").reputation == 0.5
-        assert Node.objects.get(pk="full").reputation == 1.0
-        message = OutboxMessage.objects.get()
-        assert (message.kind, message.payload["nodes"]) == (ROUTE_QUARANTINED, ["c"])
-        assert sorted(RouteProbe.objects.values_list("outcome", flat=True)) == [
-            ProbeOutcome.DISAGREED,
-            ProbeOutcome.REFERENCE,
-        ]
-
-    def test_a_route_parting_at_a_near_tie_is_recorded_agreeing_with_where_it_parted(self, network):
-        model, full, via_c = network
-
-        summary = self.record(model, [(full, FLOAT32), (via_c, MIXED)], timezone.now())
-
-        assert summary.quarantined == []
-        probe = RouteProbe.objects.get(signature=via_c.signature)
-        assert (probe.outcome, probe.first_difference) == (ProbeOutcome.AGREED, 1)
-        assert probe.tie_gap == pytest.approx(0.09)
-        assert not RouteQuarantine.objects.exists()
-        assert Node.objects.get(pk="c").reputation == 1.0
-
-    def test_the_corrupt_window_starts_at_the_routes_last_agreeing_probe(self, network):
-        model, full, via_c = network
-        earlier = timezone.now() - timedelta(hours=2)
-        self.record(model, [(full, RIGHT), (via_c, RIGHT)], earlier)
-
-        self.record(model, [(full, RIGHT), (via_c, WRONG)], timezone.now())
-
-        assert RouteQuarantine.objects.get().corrupt_since == earlier
-
-    def test_a_route_disagreeing_again_waits_longer_and_is_penalised_once(self, network):
-        model, full, via_c = network
-        now = timezone.now()
-        self.record(model, [(full, RIGHT), (via_c, WRONG)], now)
-
-        summary = self.record(model, [(full, RIGHT), (via_c, WRONG)], now + timedelta(minutes=1))
-
-        assert summary.quarantined == []
-        quarantine = RouteQuarantine.objects.get()
-        assert quarantine.strikes == 2
-        assert quarantine.next_probe_at == now + timedelta(minutes=1) + timedelta(seconds=120)
-        assert Node.objects.get(pk="c").reputation == 0.5
-
-    def test_a_quarantined_route_that_agrees_again_is_released_and_its_node_restored(self, network):
-        model, full, via_c = network
-        now = timezone.now()
-        self.record(model, [(full, RIGHT), (via_c, WRONG)], now)
-
-        summary = self.record(model, [(full, RIGHT), (via_c, RIGHT)], now + timedelta(minutes=1))
-
-        assert summary.released == [via_c.signature]
-        assert RouteQuarantine.objects.get().released_at == now + timedelta(minutes=1)
-        assert Node.objects.get(pk="c").reputation == 1.0
-        last = OutboxMessage.objects.order_by("id").last()
-        assert last is not None
-        assert last.kind == ROUTE_RELEASED

@@ -6,10 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.choice import route_shares
+from routing_app.arms import ArmState, ArmStatus, ArmView
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.planner import NodeRecord, enumerate_routes, plan_pinned_route
-from routing_app.stats import ArmState, ArmStatus, ArmView
 
 
 @st.composite
@@ -141,10 +140,9 @@ def test_it_expects_shares_that_sum_to_one_unless_every_route_is_held(arms, expl
         ArmView(plan, status, tps, 1.0, 1) for plan, (status, tps) in zip(plans, arms, strict=False)
     ]
 
-    shares = route_shares(
-        arms=views, config=RoutingConfig(policy=POLICY_ADR0021, explore_share=explore)
-    )
+    policy = RoutingConfig(policy=POLICY_ADR0021, explore_share=explore).route_policy()
+    shares = policy.shares(views)
 
-    held = all(view.status is ArmStatus.QUARANTINED for view in views)
-    assert sum(shares) == pytest.approx(0.0 if held else 1.0)
+    kept_out = all(view.status is ArmStatus.QUARANTINED for view in views)
+    assert sum(shares) == pytest.approx(0.0 if kept_out else 1.0)
     assert all(share >= 0 for share in shares)

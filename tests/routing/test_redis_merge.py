@@ -11,13 +11,15 @@ import pytest
 import redis
 from django.test import override_settings
 
+from routing_app.arms import ArmStatus
 from routing_app.planner import Hop, RoutePlan
 from routing_app.redis_merge import RedisArmExchange
-from routing_app.stats import ArmStatus, RouteStatsStore
+from routing_app.stats import RouteStatsStore
+from routing_app.sync import StatsSync
 from routing_app.tracker_store import (
     StatsSyncThread,
-    route_stats_store,
     route_stats_store_install,
+    route_stats_sync,
 )
 from tests.support.routing import ManualClock
 
@@ -41,13 +43,14 @@ def prefix(client: redis.Redis) -> Iterator[str]:
         client.delete(*keys)
 
 
-def tracker(client, prefix, clock, ttl=60.0) -> RouteStatsStore:
+def tracker(client, prefix, clock, ttl=60.0) -> StatsSync:
+    """One tracker's store, synced through Redis under ``prefix``."""
     exchange = RedisArmExchange(client=client, prefix=prefix, ttl=ttl)
-    return RouteStatsStore(half_life=600.0, clock=clock, exchange=exchange)
+    return StatsSync(RouteStatsStore(half_life=600.0, clock=clock), exchange=exchange)
 
 
-def sample(store, tps, *, epoch=1, signature=SIG):
-    assert store.record_sample(
+def sample(sync, tps, *, epoch=1, signature=SIG):
+    assert sync.store.arms.record_sample(
         model_key="m", signature=signature, epoch=epoch, output_tokens=32, tokens_per_second=tps
     )
 
@@ -61,7 +64,7 @@ def test_it_sees_the_samples_another_tracker_recorded(client, prefix):
     first.sync()
     second.sync()
 
-    arm = second.arm(model_key="m", signature=SIG)
+    arm = second.store.arms.arm(model_key="m", signature=SIG)
     assert arm is not None
     assert (arm.value, arm.mass, arm.samples) == (60.0, 3.0, 3)
 
@@ -73,12 +76,12 @@ def test_it_merges_both_trackers_samples_by_decayed_weight(client, prefix):
     clock.advance(600.0)
     sample(second, 200.0)
 
-    for store in (first, second, first):
-        store.sync()
+    for sync in (first, second, first):
+        sync.sync()
 
     expected = (0.5 * 100.0 + 1.0 * 200.0) / 1.5
-    for store in (first, second):
-        arm = store.arm(model_key="m", signature=SIG)
+    for sync in (first, second):
+        arm = sync.store.arms.arm(model_key="m", signature=SIG)
         assert arm is not None
         assert arm.value == pytest.approx(expected)
         assert (arm.mass, arm.samples) == (pytest.approx(1.5), 2)
@@ -93,8 +96,8 @@ def test_it_never_counts_its_own_samples_twice(client, prefix):
         first.sync()
         second.sync()
 
-    for store in (first, second):
-        arm = store.arm(model_key="m", signature=SIG)
+    for sync in (first, second):
+        arm = sync.store.arms.arm(model_key="m", signature=SIG)
         assert arm is not None
         assert (arm.mass, arm.samples) == (1.0, 1)
 
@@ -108,8 +111,8 @@ def test_it_shows_a_peers_arm_with_the_status_it_has_locally(client, prefix):
 
     plan = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
 
-    assert second.views(plans=[plan], epoch=3)[0].status is ArmStatus.PROVEN
-    assert second.views(plans=[plan], epoch=4)[0].status is ArmStatus.STALE
+    assert second.store.views(plans=[plan], epoch=3)[0].status is ArmStatus.PROVEN
+    assert second.store.views(plans=[plan], epoch=4)[0].status is ArmStatus.STALE
 
 
 def test_it_lets_a_peers_newer_epoch_supersede_local_stale_stats(client, prefix):
@@ -122,7 +125,7 @@ def test_it_lets_a_peers_newer_epoch_supersede_local_stale_stats(client, prefix)
     second.sync()
     first.sync()
 
-    arm = first.arm(model_key="m", signature=SIG)
+    arm = first.store.arms.arm(model_key="m", signature=SIG)
     assert arm is not None
     assert (arm.value, arm.epoch, arm.samples) == (30.0, 2, 1)
 
@@ -137,7 +140,7 @@ def test_it_drops_a_peer_that_stopped_publishing(client, prefix):
     time.sleep(0.5)
     survivor.sync()
 
-    assert survivor.arm(model_key="m", signature=SIG) is None
+    assert survivor.store.arms.arm(model_key="m", signature=SIG) is None
 
 
 def test_it_forgets_a_withdrawn_peer_at_the_next_sync(client, prefix):
@@ -151,21 +154,21 @@ def test_it_forgets_a_withdrawn_peer_at_the_next_sync(client, prefix):
     leaving.exchange.withdraw()
     staying.sync()
 
-    assert staying.arm(model_key="m", signature=SIG) is None
+    assert staying.store.arms.arm(model_key="m", signature=SIG) is None
 
 
 def test_it_shares_quarantines_between_trackers(client, prefix):
     clock = ManualClock()
     first, second = tracker(client, prefix, clock), tracker(client, prefix, clock)
-    first.quarantine_node(node_id="bad-node", seconds=120.0)
-    first.quarantine_route(model_key="m", signature=SIG, seconds=120.0)
+    first.store.exclusions.ban_node(node_id="bad-node", seconds=120.0)
+    first.store.exclusions.quarantine_route(model_key="m", signature=SIG, seconds=120.0)
 
     first.sync()
     second.sync()
 
-    assert second.quarantined_nodes() == frozenset({"bad-node"})
+    assert second.store.exclusions.banned_nodes() == frozenset({"bad-node"})
     clock.advance(121.0)
-    assert second.quarantined_nodes() == frozenset()
+    assert second.store.exclusions.banned_nodes() == frozenset()
 
 
 def test_it_keeps_each_namespace_to_itself(client, prefix):
@@ -177,7 +180,7 @@ def test_it_keeps_each_namespace_to_itself(client, prefix):
     elsewhere.sync()
     here.sync()
 
-    assert here.arm(model_key="m", signature=SIG) is None
+    assert here.store.arms.arm(model_key="m", signature=SIG) is None
 
 
 def test_it_syncs_in_the_background_until_stopped(client, prefix):
@@ -189,7 +192,7 @@ def test_it_syncs_in_the_background_until_stopped(client, prefix):
     try:
         sample(first, 70.0)
         deadline = time.monotonic() + 5.0
-        while second.arm(model_key="m", signature=SIG) is None:
+        while second.store.arms.arm(model_key="m", signature=SIG) is None:
             assert time.monotonic() < deadline, "the peer's arm never arrived"
             time.sleep(0.02)
     finally:
@@ -197,7 +200,7 @@ def test_it_syncs_in_the_background_until_stopped(client, prefix):
             thread.stop()
             thread.join(timeout=2.0)
 
-    arm = second.arm(model_key="m", signature=SIG)
+    arm = second.store.arms.arm(model_key="m", signature=SIG)
     assert arm is not None
     assert arm.value == 70.0
 
@@ -206,22 +209,24 @@ def test_it_wires_the_process_store_to_redis_only_when_redis_is_configured(redis
     previous = route_stats_store_install(None)
     try:
         with override_settings(REDIS_URL=None):
-            assert route_stats_store().exchange is None
+            sync = route_stats_sync()
+            assert sync is not None and sync.exchange is None
         route_stats_store_install(None)
         with override_settings(REDIS_URL=redis_url):
-            assert isinstance(route_stats_store().exchange, RedisArmExchange)
+            sync = route_stats_sync()
+            assert sync is not None and isinstance(sync.exchange, RedisArmExchange)
     finally:
         route_stats_store_install(previous)
 
 
 def test_it_keeps_routing_on_local_statistics_without_redis():
     clock = ManualClock()
-    alone = RouteStatsStore(clock=clock)
+    alone = StatsSync(RouteStatsStore(clock=clock))
     sample(alone, 45.0)
 
     alone.sync()
 
-    arm = alone.arm(model_key="m", signature=SIG)
+    arm = alone.store.arms.arm(model_key="m", signature=SIG)
     assert arm is not None
     assert arm.value == 45.0
 
@@ -237,6 +242,6 @@ def test_it_syncs_from_an_asyncio_loop_without_blocking_it(client, prefix):
 
     asyncio.run(both())
 
-    arm = second.arm(model_key="m", signature=SIG)
+    arm = second.store.arms.arm(model_key="m", signature=SIG)
     assert arm is not None
     assert arm.value == 80.0

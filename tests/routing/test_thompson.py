@@ -11,19 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.choice import policy_choose, route_shares
+from routing_app.arms import ArmStatus, ArmView
 from routing_app.config import RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot, Pace, RouteLoad
 from routing_app.planner import enumerate_routes
-from routing_app.services import (
-    route_choose,
-    route_sample_record,
-    route_select,
-    route_session_close,
-)
-from routing_app.stats import ArmStatus, ArmView
+from routing_app.services import route_sample_record, route_session_close
 from routing_app.thompson import DUE_SHARE
-from tests.support.routing import learn, make_model, make_node, record
+from tests.support.routing import choose_counted, learn, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
@@ -50,7 +44,7 @@ def busy(*indices: int, sessions: int = 1) -> LoadSnapshot:
 
 def picks(arms, *, loads=NO_LOAD, config=CONFIG, n=2000, seed=3):
     rng = random.Random(seed)
-    return [policy_choose(arms=arms, loads=loads, config=config, rng=rng) for _ in range(n)]
+    return [config.route_policy().choose(arms, loads=loads, rng=rng) for _ in range(n)]
 
 
 @st.composite
@@ -93,7 +87,7 @@ def arm_sets(draw: st.DrawFn) -> tuple[list[ArmView], LoadSnapshot]:
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_never_chooses_a_quarantined_route_and_answers_none_only_when_all_are(case, seed):
     arms, loads = case
-    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = CONFIG.route_policy().choose(arms, loads=loads, rng=random.Random(seed))
 
     if all(a.status is ArmStatus.QUARANTINED for a in arms):
         assert picked is None
@@ -108,7 +102,7 @@ def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, se
     arms, loads = case
     arms = [a for a in arms if a.status is not ArmStatus.PROVEN]
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
-    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = CONFIG.route_policy().choose(arms, loads=loads, rng=random.Random(seed))
 
     if eligible:
         assert picked == (eligible[0], "greedy-fallback")
@@ -118,7 +112,7 @@ def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, se
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed):
     arms, loads = case
-    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = CONFIG.route_policy().choose(arms, loads=loads, rng=random.Random(seed))
 
     if picked is not None and picked[1] == "exploit":
         assert picked[0].status in (ArmStatus.PROVEN, ArmStatus.DECAYED)
@@ -128,7 +122,7 @@ def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed)
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
 def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, seed):
     arms, loads = case
-    picked = policy_choose(arms=arms, loads=loads, config=CONFIG, rng=random.Random(seed))
+    picked = CONFIG.route_policy().choose(arms, loads=loads, rng=random.Random(seed))
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
     due = [
         a
@@ -150,7 +144,7 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
 @given(arm_sets())
 def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(case):
     arms, loads = case
-    shares = route_shares(arms=arms, loads=loads, config=CONFIG)
+    shares = CONFIG.route_policy().shares(arms, loads=loads)
 
     assert all(math.isfinite(share) and share >= 0.0 for share in shares)
     for view, share in zip(arms, shares, strict=True):
@@ -171,8 +165,8 @@ def test_its_expected_shares_are_a_distribution_over_the_routes_it_may_choose(ca
 def test_a_route_never_gains_share_as_its_sessions_in_flight_grow(fast, slow, sessions):
     arms = [arm(0, ArmStatus.PROVEN, fast), arm(1, ArmStatus.PROVEN, slow)]
 
-    before = route_shares(arms=arms, loads=busy(0, sessions=sessions), config=CONFIG)
-    after = route_shares(arms=arms, loads=busy(0, sessions=sessions + 1), config=CONFIG)
+    before = CONFIG.route_policy().shares(arms, loads=busy(0, sessions=sessions))
+    after = CONFIG.route_policy().shares(arms, loads=busy(0, sessions=sessions + 1))
 
     assert after[0] <= before[0] + 1e-9
 
@@ -200,8 +194,8 @@ def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_on
         arm(1, ArmStatus.DECAYED, 45.0, weight=0.2),
     ]
 
-    fresh_share = route_shares(arms=fresh, loads=NO_LOAD, config=CONFIG)[1]
-    quiet_share = route_shares(arms=quiet, loads=NO_LOAD, config=CONFIG)[1]
+    fresh_share = CONFIG.route_policy().shares(fresh, loads=NO_LOAD)[1]
+    quiet_share = CONFIG.route_policy().shares(quiet, loads=NO_LOAD)[1]
 
     assert quiet_share > 2 * fresh_share
 
@@ -209,8 +203,8 @@ def test_it_retries_a_route_whose_evidence_has_decayed_more_than_a_well_known_on
 def test_a_saturated_fast_route_sheds_traffic_to_the_next_one():
     arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=20.0), arm(1, ArmStatus.PROVEN, 45.0)]
 
-    idle = route_shares(arms=arms, loads=NO_LOAD, config=CONFIG)
-    saturated = route_shares(arms=arms, loads=busy(0, sessions=8), config=CONFIG)
+    idle = CONFIG.route_policy().shares(arms, loads=NO_LOAD)
+    saturated = CONFIG.route_policy().shares(arms, loads=busy(0, sessions=8))
 
     assert idle[0] > 0.8
     assert saturated[1] > 0.8
@@ -224,7 +218,7 @@ def test_its_draws_follow_the_expected_shares_it_states():
     ]
     loads = busy(0, sessions=2)
 
-    shares = route_shares(arms=arms, loads=loads, config=CONFIG)
+    shares = CONFIG.route_policy().shares(arms, loads=loads)
     counts = Counter(p[0].plan.signature for p in picks(arms, loads=loads, n=6000) if p)
 
     for index, share in enumerate(shares):
@@ -235,7 +229,7 @@ def test_it_scouts_a_route_past_the_bound_once_then_waits_for_its_sample():
     past_bound = CONFIG.max_unsampled_seconds + 1.0
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=past_bound)]
 
-    first = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
+    first = CONFIG.route_policy().choose(arms, loads=NO_LOAD, rng=random.Random(1))
     while_in_flight = picks(arms, loads=busy(1), n=200)
 
     assert first is not None and (first[0].plan, first[1]) == (PLANS[1], "scout")
@@ -252,8 +246,8 @@ def test_routes_that_fall_due_together_are_each_scouted_before_the_bound():
         arm(2, ArmStatus.PROVEN, 30.0, age=due + 2.0),
     ]
 
-    first = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
-    second = policy_choose(arms=arms, loads=busy(2), config=CONFIG, rng=random.Random(1))
+    first = CONFIG.route_policy().choose(arms, loads=NO_LOAD, rng=random.Random(1))
+    second = CONFIG.route_policy().choose(arms, loads=busy(2), rng=random.Random(1))
 
     assert first is not None and (first[0].plan, first[1]) == (PLANS[2], "scout")
     assert second is not None and (second[0].plan, second[1]) == (PLANS[1], "scout")
@@ -270,8 +264,8 @@ def test_a_route_quiet_since_before_a_topology_change_is_scouted_before_the_othe
         arm(2, ArmStatus.STALE, 20.0, age=due + 5.0),
     ]
 
-    picked = policy_choose(arms=arms, loads=NO_LOAD, config=CONFIG, rng=random.Random(1))
-    then = policy_choose(arms=arms, loads=busy(2), config=CONFIG, rng=random.Random(1))
+    picked = CONFIG.route_policy().choose(arms, loads=NO_LOAD, rng=random.Random(1))
+    then = CONFIG.route_policy().choose(arms, loads=busy(2), rng=random.Random(1))
 
     assert picked is not None and (picked[0].plan, picked[1]) == (PLANS[2], "scout")
     assert then is not None and (then[0].plan, then[1]) == (PLANS[1], "scout")
@@ -296,14 +290,14 @@ def test_a_route_whose_streams_crawl_loses_its_traffic_before_any_of_them_comple
     on_pace = paced([(120, 2.0)] * 3, [(90, 2.0)] * 3)
     crawling = paced([(24, 2.0)] * 3, [(90, 2.0)] * 3)  # route 0 at 12 tok/s
 
-    assert route_shares(arms=arms, loads=on_pace, config=CONFIG)[0] > 0.9
-    assert route_shares(arms=arms, loads=crawling, config=CONFIG)[0] < 0.2
+    assert CONFIG.route_policy().shares(arms, loads=on_pace)[0] > 0.9
+    assert CONFIG.route_policy().shares(arms, loads=crawling)[0] < 0.2
 
 
 def test_streams_that_stalled_count_against_their_route():
     arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=9.0), arm(1, ArmStatus.PROVEN, 45.0)]
 
-    stalled = route_shares(arms=arms, loads=paced([(0, 1.0)] * 3, [(45, 1.0)] * 3), config=CONFIG)
+    stalled = CONFIG.route_policy().shares(arms, loads=paced([(0, 1.0)] * 3, [(45, 1.0)] * 3))
 
     assert stalled[0] < 0.2
 
@@ -312,12 +306,12 @@ def test_a_stream_is_not_judged_before_it_has_had_time_for_two_samples_worth():
     """A stream's first tokens, or a backlog of its frames read at once, say nothing yet:
     the route keeps the share its load alone gives it (16 tokens at 60 tok/s: 0.27 s)."""
     arms = [arm(0, ArmStatus.PROVEN, 60.0, weight=9.0), arm(1, ArmStatus.PROVEN, 45.0)]
-    unpaced = route_shares(arms=arms, loads=busy(0), config=CONFIG)
+    unpaced = CONFIG.route_policy().shares(arms, loads=busy(0))
 
-    starting = route_shares(arms=arms, loads=paced([(1, 0.2)]), config=CONFIG)
-    backlog = route_shares(arms=arms, loads=paced([(30, 0.05)]), config=CONFIG)
-    prefilled = route_shares(arms=arms, loads=paced([(1, 0.2)], prefill=3.0), config=CONFIG)
-    judged = route_shares(arms=arms, loads=paced([(1, 0.3)]), config=CONFIG)
+    starting = CONFIG.route_policy().shares(arms, loads=paced([(1, 0.2)]))
+    backlog = CONFIG.route_policy().shares(arms, loads=paced([(30, 0.05)]))
+    prefilled = CONFIG.route_policy().shares(arms, loads=paced([(1, 0.2)], prefill=3.0))
+    judged = CONFIG.route_policy().shares(arms, loads=paced([(1, 0.3)]))
 
     assert starting == pytest.approx(unpaced)
     assert backlog == pytest.approx(unpaced)
@@ -337,7 +331,7 @@ def test_a_judged_request_counts_as_the_sample_it_would_give_if_it_ended_now():
             routes={PLANS[0].signature: 3, PLANS[1].signature: 3},
             paces={PLANS[0].signature: ours, PLANS[1].signature: others},
         )
-        return route_shares(arms=arms, loads=loads, config=CONFIG)
+        return CONFIG.route_policy().shares(arms, loads=loads)
 
     assert shares(prefill=0.0)[0] > 0.5 > shares(prefill=2.0)[0]
 
@@ -346,7 +340,7 @@ def test_the_bound_is_a_setting():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=100.0)]
     strict = RoutingConfig(max_unsampled_seconds=60.0)
 
-    picked = policy_choose(arms=arms, loads=NO_LOAD, config=strict, rng=random.Random(1))
+    picked = strict.route_policy().choose(arms, loads=NO_LOAD, rng=random.Random(1))
 
     assert picked is not None and picked[0].plan == PLANS[1]
 
@@ -356,27 +350,11 @@ def test_the_table_states_the_active_policys_shares(store):
     learn(store, PLANS[1], 30.0, times=5)
     arms = store.views(plans=PLANS[:2], epoch=1)
 
-    adr = route_shares(arms=arms, config=RoutingConfig(policy="adr0021"))
-    ours = route_shares(arms=arms, config=CONFIG)
+    adr = RoutingConfig(policy="adr0021").route_policy().shares(arms)
+    ours = CONFIG.route_policy().shares(arms)
 
     assert adr == pytest.approx([2 / 3, 1 / 3])
     assert ours[0] > 0.95
-
-
-@pytest.mark.django_db
-def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(store):
-    model = make_model(num_layers=30)
-    make_node(model, "solo", 0, 29, tps=50.0)
-    load = RouteLoad()
-    first = route_select(model=model, load=load)
-    second = route_select(model=model, load=load)
-    in_flight = load.snapshot().route_sessions(first.plan)
-
-    route_sample_record(decision=first, output_tokens=64, elapsed_seconds=1.0, load=load)
-    route_session_close(decision=second, load=load)
-    route_session_close(decision=second, load=load)
-
-    assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
 
 
 def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_at_once(
@@ -390,8 +368,8 @@ def test_a_route_whose_scout_came_back_too_short_to_count_is_not_scouted_again_a
     load, rng = RouteLoad(), random.Random(2)
 
     def choose():
-        return route_choose(
-            plans=model_plans, epoch=1, store=store, config=CONFIG, rng=rng, load=load
+        return choose_counted(
+            plans=model_plans, store=store, policy=CONFIG.route_policy(), rng=rng, load=load
         )
 
     scout = choose()
@@ -410,6 +388,6 @@ def test_a_slow_route_whose_evidence_has_decayed_away_is_retried_to_see_if_it_re
         arm(1, ArmStatus.DECAYED, 20.0, weight=0.01),  # 3x slower, last seen hours ago
     ]
 
-    share = route_shares(arms=arms, loads=NO_LOAD, config=CONFIG)[1]
+    share = CONFIG.route_policy().shares(arms, loads=NO_LOAD)[1]
 
     assert share > 0.05

@@ -1,14 +1,21 @@
-"""Routing test data: node records and rows, models with an epoch, a clock moved by hand."""
+"""Routing test data: node records and rows, models with an epoch, a clock moved by hand,
+learned samples, and choices counted in a load book without the registry."""
 
 from __future__ import annotations
 
 import itertools
+import random
 import uuid
+from collections.abc import Sequence
 
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
+from routing_app.arms import ArmStatus
+from routing_app.choice import RouteDecision
+from routing_app.load import LoadSnapshot, RouteLoad
 from routing_app.planner import NodeRecord, RoutePlan
+from routing_app.policy import RoutePolicy
 from routing_app.stats import RouteStatsStore
 
 _counter = itertools.count()
@@ -83,12 +90,39 @@ def make_node(
 def learn(
     store: RouteStatsStore, plan: RoutePlan, tps: float, *, times: int = 3, epoch: int = 1
 ) -> None:
-    """``times`` samples of ``tps`` tokens/s for ``plan`` (model "m"), as completed requests."""
+    """``times`` samples of ``tps`` tokens/s for ``plan`` (model "m"), as completed requests;
+    each must be kept."""
     for _ in range(times):
-        store.record_sample(
+        assert store.arms.record_sample(
             model_key="m",
             signature=plan.signature,
             epoch=epoch,
             output_tokens=64,
             tokens_per_second=tps,
         )
+
+
+def arm_status(store: RouteStatsStore, plan: RoutePlan, *, epoch: int = 1) -> ArmStatus:
+    """``plan``'s status in ``store`` under ``epoch``, as the choice sees it."""
+    (arm,) = store.views(plans=[plan], epoch=epoch)
+    return arm.status
+
+
+def choose_counted(
+    *,
+    plans: Sequence[RoutePlan],
+    store: RouteStatsStore,
+    policy: RoutePolicy,
+    rng: random.Random,
+    load: RouteLoad,
+    epoch: int = 1,
+) -> RouteDecision:
+    """``policy``'s choice among ``plans`` with its session opened in ``load`` as one step,
+    as ``services.route_choose`` makes it once it has read the registry."""
+
+    def choose(loads: LoadSnapshot) -> RouteDecision:
+        picked = policy.choose(store.views(plans=plans, epoch=epoch), rng=rng, loads=loads)
+        assert picked is not None, "every candidate is kept out"
+        return RouteDecision(plan=picked.arm.plan, mode=picked.mode, epoch=epoch)
+
+    return load.open_chosen(choose)

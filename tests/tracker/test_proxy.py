@@ -253,7 +253,7 @@ class Net:
         )
 
     def banned(self) -> set[str]:
-        return set(self.store.quarantined_nodes())
+        return set(self.store.exclusions.banned_nodes())
 
     def event_kinds(self) -> list[str]:
         return [kind for kind, _ in self.events]

@@ -57,8 +57,8 @@ from nodes_app.protocol import GenerateRequest, PlanHop, Usage, sse_event
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.services import (
+    route_choose,
     route_sample_record,
-    route_select,
     route_session_close,
     route_session_open,
     route_session_touch,
@@ -212,7 +212,7 @@ class ChatProxy:
         if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
-        decision = await database_call(route_select)(model=self.model, pinned=self.params.route)
+        decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
         try:
             await database_call(recording.chat_request_open)(
                 request_id=self.request_uuid,
@@ -467,7 +467,7 @@ class ChatProxy:
                 f"Node {failure.node_id} failed mid-generation ({failure.message}); "
                 f"no failover ({why})"
             )
-        decision = await database_call(route_select)(model=self.model)
+        decision = await database_call(route_choose)(model=self.model)
         await self._use(decision, [generation])
 
     @property

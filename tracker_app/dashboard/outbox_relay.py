@@ -17,8 +17,7 @@ from django.utils import timezone
 from meshnet_site.events import publish_async
 from meshnet_site.outbox.models import OutboxMessage
 from meshnet_site.outbox.services import outbox_claim
-from routing_app.durable import route_quarantines_active
-from routing_app.probing import ROUTE_QUARANTINED, ROUTE_RELEASED
+from routing_app.quarantines import ROUTE_QUARANTINED, ROUTE_RELEASED, route_quarantines_active
 from routing_app.tracker_store import route_stats_store
 from tracker_app.billing.audits import REFUND
 from tracker_app.dashboard.live import billing_pushes, routing_refresh
@@ -37,8 +36,8 @@ async def outbox_forward(message: OutboxMessage) -> None:
     routing at once (not at its next sync), so the table pushed with it shows it.
     """
     if message.kind in (ROUTE_QUARANTINED, ROUTE_RELEASED):
-        held = await database_sync_to_async(route_quarantines_active)()
-        route_stats_store().hold_probed(held)
+        quarantined = await database_sync_to_async(route_quarantines_active)()
+        route_stats_store().exclusions.set_probe_quarantines(quarantined)
         routing_refresh(str(message.payload.get("model", "")))
     if message.kind == REFUND:
         billing_pushes.request("all")

@@ -1,4 +1,4 @@
-"""RouteStatsStore: EWMA, decay, epochs, sample hygiene, merging, quarantine."""
+"""Learned arms as the choice sees them: EWMA, decay, epochs, sample hygiene, merging."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ import math
 
 import pytest
 
+from routing_app.arms import ArmState, ArmStatus
 from routing_app.config import RoutingConfig
 from routing_app.planner import Hop, RoutePlan
-from routing_app.stats import ArmState, ArmStatus, RouteStatsStore
+from routing_app.stats import RouteStatsStore
+from routing_app.sync import StatsSync
 from tests.support.routing import ManualClock
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
-SPLIT = RoutePlan("m", 29, (Hop("a", "http://a", 0, 14), Hop("b", "http://b", 15, 29)))
 
 
 def sample(store, tps, *, plan=FULL, epoch=1, tokens=50):
-    return store.record_sample(
+    return store.arms.record_sample(
         model_key=plan.model_key,
         signature=plan.signature,
         epoch=epoch,
@@ -145,7 +146,7 @@ def test_it_keeps_an_arm_however_old_until_the_prune_job_deletes_it(store, clock
     sample(store, 40.0, plan=FULL)
     clock.advance(30 * 24 * 3600.0)
 
-    store.sync()
+    StatsSync(store).sync()
 
     assert view(store, FULL).samples == 1
 
@@ -166,42 +167,6 @@ def test_it_lets_a_newer_epoch_supersede_an_older_one_in_a_merge():
     new = ArmState(value=10.0, mass=1.0, at=0.0, epoch=2, samples=1)
 
     assert old.merged(new, half_life=600.0) == new
-
-
-def test_it_quarantines_a_route_for_a_while(store, clock):
-    sample(store, 40.0)
-    store.quarantine_route(model_key="m", signature=FULL.signature, seconds=30.0)
-
-    assert view(store).status is ArmStatus.QUARANTINED
-    clock.advance(31.0)
-    assert view(store).status is ArmStatus.PROVEN
-
-
-def test_it_lifts_a_quarantine_on_demand(store):
-    store.quarantine_route(model_key="m", signature=FULL.signature, seconds=30.0)
-
-    store.quarantine_route(model_key="m", signature=FULL.signature, seconds=0)
-
-    assert view(store).status is ArmStatus.UNSAMPLED
-
-
-def test_it_quarantines_every_route_through_a_held_node(store):
-    store.quarantine_node(node_id="b", seconds=30.0)
-
-    statuses = [arm.status for arm in store.views(plans=[FULL, SPLIT], epoch=1)]
-
-    assert statuses == [ArmStatus.UNSAMPLED, ArmStatus.QUARANTINED]
-    assert store.quarantined_nodes() == frozenset({"b"})
-
-
-def test_it_forgets_lapsed_quarantines_when_syncing(clock):
-    store = RouteStatsStore(clock=clock)
-    store.quarantine_node(node_id="b", seconds=5.0)
-    clock.advance(6.0)
-
-    store.sync()
-
-    assert store.export()["nodes_held"] == []
 
 
 def test_it_ignores_a_clock_that_steps_backwards():

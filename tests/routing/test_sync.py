@@ -1,6 +1,6 @@
-"""RouteStatsStore with an archive: restore, write-back of changed arms, prunes, probe holds.
+"""StatsSync with an archive: restore, write-back of changed arms, prunes, probe quarantines.
 
-The archive here is a plain in-memory fake (the store's collaborator, not
+The archive here is a plain in-memory fake (the sync's collaborator, not
 the thing under test); the database archive has its own tests.
 """
 
@@ -10,17 +10,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from routing_app.arms import TOMBSTONE_SECONDS, ArmKey, ArmState, ArmStatus, PrunedState
 from routing_app.planner import Hop, RoutePlan
-from routing_app.stats import (
-    TOMBSTONE_SECONDS,
-    ArchiveNews,
-    ArmKey,
-    ArmState,
-    ArmStatus,
-    PrunedState,
-    RouteStatsStore,
-)
-from tests.routing.conftest import ManualClock
+from routing_app.stats import RouteStatsStore
+from routing_app.sync import ArchiveNews, StatsSync
+from tests.support.routing import ManualClock, arm_status, learn
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
 SPLIT = RoutePlan("m", 29, (Hop("a", "http://a", 0, 14), Hop("b", "http://b", 15, 29)))
@@ -49,21 +43,6 @@ def key(plan: RoutePlan) -> ArmKey:
     return (plan.model_key, plan.signature)
 
 
-def sample(store: RouteStatsStore, tps: float, plan: RoutePlan = FULL) -> None:
-    assert store.record_sample(
-        model_key=plan.model_key,
-        signature=plan.signature,
-        epoch=1,
-        output_tokens=50,
-        tokens_per_second=tps,
-    )
-
-
-def status(store: RouteStatsStore, plan: RoutePlan = FULL) -> ArmStatus:
-    (arm,) = store.views(plans=[plan], epoch=1)
-    return arm.status
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
@@ -71,27 +50,27 @@ def clock() -> ManualClock:
 
 def test_a_restarted_store_routes_on_the_arms_it_had_written(clock):
     archive = FakeArchive()
-    before = RouteStatsStore(clock=clock, archive=archive)
-    sample(before, 40.0)
+    before = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    learn(before.store, FULL, 40.0, times=1)
     before.sync()
 
-    after = RouteStatsStore(clock=clock, archive=archive)
+    after = StatsSync(RouteStatsStore(clock=clock), archive=archive)
     assert after.restore() == 1
 
-    (arm,) = after.views(plans=[FULL], epoch=1)
+    (arm,) = after.store.views(plans=[FULL], epoch=1)
     assert (arm.status, arm.tps, arm.samples) == (ArmStatus.PROVEN, 40.0, 1)
 
 
 def test_it_writes_only_the_arms_that_took_samples_since_the_last_sync(clock):
     archive = FakeArchive()
-    store = RouteStatsStore(clock=clock, archive=archive)
-    sample(store, 40.0, FULL)
-    sample(store, 20.0, SPLIT)
-    store.sync()
-    sample(store, 50.0, FULL)
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    learn(sync.store, FULL, 40.0, times=1)
+    learn(sync.store, SPLIT, 20.0, times=1)
+    sync.sync()
+    learn(sync.store, FULL, 50.0, times=1)
 
-    store.sync()
-    store.sync()
+    sync.sync()
+    sync.sync()
 
     assert [sorted(k for k, _ in batch) for batch in archive.written] == [
         sorted([key(FULL), key(SPLIT)]),
@@ -102,81 +81,82 @@ def test_it_writes_only_the_arms_that_took_samples_since_the_last_sync(clock):
 
 def test_it_writes_again_what_a_failed_sync_could_not_write(clock):
     archive = FakeArchive()
-    store = RouteStatsStore(clock=clock, archive=archive)
-    sample(store, 40.0)
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    learn(sync.store, FULL, 40.0, times=1)
     archive.fail = True
 
     with pytest.raises(ConnectionError):
-        store.sync()
+        sync.sync()
     archive.fail = False
-    store.sync()
+    sync.sync()
 
     assert [k for k, _ in archive.written[-1]] == [key(FULL)]
 
 
 def test_it_drops_an_arm_the_prune_job_deleted(clock):
     archive = FakeArchive()
-    store = RouteStatsStore(clock=clock, archive=archive)
-    sample(store, 40.0)
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    learn(sync.store, FULL, 40.0, times=1)
     archive.news = ArchiveNews(pruned=[PrunedState(key(FULL), clock.now, own=True)])
 
-    store.sync()
+    sync.sync()
 
-    assert status(store) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
 
 
 def test_it_keeps_an_arm_sampled_after_the_prune_decision(clock):
     archive = FakeArchive()
-    store = RouteStatsStore(clock=clock, archive=archive)
-    sample(store, 40.0)
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    learn(sync.store, FULL, 40.0, times=1)
     decided_at = clock.now
     clock.advance(10.0)
-    sample(store, 45.0)
+    learn(sync.store, FULL, 45.0, times=1)
     archive.news = ArchiveNews(pruned=[PrunedState(key(FULL), decided_at, own=True)])
 
-    store.sync()
+    sync.sync()
 
-    assert status(store) is ArmStatus.PROVEN
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
 
 
 def test_a_peers_pruned_arm_stays_out_while_its_old_publication_lingers(clock):
-    store = RouteStatsStore(clock=clock)
+    sync = StatsSync(RouteStatsStore(clock=clock))
     stale = ArmState(40.0, 1.0, clock.now, 1, 1)
     publication = {"arms": [stale.to_row(key(FULL))]}
-    store.absorb([publication])
-    assert status(store) is ArmStatus.PROVEN
+    sync.store.arms.absorb([publication["arms"]])
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
 
-    store.forget_pruned([PrunedState(key(FULL), clock.now, own=False)])
-    store.absorb([publication])
-    assert status(store) is ArmStatus.UNSAMPLED
+    sync.store.arms.forget_pruned([PrunedState(key(FULL), clock.now, own=False)])
+    sync.store.arms.absorb([publication["arms"]])
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
 
     fresh = ArmState(30.0, 1.0, clock.now + 5.0, 1, 1)
-    store.absorb([{"arms": [fresh.to_row(key(FULL))]}])
-    assert status(store) is ArmStatus.PROVEN
+    sync.store.arms.absorb([[fresh.to_row(key(FULL))]])
+    assert arm_status(sync.store, FULL) is ArmStatus.PROVEN
 
 
 def test_a_tombstone_lapses_once_every_peer_has_republished(clock):
-    store = RouteStatsStore(clock=clock)
-    store.forget_pruned([PrunedState(key(FULL), clock.now, own=False)])
+    sync = StatsSync(RouteStatsStore(clock=clock))
+    sync.store.arms.forget_pruned([PrunedState(key(FULL), clock.now, own=False)])
     clock.advance(TOMBSTONE_SECONDS + 1)
-    store.sync()
+    sync.sync()
 
-    store.absorb([{"arms": [ArmState(40.0, 1.0, clock.now - 10_000, 1, 1).to_row(key(FULL))]}])
+    old = ArmState(40.0, 1.0, clock.now - 10_000, 1, 1)
+    sync.store.arms.absorb([[old.to_row(key(FULL))]])
 
-    assert status(store) is not ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, FULL) is not ArmStatus.UNSAMPLED
 
 
-def test_it_holds_the_routes_the_probe_quarantined_until_they_are_released(clock):
+def test_it_keeps_out_the_routes_the_probe_quarantined_until_they_are_released(clock):
     archive = FakeArchive()
-    store = RouteStatsStore(clock=clock, archive=archive)
-    sample(store, 40.0, SPLIT)
+    sync = StatsSync(RouteStatsStore(clock=clock), archive=archive)
+    learn(sync.store, SPLIT, 40.0, times=1)
     archive.news = ArchiveNews(quarantined=frozenset({key(SPLIT)}))
 
-    store.sync()
+    sync.sync()
     clock.advance(3600.0)
-    assert status(store, SPLIT) is ArmStatus.QUARANTINED
-    assert status(store, FULL) is ArmStatus.UNSAMPLED
+    assert arm_status(sync.store, SPLIT) is ArmStatus.QUARANTINED
+    assert arm_status(sync.store, FULL) is ArmStatus.UNSAMPLED
 
     archive.news = ArchiveNews()
-    store.sync()
-    assert status(store, SPLIT) is not ArmStatus.QUARANTINED
+    sync.sync()
+    assert arm_status(sync.store, SPLIT) is not ArmStatus.QUARANTINED
