@@ -1,4 +1,4 @@
-"""Issue 12: many streamed chats at once through one tracker process, each answered whole.
+"""Many streamed chats at once through one tracker process, each answered whole.
 
 A real tracker (daphne, PostgreSQL and Redis in CI) and two real tiny-model
 nodes whose session cap is below the load, so chats also queue on the

@@ -1,4 +1,4 @@
-"""Issue 11, proven endpoints: each registration attack against a real tracker, refused.
+"""Proven endpoints: each registration attack against a real tracker, refused.
 
 A real ``runtracker`` (daphne), a real tiny-model ``runnode`` for the honest
 node, a real Celery worker for the periodic jobs. Nodes that only need to
