@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
+from tracker_app.localnet import fresh_process_database
 
 TINY = "tiny-random-llama"
 METRICS_TOKEN = "metrics-token-for-the-access-tests"

@@ -23,7 +23,6 @@ from nodes_app.protocol import TRACKER_KEY_PATH, SignedPlan
 from nodes_app.runtime import wire
 from nodes_app.runtime.trust import new_capability
 from nodes_app.signing import wallet_of
-from tests.support.databases import fresh_process_database
 from tests.support.decoy import MARKER, Decoy, running_decoy
 from tests.support.fake_hop import fake_hop
 from tests.support.link import node_link, tiny_step
@@ -32,7 +31,7 @@ from tests.support.nodes import TINY
 from tests.support.nodes import start_node as start_dev_open_node
 from tests.support.plans import signed, signed_plan, tracker_key
 from tests.support.sse import chunks_of, completion, read_sse
-from tracker_app.localnet import NodeProcess, start_node, wait_until
+from tracker_app.localnet import NodeProcess, fresh_process_database, start_node, wait_until
 
 HIDDEN_ROWS = 3
 HIDDEN = bytes(4 * 64 * HIDDEN_ROWS)  # three float32 rows of the tiny model's hidden size

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.challenge import ChallengeResponder
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tests.support.schema_checks import (
     FUZZED_TRACKER_SETTINGS,
@@ -30,6 +29,7 @@ from tests.support.schema_checks import (
     registered_node,
     schemathesis_run,
 )
+from tracker_app.localnet import fresh_process_database
 
 EXAMPLES = 10
 

@@ -19,13 +19,13 @@ import httpx
 import pytest
 
 from nodes_app.protocol import STEP_TIMEOUT_POSITIONS, step_time_limit
-from tests.support.databases import fresh_process_database
 from tests.support.hung_node import HungNode
 from tests.support.network import Network, head_tail_answer, start_network
 from tests.support.plans import signed, tracker_key
 from tests.support.sse import chunks_of, read_sse, text_of
 from tracker_app.completions.head_stream import silence_limit
 from tracker_app.completions.slots import BUSY_RETRY_AFTER_SECONDS, busy_retry_delay
+from tracker_app.localnet import fresh_process_database
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]

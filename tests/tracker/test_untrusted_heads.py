@@ -17,9 +17,9 @@ import pytest
 
 from nodes_app.prompting import prompt_token_ids
 from nodes_app.tokenization import tiny_tokenizer
-from tests.support.databases import fresh_process_database
 from tests.support.fake_node import Behaviour, FakeHead
 from tests.support.network import Network, start_network
+from tracker_app.localnet import fresh_process_database
 
 TINY = "tiny-random-llama"
 ONE_WORD = [{"role": "user", "content": "Hello"}]
