@@ -22,14 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.challenge import challenge_responder
-from tests.support.schema_checks import (
+from bench.schema_checks import (
     FUZZED_TRACKER_SETTINGS,
     operations_of,
     registered_node,
     schemathesis_run,
 )
 from tracker_app.localnet import LocalNetwork, fresh_process_database
+from tracker_app.localnet.stand_in_nodes import challenge_responder
 
 EXAMPLES = 200
 

@@ -19,11 +19,14 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.support.challenge import ChallengeResponder
 from tests.support.guards import client_from, wait_for_fresh_window
 from tests.support.network import Network, running_tracker, start_network
-from tests.support.registration import proven_registration, signed_registration
 from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet.stand_in_nodes import (
+    ChallengeResponder,
+    proven_registration,
+    signed_registration,
+)
 
 # A model with no node: a chat request for it is counted by the rate limit, then
 # answered at once with "no route" (503) instead of being served.

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from tests.support.challenge import ChallengeResponder
-from tests.support.registration import proven_registration
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 
 @pytest.fixture

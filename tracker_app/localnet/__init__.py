@@ -4,7 +4,9 @@
 and nodes only through this package, and stop them only through
 :class:`ManagedProcess`. ``processes`` holds the command lines and the
 managed process; ``network`` the network built from them; ``databases`` the
-fresh databases a throwaway network runs over; ``topology`` what
+fresh databases a throwaway network runs over; ``stand_in_nodes`` nodes that
+only register (their endpoints answer challenges, nothing more; imported by
+name, it is not re-exported here); ``topology`` what
 ``meshnet_up`` reads and ``demo`` the steps it takes. Nothing here imports Django or torch.
 """
 
