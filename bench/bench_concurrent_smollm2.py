@@ -5,7 +5,7 @@ their default session cap) on loopback. The same greedy chats run one at a
 time (the baseline: one chat alone, its tokens/s), then 8 at once (issue 14:
 target aggregate >= 3× one chat alone) and 32 at once (reported; past the
 nodes' session cap the tracker queues them). Every concurrent answer must
-equal its chat's lone answer, token for token (tests/support/load.py).
+equal its chat's lone answer, token for token (bench/chat_load.py).
 
     .venv/bin/python bench/bench_concurrent_smollm2.py [--tokens 32] [--levels 8 32]
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.load import (
+from bench.chat_load import (
     LoadFigures,
     chat_mix,
     expected_answers,

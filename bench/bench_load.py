@@ -32,8 +32,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.databases import fresh_process_database
-from tests.support.load import (
+from bench.chat_load import (
     Answer,
     LoadFigures,
     LoadRun,
@@ -44,7 +43,7 @@ from tests.support.load import (
     measured_load,
     run_load,
 )
-from tests.support.network import Network
+from tracker_app.localnet import LocalNetwork, fresh_process_database
 
 MODEL = "tiny-random-llama"
 DISTINCT_PROMPTS = 10
@@ -61,7 +60,7 @@ class Figures:
     cpu_one_at_a_time: str
 
 
-def cpu_seconds(network: Network) -> dict[str, float]:
+def cpu_seconds(network: LocalNetwork) -> dict[str, float]:
     """CPU time (user + system) each process of the network, and this load client, has
     used so far: on one machine they all share its CPUs."""
     assert network.tracker is not None
@@ -83,10 +82,11 @@ def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int
     )
 
 
-async def drive(network: Network, args: argparse.Namespace) -> Figures:
+async def drive(network: LocalNetwork, key: str, args: argparse.Namespace) -> Figures:
     assert network.tracker is not None
     chats = chat_mix(args.chats, distinct=DISTINCT_PROMPTS, max_tokens=args.tokens)
-    async with load_client(network.headers(), chats=args.chats, timeout=600) as client:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with load_client(headers, chats=args.chats, timeout=600) as client:
         cpu = [cpu_seconds(network)]
         run = await measured_load(
             client, network.url, MODEL, chats, tracker_pid=network.tracker.process.pid
@@ -108,8 +108,8 @@ async def drive(network: Network, args: argparse.Namespace) -> Figures:
     )
 
 
-def report(network: Network, args: argparse.Namespace) -> int:
-    figures = asyncio.run(drive(network, args))
+def report(network: LocalNetwork, key: str, args: argparse.Namespace) -> int:
+    figures = asyncio.run(drive(network, key, args))
     run, baseline, one_at_a_time = figures.run, figures.baseline, figures.one_at_a_time
     assert network.database_url is not None
     answers = [*run.every_answer, *one_at_a_time]
@@ -157,13 +157,15 @@ def main() -> int:
         tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
         # No rate limit on the benchmark's key.
         settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "1000000"}
-        with Network.throwaway(workdir=tmp, database_url=database_url, env=settings) as network:
+        with LocalNetwork.throwaway(
+            workdir=tmp, database_url=database_url, env=settings
+        ) as network:
             network.start_tracker()
-            network.api_key = network.create_api_key("bench")
+            key = network.create_api_key("bench")
             network.add_node("head", MODEL, (0, 1), extra=cap, wait=False)
             network.add_node("tail", MODEL, (2, 3), extra=cap, wait=False)
             network.wait_for_route(MODEL)
-            return report(network, args)
+            return report(network, key, args)
 
 
 if __name__ == "__main__":

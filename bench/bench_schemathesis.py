@@ -22,15 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.challenge import challenge_responder
-from tests.support.databases import fresh_process_database
-from tests.support.network import start_network
-from tests.support.schema_checks import (
+from bench.schema_checks import (
     FUZZED_TRACKER_SETTINGS,
     operations_of,
     registered_node,
     schemathesis_run,
 )
+from tracker_app.localnet import LocalNetwork, fresh_process_database
+from tracker_app.localnet.stand_in_nodes import challenge_responder
 
 EXAMPLES = 200
 
@@ -39,18 +38,24 @@ def main() -> None:
     seed = int(os.environ.get("SCHEMATHESIS_SEED") or random.randrange(2**32))
     workdir = Path(tempfile.mkdtemp(prefix="meshnet-schemathesis-"))
     began = time.perf_counter()
-    with fresh_process_database() as database_url, challenge_responder() as responder:
-        for network in start_network(database_url, workdir, **FUZZED_TRACKER_SETTINGS):
-            run = schemathesis_run(
-                network.url,
-                api_key=network.api_key,
-                node=registered_node(network.url, responder),
-                max_examples=EXAMPLES,
-                seed=seed,
-                workdir=workdir,
-                timeout=1800,
-            )
-            operations = operations_of(network.url)
+    with (
+        fresh_process_database() as database_url,
+        challenge_responder() as responder,
+        LocalNetwork.throwaway(
+            workdir=workdir, database_url=database_url, env=FUZZED_TRACKER_SETTINGS
+        ) as network,
+    ):
+        network.start_tracker()
+        run = schemathesis_run(
+            network.url,
+            api_key=network.create_api_key("bench"),
+            node=registered_node(network.url, responder),
+            max_examples=EXAMPLES,
+            seed=seed,
+            workdir=workdir,
+            timeout=1800,
+        )
+        operations = operations_of(network.url)
     seconds = time.perf_counter() - began
     if run.failures or run.returncode:
         print(run.output)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.support.challenge import ChallengeResponder, challenge_responder
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, Tracker, running_tracker, start_network
 from tests.support.nodes import SMOLLM2, SMOLLM2_LAYOUTS
 from tests.support.redis_server import RedisServer
+from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder, challenge_responder
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.databases import fresh_process_database, query_process_database
 from tests.support.guards import race_in_processes
 from tests.support.network import start_worker
-from tracker_app.localnet import process_env, wait_until
+from tracker_app.localnet import (
+    fresh_process_database,
+    process_env,
+    query_process_database,
+    wait_until,
+)
 
 PROCESSES = 3
 THREADS = 4

@@ -1,5 +1,5 @@
 """A page whose database is away: a 503 page, not Django's 500 (the unit; the fault
-test in tests/reliability/test_faults_services.py cuts a real PostgreSQL link)."""
+test in tests/tracker/test_service_outages.py cuts a real PostgreSQL link)."""
 
 from __future__ import annotations
 

@@ -6,10 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.databases import fresh_process_database
 from tests.support.network import Tracker, running_tracker
 from tests.support.nodes import LAYOUTS, TINY, running_nodes
-from tracker_app.localnet import NodeProcess
+from tracker_app.localnet import NodeProcess, fresh_process_database
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Issue 14: sessions whose steps a node batches answer exactly as each would alone.
+"""Sessions whose steps a node batches answer exactly as each would alone.
 
 Real node processes on the tiny model (dev-open, called straight at the
 head's ``/v1/generate``): a head over layers 0-1 and two tails over 2-3, so

@@ -17,7 +17,7 @@ from nodes_app.signing import (
     verify_challenge,
     wallet_of,
 )
-from tests.support.registration import isolated_gate
+from tests.support.endpoint_gate import isolated_gate
 
 NONCE = "ab" * 32
 EVERYTHING = ("0.0.0.0/0", "::/0")

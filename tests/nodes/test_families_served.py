@@ -21,11 +21,10 @@ import pytest
 from nodes_app.prompting import prompt_token_ids
 from nodes_app.tokenization import model_text_load
 from tests.support.checkpoints import LAYERS, tiny_checkpoint, transformers_greedy
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tests.support.nodes import generate_body, read_stream
 from tests.support.sse import completion, text_of
-from tracker_app.localnet import manage_argv, run_checked
+from tracker_app.localnet import fresh_process_database, manage_argv, run_checked
 
 pytestmark = pytest.mark.model
 

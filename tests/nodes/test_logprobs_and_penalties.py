@@ -1,4 +1,4 @@
-"""Issue 15, node side, end to end: logprobs, echo, penalties and logit_bias on real nodes.
+"""Logprobs, echo, penalties and logit_bias on real nodes, end to end on the node side.
 
 Tiny-model node processes (dev-open, called straight at the head's
 ``/v1/generate``): a split route (head 0-1, tail 2-3) and a one-node route

@@ -12,8 +12,7 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.registration_limit import client_network
-from tests.support.challenge import ChallengeResponder
-from tests.support.registration import proven_registration
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 pytestmark = pytest.mark.django_db
 

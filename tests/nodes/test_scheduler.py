@@ -363,7 +363,7 @@ def test_a_hop_reserves_what_the_head_says_the_session_may_reach() -> None:
     assert asyncio.run(run()) == (40, 5 + DEFAULT_RESERVE_POSITIONS)
 
 
-# --- issue 15: each row of a batch chooses and reports with its own session's parameters ---
+# --- each row of a batch chooses and reports with its own session's parameters ---
 
 # Each session's opening step (an echo for some) and its later steps.
 MIXED = [

@@ -19,7 +19,8 @@ from nodes_app.services import (
     node_set_status,
     nodes_sweep_stale,
 )
-from tests.support.registration import isolated_gate, signed_registration
+from tests.support.endpoint_gate import isolated_gate
+from tracker_app.localnet.stand_in_nodes import signed_registration
 
 pytestmark = pytest.mark.django_db
 

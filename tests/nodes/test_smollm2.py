@@ -67,7 +67,7 @@ ECHOED = "The capital of France is Paris, and the capital of Italy is Rome."
 def test_an_echo_on_the_split_route_reports_the_whole_models_prompt_logprobs(
     smol: dict[str, NodeProcess],
 ) -> None:
-    # What evaluation harnesses score a split model by (issue 15): one forward pass of the prompt.
+    # What evaluation harnesses score a split model by: one forward pass of the prompt.
     head, tail, whole = smol["head"], smol["tail"], smol["whole"]
     asked: dict[str, Any] = {
         "prompt": ECHOED,

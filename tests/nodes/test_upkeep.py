@@ -13,7 +13,7 @@ from nodes_app.selectors import topology_epoch_current
 from nodes_app.services import node_heartbeat
 from nodes_app.upkeep import nodes_prune, nodes_reprove
 from tests.support.dashboard import api_key, completed_request, make_node
-from tests.support.registration import isolated_gate
+from tests.support.endpoint_gate import isolated_gate
 
 pytestmark = pytest.mark.django_db
 

@@ -23,13 +23,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 from schemathesis.core.failures import FailureGroup
 
+from bench.schema_checks import assert_conforms, live_schema
 from nodes_app.protocol import SSE_DONE, sse_data
-from tests.support.challenge import ChallengeResponder
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
-from tests.support.registration import proven_registration, signed_registration
-from tests.support.schema_checks import assert_conforms, live_schema
+from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet.stand_in_nodes import (
+    ChallengeResponder,
+    proven_registration,
+    signed_registration,
+)
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 STAFF_PASSWORD = "pw-schema"

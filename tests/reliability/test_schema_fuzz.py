@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.challenge import ChallengeResponder
-from tests.support.databases import fresh_process_database
-from tests.support.network import Network, start_network
-from tests.support.schema_checks import (
+from bench.schema_checks import (
     FUZZED_TRACKER_SETTINGS,
     operations_of,
     registered_node,
     schemathesis_run,
 )
+from tests.support.network import Network, start_network
+from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder
 
 EXAMPLES = 10
 

@@ -41,13 +41,13 @@ from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.tiny import tiny_tokenizer
 from nodes_app.runtime.trust import PlanGate, new_capability
-from tests.support.databases import fresh_process_database
 from tests.support.fake_hop import fake_hop
 from tests.support.link import HIDDEN, in_process_link, node_link, tiny_step
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
 from tests.support.plans import signed_plan, tracker_key
 from tracker_app.completions.chat import chat_params_parse
+from tracker_app.localnet import fresh_process_database
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 VOCAB = 259  # the tiny model's

@@ -11,10 +11,9 @@ import httpx
 import pytest
 from celery import Celery
 
-from tests.support.databases import fresh_process_database
 from tests.support.network import running_tracker, start_network
 from tests.support.redis_db import private_redis
-from tracker_app.localnet import wait_until
+from tracker_app.localnet import fresh_process_database, wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]

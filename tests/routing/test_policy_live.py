@@ -7,9 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.routing.test_durable_processes import SETTINGS, TINY, chat, routes
-from tests.support.databases import fresh_process_database
 from tests.support.network import start_network
-from tracker_app.localnet import wait_until
+from tracker_app.localnet import fresh_process_database, wait_until
 
 network = contextmanager(start_network)
 

@@ -20,7 +20,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol import SSE_DONE, ChunkFrame, GenerateRequest, Usage, sse_event
-from tests.support.registration import signed_registration
+from tracker_app.localnet.stand_in_nodes import signed_registration
 
 CHALLENGE_DOMAIN = b"meshnet-endpoint-challenge-v1\n"
 TEXT_TOKEN = 97  # "a" in the tiny model's byte vocabulary

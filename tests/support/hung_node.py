@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol import LINK_PATH, ChunkFrame, sse_event
 from tests.support.fake_node import NodeHandler, serve_node
-from tests.support.registration import signed_registration
+from tracker_app.localnet.stand_in_nodes import signed_registration
 
 
 def websocket_accept(key: str) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 
-from tests.support.databases import query_process_database
 from tests.support.plans import signed, tracker_key
 from tests.support.sse import iter_sse, read_sse, text_of
 from tracker_app.localnet import (
@@ -20,6 +19,7 @@ from tracker_app.localnet import (
     ManagedProcess,
     NodeProcess,
     process_env,
+    query_process_database,
     start_tracker,
 )
 from tracker_app.localnet import start_worker as start_localnet_worker

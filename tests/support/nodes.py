@@ -32,8 +32,8 @@ def start_node(
 ) -> NodeProcess:
     """``python -m nodes_app.runtime`` (no tracker) serving as ``node_id``, one torch thread.
 
-    Dev-open: tests call it directly, with unsigned plans (tests/security
-    holds the tests of the signed-plan checks).
+    Dev-open: tests call it directly, with unsigned plans (the signed-plan checks are
+    tested in tests/nodes/test_trust_processes.py).
     """
     return start_localnet_node(
         name=node_id,

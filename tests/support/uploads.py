@@ -1,4 +1,5 @@
-"""Oversized and unbounded uploads as an attacker sends them, and what they cost the server."""
+"""Oversized and unbounded uploads as an attacker sends them, what they cost the server, and
+the refusal they get."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -69,3 +71,10 @@ def footprint(pid: int) -> Footprint:
     io = Path(f"/proc/{pid}/io").read_text()
     written = next(int(line.split()[1]) for line in io.splitlines() if line.startswith("wchar"))
     return Footprint(rss=rss_kib * 1024, written=written)
+
+
+def assert_error(status: int | None, body: dict[str, Any], expected: int, code: str) -> None:
+    """A refusal with ``expected`` status and ``code``, in the API's error shape."""
+    assert status == expected
+    assert body["code"] == code
+    assert set(body) == {"message", "type", "code"}

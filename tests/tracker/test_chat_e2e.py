@@ -17,7 +17,6 @@ import websockets
 from openai.types.chat import ChatCompletionMessageParam
 
 from nodes_app.runtime.tiny import tiny_config
-from tests.support.databases import fresh_process_database
 from tests.support.network import (
     Network,
     head_frames,
@@ -25,7 +24,7 @@ from tests.support.network import (
     start_network,
 )
 from tests.support.sse import chunks_of, text_of
-from tracker_app.localnet import manage_argv, run_checked, wait_until
+from tracker_app.localnet import fresh_process_database, manage_argv, run_checked, wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, head_generate, start_network
 from tests.support.nodes import TINY
+from tracker_app.localnet import fresh_process_database
 
 PROMPT: list[Any] = [{"role": "user", "content": "Tell me about meshes."}]
 

@@ -3,10 +3,14 @@
 ``meshnet_up``, the test fixtures and the benchmarks start trackers, workers
 and nodes only through this package, and stop them only through
 :class:`ManagedProcess`. ``processes`` holds the command lines and the
-managed process; ``network`` the network built from them; ``topology`` what
+managed process; ``network`` the network built from them; ``databases`` the
+fresh databases a throwaway network runs over; ``stand_in_nodes`` nodes that
+only register (their endpoints answer challenges, nothing more; imported by
+name, it is not re-exported here); ``topology`` what
 ``meshnet_up`` reads and ``demo`` the steps it takes. Nothing here imports Django or torch.
 """
 
+from tracker_app.localnet.databases import fresh_process_database, query_process_database
 from tracker_app.localnet.network import (
     THROWAWAY_ENV,
     LocalNetwork,
@@ -50,11 +54,13 @@ __all__ = [
     "TopologyError",
     "TrackerProcess",
     "free_port",
+    "fresh_process_database",
     "fresh_sqlite_database",
     "manage_argv",
     "migrate",
     "node_argv",
     "process_env",
+    "query_process_database",
     "run_checked",
     "run_command",
     "start_node",

@@ -1,7 +1,8 @@
 """Many streamed chats at once through one tracker: what each client saw, and what it cost.
 
-The driver shared by ``tests/reliability/test_load.py`` (reduced, in CI) and
-``bench/bench_load.py`` (the full 200). :func:`expected_answers` sends each
+The load driver of ``bench/bench_load.py`` (the full 200) and
+``bench/bench_concurrent_smollm2.py``; ``tests/tracker/test_concurrent_chats.py``
+runs a reduced load through it in CI. :func:`expected_answers` sends each
 distinct prompt once, alone, at temperature 0: the greedy answer any
 concurrent copy must equal. :func:`run_load` then sends every chat at once (or
 ``concurrency`` at a time, for the baseline) while :class:`RssSampler`
@@ -27,7 +28,7 @@ import httpx
 import psutil
 
 from nodes_app.protocol import sse_data
-from tests.support.databases import query_process_database
+from tracker_app.localnet import query_process_database
 
 MIB = 2**20
 

@@ -1,4 +1,7 @@
-"""Databases for tracker and worker processes under test, and reading what they wrote."""
+"""Databases for throwaway networks' tracker and worker processes, and reading what they wrote.
+
+Tests and benchmarks give each network a fresh one (:func:`fresh_process_database`).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tracker_app.localnet import fresh_sqlite_database, migrate
+from tracker_app.localnet.network import fresh_sqlite_database, migrate
 
 
 @contextlib.contextmanager

@@ -15,9 +15,8 @@ from playwright.sync_api import Browser, BrowserContext, Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.support.browser import chromium, open_tab, sign_in
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
-from tracker_app.localnet import wait_until
+from tracker_app.localnet import fresh_process_database, wait_until
 
 pytestmark = pytest.mark.browser
 

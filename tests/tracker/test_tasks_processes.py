@@ -20,10 +20,9 @@ import pytest
 from celery import Celery
 
 from routing_app.probing import PROBE_TIE_MARGIN
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
 from tests.support.redis_db import private_redis
-from tracker_app.localnet import ManagedProcess, wait_until
+from tracker_app.localnet import ManagedProcess, fresh_process_database, wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]

@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network, start_worker
 from tests.support.nodes import generate_body, read_stream, start_node
 from tests.support.redis_db import private_redis
 from tests.support.sse import chunks_of, text_of
-from tracker_app.localnet import NodeProcess, wait_until
+from tracker_app.localnet import NodeProcess, fresh_process_database, wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]

@@ -1,4 +1,4 @@
-"""Issue 12: many streamed chats at once through one tracker process, each answered whole.
+"""Many streamed chats at once through one tracker process, each answered whole.
 
 A real tracker (daphne, PostgreSQL and Redis in CI) and two real tiny-model
 nodes whose session cap is below the load, so chats also queue on the
@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.support.databases import fresh_process_database
-from tests.support.load import (
+from bench.chat_load import (
     MIB,
     LoadRun,
     chat_mix,
@@ -32,7 +31,7 @@ from tests.support.load import (
     measured_load,
 )
 from tests.support.network import Network, Tracker, start_network
-from tracker_app.localnet import LOOPBACK
+from tracker_app.localnet import LOOPBACK, fresh_process_database
 
 TINY = "tiny-random-llama"
 CHATS = 48

@@ -1,10 +1,11 @@
-"""Issue 11, guards that forget: a flood of registrations evicted the replay guard and the
-rate-limit counters from the embedded tracker's 300-entry local-memory cache (a replayed
-registration got a fresh token, the rate limit reset), registration itself was unlimited,
-and each tracker process counted on its own.
+"""The durable guards hold across a flood and across tracker processes: a flood of
+registrations neither evicts the replay guard nor resets the rate limits, and two trackers
+over one database share every count.
 
-Reproduced against real trackers without REDIS_URL (the attacked embedded deployment) and
-shown refused: every guard is a database row now.
+Guards kept in the embedded tracker's 300-entry local-memory cache forgot both under a
+flood (a replayed registration got a fresh token, the rate limit reset), and each tracker
+process counted on its own. Against real trackers without REDIS_URL (the embedded
+deployment): every guard is a database row.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.support.challenge import ChallengeResponder
-from tests.support.databases import fresh_process_database
 from tests.support.guards import client_from, wait_for_fresh_window
 from tests.support.network import Network, running_tracker, start_network
-from tests.support.registration import proven_registration, signed_registration
+from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet.stand_in_nodes import (
+    ChallengeResponder,
+    proven_registration,
+    signed_registration,
+)
 
 # A model with no node: a chat request for it is counted by the rate limit, then
 # answered at once with "no route" (503) instead of being served.

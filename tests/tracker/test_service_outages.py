@@ -25,14 +25,13 @@ import pytest
 import redis
 
 from meshnet_site.guards.models import WindowCounter
-from tests.support.databases import fresh_process_database
 from tests.support.fault_link import FaultyLink
 from tests.support.network import Network, running_tracker, start_network, start_worker
 from tests.support.redis_server import RedisServer
 from tests.support.sse import text_of
 from tracker_app.api_keys.rate_limit import WINDOW_SECONDS as RATE_WINDOW_SECONDS
 from tracker_app.api_keys.services import api_key_hash
-from tracker_app.localnet import ManagedProcess, wait_until
+from tracker_app.localnet import ManagedProcess, fresh_process_database, wait_until
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]

@@ -1,4 +1,4 @@
-"""Issue 12: a burst of plain requests shares the tracker's pooled PostgreSQL connections.
+"""A burst of plain requests shares the tracker's pooled PostgreSQL connections.
 
 Under ASGI each concurrent request to a plain Django view runs on a thread
 of its own; with persistent per-thread connections 200 concurrent

@@ -15,11 +15,9 @@ from pathlib import Path
 import httpx
 import websockets
 
-from tests.support.challenge import ChallengeResponder
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network
-from tests.support.registration import proven_registration
-from tracker_app.localnet import manage_argv, run_checked
+from tracker_app.localnet import fresh_process_database, manage_argv, run_checked
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 network = contextmanager(start_network)
 

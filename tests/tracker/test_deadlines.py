@@ -1,15 +1,14 @@
-"""Issue 12: deadlines. A hung node is failed over within its step timeout; a busy route
+"""The tracker's deadlines: a hung node is failed over within its step timeout; a busy route
 is waited for with back-off up to the busy deadline, then refused 503 with Retry-After.
 
-The rules are checked where they are computed (the back-off, the step limits,
-the settings); the behaviour runs against a real tracker and real tiny-model
-nodes, with a hung node (``tests.support.hung_node``: registered, takes work,
-never answers) on the route the tracker prefers.
+The rules are checked where they are computed (the back-off, the head's silence limit);
+the behaviour runs against a real tracker and real tiny-model nodes, with a hung node
+(``tests.support.hung_node``: registered, takes work, never answers) on the route the
+tracker prefers.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import threading
 import time
@@ -18,32 +17,15 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
-from django.core.exceptions import ImproperlyConfigured
-from django.core.management import CommandError, call_command
-from starlette.testclient import TestClient
 
-from meshnet_site.environment import BUSY_DEADLINE, HOP_STEP_TIMEOUT
-from nodes_app.protocol import (
-    STEP_TIMEOUT_POSITIONS,
-    STEP_TIMEOUT_RANGE,
-    STEP_TIMEOUT_SECONDS,
-    sse_frames,
-    step_time_limit,
-)
-from nodes_app.runtime.__main__ import step_timeout_argument
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.server import create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
-from tests.support.databases import fresh_process_database
+from nodes_app.protocol import STEP_TIMEOUT_POSITIONS, step_time_limit
 from tests.support.hung_node import HungNode
 from tests.support.network import Network, head_tail_answer, start_network
 from tests.support.plans import signed, tracker_key
 from tests.support.sse import chunks_of, read_sse, text_of
 from tracker_app.completions.head_stream import silence_limit
 from tracker_app.completions.slots import BUSY_RETRY_AFTER_SECONDS, busy_retry_delay
+from tracker_app.localnet import fresh_process_database
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
@@ -70,13 +52,6 @@ def test_busy_retries_back_off_exponentially_with_jitter_up_to_a_one_second_cap(
     assert other != delays  # the jitter is real: two waiting requests do not retry in step
 
 
-def test_a_long_prefill_gets_one_step_timeout_per_block_of_positions() -> None:
-    assert step_time_limit(30.0, 1) == 30.0
-    assert step_time_limit(30.0, STEP_TIMEOUT_POSITIONS) == 30.0
-    assert step_time_limit(30.0, STEP_TIMEOUT_POSITIONS + 1) == 60.0
-    assert step_time_limit(30.0, 4 * STEP_TIMEOUT_POSITIONS) == 120.0
-
-
 @pytest.mark.parametrize("hops", [1, 2, 5])
 def test_the_tracker_waits_for_a_head_longer_than_the_head_waits_for_all_its_hops(
     hops: int,
@@ -86,58 +61,6 @@ def test_the_tracker_waits_for_a_head_longer_than_the_head_waits_for_all_its_hop
     for positions in (1, 900):
         longest_step = hops * step_time_limit(STEP, positions)
         assert silence_limit(step_timeout=STEP, hops=hops, positions=positions) > longest_step
-
-
-@pytest.mark.parametrize(
-    ("setting", "value"),
-    [(BUSY_DEADLINE, "0"), (BUSY_DEADLINE, "86400"), (HOP_STEP_TIMEOUT, "0.5"),
-     (HOP_STEP_TIMEOUT, "3600"), (HOP_STEP_TIMEOUT, "soon")],
-)  # fmt: skip
-def test_deadlines_out_of_range_are_refused_by_name(setting: Any, value: str) -> None:
-    with pytest.raises(ImproperlyConfigured, match=setting.name):
-        setting.read({setting.name: value})
-
-
-def test_a_node_without_django_defaults_to_the_trackers_step_timeout() -> None:
-    assert HOP_STEP_TIMEOUT.default == STEP_TIMEOUT_SECONDS
-    assert (HOP_STEP_TIMEOUT.minimum, HOP_STEP_TIMEOUT.maximum) == STEP_TIMEOUT_RANGE
-    assert HOP_STEP_TIMEOUT.read({}) == 30.0 and BUSY_DEADLINE.read({}) == 120.0
-
-
-def test_runnode_refuses_a_step_timeout_out_of_range_before_loading_anything() -> None:
-    with pytest.raises(CommandError, match="--step-timeout"):
-        call_command(
-            "runnode", "--model", TINY, "--layers", "0-3", "--port", "1",
-            "--tracker", "http://127.0.0.1:9", "--step-timeout", "0",
-        )  # fmt: skip
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "601", "soon"])
-def test_a_node_process_refuses_a_step_timeout_out_of_range(value: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError):
-        step_timeout_argument(value)
-
-
-def test_a_head_streams_something_after_every_step_even_when_it_holds_the_text_back() -> None:
-    # The tracker's silence limit is per step: a step whose text is held back (here by a
-    # stop sequence the answer starts but never completes) still sends an SSE comment.
-    torch.set_num_threads(1)
-    shard = load_shard(model_key=TINY, source=resolve_source(TINY), start=0, end=3, progress=False)
-    service = NodeService(shard, node_id="whole", gate=PlanGate(dev_open=True))
-    hop = {"node_id": "whole", "endpoint": "http://testserver", "start_layer": 0, "end_layer": 3}
-    body = {"request_id": "held", "messages": PROMPT, "max_tokens": 12, "temperature": 0.0,
-            "plan": {"model": TINY, "hops": [hop]}}  # fmt: skip
-    with TestClient(create_app(service)) as head:
-        plain = text_of(sse_frames(head.post("/v1/generate", json=body).text.splitlines()))
-        held = head.post("/v1/generate", json={**body, "stop": [plain[3:7] + "\u0001"]})
-
-    lines = held.text.splitlines()
-    frames = sse_frames(lines)
-    comments = [line for line in lines if line.startswith(":")]
-    stepped = [f for f in chunks_of(frames) if f.get("meshnet_token_ids")]
-    assert text_of(frames) == plain
-    assert len(comments) == 4  # the four characters held until the stop could not match
-    assert len(stepped) + len(comments) == 12  # one frame or one comment per step
 
 
 # --- through real processes ---------------------------------------------------------------

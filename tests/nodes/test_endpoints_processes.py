@@ -1,4 +1,4 @@
-"""Issue 11, proven endpoints: each registration attack against a real tracker, refused.
+"""Proven endpoints: each registration attack against a real tracker, refused.
 
 A real ``runtracker`` (daphne), a real tiny-model ``runnode`` for the honest
 node, a real Celery worker for the periodic jobs. Nodes that only need to
@@ -20,12 +20,15 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.signing import wallet_of
-from tests.support.challenge import ChallengeResponder, challenge_responder
-from tests.support.databases import fresh_process_database
 from tests.support.network import Network, Tracker, running_tracker, start_network
 from tests.support.nodes import TINY
-from tests.support.registration import proven_registration, signed_registration
-from tracker_app.localnet import free_port, wait_until
+from tracker_app.localnet import free_port, fresh_process_database, wait_until
+from tracker_app.localnet.stand_in_nodes import (
+    ChallengeResponder,
+    challenge_responder,
+    proven_registration,
+    signed_registration,
+)
 
 # The networks the narrow tracker allows: a public range, and link-local ones
 # an operator might list by mistake (they stay refused), but not loopback.

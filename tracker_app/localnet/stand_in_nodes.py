@@ -1,4 +1,5 @@
-"""Endpoints that answer the tracker's challenge honestly, without a model behind them.
+"""Nodes that only need to exist: endpoints that answer the tracker's challenge honestly,
+without a model behind them, and the signed registrations such nodes send.
 
 ``ChallengeResponder`` is a real HTTP server on a loopback port. Each wallet
 key given to ``endpoint_for`` gets an endpoint of its own on it
@@ -6,6 +7,7 @@ key given to ``endpoint_for`` gets an endpoint of its own on it
 node with that wallet would; any other path answers 404. Tests that register
 nodes which serve nothing use it so the registration proves its endpoint;
 ``answered`` counts the challenges each endpoint received.
+:func:`proven_registration` is a registration body at such an endpoint.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import contextlib
 import itertools
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.signing import sign_challenge, wallet_of
-from tracker_app.localnet import LOOPBACK
+from nodes_app.signing import sign_challenge, sign_registration, wallet_of
+from tracker_app.localnet.processes import LOOPBACK
 
 
 class ChallengeResponder:
@@ -103,3 +107,37 @@ def challenge_responder() -> Iterator[ChallengeResponder]:
         yield responder
     finally:
         responder.stop()
+
+
+def signed_registration(
+    key: Ed25519PrivateKey | None = None, *, timestamp: float | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """A registration body for the tiny model, signed by ``key`` (a new wallet by default)."""
+    key = key or Ed25519PrivateKey.generate()
+    fields: dict[str, Any] = {
+        "wallet": wallet_of(key),
+        "endpoint": "http://127.0.0.1:7001",
+        "model": "tiny-random-llama",
+        "shard_start": 0,
+        "shard_end": 3,
+        "num_layers": 4,
+        "hardware": "cpu",
+        "device_name": "test cpu",
+        "benchmark_tps": 25.0,
+        "timestamp": time.time() if timestamp is None else timestamp,
+    }
+    fields.update(overrides)
+    return {**fields, "signature": sign_registration(key, fields)}
+
+
+def proven_registration(
+    responder: ChallengeResponder, key: Ed25519PrivateKey | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """``signed_registration`` at an endpoint of ``responder`` that proves ``key``'s wallet.
+
+    The same key always gets the same endpoint (a restart, a shard change);
+    ``endpoint=`` overrides it.
+    """
+    key = key or Ed25519PrivateKey.generate()
+    overrides.setdefault("endpoint", responder.endpoint_for(key))
+    return signed_registration(key, **overrides)

@@ -4,7 +4,7 @@
 status, a documented content type, a body that matches the documented schema.
 ``assert_conforms`` runs them on one real answer; ``schemathesis_run`` runs
 ``schemathesis run`` (its CLI, every phase) against a live tracker and reads
-its JSON report.
+its JSON report. ``bench/bench_schemathesis.py`` and the schema tests share it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.support.challenge import ChallengeResponder
-from tests.support.registration import proven_registration
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 CHECKS = [
     not_a_server_error,

@@ -8,11 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.challenge import ChallengeResponder
-from tests.support.databases import query_process_database
 from tests.support.network import Tracker, start_worker
-from tests.support.registration import proven_registration
-from tracker_app.localnet import process_env
+from tracker_app.localnet import process_env, query_process_database
+from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 
 def node_status(database_url: str, node_id: str) -> str:

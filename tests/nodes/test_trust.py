@@ -1,0 +1,69 @@
+"""The node's plan gate (``nodes_app.runtime.trust``) alone: which plans it admits, what it
+remembers of used ones, and how a session's capability is kept and compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from nodes_app.protocol import CAPABILITY, PlanHop, SignedPlan
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.trust import PlanGate, capability_hash, new_capability
+from nodes_app.signing import sign_plan, wallet_of
+from tests.support.nodes import TINY
+
+TRACKER = Ed25519PrivateKey.generate()
+TRACKER_HEX = wallet_of(TRACKER)
+
+
+def plan(*, expires_in: float = 60, now: float = 1000.0, request_id: str = "r") -> SignedPlan:
+    hops = (PlanHop("head", "http://h", 0, 1), PlanHop("tail", "http://t", 2, 3))
+    unsigned = SignedPlan(request_id, TINY, hops, int(now + expires_in), nonce="ab" * 16)
+    return dataclasses.replace(unsigned, signature=sign_plan(TRACKER, unsigned.signed_fields()))
+
+
+def gate_refusal(call: Any) -> RuntimeRequestError:
+    with pytest.raises(RuntimeRequestError) as caught:
+        call()
+    return caught.value
+
+
+def test_a_node_with_no_tracker_key_and_not_dev_open_refuses_every_plan() -> None:
+    closed = PlanGate()
+
+    error = gate_refusal(lambda: closed.admit_plan(plan(now=time.time()), node_id="head"))
+    assert (error.status, error.code) == (403, "tracker_key_unknown")
+    PlanGate(dev_open=True).admit_plan(SignedPlan("r", TINY, ()), node_id="x")  # no refusal
+
+
+def test_the_gate_refuses_plans_valid_too_long_and_forgets_used_ones_once_expired() -> None:
+    clock = [1000.0]
+    gate = PlanGate(tracker_key=TRACKER_HEX, clock=lambda: clock[0], max_remembered=2)
+
+    error = gate_refusal(lambda: gate.admit_plan(plan(expires_in=3600), node_id="head"))
+    assert error.code == "plan_validity_too_long"
+    gate.admit_plan(plan(request_id="a"), node_id="head")
+    gate.admit_plan(plan(request_id="b"), node_id="head")
+    assert gate_refusal(lambda: gate.admit_plan(plan(request_id="c"), node_id="head")).status == 503
+    clock[0] += 61  # a and b expire: their memory is freed
+    gate.admit_plan(plan(request_id="c", now=clock[0]), node_id="head")
+    wrong_head = gate_refusal(lambda: gate.admit_plan(plan(now=clock[0]), node_id="tail"))
+    assert wrong_head.code == "plan_mismatch"
+
+
+def test_a_session_capability_is_kept_as_a_hash_and_compared_exactly() -> None:
+    gate = PlanGate(tracker_key=TRACKER_HEX)
+    mine = new_capability()
+    held = capability_hash(mine)
+
+    assert mine.encode() not in held
+    assert gate.check_capability({CAPABILITY: mine}, held) == held
+    assert gate_refusal(lambda: gate.check_capability({CAPABILITY: "zz"}, held)).code == (
+        "capability_invalid"
+    )
+    assert gate_refusal(lambda: gate.check_capability({}, held)).status == 401
