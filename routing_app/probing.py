@@ -26,7 +26,7 @@ from django.db.models.functions import Least
 
 from meshnet_site.outbox.services import outbox_put
 from nodes_app.models import Node
-from nodes_app.protocol import TokenLogprob
+from nodes_app.protocol.logprobs import TokenLogprob
 from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
 from routing_app.planner import RoutePlan
 

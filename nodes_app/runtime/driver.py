@@ -27,17 +27,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
-from nodes_app.protocol import (
-    ECHO_MAX_SCORES,
-    HOP_BUSY,
-    HOP_FAILED,
-    HOP_TIMED_OUT,
-    GenerateRequest,
-    PlanHop,
-    echo_scores,
-    relayable_code,
-    step_time_limit,
-)
+from nodes_app.protocol.errors import HOP_BUSY, HOP_FAILED, HOP_TIMED_OUT, relayable_code
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores, step_time_limit
+from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout

@@ -22,7 +22,7 @@ when the step asked for ``logprobs``, and for an echo ``"prompt": [rows, k]``
 with a body of its prompt scores, :class:`PromptTable`), ``{"id", "status":
 204}`` (a cancel done) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
-relays only the code, ``protocol.relayable_code``, and logs the rest).
+relays only the code, ``protocol.errors.relayable_code``, and logs the rest).
 
 A frame carries as many entries as were ready together, so a batch of
 steps stays a batch along the route. The one JSON header per frame is a few
@@ -46,16 +46,11 @@ from typing import Any
 
 import torch
 
-from nodes_app.protocol import (
-    ECHO_MAX_SCORES,
-    MAX_SESSION_ID,
-    TOP_LOGPROBS_MAX,
-    ProtocolError,
-    SamplingParams,
-    echo_scores,
-    is_count,
-    logprob_valid,
-)
+from nodes_app.protocol.decoding import is_count
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.limits import ECHO_MAX_SCORES, MAX_SESSION_ID, TOP_LOGPROBS_MAX, echo_scores
+from nodes_app.protocol.logprobs import logprob_valid
+from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.sampling import Choice, TokenScore
 
@@ -210,7 +205,7 @@ class PromptTable:
     ``rows`` scores of ``alternatives`` each, as one body: ``rows`` float32
     logprobs, then ``rows × alternatives`` int32 token ids, then as many
     float32 logprobs (row-major, little-endian). Up to
-    ``protocol.ECHO_MAX_SCORES`` values: written and checked a whole column at
+    ``protocol.limits.ECHO_MAX_SCORES`` values: written and checked a whole column at
     a time, not one Python value at a time, so neither node's event loop
     spends long on them (JSON cost ~2 µs a value on each side).
     """

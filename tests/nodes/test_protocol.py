@@ -12,34 +12,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodes_app.protocol import (
+from nodes_app.protocol.errors import HOP_BUSY, ProtocolError, relayable_code
+from nodes_app.protocol.frames import ChunkFrame, ErrorFrame, parse_frame
+from nodes_app.protocol.generate import GenerateRequest, stop_sequences
+from nodes_app.protocol.limits import (
     ECHO_STEP_TIME_FACTOR,
-    HOP_BUSY,
-    LOGIT_BIAS_MAX_ENTRIES,
     MAX_STOP_LENGTH,
     MAX_STOPS,
-    SSE_DONE,
     STEP_TIMEOUT_POSITIONS,
     TOP_LOGPROBS_MAX,
-    ChunkFrame,
-    ErrorFrame,
-    GenerateRequest,
-    PlanHop,
-    ProtocolError,
-    SamplingParams,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-    capability_valid,
-    logit_bias_pairs,
-    parse_frame,
-    relayable_code,
-    sse_data,
-    sse_event,
-    sse_frames,
     step_time_limit,
-    stop_sequences,
 )
+from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
+from nodes_app.protocol.sampling import LOGIT_BIAS_MAX_ENTRIES, SamplingParams, logit_bias_pairs
+from nodes_app.protocol.signed_plan import PlanHop, capability_valid
+from nodes_app.protocol.sse import SSE_DONE, sse_data, sse_event, sse_frames
+from nodes_app.protocol.usage import Usage
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from nodes_app import protocol
+from nodes_app.protocol.limits import MAX_SESSION_ID
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.sampling import Choice, SamplingParams, TokenScore
@@ -185,7 +185,7 @@ GOOD = wire.step_fields(STEP)
         ({"position": -1}, "bad_field"),
         ({"start": "two"}, "bad_field"),
         ({"start": True}, "bad_field"),
-        ({"session_id": "s" * (protocol.MAX_SESSION_ID + 1)}, "bad_field"),
+        ({"session_id": "s" * (MAX_SESSION_ID + 1)}, "bad_field"),
         ({"surprise": 1}, "bad_field"),
         ({"end": None}, "missing_field"),
         ({"session_id": ""}, "missing_field"),
@@ -198,7 +198,7 @@ GOOD = wire.step_fields(STEP)
         ({"prompt_ids": [1, 2, 3, 4]}, "bad_field"),  # more ids than the step's 3 positions
         ({"prompt_ids": [1, -2]}, "bad_field"),
         ({"generated_ids": "1,2"}, "bad_field"),
-        # An echo answering more logprobs than a head may ask for (protocol.ECHO_MAX_SCORES).
+        # An echo answering more logprobs than a head may ask for (ECHO_MAX_SCORES).
         (
             {"shape": [1, 20_000, 8], "prompt_ids": [1] * 20_000, "logprobs": 20},
             "bad_field",

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from meshnet_site.asgi_limits import BoundedBodies
-from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
+from nodes_app.protocol.limits import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
 from nodes_app.runtime.links import link_url
 from tests.support.challenge import ChallengeResponder
 from tests.support.link import node_link, tiny_step

@@ -24,13 +24,13 @@ from django.core.management import CommandError, call_command
 from starlette.testclient import TestClient
 
 from meshnet_site.environment import BUSY_DEADLINE, HOP_STEP_TIMEOUT
-from nodes_app.protocol import (
+from nodes_app.protocol.limits import (
     STEP_TIMEOUT_POSITIONS,
     STEP_TIMEOUT_RANGE,
     STEP_TIMEOUT_SECONDS,
-    sse_frames,
     step_time_limit,
 )
+from nodes_app.protocol.sse import sse_frames
 from nodes_app.runtime.__main__ import step_timeout_argument
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.server import create_app

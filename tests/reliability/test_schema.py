@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 from schemathesis.core.failures import FailureGroup
 
-from nodes_app.protocol import SSE_DONE, sse_data
+from nodes_app.protocol.sse import SSE_DONE, sse_data
 from tests.support.challenge import ChallengeResponder
 from tests.support.databases import fresh_process_database
 from tests.support.network import Network, start_network

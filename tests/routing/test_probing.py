@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from meshnet_site.outbox.models import OutboxMessage
 from nodes_app.models import Node
-from nodes_app.protocol import TokenLogprob, TopLogprob
+from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
 from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
 from routing_app.planner import Hop, RoutePlan
 from routing_app.probing import (

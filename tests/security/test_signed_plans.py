@@ -26,14 +26,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshnet_site.environment import PLAN_VALIDITY
-from nodes_app.protocol import (
-    CAPABILITY,
-    MAX_PLAN_VALIDITY,
-    TRACKER_KEY_PATH,
-    PlanHop,
-    ProtocolError,
-    SignedPlan,
-)
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.limits import CAPABILITY, MAX_PLAN_VALIDITY, TRACKER_KEY_PATH
+from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.trust import PlanGate, capability_hash, new_capability
