@@ -88,18 +88,22 @@ class FieldDecoder:
         self._missing = missing
         self._unknown = unknown
         hints = typing.get_type_hints(shape)
-        readers = dict(readers or {})
+        declared: dict[str, Reader] = dict(readers or {})
         self._fields: tuple[_Field, ...] = tuple(
             _Field(
                 name=spec.name,
-                reader=readers.pop(spec.name, None) or self._hint_reader(spec.name, hints),
+                reader=(
+                    declared.pop(spec.name)
+                    if spec.name in declared
+                    else self._hint_reader(spec.name, hints)
+                ),
                 fallback=self._fallback(spec, hints[spec.name]),
                 null_is_value=spec.name in null_values,
             )
             for spec in dataclasses.fields(shape)
         )
-        if readers:
-            raise TypeError(f"readers for fields {shape.__name__} lacks: {sorted(readers)}")
+        if declared:
+            raise TypeError(f"readers for fields {shape.__name__} lacks: {sorted(declared)}")
         self._names = frozenset(spec.name for spec in self._fields)
 
     def decode(self, raw: Mapping[str, Any]) -> dict[str, Any]:
