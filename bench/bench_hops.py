@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes_app.protocol import sse_data
+from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import NodeProcess, process_env, start_node
 
 MODEL = "tiny-random-llama"

@@ -30,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes_app.protocol import sse_data
+from nodes_app.protocol.sse import sse_data
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes_app.protocol import sse_data
+from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import NodeProcess, process_env, start_node
 
 MODEL = "smollm2-135m"

@@ -164,7 +164,7 @@ def tiny_probe(seeds: int) -> None:
     from transformers import LlamaForCausalLM
 
     django.setup()
-    from nodes_app.protocol import TokenLogprob, TopLogprob
+    from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
     from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
     from nodes_app.tokenization import tiny_tokenizer
     from routing_app.probing import ProbeAnswer, probe_answers_compare

@@ -26,7 +26,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes_app.protocol import GenerateRequest, sse_data
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.sse import sse_data
 from nodes_app.signing import load_or_create_wallet, sign_plan
 from tracker_app.localnet import LocalNetwork
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import psutil
 
-from nodes_app.protocol import sse_data
+from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import query_process_database
 
 MIB = 2**20

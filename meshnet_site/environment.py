@@ -429,7 +429,7 @@ MAX_REQUEST_BYTES = NumberSetting("MESHNET_MAX_REQUEST_BYTES", 2**20, minimum=10
 # Deadlines of a chat request (ADR-0004, "Deadlines"): how long in all it may wait
 # for a slot on a route whose nodes are at their session cap (503 route_busy
 # beyond), and how long one node may take to answer one step of a generation
-# (up to ``nodes_app.protocol.STEP_TIMEOUT_POSITIONS`` positions; a longer
+# (up to ``nodes_app.protocol.limits.STEP_TIMEOUT_POSITIONS`` positions; a longer
 # prefill gets one more per block). ``runnode --step-timeout`` defaults to the
 # latter; the node runtime's own default (no Django) is the same 30 s.
 BUSY_DEADLINE = NumberSetting("MESHNET_BUSY_DEADLINE", 120.0, minimum=1.0, maximum=3600.0)

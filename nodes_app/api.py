@@ -19,14 +19,14 @@ from nodes_app import services
 from nodes_app.endpoints import EndpointGate
 from nodes_app.models import LanguageModel, Node
 from nodes_app.plans import tracker_public_key
-from nodes_app.protocol import (
+from nodes_app.protocol.limits import TRACKER_KEY_ALGORITHM
+from nodes_app.protocol.registration import (
     DEFAULT_PRECISION,
     MAX_LAYERS,
     MAX_REPORTED_QUEUE_DEPTH,
     MAX_REPORTED_SESSIONS,
     MAX_REPORTED_TPS,
     PRECISIONS,
-    TRACKER_KEY_ALGORITHM,
 )
 from nodes_app.registration_limit import registration_rate_limit_check
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from nodes_app.protocol import DEFAULT_PRECISION
+from nodes_app.protocol.registration import DEFAULT_PRECISION
 
 
 class LanguageModel(models.Model):

@@ -24,7 +24,7 @@ from meshnet_site.guards.services import claim_once
 from nodes_app.endpoints import EndpointGate
 from nodes_app.events import epoch_announce, node_heartbeat_announce, nodes_announce
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
-from nodes_app.protocol import DEFAULT_PRECISION
+from nodes_app.protocol.registration import DEFAULT_PRECISION
 from nodes_app.selectors import (
     ModelNotFound,
     language_model_get,

@@ -6,7 +6,7 @@ of its registration fields, so nobody can register a node under another's
 wallet, and answers the tracker's endpoint challenge (a fresh nonce) by
 signing it together with the endpoint it serves at, so nobody can register
 an endpoint whose node holds another wallet (ADR-0008). The tracker signs
-each plan (``nodes_app.protocol.SignedPlan``) with its own key, which nodes
+each plan (``nodes_app.protocol.signed_plan.SignedPlan``) with its own key, which nodes
 pin, so a node acts only on routes the tracker chose. Each kind of message
 has its own domain prefix, so a signature of one kind is never valid as
 another. This module imports neither Django nor torch: both sides sign and

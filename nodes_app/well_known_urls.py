@@ -1,4 +1,4 @@
-"""``/.well-known/``: what a tracker publishes to anyone (``protocol.TRACKER_KEY_PATH``)."""
+"""``/.well-known/``: what a tracker publishes to anyone (``protocol.limits.TRACKER_KEY_PATH``)."""
 
 from django.urls import path
 

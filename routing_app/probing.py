@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nodes_app.protocol import TokenLogprob
+from nodes_app.protocol.logprobs import TokenLogprob
 from routing_app.models import ProbeOutcome
 from routing_app.planner import RoutePlan
 

@@ -28,7 +28,10 @@ from django.conf import settings
 from meshnet_site.celery import app as celery_app
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
-from nodes_app.protocol import GenerateRequest, PlanHop, SamplingParams, TokenLogprob
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.logprobs import TokenLogprob
+from nodes_app.protocol.sampling import SamplingParams
+from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.selectors import topology_epoch_current
 from routing_app.models import RouteProbe
 from routing_app.planner import RoutePlan, enumerate_routes

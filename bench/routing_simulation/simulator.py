@@ -16,9 +16,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from routing_app.config import RoutingConfig
-from routing_app.planner import RoutePlan
-from routing_app.stats import RouteStatsStore
 from routing_simulation.topologies import Network, Scenario, SimNode
 from routing_simulation.workload import (
     EVENTS,
@@ -29,6 +26,10 @@ from routing_simulation.workload import (
     Load,
     Session,
 )
+
+from routing_app.config import RoutingConfig
+from routing_app.planner import RoutePlan
+from routing_app.stats import RouteStatsStore
 
 THOMPSON = RoutingConfig(policy="thompson-load")
 # The default policy with the requests' paces hidden from it: what ADR-0011 §4 adds.

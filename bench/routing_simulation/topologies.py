@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
 from routing_simulation.workload import PREFILL, TOKENS
+
+from routing_app.planner import NodeRecord, RoutePlan, enumerate_routes
 
 HOP_SECONDS = 0.004  # network time per token for every hop after the head
 BATCH_EXPONENT = 0.4  # a node's aggregate throughput grows as k^0.4 ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nodes_app.protocol import (
+from nodes_app.protocol.limits import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
     LINK_MAX_FRAME_BYTES,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from nodes_app import protocol
+from nodes_app.protocol.limits import SAMPLING
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.kv import session_bytes
@@ -157,7 +157,7 @@ class Admission:
         # (a head before this one did: it is then read and ignored).
         if last and step.position == 0 and step.sampling is None:
             raise RuntimeRequestError(
-                f"the hop ending at the last layer needs {protocol.SAMPLING} on the step "
+                f"the hop ending at the last layer needs {SAMPLING} on the step "
                 "that opens the session",
                 code="missing_field",
             )

@@ -15,7 +15,8 @@ opens it carries the tracker's signed plan as well (see ``trust``). A hop's
 error is reported by its node id, status and error code only: its message
 is the hop's to write, goes to this node's log, and never reaches the
 tracker or a client. What the choices become on the wire (text, stops,
-logprobs, frames) is the output processor's (:mod:`nodes_app.runtime.output`).
+logprobs, frames) is the output processor's (:mod:`nodes_app.runtime.output`);
+what a hop's answer must hold is :mod:`nodes_app.runtime.hop_answer`'s.
 """
 
 from __future__ import annotations
@@ -27,19 +28,13 @@ import uuid
 from collections.abc import AsyncIterator
 
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
-from nodes_app.protocol import (
-    ECHO_MAX_SCORES,
-    HOP_BUSY,
-    HOP_FAILED,
-    HOP_TIMED_OUT,
-    GenerateRequest,
-    PlanHop,
-    echo_scores,
-    relayable_code,
-    step_time_limit,
-)
+from nodes_app.protocol.errors import HOP_BUSY, HOP_FAILED, HOP_TIMED_OUT, relayable_code
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores, step_time_limit
+from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.hop_answer import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.output import OutputProcessor
 from nodes_app.runtime.sampling import Choice, TailRequest
@@ -285,13 +280,13 @@ class Generation:
     def _choice_of(self, hop: PlanHop, answer: wire.StepAnswer, tail: TailRequest) -> Choice:
         """The last hop's choice, holding what ``tail`` asked for, or that hop is at fault."""
         try:
-            return wire.choice_of(
+            return choice_of(
                 answer,
                 vocab=self.service.admission.vocab_size,
                 logprobs=tail.logprobs,
                 prompt_scores=max(0, len(tail.prompt_ids) - 1),
             )
-        except wire.BadAnswer as error:
+        except BadAnswer as error:
             raise HopFailed(hop, str(error)) from error
 
     def _release(self) -> None:
@@ -322,21 +317,11 @@ def _status_of(hop: PlanHop, answer: wire.StepAnswer, code: str | None) -> str:
 def _hidden_of(
     hop: PlanHop, answer: wire.StepAnswer, shape: tuple[int, int, int]
 ) -> tuple[bytes, str]:
-    """A middle hop's answer, checked before it is relayed: its bytes and dtype.
-
-    The answer must have the step's shape, a float dtype, the length they
-    give and only finite values; otherwise the hop that answered is at fault.
-    """
-    dtype = answer.dtype or ""
-    if dtype not in wire.DTYPES or answer.shape != shape or answer.hidden is None:
-        raise HopFailed(hop, "answered hidden states of another shape or dtype")
+    """A middle hop's answer, checked before it is relayed (``hop_answer.hidden_of``)."""
     try:
-        hidden = wire.tensor_from_bytes(answer.hidden, dtype, shape)
-    except RuntimeRequestError as error:
-        raise HopFailed(hop, f"answered {error.message}") from error
-    if not wire.is_finite(hidden):
-        raise HopFailed(hop, "answered hidden states that are not finite")
-    return answer.hidden, dtype
+        return hidden_of(answer, shape)
+    except BadAnswer as error:
+        raise HopFailed(hop, str(error)) from error
 
 
 _background: set[asyncio.Task[None]] = set()

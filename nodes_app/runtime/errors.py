@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodes_app.protocol import ProtocolError
+from nodes_app.protocol.errors import ProtocolError
 
 
 class RuntimeRequestError(Exception):

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from nodes_app.protocol import CAPABILITY, PLAN
+from nodes_app.protocol.limits import CAPABILITY, PLAN
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.sampling import Choice

@@ -27,7 +27,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from nodes_app.protocol import LINK_MAX_FRAME_BYTES, LINK_PATH
+from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
 from nodes_app.runtime import wire
 
 logger = logging.getLogger("meshnet.node")

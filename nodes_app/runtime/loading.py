@@ -21,7 +21,7 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from nodes_app.protocol import precision_label
+from nodes_app.protocol.registration import precision_label
 from nodes_app.runtime.errors import ModelSourceError
 from nodes_app.runtime.families import Family, family_of
 from nodes_app.runtime.memory import release_freed_memory

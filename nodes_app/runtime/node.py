@@ -24,7 +24,7 @@ import httpx
 import torch
 import uvicorn
 
-from nodes_app.protocol import (
+from nodes_app.protocol.limits import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
     LINK_MAX_FRAME_BYTES,

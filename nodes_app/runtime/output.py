@@ -3,7 +3,7 @@
 One per generation, on the head. It detokenises incrementally (a character
 split across tokens waits for its last byte), applies the request's stop
 sequences and the model's end-of-text tokens, counts the budget, writes
-logprob entries as ``protocol.TokenLogprob`` says, and frames every chunk
+logprob entries as ``protocol.logprobs.TokenLogprob`` says, and frames every chunk
 (SSE ``data:`` lines; a step that produced no text yet is a ``: step``
 comment, so the tracker sees progress). The route driver
 (:mod:`nodes_app.runtime.driver`) feeds it one choice per step and stops
@@ -15,17 +15,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from nodes_app.protocol import (
-    SSE_DONE,
-    SSE_STEP_COMMENT,
-    ChunkFrame,
-    ErrorFrame,
-    GenerateRequest,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-    sse_event,
-)
+from nodes_app.protocol.frames import ChunkFrame, ErrorFrame
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
+from nodes_app.protocol.sse import SSE_DONE, SSE_STEP_COMMENT, sse_event
+from nodes_app.protocol.usage import Usage
 from nodes_app.runtime.sampling import Choice, TokenScore
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher
@@ -150,7 +144,7 @@ class OutputProcessor:
         )
 
     def _entry(self, token_id: int, score: TokenScore) -> TokenLogprob:
-        """A token's logprob entry, written as ``protocol.TokenLogprob`` says."""
+        """A token's logprob entry, written as ``protocol.logprobs.TokenLogprob`` says."""
         pieces = self.service.pieces
         token, raw = pieces(token_id)
         top = []

@@ -1,6 +1,6 @@
 """The head's input: a ``/v1/generate`` body parsed by the protocol, checked against this node.
 
-:class:`nodes_app.protocol.GenerateRequest` checks what holds for any node;
+:class:`nodes_app.protocol.generate.GenerateRequest` checks what holds for any node;
 here the head checks what only it can: that it is hop 0 of a plan for the
 model it serves, that hop 0 fits its shard, that the plan ends at the
 model's last layer and that resumed token ids and logit_bias ids are in its
@@ -12,12 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodes_app.protocol import (
-    GENERATE_MAX_PROMPT_CHARS,
-    GenerateRequest,
-    ProtocolError,
-    SamplingParams,
-)
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.limits import GENERATE_MAX_PROMPT_CHARS
+from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import RuntimeRequestError
 
 

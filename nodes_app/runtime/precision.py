@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from nodes_app.protocol import DTYPE_CHOICES, QUANTIZE_CHOICES
+from nodes_app.protocol.registration import DTYPE_CHOICES, QUANTIZE_CHOICES
 
 
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:

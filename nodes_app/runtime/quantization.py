@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from nodes_app.protocol import DTYPE_CHOICES, QUANTIZE_CHOICES
+from nodes_app.protocol.registration import DTYPE_CHOICES, QUANTIZE_CHOICES
 from nodes_app.runtime.errors import UnsupportedModelError
 
 if TYPE_CHECKING:

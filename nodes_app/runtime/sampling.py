@@ -17,7 +17,7 @@ import torch
 
 # The JSON/header form of the parameters is the protocol's; only the torch
 # side of sampling lives here.
-from nodes_app.protocol import SamplingParams
+from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import NonFiniteOutput
 
 __all__ = [

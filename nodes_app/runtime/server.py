@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from nodes_app import protocol
+from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
 from nodes_app.runtime.driver import Generation, prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.link_server import serve_link
@@ -89,7 +89,7 @@ def create_app(
     *,
     reap_interval: float | None = None,
     identity: NodeIdentity | None = None,
-    max_frame_bytes: int = protocol.LINK_MAX_FRAME_BYTES,
+    max_frame_bytes: int = LINK_MAX_FRAME_BYTES,
 ) -> Starlette:
     """The ASGI app serving ``service``; as a head it keeps one link per downstream hop.
 
@@ -186,7 +186,7 @@ def create_app(
         routes=[
             Route("/v1/health", health, methods=["GET"]),
             Route("/v1/challenge", challenge, methods=["POST"]),
-            WebSocketRoute(protocol.LINK_PATH, link),
+            WebSocketRoute(LINK_PATH, link),
             Route("/v1/generate", generate, methods=["POST"]),
         ],
         lifespan=lifespan,

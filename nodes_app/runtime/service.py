@@ -19,7 +19,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from nodes_app import protocol
+from nodes_app.protocol.limits import (
+    GENERATE_MAX_BYTES,
+    GENERATE_MAX_PROMPT_CHARS,
+    STEP_TIMEOUT_SECONDS,
+)
 from nodes_app.runtime import wire
 from nodes_app.runtime.admission import Admission
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
@@ -50,9 +54,9 @@ class NodeService:
         benchmark_tps: float = 0.0,
         corrupt_hidden_states: float = 0.0,
         gate: PlanGate | None = None,
-        max_request_bytes: int = protocol.GENERATE_MAX_BYTES,
-        max_prompt_chars: int = protocol.GENERATE_MAX_PROMPT_CHARS,
-        step_timeout: float = protocol.STEP_TIMEOUT_SECONDS,
+        max_request_bytes: int = GENERATE_MAX_BYTES,
+        max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS,
+        step_timeout: float = STEP_TIMEOUT_SECONDS,
     ) -> None:
         self.shard = shard
         # Closed unless given: no pinned tracker key, not dev-open.
@@ -82,7 +86,7 @@ class NodeService:
         self.max_request_bytes = max_request_bytes
         self.max_prompt_chars = max_prompt_chars
         # What a downstream hop has to answer one step this node sends it
-        # (protocol.step_time_limit); past it the hop is reported hung.
+        # (step_time_limit); past it the hop is reported hung.
         self.step_timeout = step_timeout
         # TEST ONLY (``runnode --corrupt-hidden-states``): a node that silently
         # computes wrong, which the tracker's route probe must catch.

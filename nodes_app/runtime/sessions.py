@@ -28,7 +28,7 @@ from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.sampling import TokenPicker
 
 # Far longer than a head waits on each hop for one step (the step timeout,
-# 30 s by default; a long prefill gets more, protocol.step_time_limit): a live
+# 30 s by default; a long prefill gets more, protocol.limits.step_time_limit): a live
 # session is never reaped between two of its steps.
 IDLE_TIMEOUT_SECONDS = 600.0
 

@@ -79,7 +79,9 @@ class StopMatcher:
 
 
 class TokenPieces:
-    """Each token id as a logprob entry writes it: ``(token, bytes)`` (``protocol.TokenLogprob``).
+    """Each token id as a logprob entry writes it (``protocol.logprobs.TokenLogprob``).
+
+    Each is ``(token, bytes)``.
 
     A byte-level BPE tokenizer (GPT-2's ByteLevel decoder: the shipped
     models, Llama 3, Qwen) stores each token as the printable stand-ins of

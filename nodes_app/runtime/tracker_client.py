@@ -14,12 +14,8 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import (
-    DEFAULT_PRECISION,
-    MAX_REPORTED_TPS,
-    TRACKER_KEY_ALGORITHM,
-    TRACKER_KEY_PATH,
-)
+from nodes_app.protocol.limits import TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
+from nodes_app.protocol.registration import DEFAULT_PRECISION, MAX_REPORTED_TPS
 from nodes_app.signing import public_key_from_hex, sign_registration, wallet_of
 
 
@@ -37,7 +33,8 @@ class NodeAnnouncement:
     hardware: str
     device_name: str
     benchmark_tps: float
-    # The shard's compute dtype and weight quantisation (nodes_app.protocol.PRECISIONS).
+    # The shard's compute dtype and weight quantisation
+    # (nodes_app.protocol.registration.PRECISIONS).
     precision: str = DEFAULT_PRECISION
 
 

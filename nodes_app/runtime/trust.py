@@ -29,14 +29,9 @@ from collections.abc import Callable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from nodes_app.protocol import (
-    CAPABILITY,
-    MAX_PLAN_VALIDITY,
-    PLAN,
-    ProtocolError,
-    SignedPlan,
-    capability_valid,
-)
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.limits import CAPABILITY, MAX_PLAN_VALIDITY, PLAN
+from nodes_app.protocol.signed_plan import SignedPlan, capability_valid
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.signing import public_key_from_hex, verify_plan
 

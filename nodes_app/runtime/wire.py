@@ -22,13 +22,18 @@ when the step asked for ``logprobs``, and for an echo ``"prompt": [rows, k]``
 with a body of its prompt scores, :class:`PromptTable`), ``{"id", "status":
 204}`` (a cancel done) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
-relays only the code, ``protocol.relayable_code``, and logs the rest).
+relays only the code, ``protocol.errors.relayable_code``, and logs the rest).
 
 A frame carries as many entries as were ready together, so a batch of
 steps stays a batch along the route. The one JSON header per frame is a few
 hundred bytes; tensors never pass through JSON. The :class:`ForwardStep`
-fields travel generically (by name, checked against their declared types),
-so a field added to it needs no change here.
+fields travel generically: by name, read as the protocol reads any declared
+shape (``nodes_app.protocol.decoding.FieldDecoder``), so a field added to it
+needs no change here.
+
+This module is the format only; what the head requires of an answer before
+it uses it (the token in the vocabulary, the scores asked for) is
+``hop_answer``'s.
 """
 
 from __future__ import annotations
@@ -37,32 +42,23 @@ import json
 import math
 import struct
 import sys
-import types
-import typing
 from array import array
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from nodes_app.protocol import (
-    ECHO_MAX_SCORES,
-    MAX_SESSION_ID,
-    TOP_LOGPROBS_MAX,
-    ProtocolError,
-    SamplingParams,
-    echo_scores,
-    is_count,
-    logprob_valid,
-)
+from nodes_app.protocol.decoding import FieldDecoder, is_count
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.limits import ECHO_MAX_SCORES, MAX_SESSION_ID, TOP_LOGPROBS_MAX, echo_scores
+from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.sampling import Choice, TokenScore
 
 __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
-    "BadAnswer",
     "CancelEntry",
     "ForwardStep",
     "FrameError",
@@ -71,7 +67,6 @@ __all__ = [
     "RefusedEntry",
     "StepAnswer",
     "body_length",
-    "choice_of",
     "decode_answers",
     "decode_requests",
     "encode_answers",
@@ -210,7 +205,7 @@ class PromptTable:
     ``rows`` scores of ``alternatives`` each, as one body: ``rows`` float32
     logprobs, then ``rows × alternatives`` int32 token ids, then as many
     float32 logprobs (row-major, little-endian). Up to
-    ``protocol.ECHO_MAX_SCORES`` values: written and checked a whole column at
+    ``protocol.limits.ECHO_MAX_SCORES`` values: written and checked a whole column at
     a time, not one Python value at a time, so neither node's event loop
     spends long on them (JSON cost ~2 µs a value on each side).
     """
@@ -232,86 +227,19 @@ class PromptTable:
                 column.byteswap()
         return cls(len(scores), alternatives, b"".join(column.tobytes() for column in columns))
 
-    def scores(self, vocab: int) -> tuple[TokenScore, ...]:
-        """The scores, checked; :class:`BadAnswer` unless every id is below ``vocab``,
-        every logprob a finite number of at most 0, and the body exactly this long."""
+    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The body's columns: ``rows`` chosen logprobs, then the alternatives' ids and
+        logprobs (``rows × alternatives`` each); None unless the body is exactly that long."""
         rows, k = self.rows, self.alternatives
         if len(self.body) != rows * 4 * (1 + 2 * k):
-            raise BadAnswer(f"answered prompt scores of other than {rows} × {k} values")
-        logprobs = torch.frombuffer(bytearray(self.body), dtype=torch.float32)
-        ids = logprobs[rows : rows + rows * k].view(torch.int32)
-        values = torch.cat([logprobs[:rows], logprobs[rows + rows * k :]])
-        if not bool((torch.isfinite(values) & (values <= 0)).all()):
-            raise BadAnswer("answered a prompt logprob that is not a finite number of at most 0")
-        if rows * k and not bool(((ids >= 0) & (ids < vocab)).all()):
-            raise BadAnswer(
-                f"answered a prompt alternative outside the vocabulary (0..{vocab - 1})"
-            )
-        chosen = logprobs[:rows].tolist()
-        top_ids = ids.view(rows, k).tolist()
-        top_values = logprobs[rows + rows * k :].view(rows, k).tolist()
-        return tuple(
-            TokenScore(value, tuple(zip(row_ids, row_values, strict=True)))
-            for value, row_ids, row_values in zip(chosen, top_ids, top_values, strict=True)
-        )
+            return None
+        floats = torch.frombuffer(bytearray(self.body), dtype=torch.float32)
+        ids = floats[rows : rows + rows * k].view(torch.int32).view(rows, k)
+        return floats[:rows], ids, floats[rows + rows * k :].view(rows, k)
 
 
 def _top_json(score: TokenScore) -> list[list[int | float]]:
     return [[token, logprob] for token, logprob in score.top]
-
-
-class BadAnswer(ValueError):
-    """A last hop's answer that does not hold what its step asked for (that hop's fault)."""
-
-
-def choice_of(
-    answer: StepAnswer, *, vocab: int, logprobs: int | None, prompt_scores: int
-) -> Choice:
-    """The last hop's answer, checked, as a :class:`Choice`; :class:`BadAnswer` if malformed.
-
-    The token and every alternative must be an id below ``vocab``, every
-    logprob a finite number of at most 0; with ``logprobs`` there must be
-    the chosen token's logprob and exactly ``logprobs`` alternatives (fewer
-    only when the vocabulary is smaller); ``prompt_scores`` entries of
-    ``[logprob, top]`` for an echo (none otherwise).
-    """
-    alternatives = min(logprobs or 0, vocab)
-    token = answer.token_id
-    if not _is_id(token, vocab):
-        raise BadAnswer(f"answered a token id outside the vocabulary (0..{vocab - 1})")
-    score = None
-    if logprobs is not None:
-        score = _score(answer.logprob, answer.top, vocab, alternatives)
-    elif answer.logprob is not None or answer.top is not None:
-        raise BadAnswer("answered logprobs it was not asked for")
-    prompt: tuple[TokenScore, ...] = ()
-    if prompt_scores or answer.prompt is not None:
-        if answer.prompt != [prompt_scores, alternatives] or answer.prompt_body is None:
-            raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
-        prompt = PromptTable(prompt_scores, alternatives, answer.prompt_body).scores(vocab)
-    return Choice(token, score, prompt)
-
-
-def _score(logprob: Any, top: Any, vocab: int, alternatives: int) -> TokenScore:
-    if not logprob_valid(logprob):
-        raise BadAnswer("answered a logprob that is not a finite number of at most 0")
-    if not isinstance(top, list) or len(top) != alternatives:
-        raise BadAnswer(f"answered other than {alternatives} alternatives")
-    pairs: list[tuple[int, float]] = []
-    for pair in top:
-        if not (
-            isinstance(pair, list)
-            and len(pair) == 2
-            and _is_id(pair[0], vocab)
-            and logprob_valid(pair[1])
-        ):
-            raise BadAnswer("answered an alternative that is not [token id, logprob]")
-        pairs.append((pair[0], float(pair[1])))
-    return TokenScore(float(logprob), tuple(pairs))
-
-
-def _is_id(value: Any, vocab: int) -> bool:
-    return is_count(value) and value < vocab
 
 
 # --- the frame envelope ---------------------------------------------------------------
@@ -473,16 +401,17 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
     return answers
 
 
-# --- the step's fields, generically ----------------------------------------------------
+# --- the step's fields, read by their declaration ----------------------------------------
 
-_HINTS = typing.get_type_hints(ForwardStep)
-_FIELDS = {f.name: f for f in fields(ForwardStep)}
+_FIELD_NAMES = tuple(spec.name for spec in fields(ForwardStep))
+# Fields that are lists of token ids, bounded by the step's positions.
+_TOKEN_LISTS = ("prompt_ids", "generated_ids", "token_ids")
 
 
 def step_fields(step: ForwardStep) -> dict[str, Any]:
     """Every field of ``step`` as JSON values (None fields left out)."""
     out: dict[str, Any] = {}
-    for name in _FIELDS:
+    for name in _FIELD_NAMES:
         value = getattr(step, name)
         if value is None:
             continue
@@ -505,19 +434,7 @@ def step_from_fields(raw: Any) -> ForwardStep:
     """
     if not isinstance(raw, dict):
         raise RuntimeRequestError("a step entry needs its step fields", code="missing_field")
-    unknown = set(raw) - set(_FIELDS)
-    if unknown:
-        raise _bad(f"unknown step fields: {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {}
-    for name, spec in _FIELDS.items():
-        value = raw.get(name)
-        if value is None:
-            if spec.default is MISSING and not _optional(name):
-                raise RuntimeRequestError(f"the step lacks {name}", code="missing_field")
-            if spec.default is MISSING:
-                values[name] = None
-            continue
-        values[name] = _field_value(name, value)
+    values = _STEP.decode(raw)
     if not values["session_id"]:
         raise RuntimeRequestError("the step lacks session_id", code="missing_field")
     for name in _TOKEN_LISTS:
@@ -529,59 +446,64 @@ def step_from_fields(raw: Any) -> ForwardStep:
     return ForwardStep(**values)
 
 
-# Fields that are lists of token ids, bounded by the step's positions.
-_TOKEN_LISTS = ("prompt_ids", "generated_ids", "token_ids")
+def _shape(value: Any) -> tuple[int, int, int]:
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in value)
+        or value[0] != 1
+        or value[1] < 1
+        or value[2] < 1
+    ):
+        raise RuntimeRequestError("shape must be [1, T, H] with T >= 1", code="bad_shape")
+    return (value[0], value[1], value[2])
 
 
-def _optional(name: str) -> bool:
-    hint = _HINTS[name]
-    return isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+def _dtype(value: Any) -> str:
+    if value not in DTYPES:
+        raise RuntimeRequestError(
+            f"unknown dtype {value!r} (one of {', '.join(DTYPES)})", code="bad_dtype"
+        )
+    return str(value)
 
 
-def _field_value(name: str, value: Any) -> Any:
-    if name == "shape":
-        if (
-            not isinstance(value, list)
-            or len(value) != 3
-            or not all(isinstance(d, int) and not isinstance(d, bool) for d in value)
-            or value[0] != 1
-            or value[1] < 1
-            or value[2] < 1
-        ):
-            raise RuntimeRequestError("shape must be [1, T, H] with T >= 1", code="bad_shape")
-        return (value[0], value[1], value[2])
-    if name == "dtype":
-        if value not in DTYPES:
-            raise RuntimeRequestError(
-                f"unknown dtype {value!r} (one of {', '.join(DTYPES)})", code="bad_dtype"
-            )
-        return value
-    if name == "sampling":
-        try:
-            return SamplingParams.from_mapping(value)
-        except ProtocolError as error:
-            raise RuntimeRequestError.refusing(error) from None
-    if name == "sender":
-        return str(value)[:MAX_SESSION_ID]
-    if name in _TOKEN_LISTS:
-        if not isinstance(value, list) or not all(is_count(token) for token in value):
-            raise _bad(f"{name} must be a list of token ids")
-        return tuple(value)
-    if name == "logprobs" and (not is_count(value) or value > TOP_LOGPROBS_MAX):
+def _sampling(value: Any) -> SamplingParams:
+    try:
+        return SamplingParams.from_mapping(value)
+    except ProtocolError as error:
+        raise RuntimeRequestError.refusing(error) from None
+
+
+def _logprobs(value: Any) -> int:
+    if not is_count(value) or value > TOP_LOGPROBS_MAX:
         raise _bad(f"logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
-    hint = _HINTS[name]
-    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if isinstance(value, bool) or not isinstance(value, allowed):
-        raise _bad(f"{name} has the wrong type")
-    if isinstance(value, int) and value < 0:
-        raise _bad(f"{name} must not be negative")
-    if isinstance(value, str) and len(value) > MAX_SESSION_ID:
-        raise _bad(f"{name} is too long")
     return value
+
+
+def _refuse(message: str, code: str) -> RuntimeRequestError:
+    return RuntimeRequestError(message, code=code)
 
 
 def _bad(message: str) -> RuntimeRequestError:
     return RuntimeRequestError(message, code="bad_field")
+
+
+# A null field is an absent one; every field not read here is checked by its type.
+_STEP = FieldDecoder(
+    ForwardStep,
+    refuse=_refuse,
+    bad_code="bad_field",
+    readers={
+        "shape": _shape,
+        "dtype": _dtype,
+        "sampling": _sampling,
+        "sender": lambda value: str(value)[:MAX_SESSION_ID],
+        "logprobs": _logprobs,
+    },
+    max_string=MAX_SESSION_ID,
+    missing="the step lacks {name}",
+    unknown="unknown step fields: {names}",
+)
 
 
 # --- tensors ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from meshnet_site.environment import BUSY_DEADLINE, HOP_STEP_TIMEOUT
-from nodes_app.protocol import STEP_TIMEOUT_RANGE, STEP_TIMEOUT_SECONDS
+from nodes_app.protocol.limits import STEP_TIMEOUT_RANGE, STEP_TIMEOUT_SECONDS
 
 
 @pytest.mark.parametrize(

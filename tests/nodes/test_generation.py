@@ -7,7 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from nodes_app.protocol import GenerateRequest, PlanHop
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.runtime.driver import prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.loading import load_shard

@@ -21,7 +21,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from nodes_app.prompting import prompt_token_ids
-from nodes_app.protocol import ECHO_MAX_SCORES
+from nodes_app.protocol.limits import ECHO_MAX_SCORES
 from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
 from nodes_app.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
 from tests.support.nodes import TINY, generate_body, read_stream, running_nodes

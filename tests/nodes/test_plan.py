@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from nodes_app.protocol import GenerateRequest, PlanHop
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodes_app.protocol import PENALTY_MAX, PENALTY_MIN
+from nodes_app.protocol.sampling import PENALTY_MAX, PENALTY_MIN
 from nodes_app.runtime.sampling import (
     Choice,
     SamplingParams,

@@ -14,7 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshnet_site.environment import PLAN_VALIDITY
-from nodes_app.protocol import MAX_PLAN_VALIDITY, ProtocolError, SignedPlan
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.limits import MAX_PLAN_VALIDITY
+from nodes_app.protocol.signed_plan import SignedPlan
 from nodes_app.signing import (
     load_or_create_wallet,
     public_key_from_hex,

@@ -12,7 +12,8 @@ import torch
 from django.core.management import CommandError, call_command
 from starlette.testclient import TestClient
 
-from nodes_app.protocol import STEP_TIMEOUT_POSITIONS, sse_frames, step_time_limit
+from nodes_app.protocol.limits import STEP_TIMEOUT_POSITIONS, step_time_limit
+from nodes_app.protocol.sse import sse_frames
 from nodes_app.runtime.__main__ import step_timeout_argument
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.server import create_app

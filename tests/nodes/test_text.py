@@ -64,7 +64,7 @@ def test_text_that_only_looked_like_a_stop_is_released() -> None:
     assert not other.stopped
 
 
-# --- each token as a logprob entry writes it (protocol.TokenLogprob) ----------------------
+# --- each token as a logprob entry writes it (protocol.logprobs.TokenLogprob) -----------------
 
 
 @cache

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import CAPABILITY, PlanHop, SignedPlan
+from nodes_app.protocol.limits import CAPABILITY
+from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.trust import PlanGate, capability_hash, new_capability
 from nodes_app.signing import sign_plan, wallet_of

@@ -19,7 +19,8 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import TRACKER_KEY_PATH, SignedPlan
+from nodes_app.protocol.limits import TRACKER_KEY_PATH
+from nodes_app.protocol.signed_plan import SignedPlan
 from nodes_app.runtime import wire
 from nodes_app.runtime.trust import new_capability
 from nodes_app.signing import wallet_of

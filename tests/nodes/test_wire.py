@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from nodes_app import protocol
+from nodes_app.protocol.limits import MAX_SESSION_ID
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.sampling import Choice, SamplingParams, TokenScore
+from nodes_app.runtime.sampling import SamplingParams
 
 STEP = wire.ForwardStep(
     session_id="s-1",
@@ -84,79 +84,6 @@ def test_answers_carry_hidden_states_tokens_and_refusals() -> None:
     assert decoded[2].message == "full"
 
 
-def test_a_last_hops_choice_travels_with_the_scores_it_was_asked_for() -> None:
-    choice = Choice(
-        42,
-        TokenScore(-0.25, ((42, -0.25), (7, -1.5))),
-        (TokenScore(-3.0, ((1, -0.5), (2, -0.75))), TokenScore(-0.125, ((9, -0.125), (8, -2.0)))),
-    )
-    [answer] = wire.decode_answers(wire.encode_answers([wire.StepAnswer.chosen(5, choice)]))
-
-    assert wire.choice_of(answer, vocab=64, logprobs=2, prompt_scores=2) == choice
-
-
-def test_a_plain_choice_answers_its_token_alone() -> None:
-    [answer] = wire.decode_answers(wire.encode_answers([wire.StepAnswer.chosen(5, Choice(42))]))
-
-    assert wire.choice_of(answer, vocab=64, logprobs=None, prompt_scores=0) == Choice(42)
-
-
-@pytest.mark.parametrize(
-    ("fields", "logprobs", "prompt_scores"),
-    [
-        ({"token_id": 64}, None, 0),  # past the vocabulary
-        ({"token_id": True}, None, 0),
-        ({"token_id": 1}, 1, 0),  # logprobs asked, none answered
-        ({"token_id": 1, "logprob": -1.0, "top": []}, 1, 0),  # too few alternatives
-        ({"token_id": 1, "logprob": 0.5, "top": [[1, -0.1]]}, 1, 0),  # a positive logprob
-        ({"token_id": 1, "logprob": -1.0, "top": [[70, -0.1]]}, 1, 0),  # an unknown alternative
-        ({"token_id": 1, "logprob": -1.0}, None, 0),  # logprobs nobody asked for
-        ({"token_id": 1}, None, 2),  # an echo without its prompt scores
-        ({"token_id": 1, "prompt": [[-1.0, []]]}, None, 2),  # one prompt score short
-        ({"token_id": 1, "prompt": [-1.0, -2.0]}, None, 2),
-    ],
-)
-def test_a_last_hops_answer_without_what_was_asked_is_that_hops_fault(
-    fields: dict[str, Any], logprobs: int | None, prompt_scores: int
-) -> None:
-    header = json.dumps({"answers": [{"id": 1, **fields}]}).encode()
-    [answer] = wire.decode_answers(struct.pack("<I", len(header)) + header)
-    with pytest.raises(wire.BadAnswer):
-        wire.choice_of(answer, vocab=64, logprobs=logprobs, prompt_scores=prompt_scores)
-
-
-def echo_answer(scores: tuple[TokenScore, ...]) -> wire.StepAnswer:
-    [answer] = wire.decode_answers(
-        wire.encode_answers([wire.StepAnswer.chosen(5, Choice(1, None, scores))])
-    )
-    return answer
-
-
-@pytest.mark.parametrize(
-    ("scores", "vocab"),
-    [
-        ((TokenScore(-1.0, ((3, -1.0),)), TokenScore(0.5, ((3, -1.0),))), 64),  # positive
-        ((TokenScore(-1.0, ((3, float("nan")),)), TokenScore(-1.0, ((3, -1.0),))), 64),
-        ((TokenScore(-1.0, ((3, -1.0),)), TokenScore(-1.0, ((64, -1.0),))), 64),  # past vocab
-        ((TokenScore(-1.0, ((3, -1.0),)), TokenScore(-1.0, ((-1, -1.0),))), 64),
-    ],
-)
-def test_an_echos_prompt_scores_that_cannot_be_logprobs_are_that_hops_fault(
-    scores: tuple[TokenScore, ...], vocab: int
-) -> None:
-    with pytest.raises(wire.BadAnswer):
-        wire.choice_of(echo_answer(scores), vocab=vocab, logprobs=1, prompt_scores=2)
-
-
-def test_an_echos_prompt_scores_of_another_size_are_that_hops_fault() -> None:
-    answer = echo_answer((TokenScore(-1.0, ((3, -1.0),)), TokenScore(-1.0, ((3, -1.0),))))
-    with pytest.raises(wire.BadAnswer):
-        wire.choice_of(answer, vocab=64, logprobs=1, prompt_scores=3)
-    short = dataclasses.replace(answer, prompt_body=(answer.prompt_body or b"")[:-4])
-    with pytest.raises(wire.BadAnswer):
-        wire.choice_of(short, vocab=64, logprobs=1, prompt_scores=2)
-
-
 def test_every_field_of_a_step_travels_by_name() -> None:
     # Generic on purpose: a field added to ForwardStep needs no change in the codec.
     names = {field.name for field in dataclasses.fields(wire.ForwardStep)}
@@ -185,7 +112,7 @@ GOOD = wire.step_fields(STEP)
         ({"position": -1}, "bad_field"),
         ({"start": "two"}, "bad_field"),
         ({"start": True}, "bad_field"),
-        ({"session_id": "s" * (protocol.MAX_SESSION_ID + 1)}, "bad_field"),
+        ({"session_id": "s" * (MAX_SESSION_ID + 1)}, "bad_field"),
         ({"surprise": 1}, "bad_field"),
         ({"end": None}, "missing_field"),
         ({"session_id": ""}, "missing_field"),
@@ -198,7 +125,7 @@ GOOD = wire.step_fields(STEP)
         ({"prompt_ids": [1, 2, 3, 4]}, "bad_field"),  # more ids than the step's 3 positions
         ({"prompt_ids": [1, -2]}, "bad_field"),
         ({"generated_ids": "1,2"}, "bad_field"),
-        # An echo answering more logprobs than a head may ask for (protocol.ECHO_MAX_SCORES).
+        # An echo answering more logprobs than a head may ask for (ECHO_MAX_SCORES).
         (
             {"shape": [1, 20_000, 8], "prompt_ids": [1] * 20_000, "logprobs": 20},
             "bad_field",

@@ -24,7 +24,7 @@ from django.core.management import call_command
 from schemathesis.core.failures import FailureGroup
 
 from bench.schema_checks import assert_conforms, live_schema
-from nodes_app.protocol import SSE_DONE, sse_data
+from nodes_app.protocol.sse import SSE_DONE, sse_data
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
 from tracker_app.localnet import fresh_process_database

@@ -23,15 +23,15 @@ from starlette.testclient import TestClient
 
 from meshnet_site.errors import DomainError
 from nodes_app.prompting import prompt_token_ids
-from nodes_app.protocol import (
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.sampling import (
     SEED_MAX,
     TEMPERATURE_MAX,
     TOP_K_MAX,
     TOP_P_MIN,
-    ProtocolError,
     SamplingParams,
-    sse_frames,
 )
+from nodes_app.protocol.sse import sse_frames
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput
 from nodes_app.runtime.loading import load_shard

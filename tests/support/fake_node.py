@@ -19,7 +19,10 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import SSE_DONE, ChunkFrame, GenerateRequest, Usage, sse_event
+from nodes_app.protocol.frames import ChunkFrame
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.sse import SSE_DONE, sse_event
+from nodes_app.protocol.usage import Usage
 from tracker_app.localnet.stand_in_nodes import signed_registration
 
 CHALLENGE_DOMAIN = b"meshnet-endpoint-challenge-v1\n"

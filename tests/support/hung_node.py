@@ -22,7 +22,9 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import LINK_PATH, ChunkFrame, sse_event
+from nodes_app.protocol.frames import ChunkFrame
+from nodes_app.protocol.limits import LINK_PATH
+from nodes_app.protocol.sse import sse_event
 from tests.support.fake_node import NodeHandler, serve_node
 from tracker_app.localnet.stand_in_nodes import signed_registration
 

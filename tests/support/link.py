@@ -17,7 +17,8 @@ from typing import Any
 from starlette.testclient import TestClient
 from websockets.sync.client import connect
 
-from nodes_app.protocol import LINK_PATH, SamplingParams
+from nodes_app.protocol.limits import LINK_PATH
+from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime import wire
 from nodes_app.runtime.links import link_url
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.protocol import GenerateRequest, PlanHop, SignedPlan
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
 from nodes_app.signing import load_or_create_wallet, sign_plan
 
 

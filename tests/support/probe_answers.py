@@ -3,7 +3,7 @@ route plans of a 4-layer model."""
 
 from __future__ import annotations
 
-from nodes_app.protocol import TokenLogprob, TopLogprob
+from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
 from routing_app.planner import Hop, RoutePlan
 from routing_app.probing import ProbeAnswer
 

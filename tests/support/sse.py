@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from nodes_app.protocol import sse_data
+from nodes_app.protocol.sse import sse_data
 
 
 def iter_sse(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from meshnet_site.errors import DomainError, http_error
-from nodes_app.protocol import sse_event
+from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.chat import (
     CHAT_DEFAULT_MAX_TOKENS,
     ChatAnswer,

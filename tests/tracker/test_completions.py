@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodes_app.protocol import TokenLogprob, TopLogprob
+from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.prompt_tokens import PromptCount
 from tracker_app.completions.text import (

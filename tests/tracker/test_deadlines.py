@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from nodes_app.protocol import STEP_TIMEOUT_POSITIONS, step_time_limit
+from nodes_app.protocol.limits import STEP_TIMEOUT_POSITIONS, step_time_limit
 from tests.support.hung_node import HungNode
 from tests.support.network import Network, head_tail_answer, start_network
 from tests.support.plans import signed, tracker_key

@@ -14,7 +14,7 @@ from openai.types import completion_create_params as openai_text_params
 from openai.types.chat import completion_create_params as openai_chat_params
 
 from meshnet_site.errors import DomainError, http_error
-from nodes_app.protocol import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
+from nodes_app.protocol.sampling import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
 from tracker_app.completions.chat import chat_params_parse
 from tracker_app.completions.parameters import (
     CHAT_REFUSED,

@@ -10,14 +10,10 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from nodes_app.protocol import (
-    SSE_DONE,
-    ChunkFrame,
-    GenerateRequest,
-    TokenLogprob,
-    TopLogprob,
-    sse_event,
-)
+from nodes_app.protocol.frames import ChunkFrame
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
+from nodes_app.protocol.sse import SSE_DONE, sse_event
 from nodes_app.services import topology_epoch_bump
 from routing_app import receivers
 from routing_app.models import RouteProbe, RouteQuarantine

@@ -30,15 +30,10 @@ from meshnet_site.errors import DomainError, http_error
 from nodes_app.models import LanguageModel, Node, TopologyEpoch
 from nodes_app.plans import tracker_public_key
 from nodes_app.prompting import prompt_token_ids
-from nodes_app.protocol import (
-    SSE_DONE,
-    ChunkFrame,
-    ErrorFrame,
-    GenerateRequest,
-    Usage,
-    sse_data,
-    sse_event,
-)
+from nodes_app.protocol.frames import ChunkFrame, ErrorFrame
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.sse import SSE_DONE, sse_data, sse_event
+from nodes_app.protocol.usage import Usage
 from nodes_app.signing import public_key_from_hex, verify_plan
 from nodes_app.tokenization import tiny_tokenizer
 from routing_app.bans import node_bans_reset

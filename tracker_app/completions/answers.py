@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nodes_app.protocol import sse_event
+from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
 

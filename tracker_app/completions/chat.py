@@ -17,7 +17,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-from nodes_app.protocol import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX, completion_chunk, sse_event
+from nodes_app.protocol.frames import completion_chunk
+from nodes_app.protocol.limits import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX
+from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.answers import TextEvents
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import (

@@ -35,7 +35,7 @@ from meshnet_site.errors import (
     http_error,
     is_database_outage,
 )
-from nodes_app.protocol import SSE_DONE, sse_event
+from nodes_app.protocol.sse import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
 from tracker_app.api_keys.authentication import InvalidApiKey
 from tracker_app.api_keys.rate_limit import rate_limit_check

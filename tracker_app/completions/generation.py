@@ -17,7 +17,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from nodes_app.protocol import ChunkFrame, SamplingParams, TokenLogprob, Usage
+from nodes_app.protocol.frames import ChunkFrame
+from nodes_app.protocol.logprobs import TokenLogprob
+from nodes_app.protocol.sampling import SamplingParams
+from nodes_app.protocol.usage import Usage
 from routing_app.choice import RouteDecision
 from routing_app.planner import Hop
 from tracker_app.billing.pricing import HopWork, request_work

@@ -1,6 +1,6 @@
 """Reading one head's ``/v1/generate`` stream, and what each way it can go wrong means.
 
-:func:`head_stream` sends a :class:`~nodes_app.protocol.GenerateRequest` to
+:func:`head_stream` sends a :class:`~nodes_app.protocol.generate.GenerateRequest` to
 its hop 0 and yields the head's chunk frames as they arrive. It ends
 normally only after a frame with a ``finish_reason``; otherwise it raises
 one of three things, each asking the caller for a different response:
@@ -27,7 +27,7 @@ one of three things, each asking the caller for a different response:
   and fail over.
 
 A hop that hangs downstream is the head's to report (it gives each hop one
-step deadline, ``protocol.step_time_limit``): the tracker waits for the head
+step deadline, ``protocol.limits.step_time_limit``): the tracker waits for the head
 longer than that, so the blame lands on the hop and not on the head.
 
 A node's words never reach a client: messages name the node, an HTTP status
@@ -46,18 +46,11 @@ import httpx
 from rest_framework import status
 
 from meshnet_site.errors import DomainError, ErrorKind
-from nodes_app.protocol import (
-    HOP_TIMED_OUT,
-    SSE_DONE,
-    ChunkFrame,
-    ErrorFrame,
-    GenerateRequest,
-    ProtocolError,
-    parse_frame,
-    relayable_code,
-    sse_data,
-    step_time_limit,
-)
+from nodes_app.protocol.errors import HOP_TIMED_OUT, ProtocolError, relayable_code
+from nodes_app.protocol.frames import ChunkFrame, ErrorFrame, parse_frame
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.limits import step_time_limit
+from nodes_app.protocol.sse import SSE_DONE, sse_data
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,9 @@ from rest_framework import serializers
 
 from meshnet_site.environment import MAX_CHOICES
 from meshnet_site.errors import DomainError, ErrorKind, validation_message
-from nodes_app.protocol import (
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.generate import stop_sequences
+from nodes_app.protocol.sampling import (
     PENALTY_MAX,
     PENALTY_MIN,
     SAMPLING_VALUES,
@@ -36,10 +38,8 @@ from nodes_app.protocol import (
     TEMPERATURE_MAX,
     TOP_K_MAX,
     TOP_P_MIN,
-    ProtocolError,
     SamplingParams,
     logit_bias_pairs,
-    stop_sequences,
 )
 
 MAX_MAX_TOKENS = 4096
@@ -161,7 +161,7 @@ def fields_validate(
 
 class LogitBiasField(serializers.JSONField):
     """``logit_bias``: token id (a decimal string, as JSON keys are) → bias in -100..100,
-    at most 300 entries, checked by the nodes' own rule (``protocol.logit_bias_pairs``);
+    at most 300 entries, checked by the nodes' own rule (``protocol.sampling.logit_bias_pairs``);
     whether an id is in the vocabulary is the node's to say."""
 
     def to_internal_value(self, data: Any) -> Any:

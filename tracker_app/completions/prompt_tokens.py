@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
-from nodes_app.protocol import ECHO_MAX_SCORES, echo_scores
+from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
 from tracker_app.completions.parameters import InvalidRequest, Prompt
 

@@ -53,7 +53,10 @@ from meshnet_site.database import database_call, through_outage
 from meshnet_site.errors import DomainError, ErrorKind, http_error, is_database_outage
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
-from nodes_app.protocol import GenerateRequest, PlanHop, Usage, sse_event
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.signed_plan import PlanHop
+from nodes_app.protocol.sse import sse_event
+from nodes_app.protocol.usage import Usage
 from routing_app.bans import node_ban, node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.services import (

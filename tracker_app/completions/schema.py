@@ -45,13 +45,9 @@ from meshnet_site.api_schema import (
     error_responses,
     security,
 )
-from nodes_app.protocol import (
-    LOGIT_BIAS_MAX,
-    LOGIT_BIAS_MAX_ENTRIES,
-    MAX_STOP_LENGTH,
-    MAX_STOPS,
-    SSE_DONE,
-)
+from nodes_app.protocol.limits import MAX_STOP_LENGTH, MAX_STOPS
+from nodes_app.protocol.sampling import LOGIT_BIAS_MAX, LOGIT_BIAS_MAX_ENTRIES
+from nodes_app.protocol.sse import SSE_DONE
 from routing_app.api import HopOutput
 from routing_app.choice import DecisionMode
 

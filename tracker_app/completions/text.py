@@ -20,7 +20,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from nodes_app.protocol import TokenLogprob, sse_event
+from nodes_app.protocol.logprobs import TokenLogprob
+from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.answers import TextEvents
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import (
@@ -103,7 +104,7 @@ class TextOffsets:
 
     A token's bytes may hold part of a character (a byte-level BPE piece): a
     token starts after the characters its predecessors completed. A special
-    token has no bytes (``protocol.TokenLogprob``): in an echoed prompt it
+    token has no bytes (``protocol.logprobs.TokenLogprob``): in an echoed prompt it
     stands for its written form when ``prompt``, the echoed text, holds that
     form there (the client wrote it); one the tokenizer added (a BOS) is not
     in the text and takes no characters, nor does one in a completion.

@@ -11,7 +11,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from meshnet_site.environment import HOP_STEP_TIMEOUT
-from nodes_app.protocol import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS, LINK_MAX_FRAME_BYTES
+from nodes_app.protocol.limits import (
+    GENERATE_MAX_BYTES,
+    GENERATE_MAX_PROMPT_CHARS,
+    LINK_MAX_FRAME_BYTES,
+)
 from nodes_app.runtime.capacity import add_capacity_arguments
 from nodes_app.runtime.precision import add_precision_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS

@@ -1,0 +1,227 @@
+"""The generate request: the body of ``POST {head}/v1/generate`` the tracker sends a head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodes_app.protocol.decoding import FieldDecoder, is_int
+from nodes_app.protocol.errors import ProtocolError, refusal
+from nodes_app.protocol.limits import (
+    DEFAULT_MAX_TOKENS,
+    MAX_REQUEST_ID,
+    MAX_STOP_LENGTH,
+    MAX_STOPS,
+    TOP_LOGPROBS_MAX,
+)
+from nodes_app.protocol.sampling import SAMPLING_FIELDS, SamplingParams
+from nodes_app.protocol.signed_plan import PLAN_READERS, PlanHop, SignedPlan
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """The body of ``POST {head}/v1/generate``.
+
+    The prompt is either chat ``messages`` (the model's chat template applied)
+    or a raw text ``prompt`` (the legacy completions endpoint: tokenised as the
+    tokenizer does by default, no template); exactly one is given.
+    ``max_tokens`` is the budget of the whole completion, resumed tokens
+    included: the head prefills the prompt plus ``resume_token_ids`` and
+    streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``,
+    ``nonce`` and ``signature`` are the tracker's seal on the plan (see :attr:`plan`).
+
+    ``logprobs``: every frame with token ids also carries each token's
+    logprob and its ``top_logprobs`` best alternatives. ``echo``: the first
+    frame also carries the prompt's own token logprobs (each given the
+    tokens before it); ``max_tokens`` may then be 0 (the prompt is run, no
+    token is generated). Logprobs are the model's log-softmax of the last
+    hop's float32 logits before temperature, penalties and logit_bias.
+    """
+
+    request_id: str
+    model: str
+    hops: tuple[PlanHop, ...]
+    messages: list[dict[str, str]]
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    resume_token_ids: list[int] = field(default_factory=list)
+    expires_at: int = 0
+    nonce: str = ""
+    signature: str = ""
+    prompt: str | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    echo: bool = False
+
+    @property
+    def plan(self) -> SignedPlan:
+        """The request's plan with the tracker's seal (unsigned: ``signature`` "")."""
+        return SignedPlan(
+            self.request_id, self.model, self.hops, self.expires_at, self.nonce, self.signature
+        )
+
+    @property
+    def prompt_characters(self) -> int:
+        """Characters the head tokenises: the raw prompt's, or every message's content."""
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(message["content"]) for message in self.messages)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object the tracker sends (sampling fields at the top level).
+
+        Fields at their defaults (``prompt``, ``logprobs``, ``top_logprobs``,
+        ``echo``, penalties, logit_bias) are left out, so a request that uses
+        none of them is the body older heads know.
+        """
+        plan: dict[str, Any] = {"model": self.model, "hops": [hop.to_json() for hop in self.hops]}
+        if self.signature:
+            plan.update(expires_at=self.expires_at, nonce=self.nonce, signature=self.signature)
+        prompt: dict[str, Any] = (
+            {"messages": self.messages} if self.prompt is None else {"prompt": self.prompt}
+        )
+        scoring: dict[str, Any] = {}
+        if self.logprobs:
+            scoring.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if self.echo:
+            scoring["echo"] = True
+        return {
+            "request_id": self.request_id,
+            **prompt,
+            "max_tokens": self.max_tokens,
+            **self.sampling.to_json(),
+            **scoring,
+            "stop": self.stop,
+            "resume_token_ids": self.resume_token_ids,
+            "plan": plan,
+        }
+
+    @classmethod
+    def parse(cls, body: Any) -> GenerateRequest:
+        """Validate a decoded JSON body; :class:`ProtocolError` names the first bad field.
+
+        Checks everything that holds for any node: types, limits, and a plan
+        whose hops start at layer 0 and cover the layers contiguously. Whether
+        this node is hop 0, serves the model, and which layer is the last is
+        for the node to check against its own shard.
+        """
+        if not isinstance(body, dict):
+            raise ProtocolError("body must be a JSON object")
+        if (body.get("messages") is None) == (body.get("prompt") is None):
+            raise ProtocolError("give exactly one of messages and prompt")
+        plan = body.get("plan")
+        if not isinstance(plan, dict):
+            raise ProtocolError(
+                "plan must be an object with a non-empty hops list", code="invalid_plan"
+            )
+        # The request's fields as one object: the plan's own, and the sampling
+        # parameters (top-level fields of the body) as one ``sampling`` object.
+        fields = {name: body[name] for name in _BODY_FIELDS if name in body}
+        fields.update((name, plan[name]) for name in PLAN_READERS if name in plan)
+        fields["sampling"] = {key: body[key] for key in SAMPLING_FIELDS if key in body}
+        values = _FIELDS.decode(fields)
+        logprobs, echo = values.get("logprobs", False), values.get("echo", False)
+        if values.get("top_logprobs") and not logprobs:
+            raise ProtocolError("top_logprobs needs logprobs")
+        max_tokens, least = values.get("max_tokens", DEFAULT_MAX_TOKENS), 0 if echo else 1
+        if not is_int(max_tokens) or max_tokens < least:
+            raise ProtocolError(
+                f"max_tokens must be an integer of at least {least}"
+                + ("" if echo else " (0 only with echo)")
+            )
+        return cls(**values)
+
+
+def stop_sequences(value: Any) -> list[str]:
+    """``stop`` as a list: None → [], a string → [it]; the one rule both sides apply.
+
+    Raises :class:`ProtocolError` unless it is at most :data:`MAX_STOPS`
+    non-empty strings of at most :data:`MAX_STOP_LENGTH` characters.
+    """
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ProtocolError("stop must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOPS:
+        raise ProtocolError(f"stop takes at most {MAX_STOPS} sequences")
+    if any(len(stop) > MAX_STOP_LENGTH for stop in stops):
+        raise ProtocolError(f"each stop sequence is at most {MAX_STOP_LENGTH} characters")
+    return list(stops)
+
+
+def _request_id(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
+        raise ProtocolError(
+            f"request_id must be a non-empty string of at most {MAX_REQUEST_ID} characters"
+        )
+    return value
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    """Chat messages (none when the request gives a raw prompt instead)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value:
+        raise ProtocolError("messages must be a non-empty list")
+    for message in value:
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ProtocolError("each message needs a string role and a string content")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _prompt(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError("prompt must be a string")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError("logprobs and echo must be booleans")
+    return value
+
+
+def _top_logprobs(value: Any) -> int:
+    if not is_int(value) or not 0 <= value <= TOP_LOGPROBS_MAX:
+        raise ProtocolError(f"top_logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
+    return value
+
+
+# The body's own fields (the others are the plan's and the sampling parameters).
+_BODY_FIELDS = (
+    "request_id",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "stop",
+    "resume_token_ids",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+)
+# A null request id, max_tokens or plan field is refused; any other null field
+# takes its default (clients and trackers send null for "not set").
+_FIELDS = FieldDecoder(
+    GenerateRequest,
+    refuse=refusal,
+    bad_code="invalid_request",
+    readers={
+        **PLAN_READERS,
+        "request_id": _request_id,
+        "messages": _messages,
+        "prompt": _prompt,
+        "max_tokens": lambda value: value,  # checked with echo, once both are read
+        "sampling": SamplingParams.from_mapping,
+        "stop": stop_sequences,
+        "logprobs": _flag,
+        "echo": _flag,
+        "top_logprobs": _top_logprobs,
+    },
+    null_values=("request_id", "max_tokens", *PLAN_READERS),
+)
