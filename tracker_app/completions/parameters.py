@@ -1,7 +1,7 @@
 """What both completion endpoints take of an OpenAI request, and what they refuse.
 
-``/v1/chat/completions`` (:mod:`tracker_app.completions.chat`) and the legacy
-``/v1/completions`` (:mod:`tracker_app.completions.text`) share their sampling
+``/v1/chat/completions`` (:mod:`tracker_app.completions.chat_request`) and the legacy
+``/v1/completions`` (:mod:`tracker_app.completions.text_request`) share their sampling
 fields, ``n``, ``stop``, ``route`` and the way a body is read
 (:func:`request_fields`): each parses into one :class:`GenerationParams`, what
 the proxy runs. Their ranges are OpenAI's (and, for what a node checks again,
@@ -24,11 +24,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from meshnet_site.environment import MAX_CHOICES
 from meshnet_site.errors import DomainError, ErrorKind, validation_message
 from nodes_app.protocol import (
+    LOGIT_BIAS_MAX,
+    LOGIT_BIAS_MAX_ENTRIES,
+    MAX_STOP_LENGTH,
+    MAX_STOPS,
     PENALTY_MAX,
     PENALTY_MIN,
     SAMPLING_VALUES,
@@ -159,6 +164,20 @@ def fields_validate(
     raise InvalidRequest(validation_message(errors), param=named[0] if named else None)
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "description": "Token id (decimal) → bias added to its logit",
+        "additionalProperties": {
+            "type": "number",
+            "minimum": -LOGIT_BIAS_MAX,
+            "maximum": LOGIT_BIAS_MAX,
+        },
+        "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
+        "maxProperties": LOGIT_BIAS_MAX_ENTRIES,
+        "nullable": True,
+    }
+)
 class LogitBiasField(serializers.JSONField):
     """``logit_bias``: token id (a decimal string, as JSON keys are) → bias in -100..100,
     at most 300 entries, checked by the nodes' own rule (``protocol.logit_bias_pairs``);
@@ -171,6 +190,19 @@ class LogitBiasField(serializers.JSONField):
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None
         return value
+
+
+_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH}
+
+
+@extend_schema_field(
+    {
+        "oneOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}],
+        "nullable": True,
+    }
+)
+class StopSequencesField(serializers.JSONField):
+    """``stop``: one sequence or a list of them (:meth:`GenerationFields.validate_stop`)."""
 
 
 class GenerationFields(serializers.Serializer[dict[str, Any]]):
@@ -197,7 +229,7 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
         min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False, allow_null=True
     )
     logit_bias = LogitBiasField(required=False, allow_null=True)
-    stop = serializers.JSONField(required=False, default=None, allow_null=True)
+    stop = StopSequencesField(required=False, default=None, allow_null=True)
     n = serializers.IntegerField(
         min_value=1, max_value=CHOICES_CEILING, required=False, allow_null=True
     )
@@ -209,6 +241,7 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
     user = serializers.CharField(required=False, allow_blank=True, allow_null=True)
 
     def validate_stop(self, value: Any) -> list[str]:
+        """The nodes' own rule (``protocol.stop_sequences``); absent or null: none."""
         try:
             return stop_sequences(value)
         except ProtocolError as error:
