@@ -12,12 +12,8 @@ from hypothesis import strategies as st
 from nodes_app.protocol import TokenLogprob, TopLogprob
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.prompt_tokens import PromptCount
-from tracker_app.completions.text import (
-    TextCompletionAnswer,
-    TextOffsets,
-    legacy_logprobs,
-    text_completion_params_parse,
-)
+from tracker_app.completions.text_answer import TextCompletionAnswer, TextOffsets, legacy_logprobs
+from tracker_app.completions.text_request import text_completion_params_parse
 
 
 def entry(piece: bytes, logprob: float | None = -1.0, *tops: tuple[str, float]) -> TokenLogprob:
