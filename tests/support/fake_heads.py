@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -374,7 +375,9 @@ def work(proxy: CompletionProxy) -> list[tuple[str, int, int, int]]:
     """The work units the request was billed for: node, layers, tokens."""
     return [
         (unit.node_id, unit.start_layer, unit.end_layer, unit.tokens)
-        for unit in WorkUnit.objects.filter(billing__request_id=proxy.request_id).order_by("id")
+        for unit in WorkUnit.objects.filter(
+            billing__request_id=uuid.UUID(proxy.request_id)
+        ).order_by("id")
     ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,7 @@ class Blips:
 
 
 def bills(proxy: CompletionProxy) -> int:
-    return BillingRecord.objects.filter(request_id=proxy.request_id).count()
+    return BillingRecord.objects.filter(request_id=uuid.UUID(proxy.request_id)).count()
 
 
 def proxy_through(
