@@ -46,16 +46,17 @@ def choice_chunk(
 ) -> ChatCompletionChunk:
     """A ``chat.completion.chunk`` of choice ``choice``; ``logprobs``, ``meshnet`` and
     ``usage`` only where given."""
-    choice_of = ChatChunkChoice(index=choice, delta=delta, finish_reason=finish_reason)
+    # Literals typed by their declarations: mypy checks them, and they cost what a dict does.
+    choice_of: ChatChunkChoice = {"index": choice, "delta": delta, "finish_reason": finish_reason}
     if logprobs is not None:
         choice_of["logprobs"] = logprobs
-    chunk = ChatCompletionChunk(
-        id=completion_id,
-        object="chat.completion.chunk",
-        created=created,
-        model=model,
-        choices=[choice_of],
-    )
+    chunk: ChatCompletionChunk = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice_of],
+    }
     if meshnet is not None:
         chunk["meshnet"] = meshnet
     if usage is not None:
@@ -65,16 +66,18 @@ def choice_chunk(
 
 def token_logprob(entry: TokenLogprobEntry) -> TokenLogprob:
     """One token's entry of a choice's ``logprobs.content``, its alternatives best first."""
-    return TokenLogprob(
-        token=entry.token,
-        # Only an echoed prompt's first token has no logprob, and a chat echoes nothing.
-        logprob=cast(float, entry.logprob),
-        bytes=list(entry.utf8),
-        top_logprobs=[
-            TopLogprob(token=top.token, logprob=top.logprob, bytes=list(top.utf8))
-            for top in entry.top_logprobs
-        ],
-    )
+    tops: list[TopLogprob] = [
+        {"token": top.token, "logprob": top.logprob, "bytes": list(top.utf8)}
+        for top in entry.top_logprobs
+    ]
+    # Only an echoed prompt's first token has no logprob, and a chat echoes nothing.
+    logprob = cast(float, entry.logprob)
+    return {
+        "token": entry.token,
+        "logprob": logprob,
+        "bytes": list(entry.utf8),
+        "top_logprobs": tops,
+    }
 
 
 class ChatAnswer:
@@ -118,10 +121,8 @@ class ChatAnswer:
     def piece(self, piece: Piece) -> bytes:
         if not piece.logprobs:
             return self._text[piece.choice].event(piece.text)
-        content = ChoiceLogprobs(content=[token_logprob(entry) for entry in piece.logprobs])
-        return sse_event(
-            self._chunk(piece.choice, delta=ChatDelta(content=piece.text), logprobs=content)
-        )
+        content: ChoiceLogprobs = {"content": [token_logprob(entry) for entry in piece.logprobs]}
+        return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
 
     def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
         return sse_event(

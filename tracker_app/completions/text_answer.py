@@ -95,12 +95,12 @@ def legacy_logprobs(
             best.setdefault(legacy_token(alternative.token, alternative.utf8), alternative.logprob)
         best.setdefault(token, entry.logprob)
         top_logprobs.append(best)
-    return LegacyLogprobs(
-        tokens=tokens,
-        token_logprobs=token_logprobs,
-        top_logprobs=top_logprobs,
-        text_offset=text_offset,
-    )
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
 
 
 class TextCompletionAnswer:
@@ -132,17 +132,21 @@ class TextCompletionAnswer:
         meshnet: MeshnetRoute | None = None,
         usage: Usage | None = None,
     ) -> TextCompletionChunk:
-        chunk = TextCompletionChunk(
-            id=self.completion_id,
-            object="text_completion",
-            created=self.created,
-            model=self.model,
-            choices=[
-                TextChunkChoice(
-                    text=text, index=choice, logprobs=logprobs, finish_reason=finish_reason
-                )
-            ],
-        )
+        # Literals typed by their declarations: mypy checks them, and they cost what a
+        # dict does (a streamed token's chunk is built here).
+        choice_of: TextChunkChoice = {
+            "text": text,
+            "index": choice,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
+        chunk: TextCompletionChunk = {
+            "id": self.completion_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice_of],
+        }
         if meshnet is not None:
             chunk["meshnet"] = meshnet
         if usage is not None:
