@@ -26,7 +26,6 @@ from tracker_app.completions.parameters import (
     fields_validate,
     generation_params,
     request_fields,
-    unsupported_refuse,
 )
 
 # A chat's tokens when the client sets no limit: the head's own default (OpenAI has none).
@@ -69,6 +68,7 @@ class ChatMessage(serializers.Serializer[dict[str, Any]]):
 
 @extend_schema_serializer(component_name="ChatCompletion")
 class ChatCompletionRequest(GenerationFields):
+    refused = CHAT_REFUSED
     # What :func:`chat_params_parse` accepts: every field, range and default.
 
     messages = ChatMessage(many=True, allow_empty=False)
@@ -94,14 +94,12 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
     names every bad field, :class:`~tracker_app.completions.parameters.UnsupportedParameter` every
     OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
     raw = request_fields(body)
-    unsupported_refuse(raw, CHAT_REFUSED)
-    v = fields_validate(ChatCompletionRequest(data=raw))
+    v = fields_validate(ChatCompletionRequest(data=raw, context={"max_choices": max_choices}))
     messages = [{"role": m["role"], "content": m["content"]} for m in v["messages"]]
     return generation_params(
         v,
         prompts=(messages,),
         max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or CHAT_DEFAULT_MAX_TOKENS,
-        max_choices=max_choices,
         logprobs=bool(v.get("logprobs")),
         top_logprobs=v.get("top_logprobs") or 0,
     )

@@ -13,8 +13,8 @@ off than one that is told, so each is listed here (:data:`CHAT_REFUSED`,
 :data:`COMPLETIONS_REFUSED`) with the values that ask for nothing
 (``tools: []``, ``response_format: {"type": "text"}``, ``null``), and any
 other value is a 400 ``unsupported_parameter`` naming it
-(:func:`unsupported_refuse`). Fields OpenAI does not define stay accepted:
-clients send extras.
+(:func:`unsupported_refuse`, run by each endpoint's serializer first). Fields
+OpenAI does not define stay accepted: clients send extras.
 """
 
 from __future__ import annotations
@@ -209,6 +209,12 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
     """The fields both completion endpoints take. OpenAI's optional fields may be null,
     which means their default."""
 
+    # (Not in the docstring: it is the schema's description of each request.) The whole
+    # of an endpoint's validation: the OpenAI parameters it refuses (``refused``, checked
+    # first: UnsupportedParameter), every field, and the choices the deployment allows
+    # (``context["max_choices"]``, MESHNET_MAX_CHOICES).
+    refused: tuple[Refused, ...] = ()
+
     model = serializers.CharField(max_length=64)
     stream = serializers.BooleanField(default=False)
     # The sampling ranges are the protocol's, which every node checks again.
@@ -247,6 +253,11 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None
 
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, Mapping):
+            unsupported_refuse(data, self.refused)
+        return super().to_internal_value(data)
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # The nodes' own check, so the tracker never forwards what a node refuses.
         try:
@@ -255,19 +266,27 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
             )
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None
+        self._choices_check(n=attrs.get("n") or 1, prompts=self.prompts_in(attrs))
         return attrs
 
+    def prompts_in(self, attrs: dict[str, Any]) -> int:
+        """How many prompts the request holds (each has its ``n`` choices)."""
+        return 1
 
-def choices_check(*, n: int, prompts: int, max_choices: int) -> None:
-    """Refuse more choices than a request may ask for (MESHNET_MAX_CHOICES)."""
-    if n * prompts <= max_choices:
-        return
-    asked = f"n = {n}" if prompts == 1 else f"{prompts} prompts × n = {n}: {n * prompts} choices"
-    raise InvalidRequest(
-        f"n: {asked}; this tracker serves at most {max_choices} choices a request "
-        "(MESHNET_MAX_CHOICES)",
-        param="n",
-    )
+    def _choices_check(self, *, n: int, prompts: int) -> None:
+        """Refuse more choices than a request may ask for (MESHNET_MAX_CHOICES)."""
+        max_choices = self.context.get("max_choices", DEFAULT_MAX_CHOICES)
+        if n * prompts <= max_choices:
+            return
+        asked = (
+            f"n = {n}" if prompts == 1 else f"{prompts} prompts × n = {n}: {n * prompts} choices"
+        )
+        raise serializers.ValidationError(
+            {
+                "n": f"{asked}; this tracker serves at most {max_choices} choices a request "
+                "(MESHNET_MAX_CHOICES)"
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -334,13 +353,11 @@ def generation_params(
     *,
     prompts: tuple[Prompt, ...],
     max_tokens: int,
-    max_choices: int,
     **more: Any,
 ) -> GenerationParams:
     """:class:`GenerationParams` from a :class:`GenerationFields` subclass's validated
     data (nulls become OpenAI's defaults); ``more`` are the endpoint's own fields."""
     n = v.get("n") or 1
-    choices_check(n=n, prompts=len(prompts), max_choices=max_choices)
 
     def given(name: str, default: Any) -> Any:
         value = v.get(name)

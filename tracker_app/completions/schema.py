@@ -44,9 +44,7 @@ from meshnet_site.api_schema import (
 from nodes_app.protocol import SSE_DONE
 from tracker_app.completions.chat_request import ChatCompletionRequest
 from tracker_app.completions.parameters import (
-    CHAT_REFUSED,
     CHOICES_CEILING,
-    COMPLETIONS_REFUSED,
     Refused,
 )
 from tracker_app.completions.shapes import (
@@ -173,7 +171,8 @@ class ChatCompletionsSchemaView(APIView):
         "(then with the page's CSRF token and origin). `n` choices (at most "
         f"MESHNET_MAX_CHOICES, {CHOICES_CEILING} in any deployment) run at once. OpenAI "
         "parameters Meshnet does not honour are refused (400 `unsupported_parameter`, "
-        f"`param` names it) unless they ask for nothing: {refused_parameters(CHAT_REFUSED)}. "
+        "`param` names it) unless they ask for nothing: "
+        f"{refused_parameters(ChatCompletionRequest.refused)}. "
         "Other fields are ignored.",
         auth=security(API_KEY, STAFF_SESSION),
         request={"application/json": ChatCompletionRequest},
@@ -209,7 +208,7 @@ class TextCompletionsSchemaView(APIView):
         "(0-5 alternatives) is set; `max_tokens: 0` with `echo` scores the prompt without "
         "generating. Unsupported OpenAI parameters are refused (400 "
         f"`unsupported_parameter`) unless they ask for nothing: "
-        f"{refused_parameters(COMPLETIONS_REFUSED)}. "
+        f"{refused_parameters(TextCompletionRequest.refused)}. "
         "Other fields are ignored.",
         auth=security(API_KEY),
         request={"application/json": TextCompletionRequest},

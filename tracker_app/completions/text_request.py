@@ -28,7 +28,6 @@ from tracker_app.completions.parameters import (
     fields_validate,
     generation_params,
     request_fields,
-    unsupported_refuse,
 )
 
 # OpenAI's legacy defaults and limits: 16 tokens, the 5 most likely tokens at most.
@@ -50,6 +49,7 @@ class TextPrompt(serializers.JSONField):
 
 @extend_schema_serializer(component_name="TextCompletion")
 class TextCompletionRequest(GenerationFields):
+    refused = COMPLETIONS_REFUSED
     # What :func:`text_completion_params_parse` accepts: every field, range and default.
 
     prompt = TextPrompt()
@@ -75,6 +75,9 @@ class TextCompletionRequest(GenerationFields):
             raise serializers.ValidationError(f"takes at most {CHOICES_CEILING} prompts")
         return prompts
 
+    def prompts_in(self, attrs: dict[str, Any]) -> int:
+        return len(attrs["prompt"])
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs.get("max_tokens") == 0 and not attrs.get("echo"):
             raise serializers.ValidationError(
@@ -91,15 +94,13 @@ def text_completion_params_parse(
     :class:`~tracker_app.completions.parameters.UnsupportedParameter` every
     OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
     raw = request_fields(body)
-    unsupported_refuse(raw, COMPLETIONS_REFUSED)
-    v = fields_validate(TextCompletionRequest(data=raw))
+    v = fields_validate(TextCompletionRequest(data=raw, context={"max_choices": max_choices}))
     max_tokens = v.get("max_tokens")
     logprobs = v.get("logprobs")
     return generation_params(
         v,
         prompts=tuple(v["prompt"]),
         max_tokens=TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        max_choices=max_choices,
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
         echo=bool(v.get("echo")),
