@@ -1,6 +1,6 @@
 """The long schemathesis run: the tracker's schema against a live tracker, many examples.
 
-The same run as ``tests/reliability/test_schema_fuzz.py`` (a real runtracker
+The same run as ``tests/tracker/completions/test_schema_fuzz.py`` (a real runtracker
 over a fresh database, PostgreSQL when DATABASE_URL names one; a real API key;
 a node registered with a real wallet for the heartbeats;
 every phase; the checks not_a_server_error, status_code_conformance,

@@ -164,7 +164,7 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "nodes_app.models.NodeStatus",
         "RouteStatusEnum": "routing_app.api.ROUTE_STATUSES",
         "ErrorTypeEnum": "meshnet_site.api_schema.ERROR_TYPES",
-        "ChatRoleEnum": "tracker_app.completions.chat.ROLES",
+        "ChatRoleEnum": "tracker_app.completions.chat_request.ROLES",
         "AssistantRoleEnum": ["assistant"],
         "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],

@@ -44,7 +44,7 @@ MAX_SESSIONS = 16
 # ~4 MiB (allocator arenas, pools), the second by 0.6-1.8 MiB (7 runs) as the Call
 # wall's bounded buffers (200 calls, 500 events) go on filling, later ones by 0-0.4 MiB.
 # So this sees a leak of ~85 KiB or more per chat (a body, a client or a task per
-# request); keeping each request's ChatProxy (~5 KiB) is below RSS noise (tried).
+# request); keeping each request's CompletionProxy (~5 KiB) is below RSS noise (tried).
 MEMORY_TOLERANCE = 4 * MIB
 # How long httpx keeps an idle connection for reuse (its default keepalive_expiry), and so
 # the tracker's pool to the heads and a head's pool to its next hops; a node that closed

@@ -2,32 +2,34 @@
 
 The proxy (:mod:`tracker_app.completions.proxy`) runs the choices of a request and hands
 what they produce (:class:`~tracker_app.completions.generation.Piece`) to the answer of
-the endpoint that took the request: chat chunks (:class:`tracker_app.completions.chat.ChatAnswer`)
-or legacy ``text_completion`` ones
-(:class:`tracker_app.completions.text.TextCompletionAnswer`). The answer shapes
-bytes and JSON; it decides nothing about routes, billing or failures.
+the endpoint that took the request: chat chunks
+(:class:`~tracker_app.completions.chat_answer.ChatAnswer`) or legacy
+``text_completion`` ones (:class:`~tracker_app.completions.text_answer.TextCompletionAnswer`),
+each built through its declaration in :mod:`~tracker_app.completions.shapes`.
+The answer shapes bytes and JSON; it decides nothing about routes, billing or failures.
 
 :class:`TextEvents` writes a text chunk's server-sent event with the request's
 fixed fields encoded once, not once per token: per token only the JSON of the
-text is encoded (ADR-0004, issue 14).
+text is encoded (ADR-0004).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
+from tracker_app.completions.shapes import MeshnetRoute, Usage
 
 
 class Answer(Protocol):
     """One request's answer in its endpoint's shape."""
 
-    def opening(self, meshnet: dict[str, Any]) -> list[bytes]:
+    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
         """The events before any text: the first carries ``meshnet``, the route."""
         ...
 
@@ -35,13 +37,13 @@ class Answer(Protocol):
         """The event of a piece of one choice's text."""
         ...
 
-    def finish(self, choice: int, finish_reason: str, usage: dict[str, int] | None) -> bytes:
+    def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
         """The event that ends ``choice``; the request's last one carries ``usage``."""
         ...
 
     def reply(
-        self, generations: Sequence[Generation], usage: dict[str, int], meshnet: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+    ) -> Mapping[str, object]:
         """The whole answer (``stream: false``), its choices in order."""
         ...
 
@@ -72,7 +74,7 @@ class TextEvents:
     after: bytes
 
     @classmethod
-    def around(cls, chunk: Callable[[str], dict[str, Any]]) -> TextEvents:
+    def around(cls, chunk: Callable[[str], Mapping[str, Any]]) -> TextEvents:
         """The events of ``chunk(text)``, a chunk whose only varying string is ``text``."""
         event = sse_event(chunk(_TEXT_MARK))
         before, _, after = event.rpartition(json.dumps(_TEXT_MARK).encode())

@@ -3,7 +3,10 @@ streaming with no buffering.
 
 One consumer serves both (:class:`CompletionsConsumer`); each endpoint's
 subclass names its parser and its answer shape, everything else (key, rate
-limit, the proxy, streaming, errors) is the same.
+limit, the proxy, streaming, errors) is the same. The consumer only reads
+the request, hands it to :class:`~tracker_app.completions.proxy.CompletionProxy`
+and renders what ``run()`` ends in (a
+:class:`~tracker_app.completions.proxy.CompletionResult`).
 
 The whole request is handled in a task of its own, so that the consumer keeps
 listening for ``http.disconnect``: a client that goes away cancels the
@@ -38,14 +41,16 @@ from meshnet_site.errors import (
 from nodes_app.protocol.sse import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
 from tracker_app.api_keys.authentication import InvalidApiKey
+from tracker_app.api_keys.dashboard_session import dashboard_chat_api_key
 from tracker_app.api_keys.rate_limit import rate_limit_check
 from tracker_app.api_keys.services import api_key_lookup
 from tracker_app.completions.answers import AnswerKind
-from tracker_app.completions.chat import ChatAnswer, chat_params_parse
+from tracker_app.completions.chat_answer import ChatAnswer
+from tracker_app.completions.chat_request import chat_params_parse
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.proxy import ChatProxy
-from tracker_app.completions.text import TextCompletionAnswer, text_completion_params_parse
-from tracker_app.dashboard.chat import dashboard_chat_api_key
+from tracker_app.completions.proxy import CompletionProxy, CompletionRequest
+from tracker_app.completions.text_answer import TextCompletionAnswer
+from tracker_app.completions.text_request import text_completion_params_parse
 from tracker_app.models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -66,6 +71,10 @@ def upstream_client() -> httpx.AsyncClient:
         )
         _upstream = httpx.AsyncClient(limits=limits)
     return _upstream
+
+
+async def _discard(event: bytes) -> None:
+    """A whole answer's events: the client gets the reply instead."""
 
 
 def _json(payload: Any) -> bytes:
@@ -92,7 +101,7 @@ class CompletionsConsumer(AsyncHttpConsumer):
     # joining the layer would cost every request a Redis round trip and fail it
     # while Redis is away (an alias that is not configured gives no layer).
     channel_layer_alias = None
-    proxy: ChatProxy | None = None
+    proxy: CompletionProxy | None = None
     task: asyncio.Task[None] | None = None
     _streaming = False
     _received = 0
@@ -161,13 +170,9 @@ class CompletionsConsumer(AsyncHttpConsumer):
                 limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE,
                 now=time.time(),
             )
-            self.proxy = ChatProxy(
-                params=params,
-                api_key=api_key,
-                model=model,
+            self.proxy = CompletionProxy(
+                CompletionRequest(params=params, api_key=api_key, model=model, answer=self.answer),
                 client=upstream_client(),
-                fee_share=settings.MESHNET_NETWORK_FEE_SHARE,
-                answer=self.answer,
             )
             await self.proxy.start()
         except DomainError as error:
@@ -186,7 +191,7 @@ class CompletionsConsumer(AsyncHttpConsumer):
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    async def _stream(self, proxy: ChatProxy) -> None:
+    async def _stream(self, proxy: CompletionProxy) -> None:
         self._streaming = True
         await self.send_headers(
             status=200,
@@ -196,20 +201,20 @@ class CompletionsConsumer(AsyncHttpConsumer):
                 (b"X-Accel-Buffering", b"no"),
             ],
         )
-        async for event in proxy.run():
-            await self.send_body(event, more_body=True)
+        await proxy.run(self._send_event)
         await self.send_body(sse_event(SSE_DONE), more_body=False)
 
-    async def _reply(self, proxy: ChatProxy) -> None:
+    async def _send_event(self, event: bytes) -> None:
+        await self.send_body(event, more_body=True)
+
+    async def _reply(self, proxy: CompletionProxy) -> None:
         # Read the head's stream even here, so the Call wall shows live progress.
-        async for _ in proxy.run():
-            pass
-        if proxy.error is not None:
-            await self._send_error(proxy.error)
+        result = await proxy.run(_discard)
+        if result.error is not None:
+            await self._send_error(result.error)
             return
-        reply = proxy.answer.reply(proxy.generations, proxy.usage, proxy.meshnet)
         await self.send_response(
-            200, _json(reply), headers=[(b"Content-Type", b"application/json")]
+            200, _json(result.reply), headers=[(b"Content-Type", b"application/json")]
         )
 
     async def _authenticate(self) -> ApiKey:

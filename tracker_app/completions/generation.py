@@ -8,8 +8,8 @@ its tokens. A generation takes the head's frames one by one
 (:meth:`Generation.absorb`) and keeps its token ids, text and finish reason,
 and the routes that served it (:class:`Segment`), which bill the hops' work.
 What it gives the client is a :class:`Piece`; the endpoint's answer
-(:mod:`tracker_app.completions.chat`, :mod:`tracker_app.completions.text`) turns pieces into
-its own chunks.
+(:mod:`~tracker_app.completions.chat_answer`,
+:mod:`~tracker_app.completions.text_answer`) turns pieces into its own chunks.
 """
 
 from __future__ import annotations

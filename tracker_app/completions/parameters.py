@@ -1,7 +1,7 @@
 """What both completion endpoints take of an OpenAI request, and what they refuse.
 
-``/v1/chat/completions`` (:mod:`tracker_app.completions.chat`) and the legacy
-``/v1/completions`` (:mod:`tracker_app.completions.text`) share their sampling
+``/v1/chat/completions`` (:mod:`tracker_app.completions.chat_request`) and the legacy
+``/v1/completions`` (:mod:`tracker_app.completions.text_request`) share their sampling
 fields, ``n``, ``stop``, ``route`` and the way a body is read
 (:func:`request_fields`): each parses into one :class:`GenerationParams`, what
 the proxy runs. Their ranges are OpenAI's (and, for what a node checks again,
@@ -13,8 +13,8 @@ off than one that is told, so each is listed here (:data:`CHAT_REFUSED`,
 :data:`COMPLETIONS_REFUSED`) with the values that ask for nothing
 (``tools: []``, ``response_format: {"type": "text"}``, ``null``), and any
 other value is a 400 ``unsupported_parameter`` naming it
-(:func:`unsupported_refuse`). Fields OpenAI does not define stay accepted:
-clients send extras.
+(:func:`unsupported_refuse`, run by each endpoint's serializer first). Fields
+OpenAI does not define stay accepted: clients send extras.
 """
 
 from __future__ import annotations
@@ -24,13 +24,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from meshnet_site.environment import MAX_CHOICES
 from meshnet_site.errors import DomainError, ErrorKind, validation_message
 from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.generate import stop_sequences
+from nodes_app.protocol.limits import MAX_STOP_LENGTH, MAX_STOPS
 from nodes_app.protocol.sampling import (
+    LOGIT_BIAS_MAX,
+    LOGIT_BIAS_MAX_ENTRIES,
     PENALTY_MAX,
     PENALTY_MIN,
     SAMPLING_VALUES,
@@ -159,9 +163,23 @@ def fields_validate(
     raise InvalidRequest(validation_message(errors), param=named[0] if named else None)
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "description": "Token id (decimal) → bias added to its logit",
+        "additionalProperties": {
+            "type": "number",
+            "minimum": -LOGIT_BIAS_MAX,
+            "maximum": LOGIT_BIAS_MAX,
+        },
+        "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
+        "maxProperties": LOGIT_BIAS_MAX_ENTRIES,
+        "nullable": True,
+    }
+)
 class LogitBiasField(serializers.JSONField):
     """``logit_bias``: token id (a decimal string, as JSON keys are) → bias in -100..100,
-    at most 300 entries, checked by the nodes' own rule (``protocol.sampling.logit_bias_pairs``);
+    at most 300 entries, checked by the nodes' own rule (``protocol.logit_bias_pairs``);
     whether an id is in the vocabulary is the node's to say."""
 
     def to_internal_value(self, data: Any) -> Any:
@@ -173,9 +191,28 @@ class LogitBiasField(serializers.JSONField):
         return value
 
 
+_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH}
+
+
+@extend_schema_field(
+    {
+        "oneOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}],
+        "nullable": True,
+    }
+)
+class StopSequencesField(serializers.JSONField):
+    """``stop``: one sequence or a list of them (:meth:`GenerationFields.validate_stop`)."""
+
+
 class GenerationFields(serializers.Serializer[dict[str, Any]]):
     """The fields both completion endpoints take. OpenAI's optional fields may be null,
     which means their default."""
+
+    # (Not in the docstring: it is the schema's description of each request.) The whole
+    # of an endpoint's validation: the OpenAI parameters it refuses (``refused``, checked
+    # first: UnsupportedParameter), every field, and the choices the deployment allows
+    # (``context["max_choices"]``, MESHNET_MAX_CHOICES).
+    refused: tuple[Refused, ...] = ()
 
     model = serializers.CharField(max_length=64)
     stream = serializers.BooleanField(default=False)
@@ -197,7 +234,7 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
         min_value=PENALTY_MIN, max_value=PENALTY_MAX, required=False, allow_null=True
     )
     logit_bias = LogitBiasField(required=False, allow_null=True)
-    stop = serializers.JSONField(required=False, default=None, allow_null=True)
+    stop = StopSequencesField(required=False, default=None, allow_null=True)
     n = serializers.IntegerField(
         min_value=1, max_value=CHOICES_CEILING, required=False, allow_null=True
     )
@@ -209,10 +246,16 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
     user = serializers.CharField(required=False, allow_blank=True, allow_null=True)
 
     def validate_stop(self, value: Any) -> list[str]:
+        """The nodes' own rule (``protocol.stop_sequences``); absent or null: none."""
         try:
             return stop_sequences(value)
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, Mapping):
+            unsupported_refuse(data, self.refused)
+        return super().to_internal_value(data)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # The nodes' own check, so the tracker never forwards what a node refuses.
@@ -222,19 +265,27 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
             )
         except ProtocolError as error:
             raise serializers.ValidationError(error.message) from None
+        self._choices_check(n=attrs.get("n") or 1, prompts=self.prompts_in(attrs))
         return attrs
 
+    def prompts_in(self, attrs: dict[str, Any]) -> int:
+        """How many prompts the request holds (each has its ``n`` choices)."""
+        return 1
 
-def choices_check(*, n: int, prompts: int, max_choices: int) -> None:
-    """Refuse more choices than a request may ask for (MESHNET_MAX_CHOICES)."""
-    if n * prompts <= max_choices:
-        return
-    asked = f"n = {n}" if prompts == 1 else f"{prompts} prompts × n = {n}: {n * prompts} choices"
-    raise InvalidRequest(
-        f"n: {asked}; this tracker serves at most {max_choices} choices a request "
-        "(MESHNET_MAX_CHOICES)",
-        param="n",
-    )
+    def _choices_check(self, *, n: int, prompts: int) -> None:
+        """Refuse more choices than a request may ask for (MESHNET_MAX_CHOICES)."""
+        max_choices = self.context.get("max_choices", DEFAULT_MAX_CHOICES)
+        if n * prompts <= max_choices:
+            return
+        asked = (
+            f"n = {n}" if prompts == 1 else f"{prompts} prompts × n = {n}: {n * prompts} choices"
+        )
+        raise serializers.ValidationError(
+            {
+                "n": f"{asked}; this tracker serves at most {max_choices} choices a request "
+                "(MESHNET_MAX_CHOICES)"
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -301,13 +352,11 @@ def generation_params(
     *,
     prompts: tuple[Prompt, ...],
     max_tokens: int,
-    max_choices: int,
     **more: Any,
 ) -> GenerationParams:
     """:class:`GenerationParams` from a :class:`GenerationFields` subclass's validated
     data (nulls become OpenAI's defaults); ``more`` are the endpoint's own fields."""
     n = v.get("n") or 1
-    choices_check(n=n, prompts=len(prompts), max_choices=max_choices)
 
     def given(name: str, default: Any) -> Any:
         value = v.get(name)

@@ -1,22 +1,147 @@
-"""Request records and billing: open a request, then complete or fail it exactly once.
+"""A request's records: open it, then complete and bill it or fail it, exactly once.
 
-A completed request gets one billing record with one work unit per hop, in
-the same transaction as its completion. A failed or cancelled request gets
-no charge. The status change is a conditional update, so a request can be
+:class:`RequestRecord` is what the proxy keeps of one request: the record
+opened before anything streams, the route serving it (again after a
+failover), and its end: completed and billed (one unit of work per hop of
+every route any choice used, :mod:`tracker_app.billing.pricing`), with the
+route's speed taught to the router and its nodes' bans cleared; or failed
+(or cancelled by the client) and never charged. A completed request gets one
+billing record with one work unit per hop, in the same transaction as its
+completion. The status change is a conditional update, so a request can be
 finished only once, whatever races with it.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import transaction
+from django.utils import timezone
 
+from meshnet_site.database import database_call, through_outage
 from nodes_app.models import LanguageModel, Node
-from tracker_app.billing.pricing import HopWork, invoice
+from routing_app.bans import node_bans_clear
+from routing_app.choice import RouteDecision
+from routing_app.services import route_sample_record
+from tracker_app.billing.pricing import HopWork, invoice, work_merged
+from tracker_app.completions.generation import Generation
 from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a completed request is recorded and billed for: every choice's tokens, each
+    prompt's once (however many choices it has)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    time_to_first_token_ms: float | None
+    tokens_per_second: float | None
+    work: list[HopWork]
+
+    @classmethod
+    def of(
+        cls,
+        generations: Sequence[Generation],
+        *,
+        n: int,
+        elapsed: float,
+        first_token_after: float | None,
+    ) -> Completion:
+        """``n``: choices per prompt; ``elapsed``: seconds since the request was opened;
+        ``first_token_after``: seconds to its first token, if any came."""
+        completion = sum(len(g.token_ids) for g in generations)
+        reasons = {g.finish_reason for g in generations}
+        return cls(
+            prompt_tokens=sum(g.prompt_tokens for g in generations if g.choice % n == 0),
+            completion_tokens=completion,
+            # ``length`` if any choice ran out of tokens, else ``stop``.
+            finish_reason="length" if "length" in reasons else min(reasons),
+            time_to_first_token_ms=None if first_token_after is None else first_token_after * 1000,
+            tokens_per_second=completion / elapsed if elapsed > 0 else None,
+            work=work_merged(unit for g in generations for unit in g.work()),
+        )
+
+
+class RequestRecord:
+    """One request's records, from opening to its one end.
+
+    The record's id is fixed before it exists, so a cancel that races with its
+    creation still finds it (database calls run in order on one thread).
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: ApiKey,
+        model: LanguageModel,
+        fee_share: Decimal,
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        """``sleep``: the pause between tries of a completion the database refused."""
+        self.request_id = uuid.uuid4()
+        self.api_key, self.model, self.fee_share, self.sleep = api_key, model, fee_share, sleep
+
+    async def open(self, *, stream: bool) -> None:
+        await database_call(chat_request_open)(
+            request_id=self.request_id,
+            api_key=self.api_key,
+            model=self.model,
+            stream=stream,
+            now=timezone.now(),
+        )
+
+    async def route(self, decision: RouteDecision) -> None:
+        """Record the route serving the request (again after a failover)."""
+        await database_call(chat_request_route)(
+            request_id=self.request_id,
+            signature=decision.plan.signature,
+            mode=str(decision.mode),
+        )
+
+    async def complete(
+        self, completion: Completion, *, generations: Sequence[Generation], now: float
+    ) -> None:
+        """Record the request completed and billed, teach the router the speed of the
+        first choice's last route (one sample a request, as routing counts them) and
+        clear the bans of every node that served it. ``now``: the proxy's clock."""
+        complete = database_call(chat_request_complete)
+        # A database blip now would leave a generated answer unbilled; the write is
+        # conditional (only a request still processing), so a retry never bills twice.
+        await through_outage(
+            lambda: complete(
+                request_id=self.request_id,
+                model=self.model,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                finish_reason=completion.finish_reason,
+                time_to_first_token_ms=completion.time_to_first_token_ms,
+                tokens_per_second=completion.tokens_per_second,
+                work=completion.work,
+                fee_share=self.fee_share,
+                now=timezone.now(),
+            ),
+            sleep=self.sleep,
+        )
+        last = generations[0].segments[-1]
+        route_sample_record(
+            decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
+        )
+        node_bans_clear(node_ids=sorted({n for g in generations for n in g.route.plan.node_ids}))
+
+    async def fail(self, message: str, *, cancelled: bool) -> bool:
+        """Record the request failed (or cancelled): True if this call ended it."""
+        return await database_call(chat_request_fail)(
+            request_id=self.request_id, error=message, now=timezone.now(), cancelled=cancelled
+        )
+
+
+# --- the records themselves (each call one transaction) ------------------------------
 
 
 def chat_request_open(

@@ -4,11 +4,13 @@
 consumers (:mod:`tracker_app.completions.consumer`), ``/healthz`` and ``/metrics``
 are plain Django views: drf-spectacular cannot see them.
 :func:`add_endpoints_outside_drf` (a preprocessing hook) adds a schema-only
-view for each, built from the serializers that parse the requests, the
-parameters Meshnet refuses, and the limits and error codes the code uses.
-The views are never routed. ``tests/reliability/test_schema.py`` validates
-live answers of every endpoint against the schema, so the documentation of
-the response bodies here cannot drift unnoticed.
+view for each, built from the serializers that parse the requests
+(:mod:`~tracker_app.completions.chat_request`,
+:mod:`~tracker_app.completions.text_request`), the declarations the answers
+are built through (:mod:`~tracker_app.completions.shapes`), the parameters
+Meshnet refuses, and the limits and error codes the code uses. The views are
+never routed. ``tests/tracker/completions/test_schema.py`` validates live
+answers of every endpoint against the schema.
 
 :class:`ApiKeyScheme` tells drf-spectacular how
 :class:`~tracker_app.api_keys.authentication.ApiKeyAuthentication` authenticates; it is
@@ -24,12 +26,7 @@ from typing import Any
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import (
-    OpenApiResponse,
-    extend_schema,
-    extend_schema_field,
-    extend_schema_serializer,
-)
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -41,28 +38,23 @@ from meshnet_site.api_schema import (
     SECURITY_SCHEMES,
     STAFF_SESSION,
     ErrorBody,
-    constant,
     error_responses,
     security,
 )
-from nodes_app.protocol.limits import MAX_STOP_LENGTH, MAX_STOPS
-from nodes_app.protocol.sampling import LOGIT_BIAS_MAX, LOGIT_BIAS_MAX_ENTRIES
 from nodes_app.protocol.sse import SSE_DONE
-from routing_app.api import HopOutput
-from routing_app.choice import DecisionMode
-
-# The parsers' own serializers, private to their modules: the schema documents them.
-from tracker_app.completions.chat import _ChatRequest, _Message
+from tracker_app.completions.chat_request import ChatCompletionRequest
 from tracker_app.completions.parameters import (
-    CHAT_REFUSED,
     CHOICES_CEILING,
-    COMPLETIONS_REFUSED,
-    LogitBiasField,
     Refused,
 )
-from tracker_app.completions.text import _CompletionRequest
-
-FINISH_REASONS = ["stop", "length"]
+from tracker_app.completions.shapes import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    TextCompletion,
+    TextCompletionChunk,
+    component,
+)
+from tracker_app.completions.text_request import TextCompletionRequest
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
@@ -71,87 +63,6 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
         return SECURITY_SCHEMES[API_KEY]
-
-
-# --- the chat request: the consumer's own serializer, its free-form fields described ----
-
-_TEXT_PART = {
-    "type": "object",
-    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
-    "required": ["type", "text"],
-}
-_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH}
-
-
-@extend_schema_field(
-    {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
-)
-class _MessageContent(serializers.JSONField):
-    """``content``: plain text, or OpenAI's list of text parts (joined in order)."""
-
-
-@extend_schema_field(
-    {
-        "oneOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}],
-        "nullable": True,
-    }
-)
-class _StopSequences(serializers.JSONField):
-    """``stop``: one sequence or a list of them."""
-
-
-@extend_schema_field(
-    {
-        "type": "object",
-        "description": "Token id (decimal) → bias added to its logit",
-        "additionalProperties": {
-            "type": "number",
-            "minimum": -LOGIT_BIAS_MAX,
-            "maximum": LOGIT_BIAS_MAX,
-        },
-        "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
-        "maxProperties": LOGIT_BIAS_MAX_ENTRIES,
-        "nullable": True,
-    }
-)
-class _LogitBias(LogitBiasField):
-    """``logit_bias``: token id → bias."""
-
-
-@extend_schema_field(
-    {
-        "oneOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        ],
-    }
-)
-class _TextPrompt(serializers.JSONField):
-    """``prompt``: a text, or a list of texts (each its own choices)."""
-
-
-@extend_schema_serializer(component_name="ChatMessage")
-class _DocumentedMessage(_Message):
-    content = _MessageContent()
-
-
-@extend_schema_serializer(component_name="ChatCompletion")
-class ChatCompletionRequest(_ChatRequest):
-    # What tracker_app.completions.chat.chat_params_parse accepts: every field, range and default
-    # is the parser's; only its free-form JSON fields are described here.
-
-    messages = _DocumentedMessage(many=True, allow_empty=False)
-    stop = _StopSequences(required=False, default=None, allow_null=True)
-    logit_bias = _LogitBias(required=False, allow_null=True)
-
-
-@extend_schema_serializer(component_name="TextCompletion")
-class TextCompletionRequest(_CompletionRequest):
-    # What tracker_app.completions.text.text_completion_params_parse accepts.
-
-    prompt = _TextPrompt()
-    stop = _StopSequences(required=False, default=None, allow_null=True)
-    logit_bias = _LogitBias(required=False, allow_null=True)
 
 
 def refused_parameters(refused: tuple[Refused, ...]) -> str:
@@ -167,147 +78,12 @@ def _neutral_values(refused: Refused) -> str:
     return f"{values}, or equal to `{other}`"
 
 
-# --- the chat answers: chat.completion, its chunks, the meshnet route ----------------
+# --- the answers: the same declarations the answers are built through -------------------
 
-
-@extend_schema_serializer(component_name="Usage")
-class UsageOutput(serializers.Serializer[dict[str, Any]]):
-    prompt_tokens = serializers.IntegerField(min_value=0)
-    completion_tokens = serializers.IntegerField(min_value=0)
-    total_tokens = serializers.IntegerField(min_value=0)
-
-
-@extend_schema_serializer(component_name="MeshnetRoute")
-class MeshnetRouteOutput(serializers.Serializer[dict[str, Any]]):
-    """The route serving the request: signature, how it was chosen, its hops."""
-
-    route = serializers.CharField()
-    mode = serializers.ChoiceField(choices=[str(mode) for mode in DecisionMode])
-    hops = HopOutput(many=True)
-
-
-@extend_schema_serializer(component_name="AssistantMessage")
-class _AssistantMessage(serializers.Serializer[dict[str, Any]]):
-    role = constant("assistant")
-    content = serializers.CharField()
-
-
-@extend_schema_serializer(component_name="TopLogprob")
-class _TopLogprob(serializers.Serializer[dict[str, Any]]):
-    token = serializers.CharField()
-    logprob = serializers.FloatField()
-    bytes = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=255))
-
-
-@extend_schema_serializer(component_name="TokenLogprob")
-class _TokenLogprob(_TopLogprob):
-    top_logprobs = _TopLogprob(many=True)
-
-
-@extend_schema_serializer(component_name="ChoiceLogprobs")
-class _ChoiceLogprobs(serializers.Serializer[dict[str, Any]]):
-    """With ``logprobs: true``: each token's log-probability, and its ``top_logprobs``."""
-
-    content = _TokenLogprob(many=True)
-
-
-@extend_schema_serializer(component_name="ChatChoice")
-class _Choice(serializers.Serializer[dict[str, Any]]):
-    index = serializers.IntegerField(min_value=0)
-    message = _AssistantMessage()
-    logprobs = _ChoiceLogprobs(allow_null=True)
-    finish_reason = serializers.ChoiceField(choices=FINISH_REASONS)
-
-
-@extend_schema_serializer(component_name="ChatCompletion")
-class ChatCompletionOutput(serializers.Serializer[dict[str, Any]]):
-    id = serializers.CharField()
-    object = constant("chat.completion")
-    created = serializers.IntegerField()
-    model = serializers.CharField()
-    choices = _Choice(many=True)
-    usage = UsageOutput()
-    meshnet = MeshnetRouteOutput()
-
-
-@extend_schema_serializer(component_name="ChatDelta")
-class _Delta(serializers.Serializer[dict[str, Any]]):
-    # The first delta has the role, the last neither.
-    role = constant("assistant", required=False)
-    content = serializers.CharField(required=False)
-
-
-@extend_schema_serializer(component_name="ChatChunkChoice")
-class _ChunkChoice(serializers.Serializer[dict[str, Any]]):
-    index = serializers.IntegerField(min_value=0)
-    delta = _Delta()
-    logprobs = _ChoiceLogprobs(required=False, allow_null=True)
-    finish_reason = serializers.ChoiceField(choices=FINISH_REASONS, allow_null=True)
-
-
-@extend_schema_serializer(component_name="ChatCompletionChunk")
-class ChatCompletionChunkOutput(serializers.Serializer[dict[str, Any]]):
-    """One ``data:`` event of a streamed answer: the first carries ``meshnet``, the last
-    ``finish_reason`` and ``usage``."""
-
-    id = serializers.CharField()
-    object = constant("chat.completion.chunk")
-    created = serializers.IntegerField()
-    model = serializers.CharField()
-    choices = _ChunkChoice(many=True)
-    meshnet = MeshnetRouteOutput(required=False)
-    usage = UsageOutput(required=False)
-
-
-@extend_schema_serializer(component_name="LegacyLogprobs")
-class _LegacyLogprobs(serializers.Serializer[dict[str, Any]]):
-    """OpenAI's legacy log-probabilities, one entry per token of the choice's text (the
-    prompt's first with ``echo``: its first token has none, ``null``)."""
-
-    tokens = serializers.ListField(child=serializers.CharField())
-    token_logprobs = serializers.ListField(child=serializers.FloatField(allow_null=True))
-    top_logprobs = serializers.ListField(
-        child=serializers.DictField(child=serializers.FloatField(), allow_null=True)
-    )
-    text_offset = serializers.ListField(child=serializers.IntegerField(min_value=0))
-
-
-@extend_schema_serializer(component_name="TextChoice")
-class _TextChoice(serializers.Serializer[dict[str, Any]]):
-    text = serializers.CharField(allow_blank=True)
-    index = serializers.IntegerField(min_value=0)
-    logprobs = _LegacyLogprobs(allow_null=True)
-    finish_reason = serializers.ChoiceField(choices=FINISH_REASONS)
-
-
-@extend_schema_serializer(component_name="TextCompletion")
-class TextCompletionOutput(serializers.Serializer[dict[str, Any]]):
-    id = serializers.CharField()
-    object = constant("text_completion")
-    created = serializers.IntegerField()
-    model = serializers.CharField()
-    choices = _TextChoice(many=True)
-    usage = UsageOutput()
-    meshnet = MeshnetRouteOutput()
-
-
-@extend_schema_serializer(component_name="TextChunkChoice")
-class _TextChunkChoice(_TextChoice):
-    finish_reason = serializers.ChoiceField(choices=FINISH_REASONS, allow_null=True)
-
-
-@extend_schema_serializer(component_name="TextCompletionChunk")
-class TextCompletionChunkOutput(serializers.Serializer[dict[str, Any]]):
-    """One ``data:`` event of a streamed legacy answer: the first carries ``meshnet``, the
-    last ``finish_reason`` and ``usage``."""
-
-    id = serializers.CharField()
-    object = constant("text_completion")
-    created = serializers.IntegerField()
-    model = serializers.CharField()
-    choices = _TextChunkChoice(many=True)
-    meshnet = MeshnetRouteOutput(required=False)
-    usage = UsageOutput(required=False)
+ChatCompletionOutput = component(ChatCompletion)
+ChatCompletionChunkOutput = component(ChatCompletionChunk)
+TextCompletionOutput = component(TextCompletion)
+TextCompletionChunkOutput = component(TextCompletionChunk)
 
 
 EVENT_STREAM = "text/event-stream"
@@ -395,7 +171,8 @@ class ChatCompletionsSchemaView(APIView):
         "(then with the page's CSRF token and origin). `n` choices (at most "
         f"MESHNET_MAX_CHOICES, {CHOICES_CEILING} in any deployment) run at once. OpenAI "
         "parameters Meshnet does not honour are refused (400 `unsupported_parameter`, "
-        f"`param` names it) unless they ask for nothing: {refused_parameters(CHAT_REFUSED)}. "
+        "`param` names it) unless they ask for nothing: "
+        f"{refused_parameters(ChatCompletionRequest.refused)}. "
         "Other fields are ignored.",
         auth=security(API_KEY, STAFF_SESSION),
         request={"application/json": ChatCompletionRequest},
@@ -431,7 +208,7 @@ class TextCompletionsSchemaView(APIView):
         "(0-5 alternatives) is set; `max_tokens: 0` with `echo` scores the prompt without "
         "generating. Unsupported OpenAI parameters are refused (400 "
         f"`unsupported_parameter`) unless they ask for nothing: "
-        f"{refused_parameters(COMPLETIONS_REFUSED)}. "
+        f"{refused_parameters(TextCompletionRequest.refused)}. "
         "Other fields are ignored.",
         auth=security(API_KEY),
         request={"application/json": TextCompletionRequest},

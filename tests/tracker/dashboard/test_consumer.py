@@ -30,9 +30,9 @@ from nodes_app.models import Node, NodeStatus
 from nodes_app.services import node_deregister, node_heartbeat
 from tests.support.dashboard import TINY, make_node, staff_user, tiny_model
 from tests.support.endpoint_gate import isolated_gate
+from tracker_app.api_keys.dashboard_session import KEY_NAME_PREFIX
 from tracker_app.completions import console
 from tracker_app.dashboard import live as dashboard_live
-from tracker_app.dashboard.chat import KEY_NAME_PREFIX
 from tracker_app.models import ApiKey
 
 T = TypeVar("T")

@@ -12,12 +12,9 @@ from hypothesis import strategies as st
 from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.prompt_tokens import PromptCount
-from tracker_app.completions.text import (
-    TextCompletionAnswer,
-    TextOffsets,
-    legacy_logprobs,
-    text_completion_params_parse,
-)
+from tracker_app.completions.shapes import usage_of
+from tracker_app.completions.text_answer import TextCompletionAnswer, TextOffsets, legacy_logprobs
+from tracker_app.completions.text_request import text_completion_params_parse
 
 
 def entry(piece: bytes, logprob: float | None = -1.0, *tops: tuple[str, float]) -> TokenLogprob:
@@ -114,6 +111,7 @@ def test_partial_character_tokens_are_spelled_as_bytes_and_keep_their_own_logpro
     assert logprobs["tokens"] == ["bytes:\\xe2\\x9c"]
     assert logprobs["top_logprobs"] == [{"bytes:\\xe2": -0.1, "bytes:\\xe2\\x9c": -2.0}]
     top = logprobs["top_logprobs"][0]
+    assert top is not None
     assert max(top, key=top.__getitem__) != logprobs["tokens"][0]  # lm-eval: not greedy
 
 
@@ -146,11 +144,14 @@ def test_a_streamed_choices_logprobs_are_the_whole_replys_piece_by_piece() -> No
         answer.piece(Piece(0, text="Hé", logprobs=prompt, echo=True)),
         answer.piece(Piece(0, text="!", logprobs=tuple(completion))),
     ]
-    whole = answer.reply([generation], {"prompt_tokens": 2}, {})["choices"][0]
+    whole = answer.reply(
+        [generation], usage_of(2, 2), {"route": "r", "mode": "pinned", "hops": []}
+    )["choices"][0]
 
     chunks: list[dict[str, Any]] = [json.loads(event[6:]) for event in events]
     streamed = [chunk["choices"][0]["logprobs"] for chunk in chunks]
     assert whole["text"] == "Hé!"
+    assert whole["logprobs"] is not None
     for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
         assert [v for part in streamed for v in part[key]] == whole["logprobs"][key]
     assert whole["logprobs"]["text_offset"] == [0, 1, 2, 3]

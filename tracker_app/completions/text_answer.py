@@ -1,13 +1,10 @@
-"""OpenAI's legacy text completions (``POST /v1/completions``) as Meshnet accepts them.
+"""The legacy endpoint's answer: ``text_completion`` chunks, or one ``text_completion``.
 
-What evaluation harnesses use (lm-evaluation-harness's ``local-completions``):
-a raw text ``prompt`` (a string, or a list of them: each its own choices) with
-no chat template, ``echo`` to get the prompt back with its own token
-log-probabilities, ``max_tokens: 0`` with ``echo`` to score a text without
-generating. :func:`text_completion_params_parse` reads a body into
-:class:`~tracker_app.completions.parameters.GenerationParams` (the same as a chat's, run by
-the same proxy); :class:`TextCompletionAnswer` gives the ``text_completion``
-shapes, whole and streamed.
+:class:`TextCompletionAnswer` builds each through its declaration in
+:mod:`~tracker_app.completions.shapes` (the schema documents the same ones),
+with OpenAI's legacy ``logprobs`` (:func:`legacy_logprobs`): tokens spelled
+as the legacy API spells them, their best alternatives, and where each
+starts in the choice's text (:class:`TextOffsets`).
 """
 
 from __future__ import annotations
@@ -16,86 +13,23 @@ import codecs
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
-
-from rest_framework import serializers
+from typing import cast
 
 from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.answers import TextEvents
 from tracker_app.completions.generation import Generation, Piece
-from tracker_app.completions.parameters import (
-    CHOICES_CEILING,
-    COMPLETIONS_REFUSED,
-    DEFAULT_MAX_CHOICES,
-    MAX_MAX_TOKENS,
-    GenerationFields,
-    GenerationParams,
-    Prompt,
-    fields_validate,
-    generation_params,
-    request_fields,
-    unsupported_refuse,
+from tracker_app.completions.parameters import GenerationParams, Prompt
+from tracker_app.completions.shapes import (
+    FinishReason,
+    LegacyLogprobs,
+    MeshnetRoute,
+    TextChoice,
+    TextChunkChoice,
+    TextCompletion,
+    TextCompletionChunk,
+    Usage,
 )
-
-# OpenAI's legacy defaults and limits: 16 tokens, the 5 most likely tokens at most.
-TEXT_DEFAULT_MAX_TOKENS = 16
-LOGPROBS_MAX = 5
-
-
-class _CompletionRequest(GenerationFields):
-    prompt = serializers.JSONField()
-    max_tokens = serializers.IntegerField(
-        min_value=0, max_value=MAX_MAX_TOKENS, required=False, allow_null=True
-    )
-    echo = serializers.BooleanField(required=False, allow_null=True)
-    logprobs = serializers.IntegerField(
-        min_value=0, max_value=LOGPROBS_MAX, required=False, allow_null=True
-    )
-
-    def validate_prompt(self, value: Any) -> list[str]:
-        """A string, or a list of 1 or more strings; token ids are not taken."""
-        prompts = [value] if isinstance(value, str) else value
-        if not isinstance(prompts, list) or not prompts:
-            raise serializers.ValidationError("must be a string or a non-empty list of strings")
-        if not all(isinstance(prompt, str) for prompt in prompts):
-            raise serializers.ValidationError(
-                "must be text: a string or a list of strings (prompts as token ids are not "
-                "supported)"
-            )
-        if len(prompts) > CHOICES_CEILING:
-            raise serializers.ValidationError(f"takes at most {CHOICES_CEILING} prompts")
-        return prompts
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("max_tokens") == 0 and not attrs.get("echo"):
-            raise serializers.ValidationError(
-                {"max_tokens": "may be 0 only with echo: true (to score the prompt alone)"}
-            )
-        return super().validate(attrs)
-
-
-def text_completion_params_parse(
-    body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES
-) -> GenerationParams:
-    """Validate a raw legacy completion body:
-    :class:`~tracker_app.completions.parameters.InvalidRequest` names every bad field,
-    :class:`~tracker_app.completions.parameters.UnsupportedParameter` every
-    OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
-    raw = request_fields(body)
-    unsupported_refuse(raw, COMPLETIONS_REFUSED)
-    v = fields_validate(_CompletionRequest(data=raw))
-    max_tokens = v.get("max_tokens")
-    logprobs = v.get("logprobs")
-    return generation_params(
-        v,
-        prompts=tuple(v["prompt"]),
-        max_tokens=TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        max_choices=max_choices,
-        logprobs=logprobs is not None,
-        top_logprobs=logprobs or 0,
-        echo=bool(v.get("echo")),
-    )
 
 
 @dataclass
@@ -139,7 +73,7 @@ def legacy_token(token: str, utf8: Sequence[int]) -> str:
 
 def legacy_logprobs(
     entries: Iterable[TokenLogprob], *, top: int, offsets: TextOffsets, echoed: bool = False
-) -> dict[str, Any]:
+) -> LegacyLogprobs:
     """OpenAI's legacy ``logprobs`` of ``entries``: ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (each token's ``top`` best alternatives, the token itself among
     them: up to ``top + 1``) and ``text_offset``. An echoed prompt's first token has
@@ -187,34 +121,43 @@ class TextCompletionAnswer:
             for choice in range(params.choices)
         ]
         self._text = [
-            TextEvents.around(partial(self._chunk, choice)) for choice in range(params.choices)
+            TextEvents.around(partial(self._text_chunk, choice)) for choice in range(params.choices)
         ]
 
     def _chunk(
         self,
         choice: int,
         text: str,
-        finish_reason: str | None = None,
-        logprobs: dict[str, Any] | None = None,
-        **extra: Any,
-    ) -> dict[str, Any]:
-        return {
+        finish_reason: FinishReason | None = None,
+        logprobs: LegacyLogprobs | None = None,
+        meshnet: MeshnetRoute | None = None,
+        usage: Usage | None = None,
+    ) -> TextCompletionChunk:
+        # Literals typed by their declarations: mypy checks them, and they cost what a
+        # dict does (a streamed token's chunk is built here).
+        choice_of: TextChunkChoice = {
+            "text": text,
+            "index": choice,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
+        chunk: TextCompletionChunk = {
             "id": self.completion_id,
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [
-                {
-                    "text": text,
-                    "index": choice,
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            **extra,
+            "choices": [choice_of],
         }
+        if meshnet is not None:
+            chunk["meshnet"] = meshnet
+        if usage is not None:
+            chunk["usage"] = usage
+        return chunk
 
-    def opening(self, meshnet: dict[str, Any]) -> list[bytes]:
+    def _text_chunk(self, choice: int, text: str) -> TextCompletionChunk:
+        return self._chunk(choice, text)
+
+    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
         return [sse_event(self._chunk(0, "", meshnet=meshnet))]
 
     def piece(self, piece: Piece) -> bytes:
@@ -225,35 +168,34 @@ class TextCompletionAnswer:
         )
         return sse_event(self._chunk(piece.choice, piece.text, logprobs=logprobs))
 
-    def finish(self, choice: int, finish_reason: str, usage: dict[str, int] | None) -> bytes:
-        extra = {} if usage is None else {"usage": usage}
-        return sse_event(self._chunk(choice, "", finish_reason, **extra))
+    def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
+        return sse_event(self._chunk(choice, "", cast(FinishReason, finish_reason), usage=usage))
 
     def reply(
-        self, generations: Sequence[Generation], usage: dict[str, int], meshnet: dict[str, Any]
-    ) -> dict[str, Any]:
-        return {
-            "id": self.completion_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "text": self._echoed(generation) + generation.content,
-                    "index": generation.choice,
-                    "logprobs": self._logprobs(generation),
-                    "finish_reason": generation.finish_reason,
-                }
+        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+    ) -> TextCompletion:
+        return TextCompletion(
+            id=self.completion_id,
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            choices=[
+                TextChoice(
+                    text=self._echoed(generation) + generation.content,
+                    index=generation.choice,
+                    logprobs=self._logprobs(generation),
+                    finish_reason=cast(FinishReason, generation.finish_reason),
+                )
                 for generation in generations
             ],
-            "usage": usage,
-            "meshnet": meshnet,
-        }
+            usage=usage,
+            meshnet=meshnet,
+        )
 
     def _echoed(self, generation: Generation) -> str:
         return _text_of(generation.prompt) if self.echo else ""
 
-    def _logprobs(self, generation: Generation) -> dict[str, Any] | None:
+    def _logprobs(self, generation: Generation) -> LegacyLogprobs | None:
         """A whole choice's legacy logprobs: the echoed prompt's tokens, then its own."""
         if not self.logprobs:
             return None
@@ -265,7 +207,12 @@ class TextCompletionAnswer:
             echoed=True,
         )
         completion = legacy_logprobs(generation.logprobs, top=self.top, offsets=offsets)
-        return {key: prompt[key] + completion[key] for key in prompt}
+        return LegacyLogprobs(
+            tokens=prompt["tokens"] + completion["tokens"],
+            token_logprobs=prompt["token_logprobs"] + completion["token_logprobs"],
+            top_logprobs=prompt["top_logprobs"] + completion["top_logprobs"],
+            text_offset=prompt["text_offset"] + completion["text_offset"],
+        )
 
 
 def _text_of(prompt: Prompt) -> str:

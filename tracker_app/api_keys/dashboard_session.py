@@ -1,4 +1,4 @@
-"""The dashboard's chat: ``/v1/chat/completions`` as the logged-in staff user.
+"""The API key a staff member's dashboard session chats with (``/v1/chat/completions``).
 
 The dashboard sends no API key. It sends the staff user's session cookie and
 the CSRF token of the page (header ``X-CSRFToken``); Django's own CSRF check

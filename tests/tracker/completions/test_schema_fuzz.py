@@ -1,4 +1,4 @@
-"""Issue 12: schemathesis against a live tracker finds nothing the schema does not say.
+"""Schemathesis against a live tracker finds nothing the schema does not say.
 
 A real runtracker over a database of its own, and ``schemathesis run`` on the
 schema it serves: requests generated for every operation (examples, boundary

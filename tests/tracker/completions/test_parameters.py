@@ -1,4 +1,9 @@
-"""What both completion endpoints accept of OpenAI's parameters, and how they refuse the rest."""
+"""What both completion endpoints accept of OpenAI's parameters, and how they refuse the rest.
+
+The sampling ranges are one set, the protocol's: the tracker accepts exactly
+what every node accepts, so no client can get an honest node banned for
+sampling it cannot do.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +13,32 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types import completion_create_params as openai_text_params
 from openai.types.chat import completion_create_params as openai_chat_params
 
 from meshnet_site.errors import DomainError, http_error
-from nodes_app.protocol.sampling import LOGIT_BIAS_MAX_ENTRIES, SEED_MAX, SamplingParams
-from tracker_app.completions.chat import chat_params_parse
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.sampling import (
+    LOGIT_BIAS_MAX_ENTRIES,
+    SEED_MAX,
+    TEMPERATURE_MAX,
+    TOP_K_MAX,
+    TOP_P_MIN,
+    SamplingParams,
+)
+from tracker_app.completions.chat_request import chat_params_parse
 from tracker_app.completions.parameters import (
     CHAT_REFUSED,
     COMPLETIONS_REFUSED,
     GenerationParams,
 )
 from tracker_app.completions.schema import refused_parameters
-from tracker_app.completions.text import TEXT_DEFAULT_MAX_TOKENS, text_completion_params_parse
+from tracker_app.completions.text_request import (
+    TEXT_DEFAULT_MAX_TOKENS,
+    text_completion_params_parse,
+)
 
 CHAT = {"model": "tiny-random-llama", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "tiny-random-llama", "prompt": "Once upon a time"}
@@ -258,6 +274,85 @@ def test_each_choice_of_a_prompt_samples_with_its_own_seed_and_none_overflows(
     assert [params.prompt_of(choice) for choice in range(4)] == ["a", "a", "b", "b"]
 
 
+# --- one set of sampling ranges, the tracker's and every node's ------------------------
+
+PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
+TINY = "tiny-random-llama"
+
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=0.0, max_value=3.0),
+    st.sampled_from([0.0, 1e-46, 1e-7, TOP_P_MIN, 1.0, 2.0, 2**63 - 1, 2**63, 2**64]),
+    st.text(max_size=4),
+)
+FIELDS = ("temperature", "top_p", "top_k", "seed")
+SAMPLING = st.dictionaries(st.sampled_from(FIELDS), ANY_VALUE)
+
+
+@settings(max_examples=400, deadline=None)
+@given(SAMPLING)
+def test_the_tracker_accepts_exactly_the_sampling_every_node_accepts(
+    fields: dict[str, Any],
+) -> None:
+    body = json.dumps({"model": TINY, "messages": PROMPT, **fields}).encode()
+    try:
+        tracker = chat_params_parse(body)
+    except DomainError:
+        tracker = None
+    try:
+        node = SamplingParams.from_mapping(fields)
+    except ProtocolError:
+        node = None
+    if tracker is not None:
+        # What the tracker sends on, every node takes.
+        assert SamplingParams.from_mapping(tracker.sampling().to_json()) == tracker.sampling()
+    if node is not None:
+        assert tracker is not None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seed", 2**64),
+        ("seed", 2**63),
+        ("seed", -1),
+        ("top_p", 1e-46),
+        ("top_p", 0.0),
+        ("temperature", 2.5),
+        ("top_k", TOP_K_MAX + 1),
+        ("top_k", True),
+    ],
+)
+def test_out_of_range_sampling_is_refused_by_the_tracker_and_the_node_alike(
+    field: str, value: Any
+) -> None:
+    with pytest.raises(ProtocolError) as node:
+        SamplingParams.from_mapping({field: value})
+    with pytest.raises(DomainError) as tracker:
+        chat_params_parse(json.dumps({"model": TINY, "messages": PROMPT, field: value}).encode())
+    assert field in node.value.message
+    assert field in tracker.value.message
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_in_a_chat_body_are_refused_as_invalid_json(constant: str) -> None:
+    body = f'{{"model": "{TINY}", "messages": {json.dumps(PROMPT)}, "temperature": {constant}}}'
+    with pytest.raises(DomainError) as caught:
+        chat_params_parse(body.encode())
+    assert caught.value.code == "invalid_json"
+
+
+def test_the_edges_of_every_range_are_accepted() -> None:
+    params = SamplingParams.from_mapping(
+        {"temperature": TEMPERATURE_MAX, "top_p": TOP_P_MIN, "top_k": TOP_K_MAX, "seed": SEED_MAX}
+    )
+    assert params == SamplingParams(TEMPERATURE_MAX, TOP_P_MIN, TOP_K_MAX, SEED_MAX)
+    assert SamplingParams.from_mapping({"temperature": 0, "seed": 0}).greedy
+
+
 # --- the legacy completions endpoint --------------------------------------------------
 
 
@@ -307,7 +402,7 @@ def test_a_text_completion_refuses_what_it_cannot_serve_naming_the_field(
 
 # --- the README's table is what the client gets ------------------------------------------
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 ENDPOINTS = {"chat": (chat, CHAT_REFUSED), "text": (text, COMPLETIONS_REFUSED)}
 # A value of each parameter the table says a client may send.
 SENT: dict[str, Any] = {

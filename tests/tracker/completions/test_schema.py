@@ -1,4 +1,4 @@
-"""Issue 12: the schema tells the truth about every endpoint.
+"""The schema tells the truth about every endpoint.
 
 Real answers of a real tracker (runtracker, PostgreSQL, a tiny-model node
 serving a whole route) are checked against the schema that tracker serves:

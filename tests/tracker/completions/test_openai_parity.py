@@ -1,4 +1,4 @@
-"""Issue 15: OpenAI parity through the official Python client, against a real tracker and
+"""OpenAI parity through the official Python client, against a real tracker and
 real tiny-model nodes.
 
 One network for the module: a head (layers 0-1) and a tail (2-3), and a whole

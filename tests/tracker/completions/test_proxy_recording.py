@@ -1,0 +1,231 @@
+"""What a request leaves behind: its record, its bill, through cancels and database blips.
+
+A cancelled request is recorded cancelled and not charged; usage a head
+inflates is billed at the tracker's count; a database blip as the answer
+ends is waited out, the request billed once; a client that leaves while its
+answer is billed is still billed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import OperationalError, ProgrammingError
+
+from meshnet_site.database import OUTAGE_RETRY_PAUSES
+from nodes_app.prompting import prompt_token_ids
+from nodes_app.tokenization import tiny_tokenizer
+from tests.support.database_errors import connection_cut
+from tests.support.fake_heads import (
+    PROMPT_TOKENS,
+    Behaviour,
+    Net,
+    answer,
+    record,
+    relay,
+    serve,
+    serve_until_first_token_then_disconnect,
+    text,
+    token_text,
+    work,
+)
+from tracker_app.completions import console, recording
+from tracker_app.completions.proxy import CompletionProxy
+from tracker_app.models import BillingRecord, RequestStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_cancelled_request_is_recorded_cancelled_not_charged_and_the_head_is_let_go(
+    net: Net,
+) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=1, then="hang"))
+    proxy = net.proxy()
+
+    chunks = serve_until_first_token_then_disconnect(proxy)
+
+    assert text(chunks) == token_text(0)
+    request = record(proxy)
+    assert (request.status, request.error) == (RequestStatus.CANCELLED, "client disconnected")
+    assert not BillingRecord.objects.filter(request=request).exists()
+    assert net.heads.closed == ["whole"]
+    assert net.event_kinds()[-1] == console.ERROR
+    assert net.banned() == set()
+
+
+def test_usage_a_head_inflates_is_logged_and_billed_at_the_trackers_count(
+    net: Net, caplog: pytest.LogCaptureFixture
+) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"
+    net.node("whole", 0, 3)
+    proxy = net.proxy()
+    counted = len(prompt_token_ids(tiny_tokenizer(), [{"role": "user", "content": "hi"}]))
+    assert counted != PROMPT_TOKENS  # the fake head always reports 7
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["usage"]["prompt_tokens"] == counted
+    assert record(proxy).prompt_tokens == counted
+    assert work(proxy) == [("whole", 0, 3, counted + 12)]
+    (line,) = [r.getMessage() for r in caplog.records if "reported" in r.getMessage()]
+    assert f"head whole reported {PROMPT_TOKENS} prompt" in line
+    assert f"counted {counted} prompt" in line and proxy.request_id in line
+
+
+# --- the database going away as the answer ends -----------------------------------
+
+
+@dataclass
+class Blips:
+    """Stands in for ``recording.chat_request_complete``: the database is away for the
+    first ``away`` tries; with ``lost_ack``, the first try's commit goes through and
+    only its answer is lost; with ``then_bug``, the try after the outage fails as a
+    bug of ours would."""
+
+    away: int = 0
+    lost_ack: bool = False
+    then_bug: bool = False
+    tries: int = 0
+    real: Any = recording.chat_request_complete
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.tries += 1
+        if self.tries <= self.away:
+            raise connection_cut()
+        if self.then_bug:
+            raise ProgrammingError("column does not exist")
+        result = self.real(**kwargs)
+        if self.lost_ack and self.tries == 1:
+            raise connection_cut()
+        return result
+
+
+def bills(proxy: CompletionProxy) -> int:
+    return BillingRecord.objects.filter(request_id=uuid.UUID(proxy.request_id)).count()
+
+
+def proxy_through(
+    net: Net, monkeypatch: pytest.MonkeyPatch, blips: Blips
+) -> tuple[CompletionProxy, list[float]]:
+    """A proxy on one whole-model node whose completion meets ``blips``, and the pauses
+    it takes between tries (recorded, not waited)."""
+    net.node("whole", 0, 3)
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    proxy = net.proxy(settings={"sleep": pause})
+    monkeypatch.setattr(recording, "chat_request_complete", blips)
+    return proxy, pauses
+
+
+def test_a_database_blip_as_the_answer_ends_is_waited_out_and_the_request_billed(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blips = Blips(away=2)
+    proxy, pauses = proxy_through(net, monkeypatch, blips)
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert (record(proxy).status, bills(proxy)) == (RequestStatus.COMPLETED, 1)
+    assert (blips.tries, pauses) == (3, list(OUTAGE_RETRY_PAUSES[:2]))
+    assert net.event_kinds()[-1] == console.COMPLETE
+
+
+def test_a_completion_whose_commit_went_through_before_the_cut_is_billed_once(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blips = Blips(lost_ack=True)
+    proxy, _ = proxy_through(net, monkeypatch, blips)
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert (record(proxy).status, bills(proxy), blips.tries) == (RequestStatus.COMPLETED, 1, 2)
+
+
+def test_a_database_away_past_every_retry_leaves_the_request_open_for_the_sweep(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blips = Blips(away=len(OUTAGE_RETRY_PAUSES) + 1)
+    proxy, pauses = proxy_through(net, monkeypatch, blips)
+
+    with pytest.raises(OperationalError):
+        serve(proxy)
+
+    assert (record(proxy).status, bills(proxy)) == (RequestStatus.PROCESSING, 0)
+    assert (blips.tries, pauses) == (len(OUTAGE_RETRY_PAUSES) + 1, list(OUTAGE_RETRY_PAUSES))
+
+
+def leave_while_billed(net: Net, until: str) -> tuple[CompletionProxy, list[dict[str, Any]]]:
+    """A request whose client leaves while the first try of its completion waits out an
+    outage (the consumer cancels, then fails the request); then the proxy carries on
+    alone until the console hears ``until``. The proxy, and the chunks its client got."""
+    paused, resume = asyncio.Event(), asyncio.Event()
+
+    async def pause(seconds: float) -> None:  # the database is away: the client leaves
+        paused.set()
+        await resume.wait()
+
+    proxy = net.proxy(settings={"sleep": pause})
+
+    async def run() -> list[dict[str, Any]]:
+        await proxy.start()
+        chunks: list[dict[str, Any]] = []
+        task = asyncio.create_task(relay(proxy, chunks))
+        await paused.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await proxy.fail("client disconnected", cancelled=True)  # as the consumer does
+        resume.set()
+        for _ in range(500):  # the completion ends alone: its console event is its last step
+            if until in net.event_kinds():
+                break
+            await asyncio.sleep(0.01)
+        return chunks
+
+    return proxy, asyncio.run(run())
+
+
+def test_a_client_that_leaves_while_its_answer_is_billed_is_still_billed(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    net.node("whole", 0, 3)
+    monkeypatch.setattr(recording, "chat_request_complete", Blips(away=1))
+
+    proxy, chunks = leave_while_billed(net, until=console.COMPLETE)
+
+    assert text(chunks) == answer(12)
+    assert "usage" not in chunks[-1]
+    assert (record(proxy).status, bills(proxy)) == (RequestStatus.COMPLETED, 1)
+    assert net.event_kinds()[-1] == console.COMPLETE
+    assert console.ERROR not in net.event_kinds()
+
+
+def test_a_completion_that_fails_after_its_client_left_records_the_request_failed(
+    net: Net, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    net.node("whole", 0, 3)
+    monkeypatch.setattr(recording, "chat_request_complete", Blips(away=1, then_bug=True))
+
+    with caplog.at_level(logging.ERROR, logger="tracker_app.completions.proxy"):
+        proxy, _ = leave_while_billed(net, until=console.ERROR)
+
+    request = record(proxy)
+    assert (request.status, request.error, bills(proxy)) == (
+        RequestStatus.FAILED,
+        "the tracker failed to serve this request",
+        0,
+    )
+    assert net.event_kinds()[-1] == console.ERROR
+    assert any(r.exc_info and r.exc_info[0] is ProgrammingError for r in caplog.records)

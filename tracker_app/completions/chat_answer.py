@@ -1,0 +1,162 @@
+"""The chat endpoint's answer: ``chat.completion.chunk`` events, or one ``chat.completion``.
+
+:class:`ChatAnswer` builds each through its declaration in
+:mod:`~tracker_app.completions.shapes` (the schema documents the same ones),
+each choice's chunks indexed by choice, the first opening with its role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, cast
+
+from nodes_app.protocol.logprobs import TokenLogprob as TokenLogprobEntry
+from nodes_app.protocol.sse import sse_event
+from tracker_app.completions.answers import TextEvents
+from tracker_app.completions.generation import Generation, Piece
+from tracker_app.completions.parameters import GenerationParams
+from tracker_app.completions.shapes import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChoiceLogprobs,
+    FinishReason,
+    MeshnetRoute,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+
+def choice_chunk(
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    choice: int,
+    delta: ChatDelta,
+    finish_reason: FinishReason | None = None,
+    logprobs: ChoiceLogprobs | None = None,
+    meshnet: MeshnetRoute | None = None,
+    usage: Usage | None = None,
+) -> ChatCompletionChunk:
+    """A ``chat.completion.chunk`` of choice ``choice``; ``logprobs``, ``meshnet`` and
+    ``usage`` only where given."""
+    # Literals typed by their declarations: mypy checks them, and they cost what a dict does.
+    choice_of: ChatChunkChoice = {"index": choice, "delta": delta, "finish_reason": finish_reason}
+    if logprobs is not None:
+        choice_of["logprobs"] = logprobs
+    chunk: ChatCompletionChunk = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice_of],
+    }
+    if meshnet is not None:
+        chunk["meshnet"] = meshnet
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def token_logprob(entry: TokenLogprobEntry) -> TokenLogprob:
+    """One token's entry of a choice's ``logprobs.content``, its alternatives best first."""
+    tops: list[TopLogprob] = [
+        {"token": top.token, "logprob": top.logprob, "bytes": list(top.utf8)}
+        for top in entry.top_logprobs
+    ]
+    # Only an echoed prompt's first token has no logprob, and a chat echoes nothing.
+    logprob = cast(float, entry.logprob)
+    return {
+        "token": entry.token,
+        "logprob": logprob,
+        "bytes": list(entry.utf8),
+        "top_logprobs": tops,
+    }
+
+
+class ChatAnswer:
+    """The chat endpoint's answer: ``chat.completion.chunk`` events, each choice opening
+    with its role, or one ``chat.completion``."""
+
+    id_prefix = "chatcmpl-"
+
+    def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
+        self.completion_id, self.created, self.model = completion_id, created, params.model
+        self.choices = params.choices
+        self.logprobs = params.logprobs
+        self._text = [
+            TextEvents.around(partial(self._text_chunk, choice)) for choice in range(self.choices)
+        ]
+
+    def _text_chunk(self, choice: int, text: str) -> ChatCompletionChunk:
+        return self._chunk(choice, delta=ChatDelta(content=text))
+
+    def _chunk(self, choice: int, **fields: Any) -> ChatCompletionChunk:
+        return choice_chunk(
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            choice=choice,
+            **fields,
+        )
+
+    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
+        return [
+            sse_event(
+                self._chunk(
+                    choice,
+                    delta=ChatDelta(role="assistant", content=""),
+                    meshnet=meshnet if choice == 0 else None,
+                )
+            )
+            for choice in range(self.choices)
+        ]
+
+    def piece(self, piece: Piece) -> bytes:
+        if not piece.logprobs:
+            return self._text[piece.choice].event(piece.text)
+        content: ChoiceLogprobs = {"content": [token_logprob(entry) for entry in piece.logprobs]}
+        return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
+
+    def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
+        return sse_event(
+            self._chunk(
+                choice,
+                delta=ChatDelta(),
+                finish_reason=cast(FinishReason, finish_reason),
+                usage=usage,
+            )
+        )
+
+    def reply(
+        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+    ) -> ChatCompletion:
+        return ChatCompletion(
+            id=self.completion_id,
+            object="chat.completion",
+            created=self.created,
+            model=self.model,
+            choices=[
+                ChatChoice(
+                    index=generation.choice,
+                    message=AssistantMessage(role="assistant", content=generation.content),
+                    logprobs=(
+                        ChoiceLogprobs(
+                            content=[token_logprob(entry) for entry in generation.logprobs]
+                        )
+                        if self.logprobs
+                        else None
+                    ),
+                    finish_reason=cast(FinishReason, generation.finish_reason),
+                )
+                for generation in generations
+            ],
+            usage=usage,
+            meshnet=meshnet,
+        )

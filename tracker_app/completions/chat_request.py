@@ -1,0 +1,105 @@
+"""The OpenAI chat request (``POST /v1/chat/completions``) as Meshnet accepts it.
+
+:class:`ChatCompletionRequest` is the one declaration of the body: it
+validates it and the OpenAPI schema documents it
+(:mod:`~tracker_app.completions.schema`). :func:`chat_params_parse` turns a
+raw body into :class:`~tracker_app.completions.parameters.GenerationParams`,
+what the proxy runs, or raises a 400 naming every bad field, or every OpenAI
+parameter Meshnet does not honour. Limits that also bind the nodes (stop
+sequences) are the protocol's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
+from rest_framework import serializers
+
+from nodes_app.protocol.limits import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX
+from tracker_app.completions.parameters import (
+    CHAT_REFUSED,
+    DEFAULT_MAX_CHOICES,
+    MAX_MAX_TOKENS,
+    GenerationFields,
+    GenerationParams,
+    fields_validate,
+    generation_params,
+    request_fields,
+)
+
+# A chat's tokens when the client sets no limit: the head's own default (OpenAI has none).
+CHAT_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+
+_TEXT_PART = {
+    "type": "object",
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+
+
+class ContentPart(serializers.Serializer[dict[str, Any]]):
+    type = serializers.ChoiceField(choices=["text"])
+    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]})
+class MessageContent(serializers.JSONField):
+    """``content``: plain text, or OpenAI's list of text parts (joined in order)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            parts = ContentPart(data=value, many=True)
+            parts.is_valid(raise_exception=True)
+            return "".join(part["text"] for part in parts.validated_data)
+        raise serializers.ValidationError("must be a string or a list of text parts")
+
+
+@extend_schema_serializer(component_name="ChatMessage")
+class ChatMessage(serializers.Serializer[dict[str, Any]]):
+    role = serializers.ChoiceField(choices=ROLES)
+    content = MessageContent()
+
+
+@extend_schema_serializer(component_name="ChatCompletion")
+class ChatCompletionRequest(GenerationFields):
+    refused = CHAT_REFUSED
+    # What :func:`chat_params_parse` accepts: every field, range and default.
+
+    messages = ChatMessage(many=True, allow_empty=False)
+    max_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_MAX_TOKENS, required=False, allow_null=True
+    )
+    max_completion_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_MAX_TOKENS, required=False, allow_null=True
+    )
+    logprobs = serializers.BooleanField(required=False, allow_null=True)
+    top_logprobs = serializers.IntegerField(
+        min_value=0, max_value=TOP_LOGPROBS_MAX, required=False, allow_null=True
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if (attrs.get("top_logprobs") or 0) > 0 and not attrs.get("logprobs"):
+            raise serializers.ValidationError({"top_logprobs": "needs logprobs: true"})
+        return super().validate(attrs)
+
+
+def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) -> GenerationParams:
+    """Validate a raw chat request body: :class:`~tracker_app.completions.parameters.InvalidRequest`
+    names every bad field, :class:`~tracker_app.completions.parameters.UnsupportedParameter` every
+    OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
+    raw = request_fields(body)
+    v = fields_validate(ChatCompletionRequest(data=raw, context={"max_choices": max_choices}))
+    messages = [{"role": m["role"], "content": m["content"]} for m in v["messages"]]
+    return generation_params(
+        v,
+        prompts=(messages,),
+        max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or CHAT_DEFAULT_MAX_TOKENS,
+        logprobs=bool(v.get("logprobs")),
+        top_logprobs=v.get("top_logprobs") or 0,
+    )

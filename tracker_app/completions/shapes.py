@@ -1,0 +1,252 @@
+"""The JSON the completion endpoints answer with, each shape declared once.
+
+Every shape is a ``TypedDict``: the answer modules build their dicts through
+them (:mod:`~tracker_app.completions.chat_answer`,
+:mod:`~tracker_app.completions.text_answer`), so mypy holds each answer to its
+declaration, and a ``TypedDict`` costs nothing at run time (it is a plain
+dict: a streamed token pays no more than a dict literal). :func:`component`
+turns the same declaration into the drf-spectacular serializer that the
+OpenAPI schema documents (:mod:`~tracker_app.completions.schema`): the class
+name is the component's name, the docstring its description, and what a
+type cannot say (a count is never negative) rides as ``Annotated`` metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import NoneType, UnionType
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    NotRequired,
+    TypedDict,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
+
+from drf_spectacular.utils import extend_schema_serializer
+from rest_framework import serializers
+
+from meshnet_site.api_schema import constant
+from routing_app.api import HopOutput
+from routing_app.choice import DecisionMode
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The least and most a number may be, in the schema."""
+
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+@dataclass(frozen=True)
+class Documented:
+    """A field documented by a serializer field declared elsewhere (another app's shape)."""
+
+    field: Callable[[], serializers.Field[Any, Any, Any, Any]]
+
+
+Count = Annotated[int, Bounds(minimum=0)]
+FinishReason = Literal["stop", "length"]
+
+
+class Usage(TypedDict):
+    prompt_tokens: Count
+    completion_tokens: Count
+    total_tokens: Count
+
+
+class MeshnetRoute(TypedDict):
+    """The route serving the request: signature, how it was chosen, its hops."""
+
+    route: str
+    mode: Annotated[str, Documented(lambda: serializers.ChoiceField(choices=_MODES))]
+    hops: Annotated[list[dict[str, Any]], Documented(lambda: HopOutput(many=True))]
+
+
+_MODES = [str(mode) for mode in DecisionMode]
+
+
+class AssistantMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str
+
+
+class TopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[Annotated[int, Bounds(minimum=0, maximum=255)]]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(TypedDict):
+    """With ``logprobs: true``: each token's log-probability, and its ``top_logprobs``."""
+
+    content: list[TokenLogprob]
+
+
+class ChatChoice(TypedDict):
+    index: Count
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(TypedDict):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    meshnet: MeshnetRoute
+
+
+class ChatDelta(TypedDict, total=False):
+    # The first delta has the role, the last neither.
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChunkChoice(TypedDict):
+    index: Count
+    delta: ChatDelta
+    logprobs: NotRequired[ChoiceLogprobs | None]
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(TypedDict):
+    """One ``data:`` event of a streamed answer: the first carries ``meshnet``, the last
+    ``finish_reason`` and ``usage``."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    meshnet: NotRequired[MeshnetRoute]
+    usage: NotRequired[Usage]
+
+
+class LegacyLogprobs(TypedDict):
+    """OpenAI's legacy log-probabilities, one entry per token of the choice's text (the
+    prompt's first with ``echo``: its first token has none, ``null``)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[Count]
+
+
+class TextChoice(TypedDict):
+    text: str
+    index: Count
+    logprobs: LegacyLogprobs | None
+    finish_reason: FinishReason
+
+
+class TextCompletion(TypedDict):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage
+    meshnet: MeshnetRoute
+
+
+class TextChunkChoice(TypedDict):
+    text: str
+    index: Count
+    logprobs: LegacyLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class TextCompletionChunk(TypedDict):
+    """One ``data:`` event of a streamed legacy answer: the first carries ``meshnet``, the
+    last ``finish_reason`` and ``usage``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChunkChoice]
+    meshnet: NotRequired[MeshnetRoute]
+    usage: NotRequired[Usage]
+
+
+def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
+    """A request's ``usage``: what it is billed for."""
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+# --- the schema's view of the same declarations --------------------------------------
+
+Serializer = serializers.Serializer[dict[str, Any]]
+_components: dict[type, type[Serializer]] = {}
+
+
+def component(shape: type) -> type[Serializer]:
+    """The serializer documenting ``shape`` (a ``TypedDict`` above) as a named schema
+    component: one class per shape, however often it is nested."""
+    if shape not in _components:
+        hints = get_type_hints(shape, include_extras=True)
+        # NotRequired (read from the hint: under postponed annotations Python 3.11's
+        # ``__optional_keys__`` misses it) or a ``total=False`` shape.
+        optional: frozenset[str] = getattr(shape, "__optional_keys__", frozenset())
+        fields = {name: _field(hint, required=name not in optional) for name, hint in hints.items()}
+        serializer = type(shape.__name__, (serializers.Serializer,), fields)
+        serializer.__doc__ = shape.__doc__
+        _components[shape] = extend_schema_serializer(component_name=shape.__name__)(serializer)
+    return _components[shape]
+
+
+def _field(hint: Any, **kwargs: Any) -> serializers.Field[Any, Any, Any, Any]:
+    """The serializer field that documents a value of type ``hint``."""
+    if get_origin(hint) is NotRequired:
+        return _field(get_args(hint)[0], **(kwargs | {"required": False}))
+    if get_origin(hint) is Annotated:
+        inner, *metadata = get_args(hint)
+        for item in metadata:
+            if isinstance(item, Documented):
+                return item.field()
+            if isinstance(item, Bounds):
+                kwargs |= {"min_value": item.minimum, "max_value": item.maximum}
+        return _field(inner, **{k: v for k, v in kwargs.items() if v is not None})
+    if get_origin(hint) in (Union, UnionType) and NoneType in get_args(hint):
+        (inner,) = (arg for arg in get_args(hint) if arg is not NoneType)
+        return _field(inner, allow_null=True, **kwargs)
+    if get_origin(hint) is Literal:
+        values = list(get_args(hint))
+        if len(values) == 1:
+            return constant(values[0], **kwargs)
+        return serializers.ChoiceField(choices=values, **kwargs)
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        if is_typeddict(item):
+            return component(item)(many=True, **kwargs)
+        return serializers.ListField(child=_field(item), **kwargs)
+    if get_origin(hint) is dict:
+        _, value = get_args(hint)
+        return serializers.DictField(child=_field(value), **kwargs)
+    if is_typeddict(hint):
+        return component(hint)(**kwargs)
+    simple: dict[Any, type[serializers.Field[Any, Any, Any, Any]]] = {
+        str: serializers.CharField,
+        int: serializers.IntegerField,
+        float: serializers.FloatField,
+    }
+    return simple[hint](**kwargs)
