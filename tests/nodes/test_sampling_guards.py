@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.sampling import (
@@ -26,22 +25,10 @@ from nodes_app.protocol.sampling import (
 )
 from nodes_app.runtime.errors import NonFiniteOutput
 from nodes_app.runtime.sampling import new_generator, sample_token
+from tests.support.sampling_values import SAMPLING
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 VOCAB = 259  # the tiny model's
-
-
-ANY_VALUE = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.floats(min_value=0.0, max_value=3.0),
-    st.sampled_from([0.0, 1e-46, 1e-7, TOP_P_MIN, 1.0, 2.0, 2**63 - 1, 2**63, 2**64]),
-    st.text(max_size=4),
-)
-FIELDS = ("temperature", "top_p", "top_k", "seed")
-SAMPLING = st.dictionaries(st.sampled_from(FIELDS), ANY_VALUE)
 
 
 @settings(max_examples=400, deadline=None)

@@ -18,12 +18,12 @@ import torch
 
 from nodes_app.runtime import wire
 from nodes_app.runtime.trust import new_capability
-from tracker_app.localnet.databases import fresh_process_database
 from tests.support.hidden_states import nan_hidden
 from tests.support.link import HIDDEN, node_link, tiny_step
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
 from tests.support.plans import signed_plan, tracker_key
+from tracker_app.localnet.databases import fresh_process_database
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 VOCAB = 259  # the tiny model's

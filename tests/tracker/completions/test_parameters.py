@@ -28,6 +28,7 @@ from nodes_app.protocol.sampling import (
     TOP_P_MIN,
     SamplingParams,
 )
+from tests.support.sampling_values import SAMPLING
 from tracker_app.completions.chat_request import chat_params_parse
 from tracker_app.completions.parameters import (
     CHAT_REFUSED,
@@ -278,18 +279,6 @@ def test_each_choice_of_a_prompt_samples_with_its_own_seed_and_none_overflows(
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 TINY = "tiny-random-llama"
-
-ANY_VALUE = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.floats(min_value=0.0, max_value=3.0),
-    st.sampled_from([0.0, 1e-46, 1e-7, TOP_P_MIN, 1.0, 2.0, 2**63 - 1, 2**63, 2**64]),
-    st.text(max_size=4),
-)
-FIELDS = ("temperature", "top_p", "top_k", "seed")
-SAMPLING = st.dictionaries(st.sampled_from(FIELDS), ANY_VALUE)
 
 
 @settings(max_examples=400, deadline=None)
