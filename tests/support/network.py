@@ -74,6 +74,14 @@ class Network(LocalNetwork):
     def headers(self, key: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {key or self.api_key}"}
 
+    def routes(self, model: str) -> list[dict[str, Any]]:
+        """The model's rows of ``/v1/routing`` (candidates, their status) as a client sees them."""
+        response = httpx.get(
+            f"{self.url}/v1/routing", params={"model": model}, headers=self.headers(), timeout=30
+        )
+        assert response.status_code == 200, response.text
+        return list(response.json()["models"][0]["routes"])
+
     def chat(self, **body: Any) -> httpx.Response:
         return httpx.post(
             f"{self.url}/v1/chat/completions", json=body, headers=self.headers(), timeout=180

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from nodes_app.protocol.limits import STEP_TIMEOUT_POSITIONS, step_time_limit
@@ -89,14 +88,6 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             yield network
 
 
-def routes(network: Network) -> list[dict[str, Any]]:
-    response = httpx.get(
-        f"{network.url}/v1/routing", params={"model": TINY}, headers=network.headers(), timeout=30
-    )
-    assert response.status_code == 200, response.text
-    return list(response.json()["models"][0]["routes"])
-
-
 def stream(network: Network, max_tokens: int) -> list[Any]:
     return read_sse(
         f"{network.url}/v1/chat/completions",
@@ -148,8 +139,8 @@ def assert_served_whole_through_the_other_route(
         billing_id,
     )
     assert paid == [(head.node_id,), (tail.node_id,)]
-    held = {r["signature"] for r in routes(network) if r["status"] == "quarantined"}
-    assert held and all(hung.node_id in signature for signature in held)
+    quarantined = {r["signature"] for r in network.routes(TINY) if r["status"] == "quarantined"}
+    assert quarantined and all(hung.node_id in signature for signature in quarantined)
 
 
 @pytest.mark.parametrize("hung", [(2, 3)], indirect=True)
@@ -214,6 +205,6 @@ def test_a_route_busy_past_the_busy_deadline_is_a_503_with_retry_after_and_bans_
         "SELECT b.id FROM tracker_app_billingrecord b JOIN tracker_app_chatrequest r "
         "ON r.id = b.request_id WHERE r.status = 'failed'"
     )
-    assert all(route["status"] != "quarantined" for route in routes(network))
+    assert all(route["status"] != "quarantined" for route in network.routes(TINY))
     # The slot is free again: the same route serves the next request.
     assert network.chat(model=TINY, messages=PROMPT, max_tokens=10).status_code == 200

@@ -48,16 +48,8 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             yield network
 
 
-def routes(network: Network) -> list[dict[str, Any]]:
-    response = httpx.get(
-        f"{network.url}/v1/routing", params={"model": TINY}, headers=network.headers(), timeout=30
-    )
-    assert response.status_code == 200, response.text
-    return list(response.json()["models"][0]["routes"])
-
-
 def assert_nobody_banned_and_the_next_chat_succeeds(network: Network) -> None:
-    assert all(route["status"] != "quarantined" for route in routes(network))
+    assert all(route["status"] != "quarantined" for route in network.routes(TINY))
     response = network.chat(model=TINY, messages=PROMPT, max_tokens=6, temperature=0)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 6
