@@ -38,7 +38,7 @@ def tiny_service(start: int, end: int, node_id: str) -> NodeService:
     shard = load_shard(
         model_key=TINY, source=resolve_source(TINY), start=start, end=end, progress=False
     )
-    # Dev-open: these tests call nodes directly, unsigned (tests/security holds the
+    # Dev-open: these tests call nodes directly, unsigned (test_trust*.py hold the
     # signed-plan checks; the real processes below are registered and closed).
     return NodeService(shard, node_id=node_id, gate=PlanGate(dev_open=True))
 
