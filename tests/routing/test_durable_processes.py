@@ -5,42 +5,17 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from celery import Celery
 
 from tests.support.network import running_tracker, start_network
 from tests.support.redis_db import private_redis
+from tests.support.routing_processes import SETTINGS, TINY, chat, routes
 from tracker_app.localnet import fresh_process_database, wait_until
 
-TINY = "tiny-random-llama"
-PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
 # start_network yields its network once: as a context manager here.
 network = contextmanager(start_network)
-SETTINGS = {"MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1", "MESHNET_RATE_LIMIT_PER_MINUTE": "1000"}
-
-
-def routes(url: str, api_key: str) -> list[dict[str, Any]]:
-    table = httpx.get(
-        f"{url}/v1/routing",
-        params={"model": TINY},
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=10,
-    ).json()
-    return list(table["models"][0]["routes"])
-
-
-def chat(url: str, api_key: str) -> dict[str, Any]:
-    response = httpx.post(
-        f"{url}/v1/chat/completions",
-        json={"model": TINY, "messages": PROMPT, "max_tokens": 16},
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=120,
-    )
-    assert response.status_code == 200, response.text
-    return dict(response.json())
 
 
 def test_a_restarted_tracker_routes_on_the_arms_it_had_learned(tmp_path: Path) -> None:

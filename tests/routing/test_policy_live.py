@@ -6,8 +6,8 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.routing.test_durable_processes import SETTINGS, TINY, chat, routes
 from tests.support.network import start_network
+from tests.support.routing_processes import SETTINGS, TINY, chat, routes
 from tracker_app.localnet import fresh_process_database, wait_until
 
 network = contextmanager(start_network)

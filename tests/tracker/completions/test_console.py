@@ -1,6 +1,6 @@
 """The console ring, the per-request call summaries (the Call wall) and the route series.
 
-The live push of these to dashboards is tested in test_dashboard_consumer.py.
+The live push of these to dashboards is tested in tests/tracker/dashboard/test_consumer.py.
 """
 
 from __future__ import annotations
