@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.authentication import SessionAuthentication
 
 from routing_app.api import RoutingTableApi
+from routing_app.placement_api import NodePlacementApi, PlacementApi
 from tracker_app import api as tracker_api
 from tracker_app import views as tracker_views
 from tracker_app.api_keys.authentication import ApiKeyAuthentication
@@ -28,11 +29,18 @@ urlpatterns = [
         name="dashboard-logout",
     ),
     path("admin/", admin.site.urls),
+    # Before nodes_app's "<node_id>/…" paths: asked by a node about to join (ADR-0019).
+    path("api/nodes/placement", NodePlacementApi.as_view(), name="node-placement"),
     path("api/nodes/", include("nodes_app.urls")),
     path(
         "v1/routing",
         RoutingTableApi.as_view(authentication_classes=CLIENT_OR_STAFF),
         name="routing-table",
+    ),
+    path(
+        "v1/placement",
+        PlacementApi.as_view(authentication_classes=CLIENT_OR_STAFF),
+        name="placement",
     ),
     path(".well-known/", include("nodes_app.well_known_urls")),
     path("v1/models", tracker_api.ModelsApi.as_view(), name="models"),
