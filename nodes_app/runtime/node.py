@@ -90,6 +90,8 @@ class NodeOptions:
     tracker_key: str | None = None
     # TESTS AND BENCHMARKS ONLY: serve unsigned plans and capability-less steps.
     dev_open: bool = False
+    # Why the tracker placed the node at start-end (runnode --layers auto); None: chosen.
+    placement: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -301,7 +303,8 @@ async def _serve_joined(
             f"{shard.start}-{shard.end} at {options.endpoint} on {shard.device.type} "
             f"{shard.precision} "
             f"(+{shard.rss_added_bytes / 2**20:.0f} MiB, benchmark "
-            f"{service.benchmark_tps:.1f} tok/s)",
+            f"{service.benchmark_tps:.1f} tok/s)"
+            + (f"; placed by the tracker: {options.placement}" if options.placement else ""),
             file=out,
             flush=True,
         )

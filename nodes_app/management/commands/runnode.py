@@ -21,12 +21,29 @@ from nodes_app.runtime.precision import add_precision_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
+AUTO = "auto"
+GIB = 2**30
 
-def _layers(value: str) -> tuple[int, int]:
+
+def _layers(value: str) -> tuple[int, int] | None:
+    if value == AUTO:
+        return None
     first, sep, last = value.partition("-")
     if not sep or not first.isdigit() or not last.isdigit() or int(last) < int(first):
-        raise argparse.ArgumentTypeError(f"layers must look like A-B with A <= B, not {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"layers must be 'auto' or look like A-B with A <= B, not {value!r}"
+        )
     return int(first), int(last)
+
+
+def _gigabytes(value: str) -> float:
+    try:
+        gb = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GB: {value!r}") from None
+    if not gb > 0:
+        raise argparse.ArgumentTypeError("must be more than 0 GB")
+    return gb
 
 
 def _positive(value: str) -> int:
@@ -37,12 +54,29 @@ def _positive(value: str) -> int:
 
 class Command(BaseCommand):
     help = (
-        "Load layers A-B of a model, serve them over HTTP, register and heartbeat with a tracker."
+        "Load layers A-B of a model (or the range the tracker places this node at), serve "
+        "them over HTTP, register and heartbeat with a tracker."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", required=True, help="catalogue key, e.g. smollm2-135m")
-        parser.add_argument("--layers", required=True, type=_layers, help="A-B, inclusive")
+        parser.add_argument(
+            "--layers",
+            type=_layers,
+            default=None,
+            metavar="A-B|auto",
+            help="the layers to serve, inclusive; 'auto' (the default) asks the tracker: "
+            "layers no node serves first, else the stage with the least capacity, as many "
+            "of them as this node's memory holds (ADR-0019)",
+        )
+        parser.add_argument(
+            "--memory-gb",
+            type=_gigabytes,
+            metavar="GB",
+            help="memory (GiB) this node may use for the shard's weights and its KV budget: "
+            "--layers auto sizes the range to it, and the KV budget defaults to half of it "
+            "(default: the memory free at start, RAM or the GPU's)",
+        )
         parser.add_argument("--port", required=True, type=int)
         parser.add_argument(
             "--tracker", required=True, help="tracker URL, e.g. http://127.0.0.1:8000"
@@ -113,9 +147,34 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         # torch is imported here, never when Django loads the app.
         from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
+        from nodes_app.runtime.kv import DEFAULT_BUDGET_SHARE
         from nodes_app.runtime.node import NodeOptions, run_node
 
-        start, end = options["layers"]
+        kv_budget_mib = options["kv_budget"]
+        memory_gb = options["memory_gb"]
+        if memory_gb is not None and kv_budget_mib is None:
+            kv_budget_mib = memory_gb * GIB * DEFAULT_BUDGET_SHARE / 2**20
+        placement = None
+        if options["layers"] is None:
+            from nodes_app.runtime.autoplace import PlacementRefused, place_node
+            from nodes_app.runtime.tracker_client import RegistrationError
+
+            try:
+                placed = place_node(
+                    tracker=options["tracker"],
+                    model=options["model"],
+                    weights=options["weights"],
+                    dtype=options["dtype"],
+                    quantize=options["quantize"],
+                    device=options["device"],
+                    memory_bytes=None if memory_gb is None else int(memory_gb * GIB),
+                    kv_budget_bytes=None if kv_budget_mib is None else int(kv_budget_mib * 2**20),
+                )
+            except (PlacementRefused, RegistrationError, ModelSourceError) as error:
+                raise CommandError(str(error)) from error
+            start, end, placement = placed.start, placed.end, placed.reason
+        else:
+            start, end = options["layers"]
         node = NodeOptions(
             model=options["model"],
             start=start,
@@ -131,7 +190,7 @@ class Command(BaseCommand):
             wallet_key=options["wallet_key"]
             or Path(settings.VAR_DIR) / "wallets" / f"node-{options['port']}.key",
             advertise=options["advertise"],
-            kv_budget_mib=options["kv_budget"],
+            kv_budget_mib=kv_budget_mib,
             max_sessions=options["max_sessions"],
             batch_wait_ms=options["batch_wait_ms"],
             prefill_chunk=options["prefill_chunk"],
@@ -143,6 +202,7 @@ class Command(BaseCommand):
             max_frame_bytes=options["max_frame_bytes"],
             max_prompt_chars=options["max_prompt_chars"],
             step_timeout=step_timeout,
+            placement=placement,
         )
         try:
             status = run_node(node)
