@@ -53,6 +53,7 @@ function modelCard(state, model, ages) {
         : badge(online ? "layers missing" : "no node online", "bad"),
     ),
     coverage(state, model, nodes, gaps),
+    stagesTable(state.stages(model.key), gaps),
     nodes.length
       ? h("div", { class: "table-scroll" }, nodesTable(state, nodes, ages))
       : h("p", { class: "muted empty" }, "No node serves this model."),
@@ -128,6 +129,73 @@ function coverage(state, model, nodes, gaps) {
 function coverageLabel(model, gaps, range) {
   if (!gaps.length) return `${model.key}: every layer is served`;
   return `${model.key}: no online node serves layers ${gaps.map(([a, b]) => range(a, b)).join(", ")}`;
+}
+
+// Each stage's capacity, and where placement (ADR-0019) puts the next node: the first
+// gap, else the stage with the least capacity (ties: fewer nodes, then the earlier one).
+function stagesTable(stages, gaps) {
+  const range = (first, last) => (first === last ? `${first}` : `${first}–${last}`);
+  const weakest = stages.reduce(
+    (best, s) =>
+      !best ||
+      s.capacity < best.capacity ||
+      (s.capacity === best.capacity && s.nodes.length < best.nodes.length)
+        ? s
+        : best,
+    null,
+  );
+  const rows = [
+    ...stages.map((stage) => ({ ...stage, gap: false })),
+    ...gaps.map(([first, last]) => ({ first, last, nodes: [], capacity: 0, gap: true })),
+  ].sort((a, b) => a.first - b.first);
+  const nextFirst = gaps.length ? gaps[0][0] : weakest ? weakest.first : null;
+  return h(
+    "div",
+    { class: "table-scroll" },
+    h(
+      "table",
+      { class: "data", dataset: { role: "stages" } },
+      h(
+        "thead",
+        {},
+        h(
+          "tr",
+          {},
+          h("th", { class: "num" }, "Stage"),
+          h("th", { class: "num" }, "Nodes"),
+          h("th", { class: "num" }, "Capacity tok/s"),
+          h("th", {}, "Next node"),
+        ),
+      ),
+      h(
+        "tbody",
+        {},
+        rows.map((row) =>
+          h(
+            "tr",
+            { dataset: { stage: `${row.first}-${row.last}`, kind: row.gap ? "gap" : "stage" } },
+            h("td", { class: "num" }, range(row.first, row.last)),
+            h(
+              "td",
+              { class: "num", title: row.nodes.map((n) => n.id).join(", ") },
+              int(row.nodes.length),
+            ),
+            h("td", { class: "num" }, row.gap ? "—" : num(row.capacity)),
+            h(
+              "td",
+              {},
+              row.first === nextFirst
+                ? badge(
+                    row.gap ? "goes here: no node" : "goes here: least capacity",
+                    row.gap ? "bad" : "warn",
+                  )
+                : "",
+            ),
+          ),
+        ),
+      ),
+    ),
+  );
 }
 
 function nodesTable(state, nodes, ages) {

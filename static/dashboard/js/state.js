@@ -126,6 +126,29 @@ export class DashboardState {
       .sort((a, b) => a.shard_start - b.shard_start || a.id.localeCompare(b.id));
   }
 
+  /** The model's stages as routing_app.placement cuts them (ADR-0019): the stretches
+   * between online nodes' shard boundaries, each with the nodes serving all of it and
+   * its capacity, the sum of their tok/s (the benchmark, capped by the measured speed). */
+  stages(key) {
+    const model = this.models.get(key);
+    const online = this.modelNodes(key).filter((n) => n.status === "online");
+    const cuts = new Set([0, model.num_layers]);
+    for (const node of online) {
+      cuts.add(Math.max(0, node.shard_start));
+      cuts.add(Math.min(model.num_layers, node.shard_end + 1));
+    }
+    const bounds = [...cuts].sort((a, b) => a - b);
+    const stages = [];
+    for (let i = 0; i + 1 < bounds.length; i++) {
+      const [first, last] = [bounds[i], bounds[i + 1] - 1];
+      const nodes = online.filter((n) => n.shard_start <= first && last <= n.shard_end);
+      if (!nodes.length) continue;
+      const capacity = nodes.reduce((sum, n) => sum + capacityTps(n), 0);
+      stages.push({ first, last, nodes, capacity });
+    }
+    return stages;
+  }
+
   /** Inclusive [first, last] layer ranges no online node serves (as routing sees it:
    * a silent node still counts until the liveness sweep takes it offline). */
   gaps(key) {
@@ -144,4 +167,12 @@ export class DashboardState {
     });
     return gaps;
   }
+}
+
+/** What a node carries when idle: its benchmark, capped by its measured tok/s once known. */
+function capacityTps(node) {
+  const benchmark = node.benchmark_tps || 0;
+  const measured = node.measured_tps || 0;
+  if (measured > 0) return benchmark > 0 ? Math.min(benchmark, measured) : measured;
+  return benchmark;
 }

@@ -122,6 +122,24 @@ def test_every_tab_draws_the_live_network(page: Page, network: Network) -> None:
         open_tab(page, tab)
 
 
+def test_the_overview_shows_each_stages_capacity_and_where_the_next_node_goes(
+    page: Page, network: Network
+) -> None:
+    whole, half = network.nodes["whole"], network.nodes["half"]
+    stages = page.locator(f'[data-model="{TINY}"] [data-role="stages"] tbody tr')
+    rows = [stages.nth(i).locator("td").all_inner_texts() for i in range(stages.count())]
+
+    # whole serves 0-3 and half 0-1: stage 0-1 has both, stage 2-3 whole alone.
+    assert [(row[0], row[1]) for row in rows] == [("0–1", "2"), ("2–3", "1")]
+    capacities = [float(row[2].replace(",", "")) for row in rows]
+    assert capacities[0] > capacities[1] > 0
+    assert rows[1][3] == "goes here: least capacity" and rows[0][3] == ""
+    assert set(stages.nth(0).locator("td").nth(1).get_attribute("title").split(", ")) == {
+        whole.node_id,
+        half.node_id,
+    }
+
+
 def test_a_streamed_answer_grows_in_the_last_bubble_until_it_completes(page: Page) -> None:
     # Every text the answer's bubble shows, recorded by the page as it changes.
     page.evaluate(
