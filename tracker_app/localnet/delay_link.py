@@ -48,6 +48,7 @@ class DelayLink:
         )
         self._server: asyncio.Server | None = None
         self._relays: set[asyncio.Task[None]] = set()
+        self._ends: set[asyncio.StreamWriter] = set()
 
     @property
     def url(self) -> str:
@@ -74,11 +75,13 @@ class DelayLink:
         self._thread.join(timeout=5)
 
     async def _close(self) -> None:
+        """Stop listening, reset every relayed connection and wait for their relays to end."""
         if self._server is not None:
             self._server.close()
-        for relay in list(self._relays):
-            relay.cancel()
-        await asyncio.gather(*self._relays, return_exceptions=True)
+        for end in list(self._ends):
+            end.transport.abort()
+        if self._relays:
+            await asyncio.wait(self._relays, timeout=5)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         relay = asyncio.current_task()
@@ -91,13 +94,16 @@ class DelayLink:
             self._relays.discard(relay)
             return
         self.connections += 1
+        ends = (writer, upstream_writer)
+        self._ends.update(ends)
         try:
             await asyncio.gather(
                 self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer)
             )
         finally:
-            writer.transport.abort()
-            upstream_writer.transport.abort()
+            for end in ends:
+                end.transport.abort()
+                self._ends.discard(end)
             self._relays.discard(relay)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
