@@ -32,9 +32,9 @@ from tracker_app.localnet import LOOPBACK, NodeProcess, process_env, start_node
 from tracker_app.localnet.delay_link import DelayLink
 
 MODEL = "tiny-random-llama"
-NEW_TOKENS = 64
+NEW_TOKENS = 128
 SHORT_TOKENS = 8
-RUNS = 3
+RUNS = 5
 ROUND_TRIPS_MS = (0.0, 10.0, 40.0)
 FLOOR_PER_HOP = 1.0
 PROMPT = "Tell me about meshes."
