@@ -63,23 +63,32 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing_simulation.simulator import (
+from bench.routing_simulation.simulator import (
+    ORACLE,
+    ORACLE_CANDIDATES,
+    ORACLES,
+    ROUND_ROBIN,
     THOMPSON,
     WITHOUT_PACES,
     Policy,
     RunResult,
     bandit,
-    oracle,
     round_robin,
     simulate,
 )
-from routing_simulation.topologies import SCENARIOS, Network
-from routing_simulation.workload import EVENTS
-
+from bench.routing_simulation.topologies import (
+    REPLICA_SCENARIOS,
+    SCENARIOS,
+    Network,
+    Scenario,
+    per_request,
+)
+from bench.routing_simulation.workload import EVENTS
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 
 POLICIES: list[tuple[str, RoutingConfig | None]] = [
@@ -90,8 +99,8 @@ POLICIES: list[tuple[str, RoutingConfig | None]] = [
         "adr0021 tuned (explore 0.1, alpha 2)",
         RoutingConfig(policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0),
     ),
-    ("round-robin", None),
-    ("oracle", None),
+    (ROUND_ROBIN, None),
+    (ORACLE, None),
 ]
 # (label, share of the estimated capacity; None: the isolated setting)
 LOADS: list[tuple[str, float | None]] = [
@@ -105,7 +114,7 @@ LOADS: list[tuple[str, float | None]] = [
 def policy_for(name: str, config: RoutingConfig | None) -> Policy:
     if config is not None:
         return bandit(config, paces=name != WITHOUT_PACES)
-    return round_robin() if name == "round-robin" else oracle
+    return round_robin() if name == ROUND_ROBIN else ORACLES[name]
 
 
 def describe(answers: list[int | None], settled: list[float]) -> str:
@@ -131,7 +140,7 @@ def seed_sets(count: int) -> list[tuple[str, range]]:
 
 def report(results: dict[str, list[RunResult]]) -> None:
     """One line per policy (mean and per-seed range of the ratio), one per event."""
-    oracle_tp = [run.throughput for run in results["oracle"]]
+    oracle_tp = [run.throughput for run in results[ORACLE]]
     for name, _ in POLICIES:
         runs = results[name]
         ratios = [run.throughput / best for run, best in zip(runs, oracle_tp, strict=True)]
@@ -150,24 +159,139 @@ def report(results: dict[str, list[RunResult]]) -> None:
             print(f"    {event:9} {describe(answers, settled)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Routing policy simulator")
-    parser.add_argument("--seeds", type=int, default=5, help="per seed set (tuning, held-out)")
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
-    args = parser.parse_args()
-    if args.quick:
-        args.seeds, args.requests = 3, 1000
-    at = ", ".join(f"{args.requests * (i + 1) // 5} ({event})" for i, event in enumerate(EVENTS))
+# The replica runs (issue 26): policies, loads (share of the capacity bound), targets.
+REPLICA_POLICIES: list[tuple[str, RoutingConfig | None]] = [
+    ("thompson-load (ADR-0011 default)", THOMPSON),
+    ("adr0021 default (explore 0.3, alpha 1)", RoutingConfig(policy=POLICY_ADR0021)),
+    (ROUND_ROBIN, None),
+    (ORACLE_CANDIDATES, None),
+    (ORACLE, None),
+]
+DEFAULT = REPLICA_POLICIES[0][0]
+REPLICA_LOADS: list[tuple[str, float]] = [
+    ("light (10% of the bound)", 0.1),
+    ("near capacity (90% of the bound)", 0.9),
+    ("saturated (120% of the bound offered)", 1.2),
+]
+LIGHT, NEAR, SATURATED = (label for label, _ in REPLICA_LOADS)
+SERVED_TARGET = 0.8  # served under load ÷ the capacity bound, 3 replicas per stage
+NEAR_TARGET = 0.9  # the default policy ÷ the all-routes oracle, near capacity
+LIGHT_TARGET = 0.95  # ... at light load
+
+
+def shares(counts: Counter[str], requests: int) -> str:
+    return ", ".join(f"{key} {count / requests:.0%}" for key, count in sorted(counts.items()))
+
+
+def replica_runs(
+    scenario: Scenario, seeds: range, requests: int
+) -> dict[str, dict[str, list[RunResult]]]:
+    """Per load label, per policy, one run per seed; prints each load's lines."""
+    net = Network(scenario)
+    bound = net.capacity_bound()
+    candidates = {plan.signature for plan in net.candidates()}
+    routes = net.complete_routes()
+    missing = [route.signature for route in routes if route.signature not in candidates]
+    served_by_candidates = {n for route in net.candidates() for n in route.node_ids}
     print(
-        f"routing simulator: {args.seeds} tuning + {args.seeds} held-out seeds x "
-        f"{args.requests} requests; events at request {at}; the slowdown is 5x; "
+        f"\n== {scenario.name}: capacity bound {bound:.0f} decode steps/s "
+        f"({per_request(bound):.2f} req/s); {len(routes)} complete routes, "
+        f"{len(candidates)} candidates from the planner; nodes in no candidate: "
+        f"{', '.join(sorted(set(net.nodes) - served_by_candidates)) or 'none'}"
+    )
+    for signature in missing:
+        print(f"    not a candidate: {signature}")
+    results: dict[str, dict[str, list[RunResult]]] = {}
+    for label, utilisation in REPLICA_LOADS:
+        rate = utilisation * per_request(bound)
+        runs = {
+            name: [
+                simulate(scenario, name, policy_for(name, cfg), cfg, seed, requests, rate)
+                for seed in seeds
+            ]
+            for name, cfg in REPLICA_POLICIES
+        }
+        results[label] = runs
+        print(f"-- {label}, {rate:.2f} req/s")
+        best = runs[ORACLE]
+        for name, _ in REPLICA_POLICIES:
+            ratio = [r.throughput / o.throughput for r, o in zip(runs[name], best, strict=True)]
+            served = [r.served / bound for r in runs[name]]
+            latencies = [value for run in runs[name] for value in run.latencies]
+            print(
+                f"{name:40} {statistics.mean(ratio):6.3f} x oracle (all routes) "
+                f"[{min(ratio):.3f}-{max(ratio):.3f}]  served {statistics.mean(served):.3f}"
+                f" x bound  p50 {percentile(latencies, 0.5):6.2f}"
+                f"  p99 {percentile(latencies, 0.99):7.2f}"
+            )
+        for name in (DEFAULT, ORACLE):
+            sent = sum((run.nodes for run in runs[name]), Counter[str]())
+            total = sum(sum(run.routes.values()) for run in runs[name])
+            print(f"    requests through each node, {name}: {shares(sent, total)}")
+    return results
+
+
+def versus_oracle(runs: dict[str, list[RunResult]]) -> float:
+    """The default policy's throughput ÷ the all-routes oracle's, mean over the seeds."""
+    pairs = zip(runs[DEFAULT], runs[ORACLE], strict=True)
+    return statistics.mean(run.throughput / best.throughput for run, best in pairs)
+
+
+def replica_section(seeds: int, requests: int) -> bool:
+    """The issue 26 runs and their targets, pass or fail; True when all pass."""
+    print(
+        f"\nreplicas (issue 26): seeds 1-{seeds} x {requests} requests, no events; "
+        "columns: mean ratio to the all-routes oracle's throughput [lowest-highest seed], "
+        "decode steps/s served (prefill included) from a fifth of the run to the last "
+        "arrival ÷ the capacity bound, p50/p99 end-to-end latency (s)"
+    )
+    rows: list[tuple[str, float, float, bool]] = []  # (what, figure, target, higher is better)
+    for scenario in REPLICA_SCENARIOS:
+        results = replica_runs(scenario, range(1, seeds + 1), requests)
+        bound = Network(scenario).capacity_bound()
+
+        if scenario.short.startswith("3x"):
+            served = statistics.mean(r.served / bound for r in results[SATURATED][DEFAULT])
+            rows.append(
+                (f"{scenario.short}: served, saturated ÷ bound", served, SERVED_TARGET, True)
+            )
+        rows.append(
+            (
+                f"{scenario.short}: default ÷ oracle, near capacity",
+                versus_oracle(results[NEAR]),
+                NEAR_TARGET,
+                True,
+            )
+        )
+        rows.append(
+            (
+                f"{scenario.short}: default ÷ oracle, light",
+                versus_oracle(results[LIGHT]),
+                LIGHT_TARGET,
+                True,
+            )
+        )
+    print(f"\ntargets (issue 26), {DEFAULT}:")
+    passed = True
+    for what, figure, target, _ in rows:
+        ok = figure >= target
+        passed = passed and ok
+        print(f"    {what:45} {figure:6.3f}  >= {target:.2f}  {'pass' if ok else 'FAIL'}")
+    return passed
+
+
+def event_section(seeds: int, requests: int) -> None:
+    """The event runs (issue 16's settings): pair and mesh, every load, both seed sets."""
+    at = ", ".join(f"{requests * (i + 1) // 5} ({event})" for i, event in enumerate(EVENTS))
+    print(
+        f"routing simulator: {seeds} tuning + {seeds} held-out seeds x "
+        f"{requests} requests; events at request {at}; the slowdown is 5x; "
         f"thompson-load bound {THOMPSON.max_unsampled_seconds:.0f} s unsampled"
     )
     print(
-        "columns: mean ratio to the oracle's throughput [lowest-highest seed], p50/p99 "
-        "end-to-end latency (s), longest time a candidate went unsampled (s), the most a "
-        "request's routing passed one over past the bound (overdue) or left one idle past it "
+        "columns: mean ratio to the all-routes oracle's throughput [lowest-highest seed], "
+        "p50/p99 end-to-end latency (s), longest time a candidate went unsampled (s), the most "
+        "a request's routing passed one over past the bound (overdue) or left one idle past it "
         "while scouting another (late); per event, median requests until "
         "the share on the new fastest route passed 50% (max over seeds)"
     )
@@ -176,7 +300,7 @@ def main() -> None:
         for label, utilisation in LOADS:
             rate = None if utilisation is None else utilisation * capacity
             shown = "" if rate is None else f", {rate:.2f} req/s"
-            for seeds_label, seeds in seed_sets(args.seeds):
+            for seeds_label, seed_range in seed_sets(seeds):
                 print(f"\n== {scenario.name} — {label}{shown} — {seeds_label}")
                 report(
                     {
@@ -187,14 +311,33 @@ def main() -> None:
                                 policy_for(name, cfg),
                                 cfg,
                                 seed,
-                                args.requests,
+                                requests,
                                 rate,
                             )
-                            for seed in seeds
+                            for seed in seed_range
                         ]
                         for name, cfg in POLICIES
                     }
                 )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Routing policy simulator")
+    parser.add_argument("--seeds", type=int, default=5, help="per seed set (tuning, held-out)")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
+    parser.add_argument(
+        "--only", choices=("events", "replicas"), help="run one part (default: both)"
+    )
+    parser.add_argument("--replica-seeds", type=int, default=3)
+    parser.add_argument("--replica-requests", type=int, default=1500)
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.requests = 3, 1000
+    if args.only != "replicas":
+        event_section(args.seeds, args.requests)
+    if args.only != "events" and not replica_section(args.replica_seeds, args.replica_requests):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
