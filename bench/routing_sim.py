@@ -5,16 +5,22 @@ Seeded, no network, no database: the policies are ``routing_app``'s own
 nodes are made up. The parts are in ``bench/routing_simulation/``: the
 topologies, the workload, the simulator; this script runs them and reports.
 
-Two topologies (ADR-0020's GPU head + CPU full node, and a five-node mesh
-with four candidate routes) whose nodes' *true* speed differs from the
-benchmark they advertise (the prior). Requests arrive as a Poisson stream,
+Two parts. The event runs: two topologies (ADR-0020's GPU head + CPU full
+node, and a five-node mesh) whose nodes' *true* speed differs from the
+benchmark they advertise (the prior), with four events. The replica runs
+(issue 26): three replicas per stage over two and over three stages, and
+``make demo``'s mixed topology (head 0-14, tail 15-29, full 0-29), steady.
+Requests arrive as a Poisson stream,
 each generating 16-256 tokens. A session's speed is the inverse of its
 per-token time summed over its hops: layers run × the node's per-layer time
 × the node's batching slowdown, plus 4 ms of network per hop after the head.
-A node serving k sessions at once runs a batch step k^0.6 times slower than
+A node with k sessions at it at once runs a batch step k^0.6 times slower than
 one alone, so its aggregate throughput grows as k^0.4 (2.3x at 8, as measured
 with 64 tiny streams) up to ``BATCH_CAP`` sessions and stays flat beyond
-(processor sharing: every session queues for its share). Each request's
+(processor sharing: every session queues for its share). A session has one
+token in flight, so the sessions *at* a node are its share of each session
+through it (a fixed point, ``Network.occupancy``): a pipeline's stages work
+at once, and a loaded route serves at its bottleneck node's capacity. Each request's
 observed speed on a route carries 10 % log-normal noise. A request first
 spends 2-20 of its own decode steps in prefill on its route (its time to
 first token; again after a failover; the capacity estimate counts it). A
@@ -37,8 +43,11 @@ sessions fail over to a route the policy picks).
 
 For each policy: throughput (tokens delivered ÷ the requests' end-to-end
 time) as a ratio of the oracle's, which knows every true speed and load and
-sends each request where it runs fastest now (greedy: it never holds a fast
-route back for the requests to come, so near capacity a policy can beat it),
+sends each request to the complete route, of *all* of them (enumerated
+exhaustively, not by the planner), where it runs fastest now, so where it
+finishes first (greedy: it never holds a fast route back for the requests to
+come, and does not count its own slowdown of the others, so near capacity a
+policy can beat it),
 with the lowest and highest seed's ratio; p50/p99 end-to-end latency;
 per event, how many requests passed before the policy's share on the new
 fastest route passed 50 % (for ``thompson-load`` the draw's share: its
@@ -55,7 +64,21 @@ route past the bound).
 The knobs (the sample spread 0.3, ``load_exponent``, the bound) were tuned
 on seeds 1-5; every setting is also run on held-out seeds 101-105.
 
-Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]``.
+The replica runs put arrivals at 10 %, 90 % and 120 % of the topology's
+capacity bound (``Network.capacity_bound``: per stage, the sum of its
+replicas' capacities at their batching cap; the bottleneck stage's sum) and
+print, beside the ratio to the all-routes oracle, the decode steps/s served
+(prefill included) from a fifth of the run to the last arrival ÷ the bound,
+the same oracle over the planner's candidates only (what the enumeration
+costs), the routes the planner does not offer, and the share of requests
+through each node. Then the issue's targets, pass or fail: with 3 replicas
+per stage, served when saturated ≥ 0.8 × the bound; the default policy ≥ 0.9
+of the all-routes oracle near capacity and ≥ 0.95 at light load (on every
+replica topology). Like the other benchmarks, it prints a target's failure
+and carries on (``make bench`` runs them all).
+
+Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]
+[--only events|replicas] [--replica-seeds N] [--replica-requests N]``.
 """
 
 from __future__ import annotations
@@ -162,7 +185,6 @@ def report(results: dict[str, list[RunResult]]) -> None:
 # The replica runs (issue 26): policies, loads (share of the capacity bound), targets.
 REPLICA_POLICIES: list[tuple[str, RoutingConfig | None]] = [
     ("thompson-load (ADR-0011 default)", THOMPSON),
-    ("adr0021 default (explore 0.3, alpha 1)", RoutingConfig(policy=POLICY_ADR0021)),
     (ROUND_ROBIN, None),
     (ORACLE_CANDIDATES, None),
     (ORACLE, None),
@@ -237,30 +259,26 @@ def versus_oracle(runs: dict[str, list[RunResult]]) -> float:
     return statistics.mean(run.throughput / best.throughput for run, best in pairs)
 
 
-def replica_section(seeds: int, requests: int) -> bool:
-    """The issue 26 runs and their targets, pass or fail; True when all pass."""
+def replica_section(seeds: int, requests: int) -> None:
+    """The issue 26 runs and their targets, pass or fail."""
     print(
         f"\nreplicas (issue 26): seeds 1-{seeds} x {requests} requests, no events; "
         "columns: mean ratio to the all-routes oracle's throughput [lowest-highest seed], "
         "decode steps/s served (prefill included) from a fifth of the run to the last "
         "arrival ÷ the capacity bound, p50/p99 end-to-end latency (s)"
     )
-    rows: list[tuple[str, float, float, bool]] = []  # (what, figure, target, higher is better)
+    rows: list[tuple[str, float, float]] = []  # (what, figure, target: at least)
     for scenario in REPLICA_SCENARIOS:
         results = replica_runs(scenario, range(1, seeds + 1), requests)
         bound = Network(scenario).capacity_bound()
-
         if scenario.short.startswith("3x"):
             served = statistics.mean(r.served / bound for r in results[SATURATED][DEFAULT])
-            rows.append(
-                (f"{scenario.short}: served, saturated ÷ bound", served, SERVED_TARGET, True)
-            )
+            rows.append((f"{scenario.short}: served, saturated ÷ bound", served, SERVED_TARGET))
         rows.append(
             (
                 f"{scenario.short}: default ÷ oracle, near capacity",
                 versus_oracle(results[NEAR]),
                 NEAR_TARGET,
-                True,
             )
         )
         rows.append(
@@ -268,16 +286,12 @@ def replica_section(seeds: int, requests: int) -> bool:
                 f"{scenario.short}: default ÷ oracle, light",
                 versus_oracle(results[LIGHT]),
                 LIGHT_TARGET,
-                True,
             )
         )
     print(f"\ntargets (issue 26), {DEFAULT}:")
-    passed = True
-    for what, figure, target, _ in rows:
-        ok = figure >= target
-        passed = passed and ok
-        print(f"    {what:45} {figure:6.3f}  >= {target:.2f}  {'pass' if ok else 'FAIL'}")
-    return passed
+    for what, figure, target in rows:
+        verdict = "pass" if figure >= target else "FAIL"
+        print(f"    {what:45} {figure:6.3f}  >= {target:.2f}  {verdict}")
 
 
 def event_section(seeds: int, requests: int) -> None:
@@ -329,15 +343,15 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=("events", "replicas"), help="run one part (default: both)"
     )
-    parser.add_argument("--replica-seeds", type=int, default=3)
-    parser.add_argument("--replica-requests", type=int, default=1500)
+    parser.add_argument("--replica-seeds", type=int, default=2, help="seeds 1..N")
+    parser.add_argument("--replica-requests", type=int, default=1000)
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.requests = 3, 1000
     if args.only != "replicas":
         event_section(args.seeds, args.requests)
-    if args.only != "events" and not replica_section(args.replica_seeds, args.replica_requests):
-        sys.exit(1)
+    if args.only != "events":
+        replica_section(args.replica_seeds, args.replica_requests)
 
 
 if __name__ == "__main__":
