@@ -1,4 +1,4 @@
-"""Route plans and candidate enumeration (ADR-0021), on plain node records.
+"""Route plans and candidate enumeration (ADR-0021, amended by ADR-0018), on plain node records.
 
 A ``RoutePlan`` is the one value that both the proxy and the statistics see:
 its head, its hops (with the layers each hop actually runs) and its signature
@@ -13,14 +13,22 @@ into ``NodeRecord`` values, so benchmarks and simulators use the planner as is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import bisect
+import heapq
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from meshnet_site.errors import DomainError, ErrorKind
 
-# At most this many candidate routes per model take part in the choice.
-MAX_CANDIDATES = 8
+# At most this many candidate routes per model take part in the choice (ADR-0018): a
+# cover of every node that lies on a complete route first, then the best priors.
+MAX_CANDIDATES = 16
+# The best-first search for the best-prior routes expands at most this many partial
+# routes per candidate asked for.
+EXPANSIONS_PER_CANDIDATE = 4
 
 
 class InvalidPinnedRoute(DomainError):
@@ -108,6 +116,9 @@ class RoutePlan:
     last_layer: int
     hops: tuple[Hop, ...]
     prior_tps: float = 0.0
+    # Per hop: the seconds per token per layer its node's record implies (1 / (score ×
+    # shard layers); inf for a node with no score): what ADR-0018's route priors read.
+    layer_seconds: tuple[float, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not self.hops:
@@ -155,30 +166,31 @@ def _route_prior(route: Sequence[NodeRecord]) -> float:
     return min(node.score for node in route)
 
 
-def _best_by_start(nodes: Sequence[NodeRecord], num_layers: int) -> list[NodeRecord | None]:
-    """For every layer, the node that can run from it and reaches furthest.
+class _Node(NamedTuple):
+    """A usable node as the enumeration reads it: its record, the layers it runs of the
+    model, the position after its last one (where the next hop starts), its score."""
 
-    ``nodes`` must be sorted by node id. Ties on reach go to the better score,
-    then to the node seen first, so plans are deterministic. A prefix maximum
-    over shard starts: the node with the greatest reach among those starting
-    at or before a layer is the answer whenever its reach includes that layer
-    (if it does not, no node's does).
-    """
-    starting: list[list[NodeRecord]] = [[] for _ in range(num_layers)]
-    for node in nodes:
-        if 0 <= node.shard_start < num_layers:
-            starting[node.shard_start].append(node)
-    best: list[NodeRecord | None] = [None] * num_layers
-    leader: NodeRecord | None = None
-    leader_key = (-1, 0.0)
-    for layer in range(num_layers):
-        for node in starting[layer]:
-            key = (node.shard_end, node.score)
-            if key > leader_key:
-                leader, leader_key = node, key
-        if leader is not None and leader.shard_end >= layer:
-            best[layer] = leader
-    return best
+    record: NodeRecord
+    start: int
+    end: int
+    after: int
+    score: float
+
+
+_Chain = tuple[_Node, ...]
+# A (partial) route's rank, smaller is better: (-nodes it would newly cover, -bottleneck
+# score, hops). Joining two parts adds the first and last, takes the larger second.
+_Rank = tuple[int, float, int]
+_EMPTY: _Rank = (0, -math.inf, 0)
+
+
+def _ids(chain: Sequence[_Node]) -> tuple[str, ...]:
+    return tuple(node.record.node_id for node in chain)
+
+
+def _order_key(chain: Sequence[_Node]) -> tuple[float, int, tuple[str, ...]]:
+    """Best prior first, then fewer hops, then node ids (deterministic)."""
+    return (-min(node.score for node in chain), len(chain), _ids(chain))
 
 
 def enumerate_routes(
@@ -189,40 +201,235 @@ def enumerate_routes(
     avoid: frozenset[str] = frozenset(),
     limit: int = MAX_CANDIDATES,
 ) -> list[RoutePlan]:
-    """Candidate routes: one per distinct head, best prior first, at most ``limit``.
+    """Candidate routes: distinct complete routes, best prior first, at most ``limit``.
 
-    A head is a node whose shard starts at layer 0. Each head is completed
-    greedily: the next hop is the node that can run from the previous hop's
-    end + 1 and reaches furthest (whatever its own shard start); a head that
-    cannot reach the last layer yields no candidate. Nodes in ``avoid`` take
-    no part. Equal priors rank the route with fewer hops first (ADR-0020: a
-    fast partial head in front of a slow full node still runs every token
-    through the slow node), then by head node id.
+    A route starts at a head (a node whose shard starts at layer 0); each next hop is
+    any node holding the layer after the previous hop's last one and runs from there
+    to its own shard end (ADR-0018). The candidates are first a *cover*: routes such
+    that every node lying on some complete route is on one of them (downstream
+    replicas and overlapping shards included) whenever ``limit`` routes can do it;
+    then the best-prior routes not already in, up to ``limit``. Ranked by prior, then
+    fewer hops (ADR-0020: a fast partial head in front of a slow full node still runs
+    every token through the slow node), then node ids. Nodes in ``avoid`` take no part.
     """
-    usable = sorted(
-        (node for node in nodes if node.node_id not in avoid), key=lambda node: node.node_id
-    )
-    if num_layers < 1:
+    if num_layers < 1 or limit < 1:
         return []
     last_layer = num_layers - 1
-    best = _best_by_start(usable, num_layers)
-    ranked: list[tuple[float, int, str, list[NodeRecord]]] = []
-    for head in usable:
-        if head.shard_start != 0:
-            continue
-        chain = [head]
-        end = min(head.shard_end, last_layer)
-        while end < last_layer:
-            following = best[end + 1]
-            if following is None:
+    usable: list[_Node] = []
+    for node in sorted(nodes, key=lambda node: node.node_id):
+        end = min(node.shard_end, last_layer)
+        if node.node_id not in avoid and 0 <= node.shard_start <= end:
+            usable.append(_Node(node, node.shard_start, end, end + 1, node.score))
+    chosen = {_ids(chain): chain for chain in _cover(usable, num_layers, limit)}
+    if chosen and len(chosen) < limit:
+        for chain in _best_routes(usable, num_layers, limit):
+            chosen.setdefault(_ids(chain), chain)
+            if len(chosen) >= limit:
                 break
-            chain.append(following)
-            end = min(following.shard_end, last_layer)
-        if end < last_layer:
+    ranked = sorted(chosen.values(), key=_order_key)
+    return [_plan(model_key, last_layer, [node.record for node in chain]) for chain in ranked]
+
+
+def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]:
+    """At most ``limit`` distinct routes covering the nodes that lie on a complete route.
+
+    First the best route through each such node (one forward and one backward pass);
+    if those are more than ``limit``, and the heads (which no two routes share) are
+    not, greedy set cover instead: the best route of all, then each next route the
+    one with the most nodes not yet covered, then the best rank (one forward pass
+    each). When even that needs more
+    than ``limit`` routes, the best routes through nodes are kept, best first.
+    """
+    routes: dict[tuple[str, ...], _Chain] = {}
+    for chain in _through_routes(usable, num_layers):
+        routes.setdefault(_ids(chain), chain)
+    if len(routes) <= limit:
+        return list(routes.values())
+    on_routes = {id(node) for chain in routes.values() for node in chain}
+    heads = sum(1 for node in usable if node.start == 0 and id(node) in on_routes)
+    if heads <= limit:
+        greedy = [next(iter(routes.values()))]  # the best route of all stays first
+        first = {id(node) for node in greedy[0]}
+        gains = [1 if id(node) in on_routes - first else 0 for node in usable]
+        while any(gains) and len(greedy) < limit:
+            prefix, entry = _forward(usable, num_layers, gains)
+            chain = _chain_back(usable, prefix, entry, num_layers)
+            greedy.append(chain)
+            covered = {id(node) for node in chain}
+            gains = [
+                0 if id(node) in covered else gain for node, gain in zip(usable, gains, strict=True)
+            ]
+        if not any(gains):
+            return greedy
+    return list(routes.values())[:limit]
+
+
+def _forward(
+    usable: Sequence[_Node], num_layers: int, gains: Sequence[int] | None = None
+) -> tuple[dict[int, tuple[_Rank, int]], dict[int, int]]:
+    """Per reached position, the best prefix's rank and last hop (-1 for none), and per
+    node index, the position its best prefix in front of it reaches.
+
+    Positions are the layers a hop can start from: 0 and every node's end + 1
+    (``num_layers``: the end of the model). O(n log n) for n nodes: reached positions
+    are kept on a stack of increasing rank, so the best prefix reaching a layer at or
+    after a node's shard start is the first on the stack at or after it.
+    """
+    prefix: dict[int, tuple[_Rank, int]] = {0: (_EMPTY, -1)}
+    stack: list[int] = []  # positions, increasing; their ranks increase too
+    pending = [0]  # reached positions not yet on the stack, increasing
+    entry: dict[int, int] = {}
+    afters = [node.after for node in usable]
+    for i in sorted(range(len(usable)), key=afters.__getitem__):
+        node = usable[i]
+        while pending and pending[0] < node.after:
+            position = pending.pop(0)
+            rank = prefix[position][0]
+            while stack and prefix[stack[-1]][0] >= rank:
+                stack.pop()
+            stack.append(position)
+        at = bisect.bisect_left(stack, node.start)
+        if at == len(stack):
             continue
-        ranked.append((-_route_prior(chain), len(chain), head.node_id, chain))
-    ranked.sort(key=lambda item: item[:3])
-    return [_plan(model_key, last_layer, chain) for *_, chain in ranked[:limit]]
+        reached = entry[i] = stack[at]
+        gain, cost, hops = prefix[reached][0]
+        extended = (
+            gain - (gains[i] if gains else 0),
+            cost if cost > -node.score else -node.score,
+            hops + 1,
+        )
+        known = prefix.get(node.after)
+        if known is None:
+            bisect.insort(pending, node.after)
+            prefix[node.after] = (extended, i)
+        elif extended < known[0]:
+            prefix[node.after] = (extended, i)
+    return prefix, entry
+
+
+def _chain_back(
+    usable: Sequence[_Node],
+    prefix: dict[int, tuple[_Rank, int]],
+    entry: dict[int, int],
+    position: int,
+) -> _Chain:
+    """The best prefix reaching ``position``, read back hop by hop."""
+    chain: list[_Node] = []
+    hop = prefix[position][1]
+    while hop != -1:
+        chain.append(usable[hop])
+        hop = prefix[entry[hop]][1]
+    chain.reverse()
+    return tuple(chain)
+
+
+def _through_routes(usable: Sequence[_Node], num_layers: int) -> Iterator[_Chain]:
+    """The best route through each node that lies on a complete route, best first (the
+    same route comes once per node on it).
+
+    The route through a node joins the best prefix reaching a position within its
+    shard (``_forward``), the node, and the best suffix after it: a backward pass keeps
+    a heap of the nodes holding the current position.
+    """
+    prefix, entry = _forward(usable, num_layers)
+    suffix: dict[int, tuple[_Rank, int]] = {num_layers: (_EMPTY, -1)}
+    by_end = sorted(range(len(usable)), key=lambda i: usable[i].end, reverse=True)
+    holders: list[tuple[_Rank, int]] = []  # (rank from the node to the end, index)
+    cursor = 0
+    for position in sorted({0, *(node.after for node in usable)} - {num_layers}, reverse=True):
+        while cursor < len(by_end) and usable[by_end[cursor]].end >= position:
+            i = by_end[cursor]
+            cursor += 1
+            known = suffix.get(usable[i].after)
+            if known is not None:
+                _, cost, hops = known[0]
+                score = -usable[i].score
+                heapq.heappush(holders, ((0, cost if cost > score else score, hops + 1), i))
+        while holders and usable[holders[0][1]].start > position:
+            heapq.heappop(holders)  # starts after this position, so after every later one
+        if holders:
+            suffix[position] = holders[0]
+    through: list[tuple[float, int, int]] = []
+    for i, position in entry.items():
+        after = suffix.get(usable[i].after)
+        if after is not None:
+            front, back = prefix[position][0], after[0]
+            cost = max(front[1], -usable[i].score, back[1])
+            through.append((cost, front[2] + 1 + back[2], i))
+    through.sort()
+    for _, _, i in through:
+        chain = [*_chain_back(usable, prefix, entry, entry[i]), usable[i]]
+        position = usable[i].after
+        while position != num_layers:
+            hop = suffix[position][1]
+            chain.append(usable[hop])
+            position = usable[hop].after
+        yield tuple(chain)
+
+
+def _best_routes(usable: Sequence[_Node], num_layers: int, count: int) -> list[_Chain]:
+    """Up to ``count`` complete routes by rank, best first (a bounded best-first search).
+
+    A partial route's estimate is its bottleneck capped by the best bottleneck any
+    suffix can have from its position, and its hops plus one: never better than a
+    completion, so complete routes leave the heap in rank order. Each expansion
+    pushes at most the ``count`` best next hops, and at most
+    ``EXPANSIONS_PER_CANDIDATE × count`` partial routes are expanded.
+    """
+    reach = _best_suffix_bottleneck(usable, num_layers)
+    nexts: dict[int, list[tuple[float, _Node]]] = {}
+    order = itertools.count()
+    heap: list[tuple[float, int, int, int, _Chain]] = [(-math.inf, 0, next(order), 0, ())]
+    found: list[_Chain] = []
+    budget = EXPANSIONS_PER_CANDIDATE * count
+    while heap and len(found) < count:
+        *_, position, chain = heapq.heappop(heap)
+        if position == num_layers:
+            found.append(chain)
+            continue
+        if budget <= 0:
+            break
+        budget -= 1
+        options = nexts.get(position)
+        if options is None:
+            options = sorted(
+                (
+                    (max(-node.score, reach[node.after]), node)
+                    for node in usable
+                    if node.start <= position <= node.end and node.after in reach
+                ),
+                key=lambda option: (option[0], option[1].record.node_id),
+            )
+            nexts[position] = options
+        own = -min((node.score for node in chain), default=math.inf)
+        for cap, node in options[: count - len(found)]:
+            done = node.after == num_layers
+            heapq.heappush(
+                heap,
+                (
+                    max(own, cap),
+                    len(chain) + (1 if done else 2),
+                    next(order),
+                    node.after,
+                    (*chain, node),
+                ),
+            )
+    return found
+
+
+def _best_suffix_bottleneck(usable: Sequence[_Node], num_layers: int) -> dict[int, float]:
+    """For each position from which the model can be finished: the best bottleneck of a
+    suffix from it (negated, as in a rank); positions missing cannot finish."""
+    best: dict[int, float] = {num_layers: -math.inf}
+    for position in sorted({0, *(node.after for node in usable)} - {num_layers}, reverse=True):
+        values = [
+            max(-node.score, best[node.after])
+            for node in usable
+            if node.start <= position <= node.end and node.after in best
+        ]
+        if values:
+            best[position] = min(values)
+    return best
 
 
 def _plan(model_key: str, last_layer: int, chain: Sequence[NodeRecord]) -> RoutePlan:
@@ -232,7 +439,11 @@ def _plan(model_key: str, last_layer: int, chain: Sequence[NodeRecord]) -> Route
         end = min(node.shard_end, last_layer)
         hops.append(Hop(node.node_id, node.endpoint, start, end))
         start = end + 1
-    return RoutePlan(model_key, last_layer, tuple(hops), _route_prior(chain))
+    seconds = tuple(
+        1.0 / (node.score * (node.shard_end - node.shard_start + 1)) if node.score > 0 else math.inf
+        for node in chain
+    )
+    return RoutePlan(model_key, last_layer, tuple(hops), _route_prior(chain), seconds)
 
 
 def plan_pinned_route(

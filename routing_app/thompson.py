@@ -12,14 +12,20 @@ the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)``
 takes the highest score. Uncertainty, not a fixed share, decides how much
 to explore.
 
-The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
-taken deterministically and kept-out arms are never chosen (both applied by
-``routing_app.policy.RoutePolicy`` before this policy sees the arms); arms not measured
-under the current topology epoch (unsampled, stale) are scouted before any
-draw, one request at a time; and an arm that has had neither a sample nor a
-request sent to it for ``DUE_SHARE`` of ``max_unsampled_seconds`` takes the
-next request once nothing is in flight on it (so it goes unmeasured for the
-bound at most, plus the wait for that request).
+The ADR-0021 guarantees stay: kept-out arms are never chosen, and with no
+proven arm and nothing in flight the best-prior candidate is taken
+deterministically (``routing_app.policy.RoutePolicy``). ADR-0018 amends the
+rest: arms not measured under the current topology epoch (unsampled, stale)
+are no longer scouted one request at a time before any draw; they enter the
+draw with a prior from what is known of their nodes (``routing_app.priors``),
+wider than a measured arm's belief, so N heads × M tails are not N×M cold
+starts. With no proven arm but requests in flight (a burst at a cold start)
+the draw runs on those priors too, so the burst spreads over the candidates
+rather than all taking the best prior. An arm that has had neither a sample
+nor a request sent to it (an unsampled one: since this tracker first listed
+it) for ``DUE_SHARE`` of ``max_unsampled_seconds`` takes the next request
+once nothing is in flight on it (so it goes unmeasured for the bound at most,
+plus the wait for that request).
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ import math
 import random
 from collections.abc import Sequence
 
-from routing_app.arms import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured, sample_added
+from routing_app.arms import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, sample_added
 from routing_app.choice import DecisionMode
 from routing_app.load import LoadSnapshot, Pace
 from routing_app.policy import Pick, RoutePolicy
+from routing_app.priors import route_priors
 
 # Spread (in ln tok/s) of one request's speed around its route's: prompt length,
 # sampling and neighbours move it by tens of percent (0.3: ±35 %).
@@ -140,39 +147,73 @@ class ThompsonLoadPolicy(RoutePolicy):
         return self.load_exponent * math.log1p(loads.route_sessions(arm.plan))
 
     def _scout_target(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> int | None:
-        """Index of the arm that must be measured now, if any.
-
-        Arms falling due under the ``max_unsampled_seconds`` bound (``unmeasured_for``
-        past ``DUE_SHARE`` of it) first, longest first, whatever their status: after
-        a topology change every arm is unmeasured, and one that had been quiet long
-        before it must not wait behind the others. Then the arms unmeasured under
-        this epoch (least measured, then higher prior). An arm with a request in
-        flight is being measured already and is skipped.
+        """Index of the arm that must be measured now, if any: arms falling due under the
+        ``max_unsampled_seconds`` bound (``unmeasured_for`` past ``DUE_SHARE`` of it),
+        longest first, whatever their status. An arm with a request in flight is being
+        measured already and is skipped. Unmeasured arms are not scouted before the
+        draw any more (ADR-0018): they take part in it with their priors.
         """
-        idle = [i for i, arm in enumerate(eligible) if loads.route_sessions(arm.plan) == 0]
-        quiet = {i: unmeasured_for(eligible[i], loads) for i in idle}
         due_after = self.max_unsampled_seconds * DUE_SHARE
+        quiet = {
+            i: unmeasured_for(arm, loads)
+            for i, arm in enumerate(eligible)
+            if loads.route_sessions(arm.plan) == 0
+        }
         overdue = [i for i, seconds in quiet.items() if seconds > due_after]
         if overdue:
             return max(overdue, key=lambda i: (quiet[i], -i))
-        unmeasured = [
-            i for i in idle if eligible[i].status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-        ]
-        return least_measured(eligible, unmeasured)
+        return None
+
+    def _beliefs(
+        self, eligible: Sequence[ArmView], loads: LoadSnapshot
+    ) -> list[tuple[float, float]]:
+        """Each arm's (score mean, spread): its belief, or its prior when it has no
+        measurement under this topology, less its load penalty."""
+        priors = route_priors(eligible)
+        scores = []
+        for arm, prior in zip(eligible, priors, strict=True):
+            if prior is None:
+                mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
+            else:
+                mean, spread = prior
+            scores.append((mean - self.load_penalty(arm, loads), spread))
+        return scores
+
+    def _draw(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
+        """The arm with the highest draw; a pick of an unmeasured arm measures it (scout)."""
+        best, best_score = 0, -math.inf
+        for i, (mean, spread) in enumerate(self._beliefs(eligible, loads)):
+            score = rng.normalvariate(mean, spread)
+            if score > best_score:
+                best, best_score = i, score
+        arm = eligible[best]
+        return Pick(arm, DecisionMode.EXPLOIT if arm.status in MEASURED else DecisionMode.SCOUT)
 
     def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
-        """A due scout, else the measured arm with the highest draw less its load penalty."""
+        """A due scout, else the highest draw of (belief or prior) less the load penalty."""
         target = self._scout_target(eligible, loads)
         if target is not None:
             return Pick(eligible[target], DecisionMode.SCOUT)
-        contenders = [arm for arm in eligible if arm.status in MEASURED]
-        best, best_score = contenders[0], -math.inf
-        for arm in contenders:
-            mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
-            score = rng.normalvariate(mean, spread) - self.load_penalty(arm, loads)
-            if score > best_score:
-                best, best_score = arm, score
-        return Pick(best, DecisionMode.EXPLOIT)
+        return self._draw(eligible, rng, loads)
+
+    def _cold_start(
+        self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot
+    ) -> Pick:
+        """No proven arm: the best prior while nothing is in flight, else the draw on priors."""
+        if not any(loads.route_sessions(arm.plan) for arm in eligible):
+            return super()._cold_start(eligible, rng, loads)
+        return self._draw(eligible, rng, loads)
+
+    def _cold_shares(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> list[float]:
+        if not any(loads.route_sessions(arm.plan) for arm in eligible):
+            return super()._cold_shares(eligible, loads)
+        return self._draw_shares(eligible, loads)
+
+    def _draw_shares(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> list[float]:
+        scores = self._beliefs(eligible, loads)
+        shares = [_probability_highest(i, scores) for i in range(len(scores))]
+        total = sum(shares)
+        return [share / total for share in shares] if total > 0 else shares
 
     def _shares(
         self, eligible: Sequence[ArmView], loads: LoadSnapshot, include_scout: bool
@@ -183,19 +224,10 @@ class ThompsonLoadPolicy(RoutePolicy):
         ``include_scout=False`` the draw's shares are given instead (what the
         policy does once its scouting is done).
         """
-        shares = [0.0] * len(eligible)
         if include_scout:
             target = self._scout_target(eligible, loads)
             if target is not None:
+                shares = [0.0] * len(eligible)
                 shares[target] = 1.0
                 return shares
-        contenders = [i for i, arm in enumerate(eligible) if arm.status in MEASURED]
-        scores = []
-        for i in contenders:
-            arm = eligible[i]
-            mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
-            scores.append((mean - self.load_penalty(arm, loads), spread))
-        for position, i in enumerate(contenders):
-            shares[i] = _probability_highest(position, scores)
-        total = sum(shares)
-        return [share / total for share in shares] if total > 0 else shares
+        return self._draw_shares(eligible, loads)

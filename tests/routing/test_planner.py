@@ -11,6 +11,7 @@ from meshnet_site.errors import http_error
 from nodes_app.models import NodeStatus
 from routing_app.choice import DecisionMode
 from routing_app.planner import (
+    MAX_CANDIDATES,
     Hop,
     InvalidPinnedRoute,
     PinnedNodeUnavailable,
@@ -100,7 +101,7 @@ def test_it_writes_the_signature_with_the_layers_each_hop_runs():
     assert [plan.signature for plan in plans] == ["smollm2-135m | gpu-abc[0-21] -> cpu-def[22-29]"]
 
 
-def test_it_completes_each_head_with_the_longest_advancing_hop():
+def test_it_offers_every_route_through_overlapping_shards_fewest_hops_first():
     nodes = [
         record("head", 0, 9),
         record("short", 10, 14, tps=1000.0),
@@ -108,18 +109,75 @@ def test_it_completes_each_head_with_the_longest_advancing_hop():
         record("tail", 20, 29),
     ]
 
-    (plan,) = plans_for(nodes, num_layers=30)
+    plans = plans_for(nodes, num_layers=30)
 
-    assert plan.node_ids == ("head", "long", "tail")
-    assert [(h.start_layer, h.end_layer) for h in plan.hops] == [(0, 9), (10, 24), (25, 29)]
+    assert [plan.node_ids for plan in plans] == [
+        ("head", "long", "tail"),
+        ("head", "short", "long", "tail"),
+    ]
+    assert [(h.start_layer, h.end_layer) for h in plans[1].hops] == [
+        (0, 9),
+        (10, 14),
+        (15, 24),
+        (25, 29),
+    ]
 
 
-def test_it_offers_one_candidate_per_distinct_head():
+def test_two_heads_and_two_tails_give_four_candidates():
+    nodes = [
+        record("head-a", 0, 1, tps=100.0),
+        record("head-b", 0, 1, tps=90.0),
+        record("tail-a", 2, 3, tps=80.0),
+        record("tail-b", 2, 3, tps=70.0),
+    ]
+
+    plans = plans_for(nodes, num_layers=4)
+
+    assert [(plan.node_ids, plan.prior_tps) for plan in plans] == [
+        (("head-a", "tail-a"), 80.0),
+        (("head-b", "tail-a"), 80.0),
+        (("head-a", "tail-b"), 70.0),
+        (("head-b", "tail-b"), 70.0),
+    ]
+
+
+def test_the_tail_after_a_head_is_a_candidate_next_to_the_full_node_adr_0020s_mixed_topology():
+    nodes = [
+        record("partial-head", 0, 21),
+        record("full", 0, 29),
+        record("head", 0, 14),
+        record("tail", 15, 29),
+    ]
+
+    signatures = {plan.signature for plan in plans_for(nodes, num_layers=30)}
+
+    assert {
+        "qwen | full[0-29]",
+        "qwen | head[0-14] -> tail[15-29]",
+        "qwen | head[0-14] -> full[15-29]",
+        "qwen | partial-head[0-21] -> tail[22-29]",
+        "qwen | partial-head[0-21] -> full[22-29]",
+    } <= signatures
+
+
+def test_every_head_leads_a_candidate():
     nodes = [record("a", 0, 9), record("b", 0, 14), record("c", 0, 4), record("tail", 5, 29)]
 
     plans = plans_for(nodes, num_layers=30)
 
-    assert sorted(plan.head.node_id for plan in plans) == ["a", "b", "c"]
+    assert {plan.head.node_id for plan in plans} == {"a", "b", "c"}
+    assert len({plan.signature for plan in plans}) == len(plans)
+
+
+def test_a_slow_replica_is_still_in_a_candidate_when_the_cap_is_full():
+    heads = [record(f"head-{i:02}", 0, 14, tps=float(100 + i)) for i in range(4)]
+    tails = [record(f"tail-{i:02}", 15, 29, tps=float(200 + i)) for i in range(6)]
+    slow = record("slow-tail", 15, 29, tps=1.0)
+
+    plans = plans_for([*heads, *tails, slow], num_layers=30, limit=8)
+
+    assert len(plans) == 8
+    assert any("slow-tail" in plan.node_ids for plan in plans)
 
 
 def test_it_drops_a_head_that_cannot_reach_the_last_layer():
@@ -152,12 +210,14 @@ def test_it_adjusts_throughput_for_queued_and_running_requests():
     assert measured.effective_tps == 120.0
 
 
-def test_it_keeps_at_most_eight_candidates_best_prior_first():
-    nodes = [record(f"n{i:02}", 0, 29, tps=float(10 + i)) for i in range(12)]
+def test_it_keeps_at_most_max_candidates_best_prior_first():
+    nodes = [record(f"n{i:02}", 0, 29, tps=float(10 + i)) for i in range(MAX_CANDIDATES + 4)]
 
     plans = plans_for(nodes, num_layers=30)
 
-    assert [plan.prior_tps for plan in plans] == [21.0, 20.0, 19.0, 18.0, 17.0, 16.0, 15.0, 14.0]
+    assert [plan.prior_tps for plan in plans] == [
+        float(10 + i) for i in reversed(range(4, MAX_CANDIDATES + 4))
+    ]
 
 
 def test_it_routes_around_avoided_nodes():

@@ -98,14 +98,18 @@ def test_it_never_chooses_a_quarantined_route_and_answers_none_only_when_all_are
 
 @settings(max_examples=300, deadline=None)
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
-def test_with_no_proven_route_it_takes_the_best_prior_whatever_the_draw(case, seed):
+def test_with_no_proven_route_and_none_in_flight_it_takes_the_best_prior_whatever_the_draw(
+    case, seed
+):
     arms, loads = case
     arms = [a for a in arms if a.status is not ArmStatus.PROVEN]
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
     picked = CONFIG.route_policy().choose(arms, loads=loads, rng=random.Random(seed))
 
-    if eligible:
+    if eligible and not any(loads.route_sessions(a.plan) for a in eligible):
         assert picked == (eligible[0], "greedy-fallback")
+    elif eligible:
+        assert picked is not None and picked[0] in eligible
 
 
 @settings(max_examples=300, deadline=None)
@@ -120,7 +124,7 @@ def test_it_exploits_only_routes_measured_under_the_current_topology(case, seed)
 
 @settings(max_examples=300, deadline=None)
 @given(arm_sets(), st.integers(min_value=0, max_value=2**32))
-def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, seed):
+def test_it_measures_an_idle_overdue_route_measured_or_not_before_any_draw(case, seed):
     arms, loads = case
     picked = CONFIG.route_policy().choose(arms, loads=loads, rng=random.Random(seed))
     eligible = [a for a in arms if a.status is not ArmStatus.QUARANTINED]
@@ -128,11 +132,8 @@ def test_it_measures_an_idle_unmeasured_or_overdue_route_before_any_draw(case, s
         a
         for a in eligible
         if loads.route_sessions(a.plan) == 0
-        and (
-            a.status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-            or min(a.last_sample_age or 0.0, loads.sent_ago.get(a.plan.signature, math.inf))
-            > CONFIG.max_unsampled_seconds * DUE_SHARE
-        )
+        and min(a.last_sample_age or 0.0, loads.sent_ago.get(a.plan.signature, math.inf))
+        > CONFIG.max_unsampled_seconds * DUE_SHARE
     ]
 
     if picked is not None and any(a.status is ArmStatus.PROVEN for a in eligible) and due:
@@ -254,9 +255,9 @@ def test_routes_that_fall_due_together_are_each_scouted_before_the_bound():
     assert due + 2.0 < CONFIG.max_unsampled_seconds
 
 
-def test_a_route_quiet_since_before_a_topology_change_is_scouted_before_the_other_stale_ones():
+def test_a_route_quiet_since_before_a_topology_change_is_scouted_first_the_others_drawn():
     """After a topology change every route is unmeasured; one that was already near the
-    bound must not wait behind the others (least measured, best prior) for its scout."""
+    bound is scouted at once, the others take part in the draw with their old speeds."""
     due = CONFIG.max_unsampled_seconds * DUE_SHARE
     arms = [
         arm(0, ArmStatus.PROVEN, 60.0),
@@ -268,7 +269,7 @@ def test_a_route_quiet_since_before_a_topology_change_is_scouted_before_the_othe
     then = CONFIG.route_policy().choose(arms, loads=busy(2), rng=random.Random(1))
 
     assert picked is not None and (picked[0].plan, picked[1]) == (PLANS[2], "scout")
-    assert then is not None and (then[0].plan, then[1]) == (PLANS[1], "scout")
+    assert then is not None and then[0].plan in (PLANS[0], PLANS[1], PLANS[2])
 
 
 def paced(*routes: list[tuple[int, float]], prefill: float = 0.0) -> LoadSnapshot:
