@@ -17,6 +17,7 @@ import bisect
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -233,12 +234,12 @@ def enumerate_routes(
 def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]:
     """At most ``limit`` distinct routes covering the nodes that lie on a complete route.
 
-    First the best route through each such node (one forward and one backward pass);
-    if those are more than ``limit``, and the heads (which no two routes share) are
-    not, greedy set cover instead: the best route of all, then each next route the
-    one with the most nodes not yet covered, then the best rank (one forward pass
-    each). When even that needs more
-    than ``limit`` routes, the best routes through nodes are kept, best first.
+    First the best route through each such node (one forward and one backward pass).
+    If those are more than ``limit``, and no more than ``limit`` of the nodes end at
+    the same layer (no two of them can share a route), greedy set cover instead: the
+    best route of all, then each next the one with the most nodes not yet covered,
+    then the best rank (one forward pass each). When even that needs more than
+    ``limit`` routes, the best routes through nodes are kept, best first.
     """
     routes: dict[tuple[str, ...], _Chain] = {}
     for chain in _through_routes(usable, num_layers):
@@ -246,8 +247,10 @@ def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]
     if len(routes) <= limit:
         return list(routes.values())
     on_routes = {id(node) for chain in routes.values() for node in chain}
-    heads = sum(1 for node in usable if node.start == 0 and id(node) in on_routes)
-    if heads <= limit:
+    # No route holds two nodes that end at the same layer (after the first, the next
+    # hop starts past the second's end): the largest such group needs as many routes.
+    ending = Counter(node.end for node in usable if id(node) in on_routes)
+    if max(ending.values()) <= limit:
         greedy = [next(iter(routes.values()))]  # the best route of all stays first
         first = {id(node) for node in greedy[0]}
         gains = [1 if id(node) in on_routes - first else 0 for node in usable]
