@@ -18,7 +18,7 @@ import heapq
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -241,15 +241,19 @@ def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]
     then the best rank (one forward pass each). When even that needs more than
     ``limit`` routes, the best routes through nodes are kept, best first.
     """
+    through, route_through = _through_routes(usable, num_layers)
     routes: dict[tuple[str, ...], _Chain] = {}
-    for chain in _through_routes(usable, num_layers):
+    for i in through:
+        chain = route_through(i)
         routes.setdefault(_ids(chain), chain)
+        if len(routes) > limit:
+            break
     if len(routes) <= limit:
         return list(routes.values())
-    on_routes = {id(node) for chain in routes.values() for node in chain}
+    on_routes = {id(usable[i]) for i in through}
     # No route holds two nodes that end at the same layer (after the first, the next
     # hop starts past the second's end): the largest such group needs as many routes.
-    ending = Counter(node.end for node in usable if id(node) in on_routes)
+    ending = Counter(usable[i].end for i in through)
     if max(ending.values()) <= limit:
         greedy = [next(iter(routes.values()))]  # the best route of all stays first
         first = {id(node) for node in greedy[0]}
@@ -326,9 +330,11 @@ def _chain_back(
     return tuple(chain)
 
 
-def _through_routes(usable: Sequence[_Node], num_layers: int) -> Iterator[_Chain]:
-    """The best route through each node that lies on a complete route, best first (the
-    same route comes once per node on it).
+def _through_routes(
+    usable: Sequence[_Node], num_layers: int
+) -> tuple[list[int], Callable[[int], _Chain]]:
+    """The nodes (indices) that lie on a complete route, best route through them first,
+    and the reader of the best route through one of them (several nodes may share it).
 
     The route through a node joins the best prefix reaching a position within its
     shard (``_forward``), the node, and the best suffix after it: a backward pass keeps
@@ -360,14 +366,17 @@ def _through_routes(usable: Sequence[_Node], num_layers: int) -> Iterator[_Chain
             cost = max(front[1], -usable[i].score, back[1])
             through.append((cost, front[2] + 1 + back[2], i))
     through.sort()
-    for _, _, i in through:
+
+    def route_through(i: int) -> _Chain:
         chain = [*_chain_back(usable, prefix, entry, entry[i]), usable[i]]
         position = usable[i].after
         while position != num_layers:
             hop = suffix[position][1]
             chain.append(usable[hop])
             position = usable[hop].after
-        yield tuple(chain)
+        return tuple(chain)
+
+    return [i for *_, i in through], route_through
 
 
 def _best_routes(usable: Sequence[_Node], num_layers: int, count: int) -> list[_Chain]:
