@@ -115,15 +115,17 @@ class NodeModel:
         return -math.log(time), math.sqrt(variance)
 
 
-def route_priors(arms: Sequence[ArmView]) -> list[tuple[float, float] | None]:
+def route_priors(
+    arms: Sequence[ArmView], model: NodeModel | None = None
+) -> list[tuple[float, float] | None]:
     """Per arm: the belief (ln tok/s mean, spread) it enters the draw with when it has no
     measurement under the current topology; None for measured and kept-out arms.
 
     Stale arms keep their own old speed (``KNOWN_SIGMA``); unsampled arms are
-    predicted from their nodes (``NodeModel``), or from the best prior's scale when
-    their records say nothing (the broad ``UNKNOWN_SIGMA``).
+    predicted from their nodes (``model``, else a ``NodeModel`` fitted to ``arms``), or
+    from the best prior's scale when their records say nothing (the broad
+    ``UNKNOWN_SIGMA``).
     """
-    model: NodeModel | None = None
     priors: list[tuple[float, float] | None] = []
     for arm in arms:
         if arm.status is ArmStatus.STALE and arm.tps and arm.tps > 0:

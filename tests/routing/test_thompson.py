@@ -211,6 +211,45 @@ def test_a_saturated_fast_route_sheds_traffic_to_the_next_one():
     assert saturated[1] > 0.8
 
 
+# Two heads and two tails: four two-hop routes, h0 -> t0 the fastest.
+STAGES = enumerate_routes(
+    model_key="m",
+    num_layers=30,
+    nodes=[
+        record("h0", 0, 14, tps=120.0),
+        record("h1", 0, 14, tps=100.0),
+        record("t0", 15, 29, tps=120.0),
+        record("t1", 15, 29, tps=100.0),
+    ],
+)
+
+
+def stage_arm(route: str, tps: float) -> ArmView:
+    plan = next(plan for plan in STAGES if "".join(plan.node_ids) == route)
+    return ArmView(plan, ArmStatus.PROVEN, tps, 20.0, 20, 1.0)
+
+
+def test_sessions_on_another_route_through_the_same_node_shed_traffic_from_it():
+    arms = [stage_arm("h0t0", 60.0), stage_arm("h1t0", 50.0), stage_arm("h0t1", 40.0)]
+    on_h0 = arms[2].plan
+
+    idle = CONFIG.route_policy().shares(arms, loads=NO_LOAD)
+    shared = CONFIG.route_policy().shares(arms, loads=LoadSnapshot(routes={on_h0.signature: 8}))
+
+    assert idle[0] > 0.8
+    assert shared[1] > 0.8
+
+
+def test_one_session_on_a_two_stage_route_leaves_the_next_request_on_it():
+    """A session's one token is at one stage at a time: the stages work at once."""
+    arms = [stage_arm("h0t0", 60.0), stage_arm("h1t1", 54.0)]
+    plan = arms[0].plan
+
+    shares = CONFIG.route_policy().shares(arms, loads=LoadSnapshot(routes={plan.signature: 1}))
+
+    assert shares[0] > 0.7
+
+
 def test_its_draws_follow_the_expected_shares_it_states():
     arms = [
         arm(0, ArmStatus.PROVEN, 50.0),
