@@ -17,6 +17,9 @@ import bisect
 import heapq
 import itertools
 import math
+import operator
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +33,11 @@ MAX_CANDIDATES = 16
 # The best-first search for the best-prior routes expands at most this many partial
 # routes per candidate asked for.
 EXPANSIONS_PER_CANDIDATE = 4
+# A model's candidate routes are selected again at most this often while its topology
+# (nodes, endpoints, shards, nodes avoided) stays the same (ADR-0018, "The cache"):
+# between selections the routes are kept and only their priors and rank follow the
+# nodes' current scores.
+RESELECT_SECONDS = 1.0
 
 
 class InvalidPinnedRoute(DomainError):
@@ -109,8 +117,9 @@ class RoutePlan:
     Construction checks that hop 0 starts at layer 0, that each later hop
     starts at the previous hop's end + 1 and that the last hop ends at
     ``last_layer``; a plan that exists is therefore a route that runs every
-    layer exactly once, in order. ``signature`` is derived from the hops on
-    every read and is never stored apart from them.
+    layer exactly once, in order. ``signature`` is derived from the hops when
+    the plan is built (it is read many times per decision) and is never stored
+    apart from them.
     """
 
     model_key: str
@@ -120,6 +129,8 @@ class RoutePlan:
     # Per hop: the seconds per token per layer its node's record implies (1 / (score ×
     # shard layers); inf for a node with no score): what ADR-0018's route priors read.
     layer_seconds: tuple[float, ...] = field(default=(), compare=False)
+    _signature: str = field(init=False, repr=False, compare=False)
+    _node_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.hops:
@@ -142,6 +153,9 @@ class RoutePlan:
                 f"the route ends at layer {expected - 1}, the model's last layer is "
                 f"{self.last_layer}"
             )
+        signature = f"{self.model_key} | " + " -> ".join(hop.label for hop in self.hops)
+        object.__setattr__(self, "_signature", signature)
+        object.__setattr__(self, "_node_ids", tuple(hop.node_id for hop in self.hops))
 
     @property
     def head(self) -> Hop:
@@ -151,20 +165,15 @@ class RoutePlan:
     @property
     def signature(self) -> str:
         """``model_key | node[start-end] -> node[start-end] …``: the bandit arm's identity."""
-        return f"{self.model_key} | " + " -> ".join(hop.label for hop in self.hops)
+        return self._signature
 
     @property
     def node_ids(self) -> tuple[str, ...]:
-        return tuple(hop.node_id for hop in self.hops)
+        return self._node_ids
 
     def to_dict(self) -> list[dict[str, Any]]:
         """The hop list as it travels in JSON (``/v1/routing``, the chat ``meshnet`` field)."""
         return [hop.to_dict() for hop in self.hops]
-
-
-def _route_prior(route: Sequence[NodeRecord]) -> float:
-    """Bottleneck hop's queue-adjusted throughput times that hop's reputation."""
-    return min(node.score for node in route)
 
 
 class _Node(NamedTuple):
@@ -187,11 +196,6 @@ _EMPTY: _Rank = (0, -math.inf, 0)
 
 def _ids(chain: Sequence[_Node]) -> tuple[str, ...]:
     return tuple(node.record.node_id for node in chain)
-
-
-def _order_key(chain: Sequence[_Node]) -> tuple[float, int, tuple[str, ...]]:
-    """Best prior first, then fewer hops, then node ids (deterministic)."""
-    return (-min(node.score for node in chain), len(chain), _ids(chain))
 
 
 def enumerate_routes(
@@ -227,8 +231,116 @@ def enumerate_routes(
             chosen.setdefault(_ids(chain), chain)
             if len(chosen) >= limit:
                 break
-    ranked = sorted(chosen.values(), key=_order_key)
-    return [_plan(model_key, last_layer, [node.record for node in chain]) for chain in ranked]
+    plans = [
+        _plan(model_key, last_layer, [node.record for node in chain]) for chain in chosen.values()
+    ]
+    return sorted(plans, key=_plan_order)
+
+
+class _Selection(NamedTuple):
+    """One topology's candidates: the routes selected at ``selected_at``, planned for
+    the nodes' score inputs ``scores`` (in node id order)."""
+
+    selected_at: float
+    # Whether ``plans`` are the enumeration's for ``scores`` (not kept routes rescored).
+    exact: bool
+    scores: tuple[tuple[float, float, int, int, float], ...]
+    plans: tuple[RoutePlan, ...]
+
+
+class CandidateCache:
+    """``enumerate_routes`` for repeated decisions: the routes are selected again only
+    when the topology changes or ``reselect_after`` seconds have passed (ADR-0018).
+
+    The key is what makes a route possible: the model, its layers, the cap, the nodes
+    avoided and every usable node's id, endpoint and shard. A node joining, leaving,
+    moving its shard or being avoided (banned) is a new key, so the candidates follow
+    at once. Node scores (queue depth, measured speed, reputation) change with every
+    heartbeat and do not select the routes again before ``reselect_after``: the kept
+    routes are planned with the current records (prior, per-hop seconds) and ranked
+    again, best prior first; with the same scores the plans themselves are reused.
+    Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        reselect_after: float = RESELECT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        size: int = 64,
+    ) -> None:
+        self.reselect_after = reselect_after
+        self.clock = clock
+        self.size = size
+        self._selections: dict[tuple[Any, ...], _Selection] = {}
+        self._lock = threading.Lock()
+
+    def routes(
+        self,
+        *,
+        model_key: str,
+        num_layers: int,
+        nodes: Iterable[NodeRecord],
+        avoid: frozenset[str] = frozenset(),
+        limit: int = MAX_CANDIDATES,
+    ) -> list[RoutePlan]:
+        """What ``enumerate_routes`` gives for these arguments, from the cache when the
+        topology is the one last seen and its routes were selected recently."""
+        records = sorted(nodes, key=_RECORD_ID)
+        key = (model_key, num_layers, limit, avoid, tuple(map(_RECORD_SHAPE, records)))
+        scores = tuple(map(_RECORD_SCORE, records))
+        now = self.clock()
+        with self._lock:
+            kept = self._selections.get(key)
+        fresh = kept is not None and now - kept.selected_at < self.reselect_after
+        if kept is not None and kept.scores == scores and (fresh or kept.exact):
+            return list(kept.plans)
+        if kept is not None and fresh:
+            by_id = {node.node_id: node for node in records}
+            plans = sorted(
+                (_rescored(plan, [by_id[i] for i in plan.node_ids]) for plan in kept.plans),
+                key=_plan_order,
+            )
+            selection = kept._replace(exact=False, scores=scores, plans=tuple(plans))
+        else:
+            plans = enumerate_routes(
+                model_key=model_key, num_layers=num_layers, nodes=records, avoid=avoid, limit=limit
+            )
+            selection = _Selection(now, True, scores, tuple(plans))
+        with self._lock:
+            self._selections.pop(key, None)
+            self._selections[key] = selection
+            while len(self._selections) > self.size:
+                del self._selections[next(iter(self._selections))]
+        return plans
+
+
+# What a record's place in routes depends on, and what its score is computed from.
+_RECORD_ID = operator.attrgetter("node_id")
+_RECORD_SHAPE = operator.attrgetter("node_id", "endpoint", "shard_start", "shard_end")
+_RECORD_SCORE = operator.attrgetter(
+    "benchmark_tps", "measured_tps", "queue_depth", "active_sessions", "reputation"
+)
+
+
+def _rescored(plan: RoutePlan, chain: Sequence[NodeRecord]) -> RoutePlan:
+    """``plan`` with the prior and per-hop seconds of ``chain``'s current records.
+
+    The hops, and so the checks and the signature, are those of ``plan``, which was
+    built (and checked) by ``RoutePlan``'s constructor: they are copied, not redone.
+    """
+    prior, seconds = _prior_and_seconds(chain)
+    rescored = object.__new__(RoutePlan)
+    for name in RoutePlan.__slots__:
+        object.__setattr__(rescored, name, getattr(plan, name))
+    object.__setattr__(rescored, "prior_tps", prior)
+    object.__setattr__(rescored, "layer_seconds", seconds)
+    return rescored
+
+
+def _plan_order(plan: RoutePlan) -> tuple[float, int, tuple[str, ...]]:
+    """Candidates rank best prior first, then fewer hops (ADR-0020), then node ids."""
+    return (-plan.prior_tps, len(plan.hops), plan.node_ids)
 
 
 def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]:
@@ -451,11 +563,18 @@ def _plan(model_key: str, last_layer: int, chain: Sequence[NodeRecord]) -> Route
         end = min(node.shard_end, last_layer)
         hops.append(Hop(node.node_id, node.endpoint, start, end))
         start = end + 1
+    return RoutePlan(model_key, last_layer, tuple(hops), *_prior_and_seconds(chain))
+
+
+def _prior_and_seconds(chain: Sequence[NodeRecord]) -> tuple[float, tuple[float, ...]]:
+    """A route's prior (its bottleneck hop's score: queue-adjusted throughput times
+    reputation) and, per hop, its node's seconds per token per layer."""
+    scores = [node.score for node in chain]
     seconds = tuple(
-        1.0 / (node.score * (node.shard_end - node.shard_start + 1)) if node.score > 0 else math.inf
-        for node in chain
+        1.0 / (score * (node.shard_end - node.shard_start + 1)) if score > 0 else math.inf
+        for node, score in zip(chain, scores, strict=True)
     )
-    return RoutePlan(model_key, last_layer, tuple(hops), _route_prior(chain), seconds)
+    return min(scores), seconds
 
 
 def plan_pinned_route(
