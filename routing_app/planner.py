@@ -287,6 +287,8 @@ class CandidateCache:
         """What ``enumerate_routes`` gives for these arguments, from the cache when the
         topology is the one last seen and its routes were selected recently."""
         records = sorted(nodes, key=_RECORD_ID)
+        if avoid:  # bans of other models' nodes change nothing here
+            avoid = avoid.intersection(map(_RECORD_ID, records))
         key = (model_key, num_layers, limit, avoid, tuple(map(_RECORD_SHAPE, records)))
         scores = tuple(map(_RECORD_SCORE, records))
         now = self.clock()

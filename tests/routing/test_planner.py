@@ -349,6 +349,17 @@ def test_a_banned_node_is_in_no_candidate_at_once():
     assert [plan.node_ids for plan in plans] == [("head-a", "tail-b"), ("head-b", "tail-b")]
 
 
+def test_a_ban_of_another_models_node_keeps_the_cached_candidates():
+    clock = ManualClock()
+    cache = CandidateCache(clock=clock, reselect_after=1.0)
+    first = cached_routes(cache, REPLICAS)
+    clock.advance(5.0)
+
+    again = cached_routes(cache, REPLICAS, avoid=frozenset({"elsewhere"}))
+
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+
+
 def test_a_node_moving_its_shard_changes_the_candidates_at_once():
     cache = CandidateCache(clock=ManualClock())
     cached_routes(cache, REPLICAS)
