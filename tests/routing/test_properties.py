@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routing_app.arms import ArmState, ArmStatus, ArmView
 from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.planner import MAX_CANDIDATES, NodeRecord, enumerate_routes, plan_pinned_route
+from routing_app.planner import (
+    MAX_CANDIDATES,
+    RESELECT_SECONDS,
+    CandidateCache,
+    NodeRecord,
+    enumerate_routes,
+    plan_pinned_route,
+)
+from tests.support.routing import ManualClock
 
 
 @st.composite
@@ -117,6 +127,41 @@ def test_every_node_on_some_complete_route_is_in_a_candidate_when_the_cap_allows
     if plans:
         best = max(min(next(n for n in nodes if n.node_id == i).score for i in r) for r in routes)
         assert plans[0].prior_tps == best
+
+
+@settings(max_examples=200, deadline=None)
+@given(networks(), st.data())
+def test_the_candidate_cache_follows_any_topology_change_at_once_and_any_score_change(
+    network, data
+):
+    num_layers, nodes = network
+    ids = [node.node_id for node in nodes]
+    gone = data.draw(st.sets(st.sampled_from(ids))) if ids else set()
+    banned = frozenset(data.draw(st.sets(st.sampled_from(ids)))) if ids else frozenset()
+    changed = [
+        replace(node, queue_depth=data.draw(st.integers(min_value=0, max_value=3)))
+        for node in nodes
+        if node.node_id not in gone
+    ]
+    clock = ManualClock()
+    cache = CandidateCache(clock=clock)
+    first = cache.routes(model_key="m", num_layers=num_layers, nodes=nodes)
+
+    plans = cache.routes(model_key="m", num_layers=num_layers, nodes=changed, avoid=banned)
+    fresh = enumerate_routes(model_key="m", num_layers=num_layers, nodes=changed, avoid=banned)
+    clock.advance(RESELECT_SECONDS)
+    later = cache.routes(model_key="m", num_layers=num_layers, nodes=changed, avoid=banned)
+
+    assert later == fresh
+    if gone or banned:  # the topology changed: the candidates follow at once
+        assert plans == fresh
+    else:  # only scores: the same routes, with the current priors, ranked again
+        assert sorted(plan.node_ids for plan in plans) == sorted(p.node_ids for p in first)
+        by_id = {node.node_id: node for node in changed}
+        for plan in plans:
+            assert plan.prior_tps == min(by_id[n].score for n in plan.node_ids)
+        keys = [(-plan.prior_tps, len(plan.hops), plan.node_ids) for plan in plans]
+        assert keys == sorted(keys)
 
 
 @settings(max_examples=200, deadline=None)
