@@ -5,16 +5,22 @@ Seeded, no network, no database: the policies are ``routing_app``'s own
 nodes are made up. The parts are in ``bench/routing_simulation/``: the
 topologies, the workload, the simulator; this script runs them and reports.
 
-Two topologies (ADR-0020's GPU head + CPU full node, and a five-node mesh
-with four candidate routes) whose nodes' *true* speed differs from the
-benchmark they advertise (the prior). Requests arrive as a Poisson stream,
+Two parts. The event runs: two topologies (ADR-0020's GPU head + CPU full
+node, and a five-node mesh) whose nodes' *true* speed differs from the
+benchmark they advertise (the prior), with four events. The replica runs
+(issue 26): three replicas per stage over two and over three stages, and
+``make demo``'s mixed topology (head 0-14, tail 15-29, full 0-29), steady.
+Requests arrive as a Poisson stream,
 each generating 16-256 tokens. A session's speed is the inverse of its
 per-token time summed over its hops: layers run × the node's per-layer time
 × the node's batching slowdown, plus 4 ms of network per hop after the head.
-A node serving k sessions at once runs a batch step k^0.6 times slower than
+A node with k sessions at it at once runs a batch step k^0.6 times slower than
 one alone, so its aggregate throughput grows as k^0.4 (2.3x at 8, as measured
 with 64 tiny streams) up to ``BATCH_CAP`` sessions and stays flat beyond
-(processor sharing: every session queues for its share). Each request's
+(processor sharing: every session queues for its share). A session has one
+token in flight, so the sessions *at* a node are its share of each session
+through it (a fixed point, ``Network.occupancy``): a pipeline's stages work
+at once, and a loaded route serves at its bottleneck node's capacity. Each request's
 observed speed on a route carries 10 % log-normal noise. A request first
 spends 2-20 of its own decode steps in prefill on its route (its time to
 first token; again after a failover; the capacity estimate counts it). A
@@ -37,8 +43,11 @@ sessions fail over to a route the policy picks).
 
 For each policy: throughput (tokens delivered ÷ the requests' end-to-end
 time) as a ratio of the oracle's, which knows every true speed and load and
-sends each request where it runs fastest now (greedy: it never holds a fast
-route back for the requests to come, so near capacity a policy can beat it),
+sends each request to the complete route, of *all* of them (enumerated
+exhaustively, not by the planner), where it runs fastest now, so where it
+finishes first (greedy: it never holds a fast route back for the requests to
+come, and does not count its own slowdown of the others, so near capacity a
+policy can beat it),
 with the lowest and highest seed's ratio; p50/p99 end-to-end latency;
 per event, how many requests passed before the policy's share on the new
 fastest route passed 50 % (for ``thompson-load`` the draw's share: its
@@ -55,7 +64,21 @@ route past the bound).
 The knobs (the sample spread 0.3, ``load_exponent``, the bound) were tuned
 on seeds 1-5; every setting is also run on held-out seeds 101-105.
 
-Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]``.
+The replica runs put arrivals at 10 %, 90 % and 120 % of the topology's
+capacity bound (``Network.capacity_bound``: per stage, the sum of its
+replicas' capacities at their batching cap; the bottleneck stage's sum) and
+print, beside the ratio to the all-routes oracle, the decode steps/s served
+(prefill included) from a fifth of the run to the last arrival ÷ the bound,
+the same oracle over the planner's candidates only (what the enumeration
+costs), the routes the planner does not offer, and the share of requests
+through each node. Then the issue's targets, pass or fail: with 3 replicas
+per stage, served when saturated ≥ 0.8 × the bound; the default policy ≥ 0.9
+of the all-routes oracle near capacity and ≥ 0.95 at light load (on every
+replica topology). Like the other benchmarks, it prints a target's failure
+and carries on (``make bench`` runs them all).
+
+Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]
+[--only events|replicas] [--replica-seeds N] [--replica-requests N]``.
 """
 
 from __future__ import annotations
@@ -63,23 +86,32 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from routing_simulation.simulator import (
+from bench.routing_simulation.simulator import (
+    ORACLE,
+    ORACLE_CANDIDATES,
+    ORACLES,
+    ROUND_ROBIN,
     THOMPSON,
     WITHOUT_PACES,
     Policy,
     RunResult,
     bandit,
-    oracle,
     round_robin,
     simulate,
 )
-from routing_simulation.topologies import SCENARIOS, Network
-from routing_simulation.workload import EVENTS
-
+from bench.routing_simulation.topologies import (
+    REPLICA_SCENARIOS,
+    SCENARIOS,
+    Network,
+    Scenario,
+    per_request,
+)
+from bench.routing_simulation.workload import EVENTS
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 
 POLICIES: list[tuple[str, RoutingConfig | None]] = [
@@ -90,8 +122,8 @@ POLICIES: list[tuple[str, RoutingConfig | None]] = [
         "adr0021 tuned (explore 0.1, alpha 2)",
         RoutingConfig(policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0),
     ),
-    ("round-robin", None),
-    ("oracle", None),
+    (ROUND_ROBIN, None),
+    (ORACLE, None),
 ]
 # (label, share of the estimated capacity; None: the isolated setting)
 LOADS: list[tuple[str, float | None]] = [
@@ -105,7 +137,7 @@ LOADS: list[tuple[str, float | None]] = [
 def policy_for(name: str, config: RoutingConfig | None) -> Policy:
     if config is not None:
         return bandit(config, paces=name != WITHOUT_PACES)
-    return round_robin() if name == "round-robin" else oracle
+    return round_robin() if name == ROUND_ROBIN else ORACLES[name]
 
 
 def describe(answers: list[int | None], settled: list[float]) -> str:
@@ -131,7 +163,7 @@ def seed_sets(count: int) -> list[tuple[str, range]]:
 
 def report(results: dict[str, list[RunResult]]) -> None:
     """One line per policy (mean and per-seed range of the ratio), one per event."""
-    oracle_tp = [run.throughput for run in results["oracle"]]
+    oracle_tp = [run.throughput for run in results[ORACLE]]
     for name, _ in POLICIES:
         runs = results[name]
         ratios = [run.throughput / best for run, best in zip(runs, oracle_tp, strict=True)]
@@ -150,24 +182,130 @@ def report(results: dict[str, list[RunResult]]) -> None:
             print(f"    {event:9} {describe(answers, settled)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Routing policy simulator")
-    parser.add_argument("--seeds", type=int, default=5, help="per seed set (tuning, held-out)")
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
-    args = parser.parse_args()
-    if args.quick:
-        args.seeds, args.requests = 3, 1000
-    at = ", ".join(f"{args.requests * (i + 1) // 5} ({event})" for i, event in enumerate(EVENTS))
+# The replica runs (issue 26): policies, loads (share of the capacity bound), targets.
+REPLICA_POLICIES: list[tuple[str, RoutingConfig | None]] = [
+    ("thompson-load (ADR-0011 default)", THOMPSON),
+    (ROUND_ROBIN, None),
+    (ORACLE_CANDIDATES, None),
+    (ORACLE, None),
+]
+DEFAULT = REPLICA_POLICIES[0][0]
+REPLICA_LOADS: list[tuple[str, float]] = [
+    ("light (10% of the bound)", 0.1),
+    ("near capacity (90% of the bound)", 0.9),
+    ("saturated (120% of the bound offered)", 1.2),
+]
+LIGHT, NEAR, SATURATED = (label for label, _ in REPLICA_LOADS)
+SERVED_TARGET = 0.8  # served under load ÷ the capacity bound, 3 replicas per stage
+NEAR_TARGET = 0.9  # the default policy ÷ the all-routes oracle, near capacity
+LIGHT_TARGET = 0.95  # ... at light load
+
+
+def shares(counts: Counter[str], requests: int) -> str:
+    return ", ".join(f"{key} {count / requests:.0%}" for key, count in sorted(counts.items()))
+
+
+def replica_runs(
+    scenario: Scenario, seeds: range, requests: int
+) -> dict[str, dict[str, list[RunResult]]]:
+    """Per load label, per policy, one run per seed; prints each load's lines."""
+    net = Network(scenario)
+    bound = net.capacity_bound()
+    candidates = {plan.signature for plan in net.candidates()}
+    routes = net.complete_routes()
+    missing = [route.signature for route in routes if route.signature not in candidates]
+    served_by_candidates = {n for route in net.candidates() for n in route.node_ids}
     print(
-        f"routing simulator: {args.seeds} tuning + {args.seeds} held-out seeds x "
-        f"{args.requests} requests; events at request {at}; the slowdown is 5x; "
+        f"\n== {scenario.name}: capacity bound {bound:.0f} decode steps/s "
+        f"({per_request(bound):.2f} req/s); {len(routes)} complete routes, "
+        f"{len(candidates)} candidates from the planner; nodes in no candidate: "
+        f"{', '.join(sorted(set(net.nodes) - served_by_candidates)) or 'none'}"
+    )
+    for signature in missing:
+        print(f"    not a candidate: {signature}")
+    results: dict[str, dict[str, list[RunResult]]] = {}
+    for label, utilisation in REPLICA_LOADS:
+        rate = utilisation * per_request(bound)
+        runs = {
+            name: [
+                simulate(scenario, name, policy_for(name, cfg), cfg, seed, requests, rate)
+                for seed in seeds
+            ]
+            for name, cfg in REPLICA_POLICIES
+        }
+        results[label] = runs
+        print(f"-- {label}, {rate:.2f} req/s")
+        best = runs[ORACLE]
+        for name, _ in REPLICA_POLICIES:
+            ratio = [r.throughput / o.throughput for r, o in zip(runs[name], best, strict=True)]
+            served = [r.served / bound for r in runs[name]]
+            latencies = [value for run in runs[name] for value in run.latencies]
+            print(
+                f"{name:40} {statistics.mean(ratio):6.3f} x oracle (all routes) "
+                f"[{min(ratio):.3f}-{max(ratio):.3f}]  served {statistics.mean(served):.3f}"
+                f" x bound  p50 {percentile(latencies, 0.5):6.2f}"
+                f"  p99 {percentile(latencies, 0.99):7.2f}"
+            )
+        for name in (DEFAULT, ORACLE):
+            sent = sum((run.nodes for run in runs[name]), Counter[str]())
+            total = sum(sum(run.routes.values()) for run in runs[name])
+            print(f"    requests through each node, {name}: {shares(sent, total)}")
+    return results
+
+
+def versus_oracle(runs: dict[str, list[RunResult]]) -> float:
+    """The default policy's throughput ÷ the all-routes oracle's, mean over the seeds."""
+    pairs = zip(runs[DEFAULT], runs[ORACLE], strict=True)
+    return statistics.mean(run.throughput / best.throughput for run, best in pairs)
+
+
+def replica_section(seeds: int, requests: int) -> None:
+    """The issue 26 runs and their targets, pass or fail."""
+    print(
+        f"\nreplicas (issue 26): seeds 1-{seeds} x {requests} requests, no events; "
+        "columns: mean ratio to the all-routes oracle's throughput [lowest-highest seed], "
+        "decode steps/s served (prefill included) from a fifth of the run to the last "
+        "arrival ÷ the capacity bound, p50/p99 end-to-end latency (s)"
+    )
+    rows: list[tuple[str, float, float]] = []  # (what, figure, target: at least)
+    for scenario in REPLICA_SCENARIOS:
+        results = replica_runs(scenario, range(1, seeds + 1), requests)
+        bound = Network(scenario).capacity_bound()
+        if scenario.short.startswith("3x"):
+            served = statistics.mean(r.served / bound for r in results[SATURATED][DEFAULT])
+            rows.append((f"{scenario.short}: served, saturated ÷ bound", served, SERVED_TARGET))
+        rows.append(
+            (
+                f"{scenario.short}: default ÷ oracle, near capacity",
+                versus_oracle(results[NEAR]),
+                NEAR_TARGET,
+            )
+        )
+        rows.append(
+            (
+                f"{scenario.short}: default ÷ oracle, light",
+                versus_oracle(results[LIGHT]),
+                LIGHT_TARGET,
+            )
+        )
+    print(f"\ntargets (issue 26), {DEFAULT}:")
+    for what, figure, target in rows:
+        verdict = "pass" if figure >= target else "FAIL"
+        print(f"    {what:45} {figure:6.3f}  >= {target:.2f}  {verdict}")
+
+
+def event_section(seeds: int, requests: int) -> None:
+    """The event runs (issue 16's settings): pair and mesh, every load, both seed sets."""
+    at = ", ".join(f"{requests * (i + 1) // 5} ({event})" for i, event in enumerate(EVENTS))
+    print(
+        f"routing simulator: {seeds} tuning + {seeds} held-out seeds x "
+        f"{requests} requests; events at request {at}; the slowdown is 5x; "
         f"thompson-load bound {THOMPSON.max_unsampled_seconds:.0f} s unsampled"
     )
     print(
-        "columns: mean ratio to the oracle's throughput [lowest-highest seed], p50/p99 "
-        "end-to-end latency (s), longest time a candidate went unsampled (s), the most a "
-        "request's routing passed one over past the bound (overdue) or left one idle past it "
+        "columns: mean ratio to the all-routes oracle's throughput [lowest-highest seed], "
+        "p50/p99 end-to-end latency (s), longest time a candidate went unsampled (s), the most "
+        "a request's routing passed one over past the bound (overdue) or left one idle past it "
         "while scouting another (late); per event, median requests until "
         "the share on the new fastest route passed 50% (max over seeds)"
     )
@@ -176,7 +314,7 @@ def main() -> None:
         for label, utilisation in LOADS:
             rate = None if utilisation is None else utilisation * capacity
             shown = "" if rate is None else f", {rate:.2f} req/s"
-            for seeds_label, seeds in seed_sets(args.seeds):
+            for seeds_label, seed_range in seed_sets(seeds):
                 print(f"\n== {scenario.name} — {label}{shown} — {seeds_label}")
                 report(
                     {
@@ -187,14 +325,33 @@ def main() -> None:
                                 policy_for(name, cfg),
                                 cfg,
                                 seed,
-                                args.requests,
+                                requests,
                                 rate,
                             )
-                            for seed in seeds
+                            for seed in seed_range
                         ]
                         for name, cfg in POLICIES
                     }
                 )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Routing policy simulator")
+    parser.add_argument("--seeds", type=int, default=5, help="per seed set (tuning, held-out)")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
+    parser.add_argument(
+        "--only", choices=("events", "replicas"), help="run one part (default: both)"
+    )
+    parser.add_argument("--replica-seeds", type=int, default=2, help="seeds 1..N")
+    parser.add_argument("--replica-requests", type=int, default=1000)
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.requests = 3, 1000
+    if args.only != "replicas":
+        event_section(args.seeds, args.requests)
+    if args.only != "events":
+        replica_section(args.replica_seeds, args.replica_requests)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,9 @@ class ArmView:
     tps: float | None
     weight: float
     samples: int
-    # Seconds since the arm's latest sample (None: never sampled), for the bound on
-    # how long a candidate may go unmeasured (ADR-0011).
+    # Seconds since the arm's latest sample (unsampled: since this tracker first listed
+    # it; None: unknown), for the bound on how long a candidate may go unmeasured
+    # (ADR-0011, ADR-0018).
     last_sample_age: float | None = None
 
     @property
@@ -164,6 +165,8 @@ class RouteArms:
         self._unwritten: set[ArmKey] = set()
         # key -> (last sample time of the pruned state, when the prune was learned)
         self._tombstones: dict[ArmKey, tuple[float, float]] = {}
+        # Unsampled arms -> when this tracker first listed them as candidates.
+        self._listed: dict[ArmKey, float] = {}
 
     def record_sample(
         self,
@@ -188,6 +191,7 @@ class RouteArms:
         key = (model_key, signature)
         now = self.clock()
         with self._lock:
+            self._listed.pop(key, None)
             arm = self._own.get(key)
             if arm is None or arm.epoch < epoch:
                 self._own[key] = ArmState(tokens_per_second, 1.0, now, epoch, 1)
@@ -221,7 +225,11 @@ class RouteArms:
     def view(self, plan: RoutePlan, state: ArmState | None, epoch: int, now: float) -> ArmView:
         """``plan``'s arm (merged ``state``) as the choice sees it under ``epoch`` at ``now``."""
         if state is None or state.samples == 0:
-            return ArmView(plan, ArmStatus.UNSAMPLED, None, 0.0, 0, None)
+            # Unsampled: its age counts from when this tracker first listed it, so the
+            # bound on unmeasured time covers routes never measured too (ADR-0018).
+            with self._lock:
+                listed = self._listed.setdefault((plan.model_key, plan.signature), now)
+            return ArmView(plan, ArmStatus.UNSAMPLED, None, 0.0, 0, max(now - listed, 0.0))
         weight = state.mass_at(now, self.half_life)
         if state.epoch < epoch:
             status = ArmStatus.STALE

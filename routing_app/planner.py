@@ -1,4 +1,4 @@
-"""Route plans and candidate enumeration (ADR-0021), on plain node records.
+"""Route plans and candidate enumeration (ADR-0021, amended by ADR-0018), on plain node records.
 
 A ``RoutePlan`` is the one value that both the proxy and the statistics see:
 its head, its hops (with the layers each hop actually runs) and its signature
@@ -13,14 +13,31 @@ into ``NodeRecord`` values, so benchmarks and simulators use the planner as is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import bisect
+import heapq
+import itertools
+import math
+import operator
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from meshnet_site.errors import DomainError, ErrorKind
 
-# At most this many candidate routes per model take part in the choice.
-MAX_CANDIDATES = 8
+# At most this many candidate routes per model take part in the choice (ADR-0018): a
+# cover of every node that lies on a complete route first, then the best priors.
+MAX_CANDIDATES = 16
+# The best-first search for the best-prior routes expands at most this many partial
+# routes per candidate asked for.
+EXPANSIONS_PER_CANDIDATE = 4
+# A model's candidate routes are selected again at most this often while its topology
+# (nodes, endpoints, shards, nodes avoided) stays the same (ADR-0018, "The cache"):
+# between selections the routes are kept and only their priors and rank follow the
+# nodes' current scores.
+RESELECT_SECONDS = 1.0
 
 
 class InvalidPinnedRoute(DomainError):
@@ -100,14 +117,20 @@ class RoutePlan:
     Construction checks that hop 0 starts at layer 0, that each later hop
     starts at the previous hop's end + 1 and that the last hop ends at
     ``last_layer``; a plan that exists is therefore a route that runs every
-    layer exactly once, in order. ``signature`` is derived from the hops on
-    every read and is never stored apart from them.
+    layer exactly once, in order. ``signature`` is derived from the hops when
+    the plan is built (it is read many times per decision) and is never stored
+    apart from them.
     """
 
     model_key: str
     last_layer: int
     hops: tuple[Hop, ...]
     prior_tps: float = 0.0
+    # Per hop: the seconds per token per layer its node's record implies (1 / (score ×
+    # shard layers); inf for a node with no score): what ADR-0018's route priors read.
+    layer_seconds: tuple[float, ...] = field(default=(), compare=False)
+    _signature: str = field(init=False, repr=False, compare=False)
+    _node_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.hops:
@@ -130,6 +153,9 @@ class RoutePlan:
                 f"the route ends at layer {expected - 1}, the model's last layer is "
                 f"{self.last_layer}"
             )
+        signature = f"{self.model_key} | " + " -> ".join(hop.label for hop in self.hops)
+        object.__setattr__(self, "_signature", signature)
+        object.__setattr__(self, "_node_ids", tuple(hop.node_id for hop in self.hops))
 
     @property
     def head(self) -> Hop:
@@ -139,46 +165,37 @@ class RoutePlan:
     @property
     def signature(self) -> str:
         """``model_key | node[start-end] -> node[start-end] …``: the bandit arm's identity."""
-        return f"{self.model_key} | " + " -> ".join(hop.label for hop in self.hops)
+        return self._signature
 
     @property
     def node_ids(self) -> tuple[str, ...]:
-        return tuple(hop.node_id for hop in self.hops)
+        return self._node_ids
 
     def to_dict(self) -> list[dict[str, Any]]:
         """The hop list as it travels in JSON (``/v1/routing``, the chat ``meshnet`` field)."""
         return [hop.to_dict() for hop in self.hops]
 
 
-def _route_prior(route: Sequence[NodeRecord]) -> float:
-    """Bottleneck hop's queue-adjusted throughput times that hop's reputation."""
-    return min(node.score for node in route)
+class _Node(NamedTuple):
+    """A usable node as the enumeration reads it: its record, the layers it runs of the
+    model, the position after its last one (where the next hop starts), its score."""
+
+    record: NodeRecord
+    start: int
+    end: int
+    after: int
+    score: float
 
 
-def _best_by_start(nodes: Sequence[NodeRecord], num_layers: int) -> list[NodeRecord | None]:
-    """For every layer, the node that can run from it and reaches furthest.
+_Chain = tuple[_Node, ...]
+# A (partial) route's rank, smaller is better: (-nodes it would newly cover, -bottleneck
+# score, hops). Joining two parts adds the first and last, takes the larger second.
+_Rank = tuple[int, float, int]
+_EMPTY: _Rank = (0, -math.inf, 0)
 
-    ``nodes`` must be sorted by node id. Ties on reach go to the better score,
-    then to the node seen first, so plans are deterministic. A prefix maximum
-    over shard starts: the node with the greatest reach among those starting
-    at or before a layer is the answer whenever its reach includes that layer
-    (if it does not, no node's does).
-    """
-    starting: list[list[NodeRecord]] = [[] for _ in range(num_layers)]
-    for node in nodes:
-        if 0 <= node.shard_start < num_layers:
-            starting[node.shard_start].append(node)
-    best: list[NodeRecord | None] = [None] * num_layers
-    leader: NodeRecord | None = None
-    leader_key = (-1, 0.0)
-    for layer in range(num_layers):
-        for node in starting[layer]:
-            key = (node.shard_end, node.score)
-            if key > leader_key:
-                leader, leader_key = node, key
-        if leader is not None and leader.shard_end >= layer:
-            best[layer] = leader
-    return best
+
+def _ids(chain: Sequence[_Node]) -> tuple[str, ...]:
+    return tuple(node.record.node_id for node in chain)
 
 
 def enumerate_routes(
@@ -189,40 +206,356 @@ def enumerate_routes(
     avoid: frozenset[str] = frozenset(),
     limit: int = MAX_CANDIDATES,
 ) -> list[RoutePlan]:
-    """Candidate routes: one per distinct head, best prior first, at most ``limit``.
+    """Candidate routes: distinct complete routes, best prior first, at most ``limit``.
 
-    A head is a node whose shard starts at layer 0. Each head is completed
-    greedily: the next hop is the node that can run from the previous hop's
-    end + 1 and reaches furthest (whatever its own shard start); a head that
-    cannot reach the last layer yields no candidate. Nodes in ``avoid`` take
-    no part. Equal priors rank the route with fewer hops first (ADR-0020: a
-    fast partial head in front of a slow full node still runs every token
-    through the slow node), then by head node id.
+    A route starts at a head (a node whose shard starts at layer 0); each next hop is
+    any node holding the layer after the previous hop's last one and runs from there
+    to its own shard end (ADR-0018). The candidates are first a *cover*: routes such
+    that every node lying on some complete route is on one of them (downstream
+    replicas and overlapping shards included) whenever ``limit`` routes can do it;
+    then the best-prior routes not already in, up to ``limit``. Ranked by prior, then
+    fewer hops (ADR-0020: a fast partial head in front of a slow full node still runs
+    every token through the slow node), then node ids. Nodes in ``avoid`` take no part.
     """
-    usable = sorted(
-        (node for node in nodes if node.node_id not in avoid), key=lambda node: node.node_id
-    )
-    if num_layers < 1:
+    if num_layers < 1 or limit < 1:
         return []
     last_layer = num_layers - 1
-    best = _best_by_start(usable, num_layers)
-    ranked: list[tuple[float, int, str, list[NodeRecord]]] = []
-    for head in usable:
-        if head.shard_start != 0:
-            continue
-        chain = [head]
-        end = min(head.shard_end, last_layer)
-        while end < last_layer:
-            following = best[end + 1]
-            if following is None:
+    usable: list[_Node] = []
+    for node in sorted(nodes, key=lambda node: node.node_id):
+        end = min(node.shard_end, last_layer)
+        if node.node_id not in avoid and 0 <= node.shard_start <= end:
+            usable.append(_Node(node, node.shard_start, end, end + 1, node.score))
+    chosen = {_ids(chain): chain for chain in _cover(usable, num_layers, limit)}
+    if chosen and len(chosen) < limit:
+        for chain in _best_routes(usable, num_layers, limit):
+            chosen.setdefault(_ids(chain), chain)
+            if len(chosen) >= limit:
                 break
-            chain.append(following)
-            end = min(following.shard_end, last_layer)
-        if end < last_layer:
+    plans = [
+        _plan(model_key, last_layer, [node.record for node in chain]) for chain in chosen.values()
+    ]
+    return sorted(plans, key=_plan_order)
+
+
+class _Selection(NamedTuple):
+    """One topology's candidates: the routes selected at ``selected_at``, planned for
+    the nodes' score inputs ``scores`` (in node id order)."""
+
+    selected_at: float
+    # Whether ``plans`` are the enumeration's for ``scores`` (not kept routes rescored).
+    exact: bool
+    scores: tuple[tuple[float, float, int, int, float], ...]
+    plans: tuple[RoutePlan, ...]
+
+
+class CandidateCache:
+    """``enumerate_routes`` for repeated decisions: the routes are selected again only
+    when the topology changes or ``reselect_after`` seconds have passed (ADR-0018).
+
+    The key is what makes a route possible: the model, its layers, the cap, the nodes
+    avoided and every usable node's id, endpoint and shard. A node joining, leaving,
+    moving its shard or being avoided (banned) is a new key, so the candidates follow
+    at once. Node scores (queue depth, measured speed, reputation) change with every
+    heartbeat and do not select the routes again before ``reselect_after``: the kept
+    routes are planned with the current records (prior, per-hop seconds) and ranked
+    again, best prior first; with the same scores the plans themselves are reused.
+    Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        reselect_after: float = RESELECT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        size: int = 64,
+    ) -> None:
+        self.reselect_after = reselect_after
+        self.clock = clock
+        self.size = size
+        self._selections: dict[tuple[Any, ...], _Selection] = {}
+        self._lock = threading.Lock()
+
+    def routes(
+        self,
+        *,
+        model_key: str,
+        num_layers: int,
+        nodes: Iterable[NodeRecord],
+        avoid: frozenset[str] = frozenset(),
+        limit: int = MAX_CANDIDATES,
+    ) -> list[RoutePlan]:
+        """What ``enumerate_routes`` gives for these arguments, from the cache when the
+        topology is the one last seen and its routes were selected recently."""
+        records = sorted(nodes, key=_RECORD_ID)
+        if avoid:  # bans of other models' nodes change nothing here
+            avoid = avoid.intersection(map(_RECORD_ID, records))
+        key = (model_key, num_layers, limit, avoid, tuple(map(_RECORD_SHAPE, records)))
+        scores = tuple(map(_RECORD_SCORE, records))
+        now = self.clock()
+        with self._lock:
+            kept = self._selections.get(key)
+        fresh = kept is not None and now - kept.selected_at < self.reselect_after
+        if kept is not None and kept.scores == scores and (fresh or kept.exact):
+            return list(kept.plans)
+        if kept is not None and fresh:
+            by_id = {node.node_id: node for node in records}
+            plans = sorted(
+                (_rescored(plan, [by_id[i] for i in plan.node_ids]) for plan in kept.plans),
+                key=_plan_order,
+            )
+            selection = kept._replace(exact=False, scores=scores, plans=tuple(plans))
+        else:
+            plans = enumerate_routes(
+                model_key=model_key, num_layers=num_layers, nodes=records, avoid=avoid, limit=limit
+            )
+            selection = _Selection(now, True, scores, tuple(plans))
+        with self._lock:
+            self._selections.pop(key, None)
+            self._selections[key] = selection
+            while len(self._selections) > self.size:
+                del self._selections[next(iter(self._selections))]
+        return plans
+
+
+# What a record's place in routes depends on, and what its score is computed from.
+_RECORD_ID = operator.attrgetter("node_id")
+_RECORD_SHAPE = operator.attrgetter("node_id", "endpoint", "shard_start", "shard_end")
+_RECORD_SCORE = operator.attrgetter(
+    "benchmark_tps", "measured_tps", "queue_depth", "active_sessions", "reputation"
+)
+
+
+def _rescored(plan: RoutePlan, chain: Sequence[NodeRecord]) -> RoutePlan:
+    """``plan`` with the prior and per-hop seconds of ``chain``'s current records.
+
+    The hops, and so the checks and the signature, are those of ``plan``, which was
+    built (and checked) by ``RoutePlan``'s constructor: they are copied, not redone.
+    """
+    prior, seconds = _prior_and_seconds(chain)
+    rescored = object.__new__(RoutePlan)
+    for name in RoutePlan.__slots__:
+        object.__setattr__(rescored, name, getattr(plan, name))
+    object.__setattr__(rescored, "prior_tps", prior)
+    object.__setattr__(rescored, "layer_seconds", seconds)
+    return rescored
+
+
+def _plan_order(plan: RoutePlan) -> tuple[float, int, tuple[str, ...]]:
+    """Candidates rank best prior first, then fewer hops (ADR-0020), then node ids."""
+    return (-plan.prior_tps, len(plan.hops), plan.node_ids)
+
+
+def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]:
+    """At most ``limit`` distinct routes covering the nodes that lie on a complete route.
+
+    First the best route through each such node (one forward and one backward pass).
+    If those are more than ``limit``, and no more than ``limit`` of the nodes end at
+    the same layer (no two of them can share a route), greedy set cover instead: the
+    best route of all, then each next the one with the most nodes not yet covered,
+    then the best rank (one forward pass each). When even that needs more than
+    ``limit`` routes, the best routes through nodes are kept, best first.
+    """
+    through, route_through = _through_routes(usable, num_layers)
+    routes: dict[tuple[str, ...], _Chain] = {}
+    for i in through:
+        chain = route_through(i)
+        routes.setdefault(_ids(chain), chain)
+        if len(routes) > limit:
+            break
+    if len(routes) <= limit:
+        return list(routes.values())
+    on_routes = {id(usable[i]) for i in through}
+    # No route holds two nodes that end at the same layer (after the first, the next
+    # hop starts past the second's end): the largest such group needs as many routes.
+    ending = Counter(usable[i].end for i in through)
+    if max(ending.values()) <= limit:
+        greedy = [next(iter(routes.values()))]  # the best route of all stays first
+        first = {id(node) for node in greedy[0]}
+        gains = [1 if id(node) in on_routes - first else 0 for node in usable]
+        while any(gains) and len(greedy) < limit:
+            prefix, entry = _forward(usable, num_layers, gains)
+            chain = _chain_back(usable, prefix, entry, num_layers)
+            greedy.append(chain)
+            covered = {id(node) for node in chain}
+            gains = [
+                0 if id(node) in covered else gain for node, gain in zip(usable, gains, strict=True)
+            ]
+        if not any(gains):
+            return greedy
+    return list(routes.values())[:limit]
+
+
+def _forward(
+    usable: Sequence[_Node], num_layers: int, gains: Sequence[int] | None = None
+) -> tuple[dict[int, tuple[_Rank, int]], dict[int, int]]:
+    """Per reached position, the best prefix's rank and last hop (-1 for none), and per
+    node index, the position its best prefix in front of it reaches.
+
+    Positions are the layers a hop can start from: 0 and every node's end + 1
+    (``num_layers``: the end of the model). O(n log n) for n nodes: reached positions
+    are kept on a stack of increasing rank, so the best prefix reaching a layer at or
+    after a node's shard start is the first on the stack at or after it.
+    """
+    prefix: dict[int, tuple[_Rank, int]] = {0: (_EMPTY, -1)}
+    stack: list[int] = []  # positions, increasing; their ranks increase too
+    pending = [0]  # reached positions not yet on the stack, increasing
+    entry: dict[int, int] = {}
+    afters = [node.after for node in usable]
+    for i in sorted(range(len(usable)), key=afters.__getitem__):
+        node = usable[i]
+        while pending and pending[0] < node.after:
+            position = pending.pop(0)
+            rank = prefix[position][0]
+            while stack and prefix[stack[-1]][0] >= rank:
+                stack.pop()
+            stack.append(position)
+        at = bisect.bisect_left(stack, node.start)
+        if at == len(stack):
             continue
-        ranked.append((-_route_prior(chain), len(chain), head.node_id, chain))
-    ranked.sort(key=lambda item: item[:3])
-    return [_plan(model_key, last_layer, chain) for *_, chain in ranked[:limit]]
+        reached = entry[i] = stack[at]
+        gain, cost, hops = prefix[reached][0]
+        extended = (
+            gain - (gains[i] if gains else 0),
+            cost if cost > -node.score else -node.score,
+            hops + 1,
+        )
+        known = prefix.get(node.after)
+        if known is None:
+            bisect.insort(pending, node.after)
+            prefix[node.after] = (extended, i)
+        elif extended < known[0]:
+            prefix[node.after] = (extended, i)
+    return prefix, entry
+
+
+def _chain_back(
+    usable: Sequence[_Node],
+    prefix: dict[int, tuple[_Rank, int]],
+    entry: dict[int, int],
+    position: int,
+) -> _Chain:
+    """The best prefix reaching ``position``, read back hop by hop."""
+    chain: list[_Node] = []
+    hop = prefix[position][1]
+    while hop != -1:
+        chain.append(usable[hop])
+        hop = prefix[entry[hop]][1]
+    chain.reverse()
+    return tuple(chain)
+
+
+def _through_routes(
+    usable: Sequence[_Node], num_layers: int
+) -> tuple[list[int], Callable[[int], _Chain]]:
+    """The nodes (indices) that lie on a complete route, best route through them first,
+    and the reader of the best route through one of them (several nodes may share it).
+
+    The route through a node joins the best prefix reaching a position within its
+    shard (``_forward``), the node, and the best suffix after it: a backward pass keeps
+    a heap of the nodes holding the current position.
+    """
+    prefix, entry = _forward(usable, num_layers)
+    suffix: dict[int, tuple[_Rank, int]] = {num_layers: (_EMPTY, -1)}
+    by_end = sorted(range(len(usable)), key=lambda i: usable[i].end, reverse=True)
+    holders: list[tuple[_Rank, int]] = []  # (rank from the node to the end, index)
+    cursor = 0
+    for position in sorted({0, *(node.after for node in usable)} - {num_layers}, reverse=True):
+        while cursor < len(by_end) and usable[by_end[cursor]].end >= position:
+            i = by_end[cursor]
+            cursor += 1
+            known = suffix.get(usable[i].after)
+            if known is not None:
+                _, cost, hops = known[0]
+                score = -usable[i].score
+                heapq.heappush(holders, ((0, cost if cost > score else score, hops + 1), i))
+        while holders and usable[holders[0][1]].start > position:
+            heapq.heappop(holders)  # starts after this position, so after every later one
+        if holders:
+            suffix[position] = holders[0]
+    through: list[tuple[float, int, int]] = []
+    for i, position in entry.items():
+        after = suffix.get(usable[i].after)
+        if after is not None:
+            front, back = prefix[position][0], after[0]
+            cost = max(front[1], -usable[i].score, back[1])
+            through.append((cost, front[2] + 1 + back[2], i))
+    through.sort()
+
+    def route_through(i: int) -> _Chain:
+        chain = [*_chain_back(usable, prefix, entry, entry[i]), usable[i]]
+        position = usable[i].after
+        while position != num_layers:
+            hop = suffix[position][1]
+            chain.append(usable[hop])
+            position = usable[hop].after
+        return tuple(chain)
+
+    return [i for *_, i in through], route_through
+
+
+def _best_routes(usable: Sequence[_Node], num_layers: int, count: int) -> list[_Chain]:
+    """Up to ``count`` complete routes by rank, best first (a bounded best-first search).
+
+    A partial route's estimate is its bottleneck capped by the best bottleneck any
+    suffix can have from its position, and its hops plus one: never better than a
+    completion, so complete routes leave the heap in rank order. Each expansion
+    pushes at most the ``count`` best next hops, and at most
+    ``EXPANSIONS_PER_CANDIDATE × count`` partial routes are expanded.
+    """
+    reach = _best_suffix_bottleneck(usable, num_layers)
+    nexts: dict[int, list[tuple[float, _Node]]] = {}
+    order = itertools.count()
+    heap: list[tuple[float, int, int, int, _Chain]] = [(-math.inf, 0, next(order), 0, ())]
+    found: list[_Chain] = []
+    budget = EXPANSIONS_PER_CANDIDATE * count
+    while heap and len(found) < count:
+        *_, position, chain = heapq.heappop(heap)
+        if position == num_layers:
+            found.append(chain)
+            continue
+        if budget <= 0:
+            break
+        budget -= 1
+        options = nexts.get(position)
+        if options is None:
+            options = sorted(
+                (
+                    (max(-node.score, reach[node.after]), node)
+                    for node in usable
+                    if node.start <= position <= node.end and node.after in reach
+                ),
+                key=lambda option: (option[0], option[1].record.node_id),
+            )
+            nexts[position] = options
+        own = -min((node.score for node in chain), default=math.inf)
+        for cap, node in options[: count - len(found)]:
+            done = node.after == num_layers
+            heapq.heappush(
+                heap,
+                (
+                    max(own, cap),
+                    len(chain) + (1 if done else 2),
+                    next(order),
+                    node.after,
+                    (*chain, node),
+                ),
+            )
+    return found
+
+
+def _best_suffix_bottleneck(usable: Sequence[_Node], num_layers: int) -> dict[int, float]:
+    """For each position from which the model can be finished: the best bottleneck of a
+    suffix from it (negated, as in a rank); positions missing cannot finish."""
+    best: dict[int, float] = {num_layers: -math.inf}
+    for position in sorted({0, *(node.after for node in usable)} - {num_layers}, reverse=True):
+        values = [
+            max(-node.score, best[node.after])
+            for node in usable
+            if node.start <= position <= node.end and node.after in best
+        ]
+        if values:
+            best[position] = min(values)
+    return best
 
 
 def _plan(model_key: str, last_layer: int, chain: Sequence[NodeRecord]) -> RoutePlan:
@@ -232,7 +565,18 @@ def _plan(model_key: str, last_layer: int, chain: Sequence[NodeRecord]) -> Route
         end = min(node.shard_end, last_layer)
         hops.append(Hop(node.node_id, node.endpoint, start, end))
         start = end + 1
-    return RoutePlan(model_key, last_layer, tuple(hops), _route_prior(chain))
+    return RoutePlan(model_key, last_layer, tuple(hops), *_prior_and_seconds(chain))
+
+
+def _prior_and_seconds(chain: Sequence[NodeRecord]) -> tuple[float, tuple[float, ...]]:
+    """A route's prior (its bottleneck hop's score: queue-adjusted throughput times
+    reputation) and, per hop, its node's seconds per token per layer."""
+    scores = [node.score for node in chain]
+    seconds = tuple(
+        1.0 / (score * (node.shard_end - node.shard_start + 1)) if score > 0 else math.inf
+        for node, score in zip(chain, scores, strict=True)
+    )
+    return min(scores), seconds
 
 
 def plan_pinned_route(

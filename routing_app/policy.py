@@ -9,7 +9,9 @@ disagree.
 
 What every policy guarantees is done here, once: an arm kept out
 (status ``quarantined``) is never chosen, and with no proven arm the
-best-prior one is taken deterministically (``greedy-fallback``). A policy
+best-prior one is taken deterministically (``greedy-fallback``), unless the
+policy spreads a burst of requests at a cold start (``thompson-load`` does
+once requests are in flight, ADR-0018). A policy
 implements the rest on the eligible arms, some of them proven. The two
 implementations are ``routing_app.adr0021.Adr0021Policy`` and
 ``routing_app.thompson.ThompsonLoadPolicy``; ``RoutingConfig.route_policy()``
@@ -59,7 +61,7 @@ class RoutePolicy(ABC):
         if not eligible:
             return None
         if not _any_proven(eligible):
-            return Pick(eligible[0], DecisionMode.GREEDY_FALLBACK)
+            return self._cold_start(eligible, rng, loads)
         return self._choose(eligible, rng, loads)
 
     def shares(
@@ -76,10 +78,9 @@ class RoutePolicy(ABC):
         if not eligible:
             return shares
         views = [arms[i] for i in eligible]
-        if not _any_proven(views):
-            shares[eligible[0]] = 1.0
-            return shares
-        for i, share in zip(eligible, self._shares(views, loads, include_scout), strict=True):
+        cold = not _any_proven(views)
+        own = self._cold_shares(views, loads) if cold else self._shares(views, loads, include_scout)
+        for i, share in zip(eligible, own, strict=True):
             shares[i] = share
         return shares
 
@@ -94,6 +95,16 @@ class RoutePolicy(ABC):
         if target is not None:
             due[eligible[target]] = True
         return due
+
+    def _cold_start(
+        self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot
+    ) -> Pick:
+        """The pick with no proven arm: the best prior (a policy may spread a burst)."""
+        return Pick(eligible[0], DecisionMode.GREEDY_FALLBACK)
+
+    def _cold_shares(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> list[float]:
+        """Expected shares with no proven arm, as ``_cold_start`` picks."""
+        return [1.0 if i == 0 else 0.0 for i in range(len(eligible))]
 
     @abstractmethod
     def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:

@@ -22,8 +22,8 @@ from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision
 from routing_app.config import RoutingConfig
 from routing_app.load import LoadSnapshot, RouteLoad, route_load
 from routing_app.planner import (
+    CandidateCache,
     RoutePlan,
-    enumerate_routes,
     plan_pinned_route,
     uncovered_layers,
 )
@@ -32,25 +32,28 @@ from routing_app.tracker_store import route_stats_store
 
 # The tracker's own source of routing randomness; tests pass a seeded one.
 _route_rng = random.Random()
+# The process's candidate routes per model and topology (ADR-0018, "The cache").
+route_candidate_cache = CandidateCache()
 
 
 def route_candidates(*, model: LanguageModel, store: RouteStatsStore) -> list[RoutePlan]:
     """The model's candidate routes, best prior first.
 
-    Banned nodes take no part in the live candidates (at most 8), so the
-    greedy completion routes around them; the routes they would have served
-    are appended so ``/v1/routing`` shows them as quarantined.
+    Banned nodes take no part in the live candidates (at most ``MAX_CANDIDATES``),
+    so the routes go around them; the routes they would have served are appended so
+    ``/v1/routing`` shows them as quarantined. Read through ``route_candidate_cache``:
+    a node joining, leaving or banned changes them at once.
     """
     nodes = selectors.routing_nodes(model=model)
     banned = store.exclusions.banned_nodes()
-    plans = enumerate_routes(
+    plans = route_candidate_cache.routes(
         model_key=model.key, num_layers=model.num_layers, nodes=nodes, avoid=banned
     )
     if banned:
         live = {plan.signature for plan in plans}
         blocked = [
             plan
-            for plan in enumerate_routes(
+            for plan in route_candidate_cache.routes(
                 model_key=model.key, num_layers=model.num_layers, nodes=nodes
             )
             if banned.intersection(plan.node_ids) and plan.signature not in live

@@ -12,26 +12,34 @@ the route's load penalty ``load_exponent × ln(1 + sessions in flight on it)``
 takes the highest score. Uncertainty, not a fixed share, decides how much
 to explore.
 
-The ADR-0021 guarantees stay: with no proven arm the best-prior candidate is
-taken deterministically and kept-out arms are never chosen (both applied by
-``routing_app.policy.RoutePolicy`` before this policy sees the arms); arms not measured
-under the current topology epoch (unsampled, stale) are scouted before any
-draw, one request at a time; and an arm that has had neither a sample nor a
-request sent to it for ``DUE_SHARE`` of ``max_unsampled_seconds`` takes the
-next request once nothing is in flight on it (so it goes unmeasured for the
-bound at most, plus the wait for that request).
+The ADR-0021 guarantees stay: kept-out arms are never chosen, and with no
+proven arm and nothing in flight the best-prior candidate is taken
+deterministically (``routing_app.policy.RoutePolicy``). ADR-0018 amends the
+rest: arms not measured under the current topology epoch (unsampled, stale)
+are no longer scouted one request at a time before any draw; they enter the
+draw with a prior from what is known of their nodes (``routing_app.priors``),
+wider than a measured arm's belief, so N heads × M tails are not N×M cold
+starts. With no proven arm but requests in flight (a burst at a cold start)
+the draw runs on those priors too, so the burst spreads over the candidates
+rather than all taking the best prior. An arm that has had neither a sample
+nor a request sent to it (an unsampled one: since this tracker first listed
+it) for ``DUE_SHARE`` of ``max_unsampled_seconds`` takes the next request
+once nothing is in flight on it (so it goes unmeasured for the bound at most,
+plus the wait for that request).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from routing_app.arms import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, least_measured, sample_added
+from routing_app.arms import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, sample_added
 from routing_app.choice import DecisionMode
 from routing_app.load import LoadSnapshot, Pace
+from routing_app.planner import RoutePlan
 from routing_app.policy import Pick, RoutePolicy
+from routing_app.priors import NodeModel, route_priors
 
 # Spread (in ln tok/s) of one request's speed around its route's: prompt length,
 # sampling and neighbours move it by tens of percent (0.3: ±35 %).
@@ -57,19 +65,32 @@ _GRID_WEIGHTS = [math.exp(-z * z / 2) for z in _GRID]
 MEASURED = frozenset({ArmStatus.PROVEN, ArmStatus.DECAYED})
 
 
-def belief(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
+def belief(
+    arm: ArmView,
+    paces: Sequence[Pace],
+    min_tokens: int,
+    prior: tuple[float, float] | None = None,
+) -> tuple[float, float]:
     """Mean and spread of the arm's ln tok/s (a measured arm: tps is known), counting
     the requests in flight on it at their ``paces`` (``anticipated``).
 
     The normal posterior of a mean seen through ``n`` samples of spread
-    ``SAMPLE_SIGMA`` under a prior of spread ``PRIOR_SIGMA``:
-    1/σ² = 1/PRIOR_SIGMA² + n/SAMPLE_SIGMA², with ``n`` the arm's decayed
-    mass (at most ``EFFECTIVE_SAMPLES_CAP``).
+    ``SAMPLE_SIGMA``, ``n`` the arm's decayed mass (at most
+    ``EFFECTIVE_SAMPLES_CAP``), under ``prior`` (mean, spread): what its nodes
+    predict (``routing_app.priors``). Without one the prior is broad
+    (``PRIOR_SIGMA``) and centred on the arm's own speed. As the arm's mass
+    decays its belief returns to the prior: to what its nodes' fresher samples
+    on other routes say, rather than to "anything, a factor e either way".
     """
     tps, mass = anticipated(arm, paces, min_tokens)
     effective = min(mass, EFFECTIVE_SAMPLES_CAP)
-    precision = 1.0 / PRIOR_SIGMA**2 + effective / SAMPLE_SIGMA**2
-    return math.log(tps), 1.0 / math.sqrt(precision)
+    own = effective / SAMPLE_SIGMA**2
+    if prior is None:
+        prior = (math.log(tps), PRIOR_SIGMA)
+    prior_mean, prior_sigma = prior
+    precision = 1.0 / prior_sigma**2 + own
+    mean = (prior_mean / prior_sigma**2 + own * math.log(tps)) / precision
+    return mean, 1.0 / math.sqrt(precision)
 
 
 def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
@@ -105,6 +126,31 @@ def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
     return arm.last_sample_age if sent is None else min(arm.last_sample_age, sent)
 
 
+def hop_shares(plan: RoutePlan) -> list[float]:
+    """Each hop's share of a token's time on ``plan``, from its nodes' records (layers ×
+    seconds per layer); equal shares when a record says nothing."""
+    times = [
+        seconds * (hop.end_layer - hop.start_layer + 1)
+        for hop, seconds in zip(plan.hops, plan.layer_seconds, strict=False)
+    ]
+    if len(times) != len(plan.hops) or not all(math.isfinite(t) and t > 0 for t in times):
+        return [1.0 / len(plan.hops)] * len(plan.hops)
+    total = sum(times)
+    return [t / total for t in times]
+
+
+def sessions_at_nodes(eligible: Sequence[ArmView], loads: LoadSnapshot) -> dict[str, float]:
+    """Sessions at each node at once, on average: each route's sessions in flight times
+    each hop's share of its time (a session's one token is at one node at a time)."""
+    at_nodes: dict[str, float] = {}
+    for arm in eligible:
+        sessions = loads.route_sessions(arm.plan)
+        if sessions:
+            for node_id, share in zip(arm.plan.node_ids, hop_shares(arm.plan), strict=True):
+                at_nodes[node_id] = at_nodes.get(node_id, 0.0) + sessions * share
+    return at_nodes
+
+
 def _probability_highest(index: int, scores: Sequence[tuple[float, float]]) -> float:
     """P(draw ``index`` beats every other), each draw normal (mean, spread)."""
     mean, spread = scores[index]
@@ -129,50 +175,99 @@ class ThompsonLoadPolicy(RoutePolicy):
         self.load_exponent = load_exponent
         self.min_sample_tokens = min_sample_tokens
 
-    def load_penalty(self, arm: ArmView, loads: LoadSnapshot) -> float:
-        """How much the route's sessions in flight lower its score (ln tok/s).
+    def load_penalty(self, arm: ArmView, at_nodes: Mapping[str, float]) -> float:
+        """How much the sessions in flight at the route's nodes lower its score (ln tok/s).
 
         A node batching k sessions runs each about k^0.6 times slower than one
-        alone (ADR-0010's 2.3x aggregate at 8), so a new session on a route with k
-        in flight loses about 0.6·ln(1 + k): ``load_exponent`` (0.5) is that slope,
-        a little below it because the measured speed already holds the usual load.
+        alone (ADR-0010's 2.3x aggregate at 8). A session has one token in flight,
+        so it is at one node of its route at a time: ``at_nodes`` counts each
+        session at each of its nodes by its share of the route's time there
+        (``sessions_at_nodes``). A new session's token time on the route is then
+        its hops' times, each slowed by (1 + sessions at that node)^e, with e the
+        ``load_exponent`` (0.5, a little below 0.6 because the measured speed
+        already holds the usual load). On a one-hop route with k sessions this is
+        e·ln(1 + k); on a pipeline the stages work at once, and sessions on other
+        routes through the same node count too.
         """
-        return self.load_exponent * math.log1p(loads.route_sessions(arm.plan))
+        shares = hop_shares(arm.plan)
+        slowed = sum(
+            share * max(1.0, at_nodes.get(node_id, 0.0) + share) ** self.load_exponent
+            for node_id, share in zip(arm.plan.node_ids, shares, strict=True)
+        )
+        return math.log(slowed)
 
     def _scout_target(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> int | None:
-        """Index of the arm that must be measured now, if any.
-
-        Arms falling due under the ``max_unsampled_seconds`` bound (``unmeasured_for``
-        past ``DUE_SHARE`` of it) first, longest first, whatever their status: after
-        a topology change every arm is unmeasured, and one that had been quiet long
-        before it must not wait behind the others. Then the arms unmeasured under
-        this epoch (least measured, then higher prior). An arm with a request in
-        flight is being measured already and is skipped.
+        """Index of the arm that must be measured now, if any: arms falling due under the
+        ``max_unsampled_seconds`` bound (``unmeasured_for`` past ``DUE_SHARE`` of it),
+        longest first, whatever their status. An arm with a request in flight is being
+        measured already and is skipped. Unmeasured arms are not scouted before the
+        draw any more (ADR-0018): they take part in it with their priors.
         """
-        idle = [i for i, arm in enumerate(eligible) if loads.route_sessions(arm.plan) == 0]
-        quiet = {i: unmeasured_for(eligible[i], loads) for i in idle}
         due_after = self.max_unsampled_seconds * DUE_SHARE
+        quiet = {
+            i: unmeasured_for(arm, loads)
+            for i, arm in enumerate(eligible)
+            if loads.route_sessions(arm.plan) == 0
+        }
         overdue = [i for i, seconds in quiet.items() if seconds > due_after]
         if overdue:
             return max(overdue, key=lambda i: (quiet[i], -i))
-        unmeasured = [
-            i for i in idle if eligible[i].status in (ArmStatus.UNSAMPLED, ArmStatus.STALE)
-        ]
-        return least_measured(eligible, unmeasured)
+        return None
+
+    def _beliefs(
+        self, eligible: Sequence[ArmView], loads: LoadSnapshot
+    ) -> list[tuple[float, float]]:
+        """Each arm's (score mean, spread): its belief, or its prior when it has no
+        measurement under this topology, less its load penalty."""
+        model = NodeModel(eligible)
+        priors = route_priors(eligible, model)
+        at_nodes = sessions_at_nodes(eligible, loads)
+        scores = []
+        for arm, prior in zip(eligible, priors, strict=True):
+            if prior is None:
+                paces = loads.route_paces(arm.plan)
+                nodes = model.predict(arm) if model.factors else None
+                mean, spread = belief(arm, paces, self.min_sample_tokens, nodes)
+            else:
+                mean, spread = prior
+            scores.append((mean - self.load_penalty(arm, at_nodes), spread))
+        return scores
+
+    def _draw(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
+        """The arm with the highest draw; a pick of an unmeasured arm measures it (scout)."""
+        best, best_score = 0, -math.inf
+        for i, (mean, spread) in enumerate(self._beliefs(eligible, loads)):
+            score = rng.normalvariate(mean, spread)
+            if score > best_score:
+                best, best_score = i, score
+        arm = eligible[best]
+        return Pick(arm, DecisionMode.EXPLOIT if arm.status in MEASURED else DecisionMode.SCOUT)
 
     def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
-        """A due scout, else the measured arm with the highest draw less its load penalty."""
+        """A due scout, else the highest draw of (belief or prior) less the load penalty."""
         target = self._scout_target(eligible, loads)
         if target is not None:
             return Pick(eligible[target], DecisionMode.SCOUT)
-        contenders = [arm for arm in eligible if arm.status in MEASURED]
-        best, best_score = contenders[0], -math.inf
-        for arm in contenders:
-            mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
-            score = rng.normalvariate(mean, spread) - self.load_penalty(arm, loads)
-            if score > best_score:
-                best, best_score = arm, score
-        return Pick(best, DecisionMode.EXPLOIT)
+        return self._draw(eligible, rng, loads)
+
+    def _cold_start(
+        self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot
+    ) -> Pick:
+        """No proven arm: the best prior while nothing is in flight, else the draw on priors."""
+        if not any(loads.route_sessions(arm.plan) for arm in eligible):
+            return super()._cold_start(eligible, rng, loads)
+        return self._draw(eligible, rng, loads)
+
+    def _cold_shares(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> list[float]:
+        if not any(loads.route_sessions(arm.plan) for arm in eligible):
+            return super()._cold_shares(eligible, loads)
+        return self._draw_shares(eligible, loads)
+
+    def _draw_shares(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> list[float]:
+        scores = self._beliefs(eligible, loads)
+        shares = [_probability_highest(i, scores) for i in range(len(scores))]
+        total = sum(shares)
+        return [share / total for share in shares] if total > 0 else shares
 
     def _shares(
         self, eligible: Sequence[ArmView], loads: LoadSnapshot, include_scout: bool
@@ -183,19 +278,10 @@ class ThompsonLoadPolicy(RoutePolicy):
         ``include_scout=False`` the draw's shares are given instead (what the
         policy does once its scouting is done).
         """
-        shares = [0.0] * len(eligible)
         if include_scout:
             target = self._scout_target(eligible, loads)
             if target is not None:
+                shares = [0.0] * len(eligible)
                 shares[target] = 1.0
                 return shares
-        contenders = [i for i, arm in enumerate(eligible) if arm.status in MEASURED]
-        scores = []
-        for i in contenders:
-            arm = eligible[i]
-            mean, spread = belief(arm, loads.route_paces(arm.plan), self.min_sample_tokens)
-            scores.append((mean - self.load_penalty(arm, loads), spread))
-        for position, i in enumerate(contenders):
-            shares[i] = _probability_highest(position, scores)
-        total = sum(shares)
-        return [share / total for share in shares] if total > 0 else shares
+        return self._draw_shares(eligible, loads)

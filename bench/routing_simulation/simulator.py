@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from routing_simulation.topologies import Network, Scenario, SimNode
-from routing_simulation.workload import (
+from bench.routing_simulation.topologies import Network, Scenario, SimNode
+from bench.routing_simulation.workload import (
     EVENTS,
     ISOLATED_RATE,
     NOISE_SIGMA,
@@ -26,7 +26,6 @@ from routing_simulation.workload import (
     Load,
     Session,
 )
-
 from routing_app.config import RoutingConfig
 from routing_app.planner import RoutePlan
 from routing_app.stats import RouteStatsStore
@@ -34,9 +33,14 @@ from routing_app.stats import RouteStatsStore
 THOMPSON = RoutingConfig(policy="thompson-load")
 # The default policy with the requests' paces hidden from it: what ADR-0011 §4 adds.
 WITHOUT_PACES = "thompson-load without paces (§4 off)"
+ROUND_ROBIN = "round-robin"
+ORACLE = "oracle (all routes)"
+ORACLE_CANDIDATES = "oracle (candidates only)"
 
 
-Policy = Callable[[list[RoutePlan], RouteStatsStore, Network, Load, random.Random], RoutePlan]
+Policy = Callable[
+    [list[RoutePlan], RouteStatsStore, Network, Load, random.Random | None], RoutePlan
+]
 
 
 def bandit(config: RoutingConfig, *, paces: bool = True) -> Policy:
@@ -45,8 +49,13 @@ def bandit(config: RoutingConfig, *, paces: bool = True) -> Policy:
     policy = config.route_policy()
 
     def choose(
-        plans: list[RoutePlan], store: RouteStatsStore, net: Network, load: Load, rng: random.Random
+        plans: list[RoutePlan],
+        store: RouteStatsStore,
+        net: Network,
+        load: Load,
+        rng: random.Random | None,
     ) -> RoutePlan:
+        assert rng is not None
         arms = store.views(plans=plans, epoch=net.epoch)
         loads = load.snapshot()
         if not paces:
@@ -62,11 +71,22 @@ def round_robin() -> Policy:
     counter = itertools.count()
 
     def choose(
-        plans: list[RoutePlan], store: RouteStatsStore, net: Network, load: Load, rng: random.Random
+        plans: list[RoutePlan],
+        store: RouteStatsStore,
+        net: Network,
+        load: Load,
+        rng: random.Random | None,
     ) -> RoutePlan:
         return plans[next(counter) % len(plans)]
 
     return choose
+
+
+def _fastest_now(routes: list[RoutePlan], net: Network, load: Load) -> RoutePlan:
+    if load.isolated:
+        return max(routes, key=net.session_tps)
+    occupancy = net.occupancy(load.per_route())
+    return max(routes, key=lambda route: net.joining_tps(route, occupancy))
 
 
 def oracle(
@@ -76,26 +96,48 @@ def oracle(
     load: Load,
     rng: random.Random | None,
 ) -> RoutePlan:
-    """Where the request runs fastest now, knowing every true speed and load (greedy)."""
-    counts = load.per_node()
+    """The all-routes oracle: of every complete route (``Network.complete_routes``, not
+    the planner's candidates), the one where the request runs fastest now, knowing
+    every true speed and load, so the one where it finishes first (its work is the
+    same on every route). Greedy: the request's own slowdown of the sessions already
+    in flight is not counted, and no fast route is held back for the requests to come."""
+    return _fastest_now(net.complete_routes(), net, load)
 
-    def speed(plan: RoutePlan) -> float:
-        return net.session_tps(plan, None if load.isolated else counts + Counter(plan.node_ids))
 
-    return max(plans, key=speed)
+def oracle_over_candidates(
+    plans: list[RoutePlan],
+    store: RouteStatsStore | None,
+    net: Network,
+    load: Load,
+    rng: random.Random | None,
+) -> RoutePlan:
+    """The same rule over the planner's candidates only: what the enumeration costs."""
+    return _fastest_now(plans, net, load)
+
+
+ORACLES: dict[str, Policy] = {
+    ORACLE: oracle,
+    ORACLE_CANDIDATES: oracle_over_candidates,
+}
 
 
 def expected_share(
-    name: str, config: RoutingConfig | None, plans, store, net: Network, load: Load, target: str
+    name: str,
+    config: RoutingConfig | None,
+    policy: Policy,
+    plans: list[RoutePlan],
+    store: RouteStatsStore,
+    net: Network,
+    load: Load,
+    target: str,
 ) -> float:
     signatures = [plan.signature for plan in plans]
     if target not in signatures:
         return 0.0
-    if name == "round-robin":
+    if name == ROUND_ROBIN:
         return 1.0 / len(plans)
-    if name == "oracle":
-        return 1.0 if oracle(plans, store, net, load, None).signature == target else 0.0
-    assert config is not None
+    if config is None:  # an oracle
+        return 1.0 if policy(plans, store, net, load, None).signature == target else 0.0
     arms = store.views(plans=plans, epoch=net.epoch)
     loads = load.snapshot()
     if name == WITHOUT_PACES:
@@ -113,6 +155,9 @@ class RunResult:
     longest_gap: float  # seconds a candidate had neither a request in flight nor a sample
     overdue: float  # seconds past the bound a candidate was passed over by a decision
     late: float  # seconds past the bound a decision left one idle (it may have scouted another)
+    served: float  # decode steps/s delivered (prefill included) from a fifth of the run to its end
+    routes: Counter[str]  # requests sent per route signature (failovers included)
+    nodes: Counter[str]  # requests sent per node (through a route that includes it)
 
 
 class GapWatch:
@@ -171,13 +216,20 @@ def simulate(
     requests: int,
     rate: float | None,
 ) -> RunResult:
-    """One run; ``rate`` requests/s with interaction, or ``None`` for the isolated setting."""
+    """One run; ``rate`` requests/s with interaction, or ``None`` for the isolated setting.
+
+    The events happen only in a scenario with a joiner (the replica scenarios run steady).
+    """
     net = Network(scenario)
     now = 0.0
     store = RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=lambda: now)
     arrivals, work, noise = random.Random(seed), random.Random(seed + 1), random.Random(seed + 2)
     rng, prefills = random.Random(seed + 3), random.Random(seed + 4)
-    event_at = {requests * (i + 1) // 5: event for i, event in enumerate(EVENTS)}
+    event_at = (
+        {requests * (i + 1) // 5: event for i, event in enumerate(EVENTS)}
+        if scenario.joiner is not None
+        else {}
+    )
     load = Load(isolated=rate is None)
     gaps = GapWatch(THOMPSON.max_unsampled_seconds)
     slowed: SimNode | None = None  # the slowed node as it was, until it recovers
@@ -191,11 +243,19 @@ def simulate(
     gaps.candidates(plans, now, load)
     next_arrival = arrivals.expovariate(rate or ISOLATED_RATE)
     arrived = 0
+    window_from = requests // 5  # served work counts from this request's arrival ...
+    window_start: float | None = None  # ... to the last arrival
+    window_work = 0.0
+    window_end = 0.0
+    sent_routes: Counter[str] = Counter()
+    sent_nodes: Counter[str] = Counter()
 
     def dispatch(session_tokens: int, remaining: float, arrived_at: float) -> None:
         load.now = now
         plan = policy(plans, store, net, load, rng)
         load.sent[plan.signature] = now
+        sent_routes[plan.signature] += 1
+        sent_nodes.update(plan.node_ids)
         gaps.dispatched(plan.signature, now)
         load.sessions.append(
             Session(
@@ -210,9 +270,14 @@ def simulate(
             )
         )
 
+    def share(target: str) -> float:
+        return expected_share(name, config, policy, plans, store, net, load, target)
+
     while arrived <= requests or load.sessions:
-        counts = None if rate is None else load.per_node()
-        speeds = [net.session_tps(s.plan, counts) for s in load.sessions]
+        in_flight = load.per_route()
+        occupancy = None if rate is None else net.occupancy(in_flight)
+        by_route = {id(plan): net.session_tps(plan, occupancy) for plan, _ in in_flight}
+        speeds = [by_route[id(s.plan)] for s in load.sessions]
         finish_in = [s.remaining / v for s, v in zip(load.sessions, speeds, strict=True)]
         soonest = min(range(len(finish_in)), key=finish_in.__getitem__, default=None)
         arrival_open = arrived <= requests
@@ -224,6 +289,8 @@ def simulate(
             session.remaining -= speed * step
             if session.first_at is None and session.remaining <= session.route_tokens:
                 session.first_at = now + step - (session.route_tokens - session.remaining) / speed
+        if window_start is not None and arrival_open:
+            window_work += sum(speeds) * step
         now += step
         if soonest is not None and load.sessions[soonest].remaining <= 1e-9:
             done = load.sessions.pop(soonest)
@@ -247,23 +314,27 @@ def simulate(
         next_arrival = now + arrivals.expovariate(rate or ISOLATED_RATE)
         event = event_at.get(request)
         load.now = now
+        if request == window_from:
+            window_start = now
         if (event is not None or request == requests) and targets:
-            settled.append(expected_share(name, config, plans, store, net, load, targets[-1]))
+            settled.append(share(targets[-1]))
         if request == requests:
+            window_end = now
             continue
         if event is not None:
             victim = net.victim(plans)
             if event == "slowdown":
                 slowed = net.nodes[victim]
-                net.nodes[victim] = replace(slowed, layer_seconds=slowed.layer_seconds * 5)
+                net.set_node(victim, replace(slowed, layer_seconds=slowed.layer_seconds * 5))
             elif event == "recover":
                 assert slowed is not None
-                net.nodes[slowed.record.node_id] = slowed
+                net.set_node(slowed.record.node_id, slowed)
             elif event == "join":
-                net.nodes[scenario.joiner.record.node_id] = scenario.joiner
+                assert scenario.joiner is not None
+                net.set_node(scenario.joiner.record.node_id, scenario.joiner)
                 net.epoch += 1
             else:
-                del net.nodes[victim]
+                net.set_node(victim, None)
                 net.epoch += 1
             plans = net.candidates()
             gaps.candidates(plans, now, load)
@@ -279,11 +350,7 @@ def simulate(
             to_majority.append(None)
             began = request
         load.now = now
-        if (
-            targets
-            and to_majority[-1] is None
-            and expected_share(name, config, plans, store, net, load, targets[-1]) > 0.5
-        ):
+        if targets and to_majority[-1] is None and share(targets[-1]) > 0.5:
             to_majority[-1] = request - began
         tokens = work.randint(*TOKENS)
         dispatch(tokens, float(tokens), now)
@@ -296,4 +363,7 @@ def simulate(
         gaps.close(now),
         gaps.overdue,
         gaps.late,
+        window_work / (window_end - window_start) if window_start is not None else 0.0,
+        sent_routes,
+        sent_nodes,
     )

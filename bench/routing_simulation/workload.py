@@ -59,11 +59,13 @@ class Load:
     now: float = 0.0
     sent: dict[str, float] = field(default_factory=dict)  # route -> when last sent a request
 
-    def per_node(self) -> Counter[str]:
-        counts: Counter[str] = Counter()
+    def per_route(self) -> list[tuple[RoutePlan, int]]:
+        """Sessions in flight per route (the simulator's truth; grouped by plan object)."""
+        groups: dict[int, tuple[RoutePlan, int]] = {}
         for session in self.sessions:
-            counts.update(session.plan.node_ids)
-        return counts
+            plan, count = groups.get(id(session.plan), (session.plan, 0))
+            groups[id(plan)] = (plan, count + 1)
+        return list(groups.values())
 
     def snapshot(self) -> LoadSnapshot:
         sent_ago = {signature: self.now - at for signature, at in self.sent.items()}

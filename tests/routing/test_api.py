@@ -214,13 +214,15 @@ def test_it_shows_coefficients_converging_for_a_scripted_client(store, clock):
 
 
 def test_the_default_policy_gives_the_twice_as_fast_route_nearly_all_traffic(store, clock):
-    """thompson-load: the unsampled route is flagged as due for its scout, the shares
-    stay the draw's; once both are measured the faster one takes nearly every draw."""
+    """thompson-load: the unsampled route takes part in the draw with the prior its node's
+    record gives (ADR-0018), no scout due; once both are measured the faster one takes
+    nearly every draw."""
     model = make_model(num_layers=30)
     first, last = serve_scripted_client(model, clock, 100, (1, 100))
 
-    assert (first["steady"]["scout_due"], first["quick"]["scout_due"]) == (True, False)
-    assert first["quick"]["expected_share"] == 1.0  # the only measured route, scout aside
+    assert (first["steady"]["scout_due"], first["quick"]["scout_due"]) == (False, False)
+    assert first["steady"]["status"] == "unsampled"
+    assert 0.1 < first["steady"]["expected_share"] < 0.9
     assert not last["steady"]["scout_due"]
     assert last["quick"]["expected_share"] >= 0.95
     assert last["quick"]["expected_share"] + last["steady"]["expected_share"] == pytest.approx(1)

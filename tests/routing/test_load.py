@@ -57,7 +57,11 @@ def choose_at_once(store, rng, load, *, requests):
     return decisions
 
 
-def test_requests_chosen_at_once_send_one_scout_to_an_unmeasured_route(store, busy_interpreter):
+def test_requests_chosen_at_once_send_one_scout_to_a_route_that_fell_due(
+    store, clock, busy_interpreter
+):
+    learn(store, PLANS[1], 10.0, times=5)
+    clock.advance(CONFIG.max_unsampled_seconds)
     learn(store, PLANS[0], 50.0, times=5)
     rng = random.Random(5)  # shared by every thread, like the tracker's
     for _ in range(20):
@@ -66,7 +70,7 @@ def test_requests_chosen_at_once_send_one_scout_to_an_unmeasured_route(store, bu
 
         scouts = [d.plan for d in decisions if d.mode is DecisionMode.SCOUT]
         assert scouts == [PLANS[1]]
-        assert load.snapshot().routes == {PLANS[0].signature: 7, PLANS[1].signature: 1}
+        assert sum(load.snapshot().routes.values()) == 8
 
 
 def test_a_session_nobody_closed_stops_counting_as_load_after_its_ttl():

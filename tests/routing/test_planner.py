@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from rest_framework import status
 
 from meshnet_site.errors import http_error
 from nodes_app.models import NodeStatus
-from routing_app.choice import DecisionMode
+from routing_app.choice import DecisionMode, NoRouteAvailable
 from routing_app.planner import (
+    MAX_CANDIDATES,
+    CandidateCache,
     Hop,
     InvalidPinnedRoute,
     PinnedNodeUnavailable,
@@ -20,7 +23,7 @@ from routing_app.planner import (
 )
 from routing_app.selectors import routing_nodes
 from routing_app.services import route_candidates, route_choose
-from tests.support.routing import make_model, make_node, record
+from tests.support.routing import ManualClock, make_model, make_node, record
 
 MIXED = [record("gpu-abc", 0, 21, tps=11164.0), record("cpu-def", 0, 39, tps=425.0)]
 
@@ -100,7 +103,7 @@ def test_it_writes_the_signature_with_the_layers_each_hop_runs():
     assert [plan.signature for plan in plans] == ["smollm2-135m | gpu-abc[0-21] -> cpu-def[22-29]"]
 
 
-def test_it_completes_each_head_with_the_longest_advancing_hop():
+def test_it_offers_every_route_through_overlapping_shards_fewest_hops_first():
     nodes = [
         record("head", 0, 9),
         record("short", 10, 14, tps=1000.0),
@@ -108,18 +111,75 @@ def test_it_completes_each_head_with_the_longest_advancing_hop():
         record("tail", 20, 29),
     ]
 
-    (plan,) = plans_for(nodes, num_layers=30)
+    plans = plans_for(nodes, num_layers=30)
 
-    assert plan.node_ids == ("head", "long", "tail")
-    assert [(h.start_layer, h.end_layer) for h in plan.hops] == [(0, 9), (10, 24), (25, 29)]
+    assert [plan.node_ids for plan in plans] == [
+        ("head", "long", "tail"),
+        ("head", "short", "long", "tail"),
+    ]
+    assert [(h.start_layer, h.end_layer) for h in plans[1].hops] == [
+        (0, 9),
+        (10, 14),
+        (15, 24),
+        (25, 29),
+    ]
 
 
-def test_it_offers_one_candidate_per_distinct_head():
+def test_two_heads_and_two_tails_give_four_candidates():
+    nodes = [
+        record("head-a", 0, 1, tps=100.0),
+        record("head-b", 0, 1, tps=90.0),
+        record("tail-a", 2, 3, tps=80.0),
+        record("tail-b", 2, 3, tps=70.0),
+    ]
+
+    plans = plans_for(nodes, num_layers=4)
+
+    assert [(plan.node_ids, plan.prior_tps) for plan in plans] == [
+        (("head-a", "tail-a"), 80.0),
+        (("head-b", "tail-a"), 80.0),
+        (("head-a", "tail-b"), 70.0),
+        (("head-b", "tail-b"), 70.0),
+    ]
+
+
+def test_the_tail_after_a_head_is_a_candidate_next_to_the_full_node_adr_0020s_mixed_topology():
+    nodes = [
+        record("partial-head", 0, 21),
+        record("full", 0, 29),
+        record("head", 0, 14),
+        record("tail", 15, 29),
+    ]
+
+    signatures = {plan.signature for plan in plans_for(nodes, num_layers=30)}
+
+    assert {
+        "qwen | full[0-29]",
+        "qwen | head[0-14] -> tail[15-29]",
+        "qwen | head[0-14] -> full[15-29]",
+        "qwen | partial-head[0-21] -> tail[22-29]",
+        "qwen | partial-head[0-21] -> full[22-29]",
+    } <= signatures
+
+
+def test_every_head_leads_a_candidate():
     nodes = [record("a", 0, 9), record("b", 0, 14), record("c", 0, 4), record("tail", 5, 29)]
 
     plans = plans_for(nodes, num_layers=30)
 
-    assert sorted(plan.head.node_id for plan in plans) == ["a", "b", "c"]
+    assert {plan.head.node_id for plan in plans} == {"a", "b", "c"}
+    assert len({plan.signature for plan in plans}) == len(plans)
+
+
+def test_a_slow_replica_is_still_in_a_candidate_when_the_cap_is_full():
+    heads = [record(f"head-{i:02}", 0, 14, tps=float(100 + i)) for i in range(4)]
+    tails = [record(f"tail-{i:02}", 15, 29, tps=float(200 + i)) for i in range(6)]
+    slow = record("slow-tail", 15, 29, tps=1.0)
+
+    plans = plans_for([*heads, *tails, slow], num_layers=30, limit=8)
+
+    assert len(plans) == 8
+    assert any("slow-tail" in plan.node_ids for plan in plans)
 
 
 def test_it_drops_a_head_that_cannot_reach_the_last_layer():
@@ -152,12 +212,14 @@ def test_it_adjusts_throughput_for_queued_and_running_requests():
     assert measured.effective_tps == 120.0
 
 
-def test_it_keeps_at_most_eight_candidates_best_prior_first():
-    nodes = [record(f"n{i:02}", 0, 29, tps=float(10 + i)) for i in range(12)]
+def test_it_keeps_at_most_max_candidates_best_prior_first():
+    nodes = [record(f"n{i:02}", 0, 29, tps=float(10 + i)) for i in range(MAX_CANDIDATES + 4)]
 
     plans = plans_for(nodes, num_layers=30)
 
-    assert [plan.prior_tps for plan in plans] == [21.0, 20.0, 19.0, 18.0, 17.0, 16.0, 15.0, 14.0]
+    assert [plan.prior_tps for plan in plans] == [
+        float(10 + i) for i in reversed(range(4, MAX_CANDIDATES + 4))
+    ]
 
 
 def test_it_routes_around_avoided_nodes():
@@ -235,6 +297,110 @@ def test_it_answers_503_for_a_pinned_node_that_is_not_online():
     assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE
 
 
+# --- the candidate cache (ADR-0018) ----------------------------------------------------
+
+REPLICAS = [
+    record("head-a", 0, 19, tps=300.0),
+    record("head-b", 0, 19, tps=200.0),
+    record("tail-a", 20, 39, tps=250.0),
+    record("tail-b", 20, 39, tps=150.0),
+]
+
+
+def cached_routes(cache, nodes, **kwargs):
+    return cache.routes(model_key="qwen", num_layers=40, nodes=nodes, **kwargs)
+
+
+def test_the_cache_gives_the_enumerations_candidates_whatever_the_records_order():
+    cache = CandidateCache(clock=ManualClock())
+
+    first = cached_routes(cache, REPLICAS)
+    again = cached_routes(cache, list(reversed(REPLICAS)))
+
+    assert first == again == plans_for(REPLICAS)
+    assert [plan.prior_tps for plan in again] == [plan.prior_tps for plan in plans_for(REPLICAS)]
+
+
+def test_a_node_joining_is_in_a_candidate_at_once():
+    cache = CandidateCache(clock=ManualClock())
+    cached_routes(cache, REPLICAS)
+
+    plans = cached_routes(cache, [*REPLICAS, record("tail-c", 20, 39, tps=50.0)])
+
+    assert plans == plans_for([*REPLICAS, record("tail-c", 20, 39, tps=50.0)])
+    assert any("tail-c" in plan.node_ids for plan in plans)
+
+
+def test_a_node_leaving_is_in_no_candidate_at_once():
+    cache = CandidateCache(clock=ManualClock())
+    cached_routes(cache, REPLICAS)
+
+    plans = cached_routes(cache, REPLICAS[1:])
+
+    assert plans and all("head-a" not in plan.node_ids for plan in plans)
+
+
+def test_a_banned_node_is_in_no_candidate_at_once():
+    cache = CandidateCache(clock=ManualClock())
+    cached_routes(cache, REPLICAS)
+
+    plans = cached_routes(cache, REPLICAS, avoid=frozenset({"tail-a"}))
+
+    assert [plan.node_ids for plan in plans] == [("head-a", "tail-b"), ("head-b", "tail-b")]
+
+
+def test_a_ban_of_another_models_node_keeps_the_cached_candidates():
+    clock = ManualClock()
+    cache = CandidateCache(clock=clock, reselect_after=1.0)
+    first = cached_routes(cache, REPLICAS)
+    clock.advance(5.0)
+
+    again = cached_routes(cache, REPLICAS, avoid=frozenset({"elsewhere"}))
+
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+
+
+def test_a_node_moving_its_shard_changes_the_candidates_at_once():
+    cache = CandidateCache(clock=ManualClock())
+    cached_routes(cache, REPLICAS)
+    moved = [*REPLICAS[:3], record("tail-b", 0, 39, tps=150.0)]  # now the whole model
+
+    plans = cached_routes(cache, moved)
+
+    assert plans == plans_for(moved)
+    assert ("tail-b",) in [plan.node_ids for plan in plans]
+
+
+def test_the_kept_routes_take_the_nodes_current_scores_and_rank_at_once():
+    cache = CandidateCache(clock=ManualClock())
+    cached_routes(cache, REPLICAS)
+    busy = [replace(REPLICAS[0], queue_depth=9), *REPLICAS[1:]]  # head-a: 300 / 10 tok/s
+
+    plans = cached_routes(cache, busy)
+
+    assert plans == plans_for(busy)
+    assert [plan.prior_tps for plan in plans] == [plan.prior_tps for plan in plans_for(busy)]
+    assert plans[-1].node_ids[0] == "head-a" and plans[-1].prior_tps == 30.0
+    assert plans[-1].layer_seconds == plans_for(busy)[-1].layer_seconds
+
+
+def test_the_routes_are_selected_again_by_score_after_the_reselect_interval():
+    clock = ManualClock()
+    cache = CandidateCache(clock=clock, reselect_after=1.0)
+    full = [record("a", 0, 39, tps=300.0), record("b", 0, 39, tps=200.0)]
+    third = record("c", 0, 39, tps=100.0)
+    assert [p.node_ids for p in cached_routes(cache, [*full, third], limit=2)] == [("a",), ("b",)]
+    faster = [*full, replace(third, benchmark_tps=500.0)]
+
+    kept = cached_routes(cache, faster, limit=2)
+    clock.advance(1.0)
+    reselected = cached_routes(cache, faster, limit=2)
+
+    assert [plan.node_ids for plan in kept] == [("a",), ("b",)]
+    assert [plan.node_ids for plan in reselected] == [("c",), ("a",)]
+    assert reselected == plans_for(faster, limit=2)
+
+
 # --- registry rows -----------------------------------------------------------------------
 
 
@@ -261,6 +427,29 @@ def test_it_lists_quarantined_routes_after_routing_around_the_held_node(store):
     assert [plan.node_ids for plan in plans] == [("head", "fast"), ("head", "slow")]
     views = store.views(plans=plans, epoch=1)
     assert [str(view.status) for view in views] == ["quarantined", "unsampled"]
+
+
+@pytest.mark.django_db
+def test_a_node_gone_offline_or_banned_leaves_the_live_candidates_at_once(store):
+    model = make_model(num_layers=30)
+    make_node(model, "head", 0, 9)
+    fast = make_node(model, "fast", 10, 29, tps=900.0)
+    make_node(model, "slow", 10, 29, tps=50.0)
+    assert [plan.node_ids for plan in route_candidates(model=model, store=store)] == [
+        ("head", "fast"),
+        ("head", "slow"),
+    ]
+
+    fast.status = NodeStatus.OFFLINE
+    fast.save(update_fields=["status"])
+    gone = route_candidates(model=model, store=store)
+    chosen = route_choose(model=model, rng=random.Random(1))
+    store.exclusions.ban_node(node_id="slow", seconds=60)
+
+    assert [plan.node_ids for plan in gone] == [("head", "slow")]
+    assert chosen.plan.node_ids == ("head", "slow")
+    with pytest.raises(NoRouteAvailable):
+        route_choose(model=model, rng=random.Random(1))
 
 
 @pytest.mark.django_db

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routing_app.arms import ArmState, ArmStatus, ArmView
 from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.planner import NodeRecord, enumerate_routes, plan_pinned_route
+from routing_app.planner import (
+    MAX_CANDIDATES,
+    RESELECT_SECONDS,
+    CandidateCache,
+    NodeRecord,
+    enumerate_routes,
+    plan_pinned_route,
+)
+from tests.support.routing import ManualClock
 
 
 @st.composite
@@ -68,20 +78,90 @@ def test_it_finds_a_route_whenever_the_nodes_cover_the_model(network):
     assert bool(plans) == covered(num_layers, nodes)
 
 
+def all_routes(num_layers: int, nodes: list[NodeRecord]) -> list[tuple[str, ...]]:
+    """Every complete route, by brute force: from each position, every node holding it."""
+    routes: list[tuple[str, ...]] = []
+
+    def extend(position: int, chain: tuple[str, ...]) -> None:
+        if position == num_layers:
+            routes.append(chain)
+            return
+        for node in nodes:
+            if node.shard_start <= position <= node.shard_end:
+                extend(min(node.shard_end, num_layers - 1) + 1, (*chain, node.node_id))
+
+    extend(0, ())
+    return routes
+
+
 @settings(max_examples=200, deadline=None)
-@given(networks())
-def test_it_ranks_at_most_eight_distinct_heads_by_prior_then_hops(network):
+@given(networks(), st.integers(min_value=1, max_value=20))
+def test_it_offers_distinct_valid_routes_ranked_by_prior_then_hops_within_the_cap(network, limit):
     num_layers, nodes = network
     by_id = {node.node_id: node for node in nodes}
 
-    plans = enumerate_routes(model_key="m", num_layers=num_layers, nodes=nodes)
+    plans = enumerate_routes(model_key="m", num_layers=num_layers, nodes=nodes, limit=limit)
 
-    assert len(plans) <= 8
-    assert len({plan.head.node_id for plan in plans}) == len(plans)
+    assert len(plans) <= limit
+    assert len({plan.signature for plan in plans}) == len(plans)
     keys = [(-plan.prior_tps, len(plan.hops)) for plan in plans]
     assert keys == sorted(keys)
     for plan in plans:
         assert plan.prior_tps == min(by_id[n].score for n in plan.node_ids)
+
+
+@settings(max_examples=300, deadline=None)
+@given(networks())
+def test_every_node_on_some_complete_route_is_in_a_candidate_when_the_cap_allows(network):
+    num_layers, nodes = network
+    routes = all_routes(num_layers, nodes)
+    on_a_route = {node_id for route in routes for node_id in route}
+    heads = {route[0] for route in routes}
+
+    plans = enumerate_routes(model_key="m", num_layers=num_layers, nodes=nodes)
+
+    if len(routes) <= MAX_CANDIDATES:  # small enough: every complete route is a candidate
+        assert sorted(plan.node_ids for plan in plans) == sorted(routes)
+    if len(heads) <= MAX_CANDIDATES and len(on_a_route) <= MAX_CANDIDATES:
+        assert {n for plan in plans for n in plan.node_ids} == on_a_route
+    if plans:
+        best = max(min(next(n for n in nodes if n.node_id == i).score for i in r) for r in routes)
+        assert plans[0].prior_tps == best
+
+
+@settings(max_examples=200, deadline=None)
+@given(networks(), st.data())
+def test_the_candidate_cache_follows_any_topology_change_at_once_and_any_score_change(
+    network, data
+):
+    num_layers, nodes = network
+    ids = [node.node_id for node in nodes]
+    gone = data.draw(st.sets(st.sampled_from(ids))) if ids else set()
+    banned = frozenset(data.draw(st.sets(st.sampled_from(ids)))) if ids else frozenset()
+    changed = [
+        replace(node, queue_depth=data.draw(st.integers(min_value=0, max_value=3)))
+        for node in nodes
+        if node.node_id not in gone
+    ]
+    clock = ManualClock()
+    cache = CandidateCache(clock=clock)
+    first = cache.routes(model_key="m", num_layers=num_layers, nodes=nodes)
+
+    plans = cache.routes(model_key="m", num_layers=num_layers, nodes=changed, avoid=banned)
+    fresh = enumerate_routes(model_key="m", num_layers=num_layers, nodes=changed, avoid=banned)
+    clock.advance(RESELECT_SECONDS)
+    later = cache.routes(model_key="m", num_layers=num_layers, nodes=changed, avoid=banned)
+
+    assert later == fresh
+    if gone or banned:  # the topology changed: the candidates follow at once
+        assert plans == fresh
+    else:  # only scores: the same routes, with the current priors, ranked again
+        assert sorted(plan.node_ids for plan in plans) == sorted(p.node_ids for p in first)
+        by_id = {node.node_id: node for node in changed}
+        for plan in plans:
+            assert plan.prior_tps == min(by_id[n].score for n in plan.node_ids)
+        keys = [(-plan.prior_tps, len(plan.hops), plan.node_ids) for plan in plans]
+        assert keys == sorted(keys)
 
 
 @settings(max_examples=200, deadline=None)

@@ -29,8 +29,16 @@ def _candidates(name: str) -> list[str]:
     return sorted(" -> ".join(hop.label for hop in plan.hops) for plan in plans)
 
 
-def test_the_default_is_adr_0020s_mixed_smollm2_topology_with_three_candidate_routes() -> None:
+def _route_shapes(candidates: list[str]) -> list[str]:
+    """The candidates by node names only (``head -> tail``), layers left out."""
+    return sorted(
+        " -> ".join(hop.split("[")[0] for hop in route.split(" -> ")) for route in candidates
+    )
+
+
+def test_the_default_is_adr_0020s_mixed_smollm2_topology_with_every_node_on_a_candidate() -> None:
     topology = topology_load(None)
+    candidates = _candidates("mixed")
 
     assert topology.source.endswith("topologies/mixed.toml")
     assert [(n.model, n.layers) for n in topology.nodes] == [
@@ -39,19 +47,24 @@ def test_the_default_is_adr_0020s_mixed_smollm2_topology_with_three_candidate_ro
         ("smollm2-135m", (0, 14)),
         ("smollm2-135m", (15, 29)),
     ]
-    assert len(_candidates("mixed")) == 3
-    assert "full[0-29]" in _candidates("mixed")
+    # ADR-0020's question (the full node, or a head plus a hop?) is asked of the tail too.
+    assert "full[0-29]" in candidates
+    assert "head[0-14] -> tail[15-29]" in candidates
+    assert "partial-head[0-21] -> tail[22-29]" in candidates
+    on_routes = {hop.split("[")[0] for route in candidates for hop in route.split(" -> ")}
+    assert on_routes == {node.name for node in topology.nodes}
 
 
 def test_split_is_two_smollm2_halves_with_one_route() -> None:
     assert _candidates("split") == ["head[0-14] -> tail[15-29]"]
 
 
-def test_tiny_runs_the_built_in_model_in_the_same_three_route_shape() -> None:
+def test_tiny_runs_the_built_in_model_in_the_same_route_shape() -> None:
     topology = topology_load("tiny")
 
     assert topology.models == ["tiny-random-llama"]
-    assert len(_candidates("tiny")) == 3
+    assert "head[0-1] -> tail[2-3]" in _candidates("tiny")
+    assert _route_shapes(_candidates("tiny")) == _route_shapes(_candidates("mixed"))
 
 
 def test_a_path_is_read_as_well_as_a_shipped_name(tmp_path: Path) -> None:
