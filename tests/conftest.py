@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -55,10 +54,16 @@ def process_database_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def tracker_process(process_database_url: str, tmp_path: Path) -> Iterator[Tracker]:
-    """A real `runtracker` (daphne) on a free port over the process database."""
-    with running_tracker(process_database_url, tmp_path) as tracker:
+@pytest.fixture(scope="session")
+def tracker_process(
+    process_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Tracker]:
+    """A real `runtracker` (daphne) on a free port over the process database.
+
+    One for the run: its tests only read what it serves or measure it around their own
+    requests, so none needs a tracker nobody used before (a test that pauses it resumes it).
+    """
+    with running_tracker(process_database_url, tmp_path_factory.mktemp("tracker")) as tracker:
         yield tracker
 
 
