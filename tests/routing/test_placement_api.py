@@ -37,7 +37,7 @@ def test_a_client_sees_stages_capacity_gaps_and_the_offer() -> None:
     make_node(model, "mid", 2, 5, tps=30.0)
     make_node(model, "gone", 6, 7, tps=30.0, status="offline")
 
-    response = key_client().get("/v1/placement", {"model": model.key, "layers": 1})
+    response = key_client().get("/v1/placement", {"model": model.key, "layers": "1"})
 
     assert response.status_code == status.HTTP_200_OK, response.content
     assert response.json() == {
@@ -123,7 +123,7 @@ def test_a_missing_model_or_a_layer_count_that_is_no_number_is_a_400(query, code
 def test_a_node_that_holds_no_layer_is_told_so() -> None:
     model = make_model(num_layers=4)
 
-    response = APIClient().get("/api/nodes/placement", {"model": model.key, "layers": 0})
+    response = APIClient().get("/api/nodes/placement", {"model": model.key, "layers": "0"})
 
     assert response.status_code == status.HTTP_400_BAD_REQUEST
     error = response.json()["error"]
@@ -135,7 +135,7 @@ def test_a_joining_node_gets_its_offer_without_credentials() -> None:
     model = make_model(num_layers=4)
     make_node(model, "head", 0, 1)
 
-    response = APIClient().get("/api/nodes/placement", {"model": model.key, "layers": 2})
+    response = APIClient().get("/api/nodes/placement", {"model": model.key, "layers": "2"})
 
     assert response.status_code == status.HTTP_200_OK
     assert response.json() == {
