@@ -168,6 +168,7 @@ SPECTACULAR_SETTINGS = {
         "AssistantRoleEnum": ["assistant"],
         "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],
+        "PlacementRuleEnum": "routing_app.placement_api.PLACEMENT_RULES",
     },
 }
 

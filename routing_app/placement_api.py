@@ -28,6 +28,8 @@ from routing_app.selectors import routing_nodes
 
 # The most layers a node may say it holds (a bound for the query, not a model's size).
 MAX_HELD_LAYERS = 100_000
+# The offer's rules as the schema names them (PlacementRuleEnum).
+PLACEMENT_RULES = [str(rule) for rule in PlacementRule]
 
 
 def model_placement(model: LanguageModel) -> PlacementPlan:
@@ -51,7 +53,7 @@ class OfferOutput(serializers.Serializer[dict[str, Any]]):
     start_layer = serializers.IntegerField()
     end_layer = serializers.IntegerField()
     rule = serializers.ChoiceField(
-        choices=[str(r) for r in PlacementRule],
+        choices=PLACEMENT_RULES,
         help_text="uncovered: layers no node serves; least_capacity: the weakest stage",
     )
     reason = serializers.CharField(help_text="Why this range, in a sentence")
