@@ -171,6 +171,22 @@ class RoutePlan:
     def node_ids(self) -> tuple[str, ...]:
         return self._node_ids
 
+    @property
+    def hop_seconds(self) -> tuple[float, ...]:
+        """Each hop's predicted time per token (its layers × seconds per layer); empty for
+        a plan built without its nodes' records."""
+        return tuple(
+            seconds * (hop.end_layer - hop.start_layer + 1)
+            for hop, seconds in zip(self.hops, self.layer_seconds, strict=False)
+        )
+
+    @property
+    def token_seconds(self) -> float:
+        """One token's predicted time along the whole route (a token runs through every
+        hop in turn); inf when a record says nothing."""
+        times = self.hop_seconds
+        return sum(times) if times and len(times) == len(self.hops) else math.inf
+
     def to_dict(self) -> list[dict[str, Any]]:
         """The hop list as it travels in JSON (``/v1/routing``, the chat ``meshnet`` field)."""
         return [hop.to_dict() for hop in self.hops]
@@ -215,7 +231,8 @@ def enumerate_routes(
     replicas and overlapping shards included) whenever ``limit`` routes can do it;
     then the best-prior routes not already in, up to ``limit``. Ranked by prior, then
     fewer hops (ADR-0020: a fast partial head in front of a slow full node still runs
-    every token through the slow node), then node ids. Nodes in ``avoid`` take no part.
+    every token through the slow node), then the faster token (``token_seconds``), then
+    node ids. Nodes in ``avoid`` take no part.
     """
     if num_layers < 1 or limit < 1:
         return []
@@ -340,9 +357,10 @@ def _rescored(plan: RoutePlan, chain: Sequence[NodeRecord]) -> RoutePlan:
     return rescored
 
 
-def _plan_order(plan: RoutePlan) -> tuple[float, int, tuple[str, ...]]:
-    """Candidates rank best prior first, then fewer hops (ADR-0020), then node ids."""
-    return (-plan.prior_tps, len(plan.hops), plan.node_ids)
+def _plan_order(plan: RoutePlan) -> tuple[float, int, float, tuple[str, ...]]:
+    """Candidates rank best prior first, then fewer hops (ADR-0020), then the faster
+    token (two routes through one bottleneck: the faster other hops), then node ids."""
+    return (-plan.prior_tps, len(plan.hops), plan.token_seconds, plan.node_ids)
 
 
 def _cover(usable: Sequence[_Node], num_layers: int, limit: int) -> list[_Chain]:

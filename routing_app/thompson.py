@@ -129,10 +129,7 @@ def unmeasured_for(arm: ArmView, loads: LoadSnapshot) -> float:
 def hop_shares(plan: RoutePlan) -> list[float]:
     """Each hop's share of a token's time on ``plan``, from its nodes' records (layers ×
     seconds per layer); equal shares when a record says nothing."""
-    times = [
-        seconds * (hop.end_layer - hop.start_layer + 1)
-        for hop, seconds in zip(plan.hops, plan.layer_seconds, strict=False)
-    ]
+    times = plan.hop_seconds
     if len(times) != len(plan.hops) or not all(math.isfinite(t) and t > 0 for t in times):
         return [1.0 / len(plan.hops)] * len(plan.hops)
     total = sum(times)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.support.network import running_tracker
+from tracker_app.localnet import fresh_process_database
 
 POOL = 4
 REQUESTS = 200
@@ -27,17 +28,19 @@ async def _burst(url: str) -> list[int]:
 
 
 def test_a_burst_of_requests_is_served_on_the_pool_without_one_connection_each(
-    process_database_url: str, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    if not process_database_url.startswith(("postgres://", "postgresql://")):
-        pytest.fail("the pool is PostgreSQL's: set DATABASE_URL to a PostgreSQL database")
-    with running_tracker(
-        process_database_url, tmp_path, MESHNET_DATABASE_POOL_SIZE=str(POOL)
-    ) as tracker:
-        statuses = asyncio.run(_burst(tracker.url))
-        held = tracker.query(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        )[0][0]
+    # A database of its own: the run's shared tracker holds connections to the shared one.
+    with fresh_process_database() as database_url:
+        if not database_url.startswith(("postgres://", "postgresql://")):
+            pytest.fail("the pool is PostgreSQL's: set DATABASE_URL to a PostgreSQL database")
+        with running_tracker(
+            database_url, tmp_path, MESHNET_DATABASE_POOL_SIZE=str(POOL)
+        ) as tracker:
+            statuses = asyncio.run(_burst(tracker.url))
+            held = tracker.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            )[0][0]
 
     assert statuses == [200] * REQUESTS
     assert held - 1 <= POOL  # less this query's own connection

@@ -160,7 +160,9 @@ def test_the_candidate_cache_follows_any_topology_change_at_once_and_any_score_c
         by_id = {node.node_id: node for node in changed}
         for plan in plans:
             assert plan.prior_tps == min(by_id[n].score for n in plan.node_ids)
-        keys = [(-plan.prior_tps, len(plan.hops), plan.node_ids) for plan in plans]
+        keys = [
+            (-plan.prior_tps, len(plan.hops), plan.token_seconds, plan.node_ids) for plan in plans
+        ]
         assert keys == sorted(keys)
 
 
