@@ -60,6 +60,10 @@ class RouteOutput(serializers.Serializer[dict[str, Any]]):
 class ModelRoutingOutput(serializers.Serializer[dict[str, Any]]):
     model = serializers.CharField()
     epoch = serializers.IntegerField()
+    sample_spread = serializers.FloatField(
+        help_text="How far one request's speed strays from its route's (spread of ln tok/s), "
+        "learned from this tracker's samples"
+    )
     routes = RouteOutput(many=True)
 
 

@@ -7,6 +7,10 @@ under and a plain sample count. Because the state is (value, mass, time), two
 states of the same arm combine by decayed weight, which is how trackers merge
 what they learned (``routing_app.sync``) without a consensus protocol.
 
+How far one request's speed strays from its route's is learned beside them,
+one ``SampleSpread`` per model, from the residuals of this tracker's samples:
+it says how much one sample is worth to the policy (ADR-0011 §3).
+
 ``RouteArms`` holds this tracker's own arms (what it measured itself) apart
 from its peers' (what the last sync merged in), so it can publish only its
 own and never count a sample twice. It is thread-safe: the chat proxy records
@@ -41,6 +45,21 @@ SAME_TIME = 1e-3
 # change shows within a few samples, while a quiet arm (decayed mass) still
 # lets a single new sample count for more.
 SAMPLE_WEIGHT_FLOOR = 0.2
+# With that floor w, however much mass an arm holds its value averages about
+# (2 - w) / w samples: no belief may narrow past what that many samples justify.
+EFFECTIVE_SAMPLES_CAP = (2.0 - SAMPLE_WEIGHT_FLOOR) / SAMPLE_WEIGHT_FLOOR
+# How far one request's speed strays from its route's (the spread of ln tok/s) before
+# the tracker has learned it from its own samples (``SampleSpread``): tens of percent
+# (0.3: ±35 %), as prompt length, sampling and neighbours move it.
+DEFAULT_SAMPLE_SPREAD = 0.3
+# A learned spread stays within these: never so sure that routes a few percent apart
+# stop sharing traffic, never so unsure that samples stop counting.
+SAMPLE_SPREAD_BOUNDS = (0.1, 0.6)
+# Residuals a model's spread is learned from before it replaces the default.
+SPREAD_MIN_RESIDUALS = 8
+# The least weight a new residual gets: the estimate follows about the last 60, so a
+# change of speed (a slowed node's samples stray far) widens it within a few requests.
+SPREAD_WEIGHT_FLOOR = 1.0 / 32
 
 ArmKey = tuple[str, str]  # (model key, signature)
 
@@ -60,6 +79,37 @@ def sample_added(value: float, mass: float, sample: float) -> tuple[float, float
     tokens/s: a new sample weighs 1/(mass + 1), at least ``SAMPLE_WEIGHT_FLOOR``."""
     weight = max(1.0 / (mass + 1.0), SAMPLE_WEIGHT_FLOOR)
     return value + weight * (sample - value), mass + 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSpread:
+    """How far one request's speed strays from its route's, learned per model.
+
+    Each kept sample of an arm already measured under the same epoch is a residual:
+    ln(sample / the arm's value). The arm's value is itself an average of about
+    ``n`` samples, so a residual's expected square is spread² × (1 + 1/n); the
+    estimate is an EWMA of squared residuals corrected by that factor. Routes of one
+    model see the same requests, so one spread per model learns from all of them.
+    """
+
+    variance: float = DEFAULT_SAMPLE_SPREAD**2
+    residuals: int = 0
+
+    def added(self, residual: float, arm_samples: float) -> SampleSpread:
+        """The estimate after one more ``residual`` against a value averaging
+        ``arm_samples`` samples."""
+        squared = residual**2 / (1.0 + 1.0 / arm_samples)
+        weight = max(1.0 / (self.residuals + 1.0), SPREAD_WEIGHT_FLOOR)
+        return SampleSpread(self.variance + weight * (squared - self.variance), self.residuals + 1)
+
+    @property
+    def spread(self) -> float:
+        """The learned spread within ``SAMPLE_SPREAD_BOUNDS``; the default until
+        ``SPREAD_MIN_RESIDUALS`` residuals are in."""
+        if self.residuals < SPREAD_MIN_RESIDUALS:
+            return DEFAULT_SAMPLE_SPREAD
+        low, high = SAMPLE_SPREAD_BOUNDS
+        return min(max(math.sqrt(self.variance), low), high)
 
 
 def decay_factor(elapsed: float, half_life: float) -> float:
@@ -119,6 +169,9 @@ class ArmView:
     # it; None: unknown), for the bound on how long a candidate may go unmeasured
     # (ADR-0011, ADR-0018).
     last_sample_age: float | None = None
+    # How far one request's speed strays from its route's (ln tok/s), as this tracker
+    # learned it for the model (``SampleSpread``).
+    sample_spread: float = DEFAULT_SAMPLE_SPREAD
 
     @property
     def current_weight(self) -> float:
@@ -167,6 +220,8 @@ class RouteArms:
         self._tombstones: dict[ArmKey, tuple[float, float]] = {}
         # Unsampled arms -> when this tracker first listed them as candidates.
         self._listed: dict[ArmKey, float] = {}
+        # Model key -> the spread of its requests' speeds, from this tracker's samples.
+        self._spreads: dict[str, SampleSpread] = {}
 
     def record_sample(
         self,
@@ -182,7 +237,10 @@ class RouteArms:
         Rejected: fewer than ``min_sample_tokens`` output tokens (a near-empty
         completion's speed means nothing, ADR-0020), a speed that is not a
         positive number, and a sample from an older epoch than the arm's. The
-        first sample of a newer epoch restarts the arm from that sample.
+        first sample of a newer epoch restarts the arm from that sample. A kept
+        sample of an arm already measured under its epoch (at least one sample's
+        decayed mass, own and peers' merged) also teaches the model's
+        ``SampleSpread``.
         """
         if output_tokens < self.min_sample_tokens:
             return False
@@ -192,6 +250,15 @@ class RouteArms:
         now = self.clock()
         with self._lock:
             self._listed.pop(key, None)
+            known = self._merged(key)
+            if known is not None and known.epoch == epoch:
+                mass = known.mass_at(now, self.half_life)
+                if mass >= 1.0 and known.value > 0:
+                    spread = self._spreads.get(model_key, SampleSpread())
+                    self._spreads[model_key] = spread.added(
+                        math.log(tokens_per_second / known.value),
+                        min(mass, EFFECTIVE_SAMPLES_CAP),
+                    )
             arm = self._own.get(key)
             if arm is None or arm.epoch < epoch:
                 self._own[key] = ArmState(tokens_per_second, 1.0, now, epoch, 1)
@@ -222,14 +289,29 @@ class RouteArms:
             return own or peer
         return own.merged(peer, self.half_life)
 
-    def view(self, plan: RoutePlan, state: ArmState | None, epoch: int, now: float) -> ArmView:
-        """``plan``'s arm (merged ``state``) as the choice sees it under ``epoch`` at ``now``."""
+    def sample_spread(self, model_key: str) -> float:
+        """How far one of ``model_key``'s requests strays from its route's speed (ln tok/s):
+        learned from this tracker's samples, the default before enough of them."""
+        with self._lock:
+            return self._spreads.get(model_key, SampleSpread()).spread
+
+    def view(
+        self,
+        plan: RoutePlan,
+        state: ArmState | None,
+        epoch: int,
+        now: float,
+        spread: float = DEFAULT_SAMPLE_SPREAD,
+    ) -> ArmView:
+        """``plan``'s arm (merged ``state``) as the choice sees it under ``epoch`` at ``now``,
+        its requests straying by ``spread`` (``sample_spread``)."""
         if state is None or state.samples == 0:
             # Unsampled: its age counts from when this tracker first listed it, so the
             # bound on unmeasured time covers routes never measured too (ADR-0018).
             with self._lock:
                 listed = self._listed.setdefault((plan.model_key, plan.signature), now)
-            return ArmView(plan, ArmStatus.UNSAMPLED, None, 0.0, 0, max(now - listed, 0.0))
+            age = max(now - listed, 0.0)
+            return ArmView(plan, ArmStatus.UNSAMPLED, None, 0.0, 0, age, spread)
         weight = state.mass_at(now, self.half_life)
         if state.epoch < epoch:
             status = ArmStatus.STALE
@@ -237,7 +319,8 @@ class RouteArms:
             status = ArmStatus.DECAYED
         else:
             status = ArmStatus.PROVEN
-        return ArmView(plan, status, state.value, weight, state.samples, max(now - state.at, 0.0))
+        age = max(now - state.at, 0.0)
+        return ArmView(plan, status, state.value, weight, state.samples, age, spread)
 
     # --- what the sync reads and writes -------------------------------------
 

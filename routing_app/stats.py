@@ -43,8 +43,11 @@ class RouteStatsStore:
         now = self.clock()
         kept_out = self.exclusions.kept_out(plans)
         states = self.arms.states((plan.model_key, plan.signature) for plan in plans)
+        spreads: dict[str, float] = {}
         views = []
         for plan, state, out in zip(plans, states, kept_out, strict=True):
-            view = self.arms.view(plan, state, epoch, now)
+            if plan.model_key not in spreads:
+                spreads[plan.model_key] = self.arms.sample_spread(plan.model_key)
+            view = self.arms.view(plan, state, epoch, now, spreads[plan.model_key])
             views.append(replace(view, status=ArmStatus.QUARANTINED) if out else view)
         return views

@@ -1,6 +1,7 @@
 """The routing table of ``GET /v1/routing``: what the tracker learned and will do.
 
-Per model: the topology epoch and every candidate with its hops, prior,
+Per model: the topology epoch, how far its requests' speeds stray from their
+routes' (the learned sample spread), and every candidate with its hops, prior,
 learned tps, coefficient (tps ÷ best proven tps), expected traffic share
 under the active policy (with the sessions in flight now), whether a one-off
 scout to it is due, sample count, decayed weight and status.
@@ -65,4 +66,5 @@ def _model_table(
                 "status": str(arm.status),
             }
         )
-    return {"model": model.key, "epoch": epoch, "routes": routes}
+    spread = store.arms.sample_spread(model.key)
+    return {"model": model.key, "epoch": epoch, "sample_spread": spread, "routes": routes}

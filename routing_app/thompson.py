@@ -2,7 +2,9 @@
 
 Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
-and widening back to a broad prior as that mass decays (so a quiet arm is
+(each sample as informative as the model's requests are steady: the sample
+spread the tracker learned, ``routing_app.arms.SampleSpread``) and widening
+back to a broad prior as that mass decays (so a quiet arm is
 retried: discounted Thompson sampling). The requests in flight on the route
 count as the samples they would give if they ended now (once they have
 streamed a little), so a route that slowed down loses traffic before its
@@ -34,25 +36,18 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from routing_app.arms import SAMPLE_WEIGHT_FLOOR, ArmStatus, ArmView, sample_added
+from routing_app.arms import EFFECTIVE_SAMPLES_CAP, ArmStatus, ArmView, sample_added
 from routing_app.choice import DecisionMode
 from routing_app.load import LoadSnapshot, Pace
 from routing_app.planner import RoutePlan
 from routing_app.policy import Pick, RoutePolicy
 from routing_app.priors import NodeModel, route_priors
 
-# Spread (in ln tok/s) of one request's speed around its route's: prompt length,
-# sampling and neighbours move it by tens of percent (0.3: ±35 %).
-SAMPLE_SIGMA = 0.3
 # Spread of the belief before any evidence: a route may be several times
 # faster or slower than the last we knew (1.0: a factor e either way). An arm
 # whose evidence has decayed away returns to it, so a route that recovered is
 # retried long before the bound on unsampled time forces a scout.
 PRIOR_SIGMA = 1.0
-# The EWMA gives every new sample at least SAMPLE_WEIGHT_FLOOR, so however much
-# mass an arm holds its value averages about (2 - w) / w samples: the belief
-# never narrows past what that many samples justify.
-EFFECTIVE_SAMPLES_CAP = (2.0 - SAMPLE_WEIGHT_FLOOR) / SAMPLE_WEIGHT_FLOOR
 # A measured arm falls due for a scout at this share of the bound on unsampled
 # time, not at the bound itself: arms measured together (every arm is scouted
 # at once after a topology change) fall due together, one request scouts one
@@ -74,17 +69,17 @@ def belief(
     """Mean and spread of the arm's ln tok/s (a measured arm: tps is known), counting
     the requests in flight on it at their ``paces`` (``anticipated``).
 
-    The normal posterior of a mean seen through ``n`` samples of spread
-    ``SAMPLE_SIGMA``, ``n`` the arm's decayed mass (at most
-    ``EFFECTIVE_SAMPLES_CAP``), under ``prior`` (mean, spread): what its nodes
-    predict (``routing_app.priors``). Without one the prior is broad
-    (``PRIOR_SIGMA``) and centred on the arm's own speed. As the arm's mass
+    The normal posterior of a mean seen through ``n`` samples of the arm's
+    ``sample_spread`` (learned per model, ``routing_app.arms.SampleSpread``), ``n``
+    the arm's decayed mass (at most ``EFFECTIVE_SAMPLES_CAP``), under ``prior``
+    (mean, spread): what its nodes predict (``routing_app.priors``). Without one the
+    prior is broad (``PRIOR_SIGMA``) and centred on the arm's own speed. As the arm's mass
     decays its belief returns to the prior: to what its nodes' fresher samples
     on other routes say, rather than to "anything, a factor e either way".
     """
     tps, mass = anticipated(arm, paces, min_tokens)
     effective = min(mass, EFFECTIVE_SAMPLES_CAP)
-    own = effective / SAMPLE_SIGMA**2
+    own = effective / arm.sample_spread**2
     if prior is None:
         prior = (math.log(tps), PRIOR_SIGMA)
     prior_mean, prior_sigma = prior

@@ -12,6 +12,7 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.services import topology_epoch_bump
+from routing_app.arms import DEFAULT_SAMPLE_SPREAD, SAMPLE_SPREAD_BOUNDS
 from routing_app.services import route_choose, route_sample_record
 from tests.support.routing import make_model, make_node
 from tracker_app.api_keys.services import api_key_create
@@ -112,6 +113,15 @@ def test_it_shows_unsampled_routes_with_all_traffic_on_the_best_prior(mixed):
         (None, None, 0, 0.0),
         (None, None, 0, 0.0),
     ]
+
+
+def test_it_shows_how_far_the_models_requests_stray_from_their_routes_speed(mixed, store):
+    assert table(mixed.key)["models"][0]["sample_spread"] == DEFAULT_SAMPLE_SPREAD
+    decision = route_choose(model=mixed, rng=random.Random(1))
+    for seconds in [4.0, 4.4] * 10:  # 40 tokens at 10 and about 9 tok/s: a spread of 5 %
+        route_sample_record(decision=decision, output_tokens=40, elapsed_seconds=seconds)
+
+    assert table(mixed.key)["models"][0]["sample_spread"] == SAMPLE_SPREAD_BOUNDS[0]
 
 
 def test_it_marks_routes_measured_before_a_topology_change_as_stale(mixed, store):

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from routing_app.arms import ArmState, ArmStatus
+from routing_app.arms import (
+    DEFAULT_SAMPLE_SPREAD,
+    SAMPLE_SPREAD_BOUNDS,
+    SPREAD_MIN_RESIDUALS,
+    ArmState,
+    ArmStatus,
+)
 from routing_app.config import RoutingConfig
 from routing_app.planner import Hop, RoutePlan
 from routing_app.stats import RouteStatsStore
@@ -134,6 +141,54 @@ def test_it_takes_the_minimum_sample_size_from_the_config(clock):
 
     assert not sample(store, 30.0, tokens=19)
     assert sample(store, 30.0, tokens=20)
+
+
+OTHER = RoutePlan("m", 29, (Hop("other", "http://other", 0, 29),))
+
+
+@pytest.mark.parametrize("spread", [0.12, 0.3, 0.45])
+def test_it_learns_how_far_a_models_requests_stray_from_their_routes_speed(store, spread):
+    rng = random.Random(7)
+    for _ in range(400):
+        sample(store, 40.0 * math.exp(rng.gauss(0.0, spread)))
+        sample(store, 25.0 * math.exp(rng.gauss(0.0, spread)), plan=OTHER)
+
+    assert view(store).sample_spread == pytest.approx(spread, rel=0.25)
+    assert view(store, OTHER).sample_spread == view(store).sample_spread  # one per model
+
+
+def test_it_keeps_the_default_spread_until_enough_samples_strayed(store):
+    for tps in [40.0, 10.0] * (SPREAD_MIN_RESIDUALS // 2):  # the first sample teaches nothing
+        sample(store, tps)
+
+    assert view(store).sample_spread == DEFAULT_SAMPLE_SPREAD
+    sample(store, 10.0)
+    assert view(store).sample_spread == SAMPLE_SPREAD_BOUNDS[1]  # a factor 4 apart: the widest
+
+
+def test_a_learned_spread_never_narrows_past_its_floor(store):
+    for _ in range(50):
+        sample(store, 40.0)
+
+    assert view(store).sample_spread == SAMPLE_SPREAD_BOUNDS[0]
+
+
+def test_a_route_that_changes_speed_widens_the_spread_within_a_few_samples(store):
+    for _ in range(50):
+        sample(store, 40.0)
+    for _ in range(4):
+        sample(store, 8.0)  # its node slowed down 5x
+
+    assert view(store).sample_spread > DEFAULT_SAMPLE_SPREAD
+
+
+def test_samples_of_a_newer_epoch_restart_the_arm_without_counting_as_strays(store):
+    for _ in range(50):
+        sample(store, 40.0)
+    sample(store, 8.0, epoch=2)
+    sample(store, 8.0, epoch=3)
+
+    assert view(store, epoch=3).sample_spread == SAMPLE_SPREAD_BOUNDS[0]
 
 
 def test_it_shows_a_route_without_samples_as_unsampled(store):
