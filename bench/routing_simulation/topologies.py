@@ -80,7 +80,7 @@ SCENARIOS = [
     ),
     Scenario(
         # Benchmarks that flatter some routes and undersell others.
-        "five-node mesh (32 layers, 4 candidate routes)",
+        "five-node mesh (32 layers, 11 complete routes)",
         32,
         (
             node("gpu-head", 0, 15, advertised=400.0, real=160.0),
