@@ -253,7 +253,7 @@ class RouteArms:
             known = self._merged(key)
             if known is not None and known.epoch == epoch:
                 mass = known.mass_at(now, self.half_life)
-                if mass >= 1.0 and known.value > 0:
+                if mass >= 1.0:  # kept speeds are positive, so the value is too
                     spread = self._spreads.get(model_key, SampleSpread())
                     self._spreads[model_key] = spread.added(
                         math.log(tokens_per_second / known.value),

@@ -90,7 +90,8 @@ function modelCard(model, chart) {
       h(
         "span",
         { class: "muted" },
-        `epoch ${model.epoch} · ${model.routes.length} candidate route${model.routes.length === 1 ? "" : "s"}`,
+        `epoch ${model.epoch} · ${model.routes.length} candidate route${model.routes.length === 1 ? "" : "s"}` +
+          ` · a request strays ±${Math.round((Math.exp(model.sample_spread) - 1) * 100)} % from its route's speed`,
       ),
     ),
     model.routes.length

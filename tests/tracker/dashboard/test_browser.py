@@ -7,6 +7,7 @@ the page logged a console error.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -117,6 +118,11 @@ def test_every_tab_draws_the_live_network(page: Page, network: Network) -> None:
         assert row.get_attribute("data-state") == "online"
     open_tab(page, "routing")
     assert page.locator(f'[data-routing-model="{TINY}"] tbody tr').count() == 2
+    # How far the tracker learned (or, before enough samples, assumes) a request strays.
+    spread = page.request.get(f"/v1/routing?model={TINY}").json()["models"][0]["sample_spread"]
+    heading = page.locator(f'[data-routing-model="{TINY}"] .card-head').inner_text()
+    strays = round((math.exp(spread) - 1) * 100)
+    assert f"a request strays ±{strays} % from its route's speed" in heading
     assert "Policy thompson-load" in page.locator('[data-role="routing-config"]').inner_text()
     for tab in ("calls", "chat", "billing"):
         open_tab(page, tab)
