@@ -34,6 +34,9 @@ PENALTY_MIN, PENALTY_MAX = -2.0, 2.0
 # OpenAI's logit_bias: at most this many token ids, each biased by -100..100.
 LOGIT_BIAS_MAX_ENTRIES = 300
 LOGIT_BIAS_MAX = 100.0
+# The largest constraint (an llguidance grammar, JSON) a request may carry: a JSON
+# schema of some hundred properties compiles to a few tens of KiB.
+GRAMMAR_MAX_CHARS = 256 * 1024
 
 
 # The sampling fields that are single values (a tracker checks them as a node does;
@@ -46,7 +49,7 @@ SAMPLING_VALUES = (
     "presence_penalty",
     "frequency_penalty",
 )
-SAMPLING_FIELDS = (*SAMPLING_VALUES, "logit_bias")
+SAMPLING_FIELDS = (*SAMPLING_VALUES, "logit_bias", "grammar")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ class SamplingParams:
     pairs in increasing id order (:func:`logit_bias_pairs` builds it from
     OpenAI's JSON object); whether the ids are in the vocabulary only a node
     can tell.
+
+    ``grammar`` constrains the completion (ADR-0022): an llguidance grammar
+    (its JSON form; the tracker builds it from ``response_format``) that the
+    last hop enforces by masking every token that cannot continue it. Whether
+    it compiles only a node with the tokenizer can tell for sure.
     """
 
     temperature: float = 0.0
@@ -74,6 +82,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +92,12 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether the completion's own tokens change the logits (a non-zero penalty)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def history_dependent(self) -> bool:
+        """Whether a choice depends on the completion so far (a penalty or a grammar):
+        a resumed completion's last hop must be given the tokens already generated."""
+        return self.penalized or self.grammar is not None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON fields; penalties and logit_bias only when set (old peers never see them)."""
@@ -98,6 +113,8 @@ class SamplingParams:
             data["frequency_penalty"] = self.frequency_penalty
         if self.logit_bias:
             data["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
+        if self.grammar is not None:
+            data["grammar"] = self.grammar
         return data
 
     @classmethod
@@ -108,8 +125,9 @@ class SamplingParams:
         temperature is a finite number in 0..:data:`TEMPERATURE_MAX`, top_p a
         finite number in :data:`TOP_P_MIN`..1, top_k an integer in
         0..:data:`TOP_K_MAX`, seed null or an integer in 0..:data:`SEED_MAX`,
-        each penalty a finite number in :data:`PENALTY_MIN`..:data:`PENALTY_MAX`
-        and logit_bias as :func:`logit_bias_pairs` requires.
+        each penalty a finite number in :data:`PENALTY_MIN`..:data:`PENALTY_MAX`,
+        logit_bias as :func:`logit_bias_pairs` requires and grammar null or a
+        string of at most :data:`GRAMMAR_MAX_CHARS`.
         """
         if not isinstance(data, Mapping):
             raise ProtocolError("sampling parameters must be an object", code="bad_sampling")
@@ -126,7 +144,20 @@ class SamplingParams:
                 data, "frequency_penalty", 0.0, PENALTY_MIN, PENALTY_MAX
             ),
             logit_bias=logit_bias_pairs(data.get("logit_bias")),
+            grammar=_grammar(data.get("grammar")),
         )
+
+
+def _grammar(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ProtocolError("grammar must be a non-empty string", code="bad_sampling")
+    if len(value) > GRAMMAR_MAX_CHARS:
+        raise ProtocolError(
+            f"grammar takes at most {GRAMMAR_MAX_CHARS} characters", code="bad_sampling"
+        )
+    return value
 
 
 # One spelling per id (no sign, no leading zero, nothing after it: ``fullmatch``, since

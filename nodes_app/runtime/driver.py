@@ -37,7 +37,7 @@ from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.hop_answer import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.output import OutputProcessor
-from nodes_app.runtime.sampling import Choice, TailRequest
+from nodes_app.runtime.sampling import Choice, TailRequest, grammar_problem
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.trust import capability_hash, new_capability
 
@@ -73,7 +73,8 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
     through the tokenizer alone. Tokenised on the torch worker (never on the
     event loop) and before any byte is streamed, so a template that refuses
     the messages, an empty prompt, a token id past the model's vocabulary (a
-    tokenizer's added token) or an echo too large to report is a 400.
+    tokenizer's added token), an echo too large to report or a grammar the
+    tokenizer cannot follow is a 400.
     """
     tokenizer = service.shard.tokenizer
     text = request.prompt
@@ -108,6 +109,15 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
             f"the model's context of {service.admission.context_length} tokens",
             code="context_length_exceeded",
         )
+    grammar = request.sampling.grammar
+    if grammar is not None:
+        # Compiled here before any hop sees it: a grammar this model's tokenizer cannot
+        # follow is the requester's 400, never a failure blamed on the last hop.
+        problem = await service.compute(lambda: grammar_problem(service.grammar_words, grammar))
+        if problem:
+            raise RuntimeRequestError(
+                f"the grammar cannot be followed: {problem}", code="bad_grammar"
+            )
     return prompt
 
 
@@ -188,7 +198,9 @@ class Generation:
             logprobs=request.top_logprobs if request.logprobs else None,
             prompt_ids=tuple(self.prompt) if opening and request.echo else (),
             generated_ids=(
-                tuple(request.resume_token_ids) if opening and request.sampling.penalized else ()
+                tuple(request.resume_token_ids)
+                if opening and request.sampling.history_dependent
+                else ()
             ),
         )
 

@@ -112,7 +112,8 @@ def load_shard(
     with_tokenizer: bool | None = None,
     progress: bool | None = None,
 ) -> LoadedShard:
-    """Load layers ``start..end`` of ``source``; the tokenizer comes along when ``start`` is 0.
+    """Load layers ``start..end`` of ``source``; the tokenizer comes along for the head
+    (``start`` 0: it tokenises prompts) and the last hop (it follows grammars, ADR-0022).
 
     ``progress`` draws a tqdm bar of the tensors read on stderr; None (the
     default) draws it only when stderr is a terminal, so logs stay one line
@@ -135,7 +136,7 @@ def load_shard(
     config._attn_implementation = family.attention
 
     tokenizer = None
-    if with_tokenizer if with_tokenizer is not None else start == 0:
+    if with_tokenizer if with_tokenizer is not None else start == 0 or end == num_layers - 1:
         # Before the weights, so the conversion's transient memory never stacks on them.
         tokenizer = load_tokenizer(source)
 

@@ -1,7 +1,8 @@
 """Choosing the next token on the last hop, and what it reports of the logits.
 
 Greedy, temperature, top-k, top-p, seeded (:func:`sample_token`), after
-OpenAI's penalties and logit_bias (:meth:`TokenPicker.adjusted`). Logprobs are the
+OpenAI's penalties and logit_bias (:meth:`TokenPicker.adjusted`) and among the
+tokens a grammar allows (:class:`Constraint`, ADR-0022). Logprobs are the
 model's own: the log-softmax of the raw float32 logits, before any of those,
 computed from the same logits that pick the token — for the chosen token and
 its best alternatives (:meth:`TokenPicker.choose`), and for an echo, for each
@@ -12,16 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from llguidance import LLMatcher, LLTokenizer
+from llguidance.hf import from_tokenizer
 
 # The JSON/header form of the parameters is the protocol's; only the torch
 # side of sampling lives here.
 from nodes_app.protocol.sampling import SamplingParams
-from nodes_app.runtime.errors import NonFiniteOutput
+from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 
 __all__ = [
     "Choice",
+    "Constraint",
     "SamplingParams",
     "TailRequest",
     "TokenPicker",
@@ -90,8 +95,70 @@ def new_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token id from float32 ``logits`` of shape ``[vocab]``.
+class Constraint:
+    """One session's grammar on the last hop: which tokens may come next, as it advances.
+
+    An llguidance matcher over the model's tokenizer (``tokenizer``, built once
+    per node by :func:`grammar_tokenizer`), advanced through ``generated_ids``
+    (a resumed completion's tokens: after a failover the grammar's state is the
+    uninterrupted one's) and then through every token chosen. A grammar that does
+    not compile, or resumed tokens it does not accept, are the request's 400
+    (``bad_grammar``, in the matcher's words).
+    """
+
+    def __init__(self, tokenizer: LLTokenizer, grammar: str, generated_ids: Sequence[int] = ()):
+        self._matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        self._vocab = tokenizer.vocab_size
+        if generated_ids:
+            self._matcher.consume_tokens(list(generated_ids))
+        if self._matcher.is_error():
+            raise _refused(self._matcher.get_error())
+
+    def allowed(self, vocab: int, device: torch.device) -> torch.Tensor:
+        """A bool mask ``[vocab]`` of the tokens that may come next (none past the
+        tokenizer's words: a model's padding rows are never a word)."""
+        mask = torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8)
+        if self._matcher.is_error():
+            raise _refused(self._matcher.get_error())
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        size = min(vocab, self._vocab)
+        allowed[:size] = mask[:size] != 0
+        return allowed.to(device)
+
+    def advance(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise _refused(self._matcher.get_error())
+
+
+def grammar_problem(tokenizer: LLTokenizer, grammar: str) -> str:
+    """Why ``grammar`` cannot be followed with ``tokenizer`` (its first line); "" if it can."""
+    return _first_line(LLMatcher.validate_grammar(grammar, tokenizer))
+
+
+def _first_line(reason: str) -> str:
+    lines = reason.strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def _refused(reason: str) -> RuntimeRequestError:
+    why = _first_line(reason) or "unknown error"
+    return RuntimeRequestError(f"the grammar cannot be followed: {why}", code="bad_grammar")
+
+
+def grammar_tokenizer(tokenizer: Any, vocab: int | None = None) -> LLTokenizer:
+    """The llguidance view of a transformers fast tokenizer (about a second for a large
+    vocabulary: build it once per node)."""
+    return from_tokenizer(tokenizer, n_vocab=vocab)
+
+
+def sample_token(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    allowed: torch.Tensor | None = None,
+) -> int:
+    """One token id from float32 ``logits`` of shape ``[vocab]``, among the ``allowed``
+    ones (a bool mask; None: any).
 
     Raises :class:`NonFiniteOutput` when a logit is NaN or infinite: argmax
     would answer token 0 for NaN logits, a plausible token from a broken
@@ -99,6 +166,8 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """
     if not bool(torch.isfinite(logits).all()):
         raise NonFiniteOutput("the logits are not finite")
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if params.greedy:
         return int(torch.argmax(logits))
     # Shifted so the best score is 0: dividing by a small temperature then
@@ -148,15 +217,22 @@ class TokenPicker:
     """One session's token choices on the last hop, with the sampling it was opened with.
 
     A session's sampling is fixed when it opens (its opening step carries
-    it), so what each choice needs of it is built once: the seeded
+    it), so what each choice needs of it is built once: its ``constraint``
+    (the grammar's matcher, when the sampling has one), the seeded
     generator, the logit_bias as tensors (on the first logits' device), and
     the counts of the completion's tokens (those it was opened with, then
     every token it chooses), kept only when the sampling has a penalty, so a
     resumed completion is penalised exactly as the uninterrupted one.
     """
 
-    def __init__(self, sampling: SamplingParams, generated_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        sampling: SamplingParams,
+        generated_ids: Sequence[int] = (),
+        constraint: Constraint | None = None,
+    ) -> None:
         self.sampling = sampling
+        self.constraint = constraint
         self.generator = new_generator(sampling.seed)
         self._history: list[int] | None = list(generated_ids) if sampling.penalized else None
         self._counts: torch.Tensor | None = None
@@ -209,7 +285,12 @@ class TokenPicker:
         :class:`NonFiniteOutput` for NaN or infinite logits (penalties and
         biases are finite, so :func:`sample_token`'s check covers them).
         """
-        token = sample_token(self.adjusted(logits), self.sampling, self.generator)
+        allowed = None
+        if self.constraint is not None:
+            allowed = self.constraint.allowed(logits.shape[-1], logits.device)
+        token = sample_token(self.adjusted(logits), self.sampling, self.generator, allowed)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         if self._counts is not None:
             self._counts[token] += 1
         if logprobs is None:

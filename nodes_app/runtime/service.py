@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -31,7 +31,14 @@ from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.kv import default_kv_budget
 from nodes_app.runtime.loading import LoadedShard
 from nodes_app.runtime.runner import ShardRunner
-from nodes_app.runtime.sampling import Choice, TailRequest, TokenPicker
+from nodes_app.runtime.sampling import (
+    Choice,
+    Constraint,
+    SamplingParams,
+    TailRequest,
+    TokenPicker,
+    grammar_tokenizer,
+)
 from nodes_app.runtime.scheduler import StepScheduler, ThroughputMeter
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.text import TokenPieces
@@ -165,6 +172,27 @@ class NodeService:
         """How a head writes each token in logprob entries (built at first use, then cached)."""
         return TokenPieces(self.shard.tokenizer)
 
+    @functools.cached_property
+    def grammar_words(self) -> Any:
+        """The tokenizer as llguidance reads it, for grammars (built at first use, then cached)."""
+        if self.shard.tokenizer is None:
+            raise RuntimeRequestError(
+                "this node has no tokenizer, so it cannot follow a grammar",
+                code="bad_grammar",
+            )
+        return grammar_tokenizer(self.shard.tokenizer)
+
+    async def picker(self, sampling: SamplingParams, generated_ids: Sequence[int]) -> TokenPicker:
+        """A new session's token picker on the last hop: with its grammar's constraint,
+        compiled on the torch thread (a large schema takes a while), when it has one."""
+        if sampling.grammar is None:
+            return TokenPicker(sampling, generated_ids)
+        grammar = sampling.grammar
+        constraint = await self.compute(
+            lambda: Constraint(self.grammar_words, grammar, generated_ids)
+        )
+        return TokenPicker(sampling, generated_ids, constraint)
+
     async def forward(
         self, step: wire.ForwardStep, body: bytes, capability: bytes | None = None
     ) -> bytes | Choice:
@@ -196,7 +224,7 @@ class NodeService:
             if last:
                 if session.picker is None:
                     assert step.sampling is not None  # check_step: the opening step has it
-                    session.picker = TokenPicker(step.sampling, step.generated_ids or ())
+                    session.picker = await self.picker(step.sampling, step.generated_ids or ())
                 tail = TailRequest(
                     session.picker.sampling,
                     logprobs=step.logprobs,
@@ -224,7 +252,7 @@ class NodeService:
         """
         last = session.end == self.shard.num_layers - 1
         if last and session.picker is None:
-            session.picker = TokenPicker(tail.sampling, tail.generated_ids)
+            session.picker = await self.picker(tail.sampling, tail.generated_ids)
         self.admission.cover(session, session.position + len(token_ids))
         return await self.scheduler.submit(session, tail=tail if last else None, tokens=token_ids)
 

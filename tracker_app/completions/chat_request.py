@@ -27,6 +27,7 @@ from tracker_app.completions.parameters import (
     generation_params,
     request_fields,
 )
+from tracker_app.completions.structured import ResponseFormatField
 
 # A chat's tokens when the client sets no limit: the head's own default (OpenAI has none).
 CHAT_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS
@@ -82,6 +83,7 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs = serializers.IntegerField(
         min_value=0, max_value=TOP_LOGPROBS_MAX, required=False, allow_null=True
     )
+    response_format = ResponseFormatField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if (attrs.get("top_logprobs") or 0) > 0 and not attrs.get("logprobs"):
@@ -102,4 +104,5 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
         max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or CHAT_DEFAULT_MAX_TOKENS,
         logprobs=bool(v.get("logprobs")),
         top_logprobs=v.get("top_logprobs") or 0,
+        grammar=v.get("response_format"),
     )

@@ -7,8 +7,7 @@ fields, ``n``, ``stop``, ``route`` and the way a body is read
 the proxy runs. Their ranges are OpenAI's (and, for what a node checks again,
 the protocol's).
 
-OpenAI defines parameters Meshnet does not honour (tools, structured output,
-audio, …). A client that asks for one and silently does not get it is worse
+OpenAI defines parameters Meshnet does not honour (tools, audio, …). A client that asks for one and silently does not get it is worse
 off than one that is told, so each is listed here (:data:`CHAT_REFUSED`,
 :data:`COMPLETIONS_REFUSED`) with the values that ask for nothing
 (``tools: []``, ``response_format: {"type": "text"}``, ``null``), and any
@@ -102,7 +101,6 @@ CHAT_REFUSED: tuple[Refused, ...] = (
     Refused("tool_choice", (None, "none", "auto"), "no tool calling"),
     Refused("functions", (None, []), "no function calling (the older tools)"),
     Refused("function_call", (None, "none"), "no function calling (the older tools)"),
-    Refused("response_format", (None, {"type": "text"}), "no JSON mode or structured output"),
     Refused("audio", (None,), "text only"),
     Refused("modalities", (None, ["text"]), "text only"),
     Refused("prediction", (None,), "no predicted outputs"),
@@ -117,6 +115,11 @@ CHAT_REFUSED: tuple[Refused, ...] = (
 COMPLETIONS_REFUSED: tuple[Refused, ...] = (
     Refused("best_of", (None, 1), "no server-side best-of selection", same_as=("n", 1)),
     Refused("suffix", (None, ""), "no insertion (fill-in-the-middle)"),
+    Refused(
+        "response_format",
+        (None, {"type": "text"}),
+        "structured output is served by /v1/chat/completions",
+    ),
 )
 
 
@@ -315,6 +318,8 @@ class GenerationParams:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False
+    # The grammar every choice follows (``structured.response_format_grammar``).
+    grammar: str | None = None
 
     @property
     def choices(self) -> int:
@@ -344,6 +349,7 @@ class GenerationParams:
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             logit_bias=self.logit_bias,
+            grammar=self.grammar,
         )
 
 

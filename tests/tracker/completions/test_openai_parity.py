@@ -133,7 +133,6 @@ def test_more_choices_than_the_tracker_serves_are_a_400_naming_n(client: openai.
     [
         ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "required"),
-        ("response_format", {"type": "json_object"}),
         ("modalities", ["text", "audio"]),
         ("reasoning_effort", "high"),
         ("store", True),

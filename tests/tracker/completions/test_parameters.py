@@ -113,9 +113,9 @@ def test_a_refused_parameter_set_to_ask_for_nothing_is_accepted(
 
 
 def test_several_refused_parameters_are_named_together() -> None:
-    error = refusal(chat, tools=ASKING["tools"], response_format=ASKING["response_format"])
+    error = refusal(chat, tools=ASKING["tools"], audio=ASKING["audio"])
 
-    assert "'tools'" in error["message"] and "'response_format'" in error["message"]
+    assert "'tools'" in error["message"] and "'audio'" in error["message"]
     assert error["param"] == "tools"
 
 

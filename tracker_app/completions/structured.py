@@ -1,0 +1,117 @@
+"""Structured output: OpenAI's ``response_format`` as the grammar the last hop follows.
+
+``{"type": "json_object"}`` asks for any JSON object, ``{"type": "json_schema",
+"json_schema": {"name", "schema", "strict"}}`` for one valid against the schema;
+``{"type": "text"}`` (or none) for free text. The tracker compiles the request
+into an llguidance grammar (:func:`response_format_grammar`, ADR-0022) and
+refuses, with the library's own words naming the construct, a schema it cannot
+follow; the grammar travels with the sampling parameters to the last hop,
+which masks every token that cannot continue it. The JSON is written compactly
+(no free whitespace, which a small model can otherwise repeat until
+``max_tokens``). Every schema is enforced, ``strict`` or not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from llguidance import LLMatcher
+from rest_framework import serializers
+
+# OpenAI's rule for a schema's name.
+SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# How the JSON is laid out: compact, one way (llguidance's JSON options).
+JSON_LAYOUT = {"whitespace_flexible": False}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class UnfollowableFormat(ValueError):
+    """The ``response_format`` cannot be followed; the message says why."""
+
+
+def response_format_grammar(value: Any) -> str | None:
+    """The grammar for OpenAI's ``response_format`` ``value`` (None: free text).
+
+    Raises :class:`UnfollowableFormat` for a format that is not one of the three
+    types, a ``json_schema`` without a valid ``name`` or with a ``schema`` that is
+    not an object, and a schema the grammar library cannot follow (naming the
+    construct: ``Unimplemented keys: ["not"]``, an unclosed regex group, …).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise UnfollowableFormat("must be an object with a 'type'")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _compiled(ANY_OBJECT)
+    if kind != "json_schema":
+        raise UnfollowableFormat(
+            f"type {str(kind)[:40]!r} is not one of 'text', 'json_object', 'json_schema'"
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise UnfollowableFormat("json_schema must be an object with a name and a schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise UnfollowableFormat("json_schema.name must be 1-64 letters, digits, '_' or '-'")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise UnfollowableFormat("json_schema.strict must be a boolean")
+    schema = spec.get("schema", ANY_OBJECT)
+    if not isinstance(schema, Mapping):
+        raise UnfollowableFormat("json_schema.schema must be a JSON Schema object")
+    return _compiled(dict(schema))
+
+
+def _compiled(schema: dict[str, Any]) -> str:
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    except ValueError as error:
+        raise UnfollowableFormat(f"the schema cannot be followed: {_first_line(error)}") from None
+    problem = LLMatcher.validate_grammar(grammar)
+    if problem:
+        raise UnfollowableFormat(f"the schema cannot be followed: {_first_line(problem)}")
+    return grammar
+
+
+def _first_line(message: object) -> str:
+    lines = str(message).strip().splitlines()
+    return lines[0][:300] if lines else "unknown error"
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "description": "text (default), json_object (any JSON object) or json_schema "
+        "(an answer valid against json_schema.schema); enforced on the last hop",
+        "properties": {
+            "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+            "json_schema": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                    "description": {"type": "string"},
+                    "schema": {"type": "object"},
+                    "strict": {"type": "boolean", "nullable": True},
+                },
+                "required": ["name"],
+            },
+        },
+        "required": ["type"],
+        "nullable": True,
+    }
+)
+class ResponseFormatField(serializers.JSONField):
+    """``response_format``: its internal value is the grammar (None: free text)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        try:
+            return response_format_grammar(value)
+        except UnfollowableFormat as error:
+            raise serializers.ValidationError(str(error)) from None
