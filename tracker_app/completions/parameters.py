@@ -7,10 +7,10 @@ fields, ``n``, ``stop``, ``route`` and the way a body is read
 the proxy runs. Their ranges are OpenAI's (and, for what a node checks again,
 the protocol's).
 
-OpenAI defines parameters Meshnet does not honour (tools, audio, …). A client that asks for one and silently does not get it is worse
-off than one that is told, so each is listed here (:data:`CHAT_REFUSED`,
-:data:`COMPLETIONS_REFUSED`) with the values that ask for nothing
-(``tools: []``, ``response_format: {"type": "text"}``, ``null``), and any
+OpenAI defines parameters Meshnet does not honour (tools, audio, …). A client
+that asks for one and silently does not get it is worse off than one that is
+told, so each is listed here (:data:`CHAT_REFUSED`, :data:`COMPLETIONS_REFUSED`)
+with the values that ask for nothing (``tools: []``, ``null``), and any
 other value is a 400 ``unsupported_parameter`` naming it
 (:func:`unsupported_refuse`, run by each endpoint's serializer first). Fields
 OpenAI does not define stay accepted: clients send extras.
@@ -115,11 +115,6 @@ CHAT_REFUSED: tuple[Refused, ...] = (
 COMPLETIONS_REFUSED: tuple[Refused, ...] = (
     Refused("best_of", (None, 1), "no server-side best-of selection", same_as=("n", 1)),
     Refused("suffix", (None, ""), "no insertion (fill-in-the-middle)"),
-    Refused(
-        "response_format",
-        (None, {"type": "text"}),
-        "structured output is served by /v1/chat/completions",
-    ),
 )
 
 

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.utils import extend_schema_field
 from llguidance import LLMatcher
 from rest_framework import serializers
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # OpenAI's rule for a schema's name.
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 # How the JSON is laid out: compact, one way (llguidance's JSON options).
-JSON_LAYOUT = {"whitespace_flexible": False}
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 

@@ -50,7 +50,6 @@ ASKING: dict[str, Any] = {
     "tool_choice": "required",
     "functions": [{"name": "weather", "parameters": {}}],
     "function_call": "auto",
-    "response_format": {"type": "json_object"},
     "audio": {"voice": "alloy", "format": "wav"},
     "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "draft"},
@@ -420,6 +419,7 @@ SENT: dict[str, Any] = {
     "prompt_cache_retention": "24h",
     "prompt_cache_options": {"mode": "implicit"},
     "parallel_tool_calls": False,
+    "response_format": {"type": "json_object"},
     "top_k": 40,
     "route": ["node-a"],
 }
