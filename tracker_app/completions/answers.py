@@ -34,7 +34,7 @@ class Answer(Protocol):
         ...
 
     def piece(self, piece: Piece) -> bytes:
-        """The event of a piece of one choice's text."""
+        """The event of a piece of one choice's text (empty: nothing to send yet)."""
         ...
 
     def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:

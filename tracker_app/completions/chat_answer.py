@@ -3,6 +3,13 @@
 :class:`ChatAnswer` builds each through its declaration in
 :mod:`~tracker_app.completions.shapes` (the schema documents the same ones),
 each choice's chunks indexed by choice, the first opening with its role.
+
+A request with tools the model may call (:mod:`~tracker_app.completions.tools`)
+holds back a choice's text from its first character on when that is the calls
+object (always, unless ``tool_choice`` is ``"auto"``, where text never starts
+with ``{``), and ends the choice with its ``tool_calls``, each whole in one
+delta, and ``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens``
+come as the text they are, with ``"length"``.
 """
 
 from __future__ import annotations
@@ -23,13 +30,16 @@ from tracker_app.completions.shapes import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatFinishReason,
     ChoiceLogprobs,
     FinishReason,
     MeshnetRoute,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
+from tracker_app.completions.tools import ToolUse, calls_of
 
 
 def choice_chunk(
@@ -39,7 +49,7 @@ def choice_chunk(
     model: str,
     choice: int,
     delta: ChatDelta,
-    finish_reason: FinishReason | None = None,
+    finish_reason: ChatFinishReason | None = None,
     logprobs: ChoiceLogprobs | None = None,
     meshnet: MeshnetRoute | None = None,
     usage: Usage | None = None,
@@ -93,6 +103,25 @@ class ChatAnswer:
         self._text = [
             TextEvents.around(partial(self._text_chunk, choice)) for choice in range(self.choices)
         ]
+        self.tool_use: ToolUse | None = params.tool_use
+        # With tools: the choices whose answer is not yet known to be text or calls, and
+        # the text held back of those that are calls.
+        self._undecided = set(range(self.choices)) if self.tool_use is not None else set()
+        self._held: dict[int, list[str]] = {}
+
+    def _holds(self, choice: int, text: str) -> bool:
+        """Whether ``text`` of ``choice`` is held back as part of its calls object."""
+        if choice in self._held:
+            self._held[choice].append(text)
+            return True
+        if choice not in self._undecided or not text:
+            return False
+        self._undecided.discard(choice)
+        assert self.tool_use is not None
+        if self.tool_use.mode == "auto" and not text.startswith("{"):
+            return False
+        self._held[choice] = [text]
+        return True
 
     def _text_chunk(self, choice: int, text: str) -> ChatCompletionChunk:
         return self._chunk(choice, delta=ChatDelta(content=text))
@@ -119,19 +148,56 @@ class ChatAnswer:
         ]
 
     def piece(self, piece: Piece) -> bytes:
+        if self._holds(piece.choice, piece.text):
+            return b""
         if not piece.logprobs:
             return self._text[piece.choice].event(piece.text)
         content: ChoiceLogprobs = {"content": [token_logprob(entry) for entry in piece.logprobs]}
         return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
 
     def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
-        return sse_event(
+        held = self._held.pop(choice, None)
+        before = b""
+        if held is not None:
+            text = "".join(held)
+            calls = calls_of(text) if finish_reason == "stop" else None
+            if calls is None:  # cut short: the text as it is
+                before = self._text[choice].event(text)
+            else:
+                deltas = [ToolCallDelta(index=i, **call) for i, call in enumerate(calls)]
+                before = sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=deltas)))
+                finish_reason = "tool_calls"
+        return before + sse_event(
             self._chunk(
                 choice,
                 delta=ChatDelta(),
-                finish_reason=cast(FinishReason, finish_reason),
+                finish_reason=cast(ChatFinishReason, finish_reason),
                 usage=usage,
             )
+        )
+
+    def _message(self, generation: Generation) -> tuple[AssistantMessage, ChatFinishReason]:
+        """A whole choice's message and finish reason: its text, or its tool calls."""
+        reason = cast(FinishReason, generation.finish_reason)
+        calls = None
+        if self.tool_use is not None and reason == "stop":
+            calls = calls_of(generation.content)
+        if calls is None:
+            return AssistantMessage(role="assistant", content=generation.content), reason
+        message = AssistantMessage(role="assistant", content=None, tool_calls=calls)
+        return message, "tool_calls"
+
+    def _choice(self, generation: Generation) -> ChatChoice:
+        message, finish_reason = self._message(generation)
+        return ChatChoice(
+            index=generation.choice,
+            message=message,
+            logprobs=(
+                ChoiceLogprobs(content=[token_logprob(entry) for entry in generation.logprobs])
+                if self.logprobs
+                else None
+            ),
+            finish_reason=finish_reason,
         )
 
     def reply(
@@ -142,21 +208,7 @@ class ChatAnswer:
             object="chat.completion",
             created=self.created,
             model=self.model,
-            choices=[
-                ChatChoice(
-                    index=generation.choice,
-                    message=AssistantMessage(role="assistant", content=generation.content),
-                    logprobs=(
-                        ChoiceLogprobs(
-                            content=[token_logprob(entry) for entry in generation.logprobs]
-                        )
-                        if self.logprobs
-                        else None
-                    ),
-                    finish_reason=cast(FinishReason, generation.finish_reason),
-                )
-                for generation in generations
-            ],
+            choices=[self._choice(generation) for generation in generations],
             usage=usage,
             meshnet=meshnet,
         )

@@ -28,6 +28,7 @@ from tracker_app.completions.parameters import (
     request_fields,
 )
 from tracker_app.completions.structured import ResponseFormatField
+from tracker_app.completions.tools import UnusableTools, conversation, tool_use_parse
 
 # A chat's tokens when the client sets no limit: the head's own default (OpenAI has none).
 CHAT_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS
@@ -61,10 +62,52 @@ class MessageContent(serializers.JSONField):
         raise serializers.ValidationError("must be a string or a list of text parts")
 
 
+_TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            "required": ["name", "arguments"],
+        },
+    },
+    "required": ["id", "type", "function"],
+}
+
+
+class ToolCallFunction(serializers.Serializer[dict[str, Any]]):
+    name = serializers.CharField(max_length=64)
+    arguments = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+class ToolCallMessage(serializers.Serializer[dict[str, Any]]):
+    id = serializers.CharField(max_length=128)
+    type = serializers.ChoiceField(choices=["function"])
+    function = ToolCallFunction()
+
+
 @extend_schema_serializer(component_name="ChatMessage")
 class ChatMessage(serializers.Serializer[dict[str, Any]]):
     role = serializers.ChoiceField(choices=ROLES)
-    content = MessageContent()
+    # Null only for an assistant's turn that made tool calls.
+    content = MessageContent(required=False, allow_null=True)
+    tool_calls = ToolCallMessage(many=True, required=False)
+    tool_call_id = serializers.CharField(max_length=128, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("content") is None and not (
+            attrs["role"] == "assistant" and attrs.get("tool_calls")
+        ):
+            raise serializers.ValidationError(
+                {"content": "is required, unless an assistant's turn makes tool calls"}
+            )
+        if attrs["role"] == "tool" and not attrs.get("tool_call_id"):
+            raise serializers.ValidationError(
+                {"tool_call_id": "a tool's result names the call it answers"}
+            )
+        return attrs
 
 
 @extend_schema_serializer(component_name="ChatCompletion")
@@ -84,10 +127,26 @@ class ChatCompletionRequest(GenerationFields):
         min_value=0, max_value=TOP_LOGPROBS_MAX, required=False, allow_null=True
     )
     response_format = ResponseFormatField(required=False, allow_null=True)
+    tools = serializers.JSONField(required=False, allow_null=True)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
+    parallel_tool_calls = serializers.JSONField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if (attrs.get("top_logprobs") or 0) > 0 and not attrs.get("logprobs"):
             raise serializers.ValidationError({"top_logprobs": "needs logprobs: true"})
+        try:
+            attrs["tool_use"] = tool_use_parse(
+                attrs.get("tools"), attrs.get("tool_choice"), attrs.get("parallel_tool_calls")
+            )
+        except UnusableTools as error:
+            raise serializers.ValidationError({error.param: str(error)}) from None
+        if attrs["tool_use"] is not None and attrs.get("response_format") is not None:
+            raise serializers.ValidationError(
+                {
+                    "response_format": "cannot be combined with tools the model may call "
+                    '(leave it out, or set tool_choice to "none")'
+                }
+            )
         return super().validate(attrs)
 
 
@@ -97,12 +156,14 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
     OpenAI parameter Meshnet does not honour. ``max_choices``: MESHNET_MAX_CHOICES."""
     raw = request_fields(body)
     v = fields_validate(ChatCompletionRequest(data=raw, context={"max_choices": max_choices}))
-    messages = [{"role": m["role"], "content": m["content"]} for m in v["messages"]]
+    use = v["tool_use"]
+    messages = conversation(v["messages"], use)
     return generation_params(
         v,
         prompts=(messages,),
         max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or CHAT_DEFAULT_MAX_TOKENS,
         logprobs=bool(v.get("logprobs")),
         top_logprobs=v.get("top_logprobs") or 0,
-        grammar=v.get("response_format"),
+        grammar=use.grammar() if use is not None else v.get("response_format"),
+        tool_use=use,
     )

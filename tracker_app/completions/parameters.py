@@ -7,10 +7,10 @@ fields, ``n``, ``stop``, ``route`` and the way a body is read
 the proxy runs. Their ranges are OpenAI's (and, for what a node checks again,
 the protocol's).
 
-OpenAI defines parameters Meshnet does not honour (tools, audio, …). A client
+OpenAI defines parameters Meshnet does not honour (audio, the older functions, …). A client
 that asks for one and silently does not get it is worse off than one that is
 told, so each is listed here (:data:`CHAT_REFUSED`, :data:`COMPLETIONS_REFUSED`)
-with the values that ask for nothing (``tools: []``, ``null``), and any
+with the values that ask for nothing (``functions: []``, ``null``), and any
 other value is a 400 ``unsupported_parameter`` naming it
 (:func:`unsupported_refuse`, run by each endpoint's serializer first). Fields
 OpenAI does not define stay accepted: clients send extras.
@@ -44,6 +44,7 @@ from nodes_app.protocol.sampling import (
     SamplingParams,
     logit_bias_pairs,
 )
+from tracker_app.completions.tools import ToolUse
 
 MAX_MAX_TOKENS = 4096
 # The most choices any deployment may allow (MESHNET_MAX_CHOICES's own ceiling).
@@ -96,11 +97,8 @@ def _same_json(a: Any, b: Any) -> bool:
 
 
 CHAT_REFUSED: tuple[Refused, ...] = (
-    Refused("tools", (None, []), "no tool calling: the model only writes text"),
-    # "auto" asks for nothing without tools, and with tools ``tools`` is refused.
-    Refused("tool_choice", (None, "none", "auto"), "no tool calling"),
-    Refused("functions", (None, []), "no function calling (the older tools)"),
-    Refused("function_call", (None, "none"), "no function calling (the older tools)"),
+    Refused("functions", (None, []), "the older function calling: use tools"),
+    Refused("function_call", (None, "none"), "the older function calling: use tool_choice"),
     Refused("audio", (None,), "text only"),
     Refused("modalities", (None, ["text"]), "text only"),
     Refused("prediction", (None,), "no predicted outputs"),
@@ -313,8 +311,10 @@ class GenerationParams:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False
-    # The grammar every choice follows (``structured.response_format_grammar``).
+    # The grammar every choice follows (``structured.response_format_grammar``, or the
+    # tool calls' ``tools.ToolUse.grammar``), and the tools the answer may call.
     grammar: str | None = None
+    tool_use: ToolUse | None = None
 
     @property
     def choices(self) -> int:

@@ -230,7 +230,9 @@ class CompletionProxy:
         try:
             async for piece in interleaved([self._generate(g) for g in self.generations]):
                 if piece.finish_reason is None:
-                    await send(self.answer.piece(piece))
+                    event = self.answer.piece(piece)
+                    if event:  # nothing while a tool call is held back
+                        await send(event)
                     continue
                 unfinished -= 1
                 if unfinished:

@@ -54,6 +54,8 @@ class Documented:
 
 Count = Annotated[int, Bounds(minimum=0)]
 FinishReason = Literal["stop", "length"]
+# A chat choice also ends in "tool_calls" when its answer is a call of the request's tools.
+ChatFinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Usage(TypedDict):
@@ -73,9 +75,30 @@ class MeshnetRoute(TypedDict):
 _MODES = [str(mode) for mode in DecisionMode]
 
 
+class CalledFunction(TypedDict):
+    name: str
+    # The arguments as JSON text, valid for the function's parameters schema.
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ToolCallDelta(ToolCall):
+    """A streamed tool call: each comes whole, in one delta."""
+
+    index: Count
+
+
 class AssistantMessage(TypedDict):
+    """The answer: text, or (``content`` null) the calls of the request's tools."""
+
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: NotRequired[list[ToolCall]]
 
 
 class TopLogprob(TypedDict):
@@ -98,7 +121,7 @@ class ChatChoice(TypedDict):
     index: Count
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None
-    finish_reason: FinishReason
+    finish_reason: ChatFinishReason
 
 
 class ChatCompletion(TypedDict):
@@ -115,13 +138,14 @@ class ChatDelta(TypedDict, total=False):
     # The first delta has the role, the last neither.
     role: Literal["assistant"]
     content: str
+    tool_calls: list[ToolCallDelta]
 
 
 class ChatChunkChoice(TypedDict):
     index: Count
     delta: ChatDelta
     logprobs: NotRequired[ChoiceLogprobs | None]
-    finish_reason: FinishReason | None
+    finish_reason: ChatFinishReason | None
 
 
 class ChatCompletionChunk(TypedDict):

@@ -75,14 +75,15 @@ def _compiled(schema: dict[str, Any]) -> str:
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as error:
-        raise UnfollowableFormat(f"the schema cannot be followed: {_first_line(error)}") from None
+        raise UnfollowableFormat(f"the schema cannot be followed: {first_line(error)}") from None
     problem = LLMatcher.validate_grammar(grammar)
     if problem:
-        raise UnfollowableFormat(f"the schema cannot be followed: {_first_line(problem)}")
+        raise UnfollowableFormat(f"the schema cannot be followed: {first_line(problem)}")
     return grammar
 
 
-def _first_line(message: object) -> str:
+def first_line(message: object) -> str:
+    """A library message's first line, shortened: what a client's error shows of it."""
     lines = str(message).strip().splitlines()
     return lines[0][:300] if lines else "unknown error"
 

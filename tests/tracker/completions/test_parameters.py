@@ -46,8 +46,6 @@ TEXT = {"model": "tiny-random-llama", "prompt": "Once upon a time"}
 
 # What a client really sends to ask for each thing Meshnet does not do.
 ASKING: dict[str, Any] = {
-    "tools": [{"type": "function", "function": {"name": "weather", "parameters": {}}}],
-    "tool_choice": "required",
     "functions": [{"name": "weather", "parameters": {}}],
     "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"},
@@ -112,14 +110,15 @@ def test_a_refused_parameter_set_to_ask_for_nothing_is_accepted(
 
 
 def test_several_refused_parameters_are_named_together() -> None:
-    error = refusal(chat, tools=ASKING["tools"], audio=ASKING["audio"])
+    error = refusal(chat, functions=ASKING["functions"], audio=ASKING["audio"])
 
-    assert "'tools'" in error["message"] and "'audio'" in error["message"]
-    assert error["param"] == "tools"
+    assert "'functions'" in error["message"] and "'audio'" in error["message"]
+    assert error["param"] == "functions"
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("store", 0), ("store", "false"), ("tools", {}), ("tool_choice", "None")]
+    ("name", "value"),
+    [("store", 0), ("store", "false"), ("functions", {}), ("function_call", "None")],
 )
 def test_a_value_that_only_looks_neutral_is_refused(name: str, value: Any) -> None:
     # Compared as JSON: 0 is not false, {} is not [], "None" is not "none".
@@ -130,10 +129,6 @@ def test_a_value_that_only_looks_neutral_is_refused(name: str, value: Any) -> No
 def test_tool_settings_without_tools_ask_for_nothing(tools: Any) -> None:
     fields = {"tool_choice": "auto", "parallel_tool_calls": False}
     assert chat(**fields, **({} if tools is None else {"tools": tools})).choices == 1
-
-
-def test_tool_choice_auto_with_tools_is_refused_for_the_tools() -> None:
-    assert refusal(chat, tools=ASKING["tools"], tool_choice="auto")["param"] == "tools"
 
 
 def test_the_api_description_names_every_value_a_refused_parameter_accepts() -> None:
@@ -420,6 +415,8 @@ SENT: dict[str, Any] = {
     "prompt_cache_options": {"mode": "implicit"},
     "parallel_tool_calls": False,
     "response_format": {"type": "json_object"},
+    "tools": [{"type": "function", "function": {"name": "weather"}}],
+    "tool_choice": "auto",
     "top_k": 40,
     "route": ["node-a"],
 }

@@ -140,3 +140,188 @@ def test_a_format_that_cannot_be_followed_is_a_400_naming_the_construct(
 
     assert (refused.value.code, refused.value.param) == ("invalid_request", "response_format")
     assert named in refused.value.message
+
+
+# --- tools ----------------------------------------------------------------------------
+
+WEATHER_ARGUMENTS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "unit": {"enum": ["c", "f"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME_ARGUMENTS = {
+    "type": "object",
+    "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 12}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city.",
+            "parameters": WEATHER_ARGUMENTS,
+        },
+    },
+    {"type": "function", "function": {"name": "time", "parameters": TIME_ARGUMENTS}},
+]
+SCHEMAS = {"weather": WEATHER_ARGUMENTS, "time": TIME_ARGUMENTS}
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def assert_valid_calls(calls: Any) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_a_required_tool_call_carries_arguments_valid_for_its_function(
+    client: openai.OpenAI,
+) -> None:
+    # One call each: a random model left to make several goes on to max_tokens.
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model=TINY,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=300,
+        )
+
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content is None
+        assert_valid_calls(choice.message.tool_calls)
+
+
+def test_a_named_function_is_called_once_and_parallel_false_allows_one_call(
+    client: openai.OpenAI,
+) -> None:
+    named = client.chat.completions.create(
+        model=TINY,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "time"}},
+        temperature=1.0,
+        seed=4,
+        max_tokens=200,
+    )
+    single = client.chat.completions.create(
+        model=TINY,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=5,
+        max_tokens=200,
+    )
+
+    [call] = named.choices[0].message.tool_calls or []
+    assert call.function.name == "time"
+    assert_valid_calls([call])
+    assert len(single.choices[0].message.tool_calls or []) == 1
+
+
+def test_streamed_tool_calls_arrive_as_openai_deltas(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=TINY,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=6,
+        max_tokens=300,
+        stream=True,
+    )
+    content, deltas, finish = "", [], None
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            deltas += choice.delta.tool_calls or []
+            finish = choice.finish_reason or finish
+
+    assert (content, finish) == ("", "tool_calls")
+    assert [delta.index for delta in deltas] == list(range(len(deltas)))
+    assert_valid_calls(deltas)
+
+
+def test_auto_answers_either_text_or_valid_calls(client: openai.OpenAI) -> None:
+    for seed in range(6):
+        choice = client.chat.completions.create(
+            model=TINY, messages=ASK, tools=TOOLS, temperature=1.0, seed=seed, max_tokens=60
+        ).choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            assert_valid_calls(choice.message.tool_calls)
+        else:  # text, which then never starts as a calls object would
+            assert choice.message.content and not choice.message.content.startswith("{")
+
+
+def test_a_tool_result_is_taken_in_the_next_request(client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(
+        model=TINY,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=300,
+    )
+    message = first.choices[0].message
+    calls = message.tool_calls or []
+    history: list[Any] = [
+        *ASK,
+        message.model_dump(exclude_none=True),
+        *({"role": "tool", "tool_call_id": call.id, "content": "12 C, rain"} for call in calls),
+    ]
+
+    answer = client.chat.completions.create(
+        model=TINY, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8
+    )
+    alone = client.chat.completions.create(
+        model=TINY, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=8
+    )
+
+    assert answer.choices[0].message.content
+    assert answer.usage is not None and alone.usage is not None
+    # The call and its result are in the prompt: the tiny tokenizer spells bytes.
+    written = len(json.dumps(calls[0].function.arguments)) + len("12 C, rain")
+    assert answer.usage.prompt_tokens > alone.usage.prompt_tokens + written
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "named"),
+    [
+        ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools", "name"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "nope",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}]},
+            "tools",
+            "not",
+        ),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format", "tools"),
+    ],
+)
+def test_tools_that_cannot_be_used_are_a_400_naming_why(
+    client: openai.OpenAI, fields: dict[str, Any], param: str, named: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=TINY, messages=ASK, max_tokens=4, **fields)
+
+    assert (refused.value.code, refused.value.param) == ("invalid_request", param)
+    assert named in refused.value.message

@@ -1,0 +1,142 @@
+"""How a request's tools reach a model that only writes text: the generic prompt, the
+earlier turns in the same words, the calls object's schema and reading it back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tracker_app.completions.tools import (
+    ToolUse,
+    UnusableTools,
+    calls_of,
+    conversation,
+    tool_use_parse,
+)
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Forecast."}}
+TIME = {"type": "function", "function": {"name": "time", "parameters": {"type": "object"}}}
+
+
+def use(**fields: Any) -> ToolUse:
+    parsed = tool_use_parse(
+        fields.get("tools", [WEATHER, TIME]),
+        fields.get("tool_choice"),
+        fields.get("parallel_tool_calls"),
+    )
+    assert parsed is not None
+    return parsed
+
+
+def test_no_tools_or_tool_choice_none_asks_for_no_calls() -> None:
+    assert tool_use_parse(None, None, None) is None
+    assert tool_use_parse([], "auto", False) is None
+    assert tool_use_parse([WEATHER], "none", None) is None
+
+
+def test_the_tools_open_the_system_message_or_become_one() -> None:
+    asked = [{"role": "user", "content": "Rain?"}]
+    with_system = [{"role": "system", "content": "Be brief."}, *asked]
+
+    alone = conversation(asked, use())
+    merged = conversation(with_system, use())
+
+    assert alone[0]["role"] == "system" and alone[1:] == asked
+    assert "weather: Forecast." in alone[0]["content"]
+    assert merged[0]["content"].startswith("Be brief.\n\n") and len(merged) == 2
+
+
+def test_earlier_calls_and_their_results_are_written_as_the_model_writes_them() -> None:
+    history = [
+        {"role": "user", "content": "Rain in Oslo and Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Rome"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+        {"role": "tool", "tool_call_id": "c2", "content": "sun"},
+    ]
+
+    turns = conversation(history, None)
+
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert json.loads(turns[1]["content"]) == {
+        "tool_calls": [
+            {"name": "weather", "arguments": {"city": "Oslo"}},
+            {"name": "weather", "arguments": {"city": "Rome"}},
+        ]
+    }
+    assert turns[2]["content"] == (
+        "Result of weather (call c1): rain\nResult of weather (call c2): sun"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "calls", "valid"),
+    [
+        ({}, [("weather", {}), ("time", {})], True),
+        ({"parallel_tool_calls": False}, [("weather", {}), ("time", {})], False),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "time"}}},
+            [("weather", {})],
+            False,
+        ),
+        ({}, [("elsewhere", {})], False),
+        ({}, [], False),
+    ],
+)
+def test_the_calls_object_admits_what_tool_choice_and_parallel_calls_allow(
+    fields: dict[str, Any], calls: list[tuple[str, Any]], valid: bool
+) -> None:
+    answer = {"tool_calls": [{"name": name, "arguments": args} for name, args in calls]}
+    schema = use(**fields).calls_schema()
+    schema.pop("x-guidance")
+
+    if valid:
+        jsonschema.validate(answer, schema)
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(answer, schema)
+
+
+def test_an_answer_is_read_back_as_openai_tool_calls_or_left_as_text() -> None:
+    [call] = calls_of('{"tool_calls":[{"name":"weather","arguments":{"city":"Oslo"}}]}') or []
+
+    assert call["function"] == {"name": "weather", "arguments": '{"city":"Oslo"}'}
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert calls_of("It rains.") is None
+    assert calls_of('{"tool_calls":[{"name":"wea') is None  # cut short
+
+
+@pytest.mark.parametrize(
+    ("tools", "tool_choice", "param"),
+    [
+        ({"type": "function"}, None, "tools"),
+        ([{"type": "retrieval"}], None, "tools"),
+        ([WEATHER, WEATHER], None, "tools"),
+        ([WEATHER], "sometimes", "tool_choice"),
+        ([WEATHER], {"type": "function", "function": {"name": "time"}}, "tool_choice"),
+    ],
+)
+def test_tools_that_cannot_be_used_name_the_parameter(
+    tools: Any, tool_choice: Any, param: str
+) -> None:
+    with pytest.raises(UnusableTools) as refused:
+        tool_use_parse(tools, tool_choice, None)
+
+    assert refused.value.param == param

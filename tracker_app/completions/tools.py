@@ -1,0 +1,284 @@
+"""Tool calls: OpenAI's ``tools`` and ``tool_choice`` on a model that only writes text.
+
+The tracker describes the tools to the model in a generic prompt (a system
+message, :func:`ToolUse.messages`; the shipped models' chat templates have no
+tool support of their own) and constrains the answer with a grammar the last
+hop follows (ADR-0022): with ``tool_choice`` ``"required"`` or a named
+function the answer is a calls object, with ``"auto"`` either that object or
+text that does not start with ``{``. The calls object is
+
+    {"tool_calls": [{"name": "<function>", "arguments": {...}}]}
+
+each ``arguments`` valid for its function's JSON schema, at most one call
+when ``parallel_tool_calls`` is false. :func:`calls_of` reads it back into
+OpenAI's ``tool_calls``. Earlier turns are written in the same words:
+an assistant's calls as the object it wrote, a ``role: "tool"`` result as a
+user turn naming the call it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llguidance import LLMatcher
+
+from tracker_app.completions.shapes import CalledFunction, ToolCall
+from tracker_app.completions.structured import JSON_LAYOUT, first_line
+
+FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
+# Text in "auto" mode never starts with "{": the first character tells text from calls.
+TEXT = r"/[^{](.|\n)*/"
+
+Mode = Literal["auto", "required", "named"]
+
+
+class UnusableTools(ValueError):
+    """``tools`` or ``tool_choice`` cannot be used; ``param`` names which, the message why."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools a request offers and how the model must use them (``tool_choice``)."""
+
+    tools: tuple[Tool, ...]
+    mode: Mode
+    named: str | None = None  # the function ``tool_choice`` names
+    parallel: bool = True
+
+    @property
+    def callable(self) -> tuple[Tool, ...]:
+        """The tools the answer may call."""
+        return tuple(t for t in self.tools if self.named is None or t.name == self.named)
+
+    def calls_schema(self) -> dict[str, Any]:
+        """The JSON schema of the calls object."""
+        calls: dict[str, Any] = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [_call_schema(tool) for tool in self.callable]},
+        }
+        if not self.parallel or self.named is not None:
+            calls["maxItems"] = 1
+        return {
+            "type": "object",
+            "properties": {"tool_calls": calls},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+            "x-guidance": dict(JSON_LAYOUT),
+        }
+
+    def grammar(self) -> str:
+        """The grammar of an answer: the calls object, or in ``auto`` mode text too.
+
+        Raises :class:`UnusableTools` (``tools``) when a function's parameters are a
+        schema the grammar library cannot follow, naming the construct.
+        """
+        calls = json.dumps(self.calls_schema())
+        lark = f"start: calls\ncalls: %json {calls}"
+        if self.mode == "auto":
+            lark = f"start: TEXT | calls\nTEXT: {TEXT}\ncalls: %json {calls}"
+        grammar = LLMatcher.grammar_from_lark(lark)
+        problem = LLMatcher.validate_grammar(grammar)
+        if problem:
+            raise UnusableTools(
+                f"the tools' parameters cannot be followed: {first_line(problem)}", param="tools"
+            )
+        return grammar
+
+    def instructions(self) -> str:
+        """The generic prompt describing the tools and the calls object."""
+        lines = ["You can call these functions (their arguments as JSON Schema):"]
+        for tool in self.tools:
+            described = f": {tool.description}" if tool.description else ""
+            lines.append(f"- {tool.name}{described} Arguments: {json.dumps(tool.parameters)}")
+        lines.append(
+            'To call functions, answer with only this JSON: {"tool_calls": [{"name": '
+            '"<function name>", "arguments": {<its arguments>}}]}.'
+        )
+        if self.mode == "auto":
+            lines.append("Call a function only if it helps; otherwise answer in text.")
+        elif self.named is not None:
+            lines.append(f"Call {self.named} now.")
+        else:
+            lines.append("Call one or more of the functions now.")
+        if not self.parallel:
+            lines.append("Make at most one call.")
+        return "\n".join(lines)
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": dict(tool.parameters)},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tool_use_parse(tools: Any, tool_choice: Any, parallel: Any) -> ToolUse | None:
+    """The request's :class:`ToolUse`, or None when it asks for no tool calls (no tools,
+    or ``tool_choice`` ``"none"``).
+
+    Raises :class:`UnusableTools` for a tool that is not a function with a valid
+    unique name and an object schema of parameters, a ``tool_choice`` that is not
+    ``"none"``, ``"auto"``, ``"required"`` or a function among the tools, and
+    ``"required"`` or a named function without tools.
+    """
+    offered = _tools(tools)
+    mode, named = _choice(tool_choice, offered)
+    if mode == "none" or (not offered and mode == "auto"):
+        return None
+    if not offered:
+        raise UnusableTools(f"tool_choice {mode!r} needs tools", param="tool_choice")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise UnusableTools("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    use = ToolUse(offered, mode, named, parallel is not False)
+    use.grammar()  # a schema that cannot be followed is refused now, not on the node
+    return use
+
+
+def _tools(value: Any) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise UnusableTools("tools must be a list of function tools", param="tools")
+    tools: list[Tool] = []
+    for index, entry in enumerate(value):
+        where = f"tools[{index}]"
+        if not isinstance(entry, Mapping) or entry.get("type") != "function":
+            raise UnusableTools(f'{where} must be {{"type": "function", ...}}', param="tools")
+        function = entry.get("function")
+        if not isinstance(function, Mapping):
+            raise UnusableTools(f"{where}.function must be an object", param="tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+            raise UnusableTools(
+                f"{where}.function.name must be 1-64 letters, digits, '_' or '-'", param="tools"
+            )
+        if any(tool.name == name for tool in tools):
+            raise UnusableTools(f"{where}: two tools are named {name!r}", param="tools")
+        description = function.get("description") or ""
+        if not isinstance(description, str):
+            raise UnusableTools(f"{where}.function.description must be a string", param="tools")
+        parameters = function.get("parameters", NO_ARGUMENTS)
+        if not isinstance(parameters, Mapping):
+            raise UnusableTools(
+                f"{where}.function.parameters must be a JSON Schema object", param="tools"
+            )
+        tools.append(Tool(name, description, parameters))
+    return tuple(tools)
+
+
+def _choice(value: Any, tools: Sequence[Tool]) -> tuple[Mode | Literal["none"], str | None]:
+    if value is None:
+        return "auto", None
+    if value in ("none", "auto", "required"):
+        return value, None
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not any(tool.name == name for tool in tools):
+            raise UnusableTools(
+                f"tool_choice names {str(name)[:64]!r}, which is not among the tools",
+                param="tool_choice",
+            )
+        return "named", name
+    raise UnusableTools(
+        'tool_choice must be "none", "auto", "required" or {"type": "function", '
+        '"function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+def calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
+    """An assistant's earlier ``tool_calls`` as the calls object it wrote."""
+    written = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or "{}"
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            parsed = arguments
+        written.append({"name": function.get("name"), "arguments": parsed})
+    return json.dumps({"tool_calls": written}, separators=(",", ":"))
+
+
+def calls_of(text: str) -> list[ToolCall] | None:
+    """The calls an answer makes, as OpenAI's ``tool_calls`` (each with a fresh id), or
+    None when it is text. The grammar makes a finished calls object well formed."""
+    if not text.startswith("{"):
+        return None
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return None
+    return [
+        ToolCall(
+            id=f"call_{secrets.token_hex(12)}",
+            type="function",
+            function=CalledFunction(
+                name=call["name"],
+                arguments=json.dumps(call["arguments"], separators=(",", ":")),
+            ),
+        )
+        for call in answer["tool_calls"]
+    ]
+
+
+def conversation(
+    messages: Sequence[Mapping[str, Any]], use: ToolUse | None
+) -> list[dict[str, str]]:
+    """The messages as the chat template gets them: role and text only.
+
+    An assistant's ``tool_calls`` become the calls object it wrote; each
+    ``role: "tool"`` result a user turn naming the function and call it
+    answers (consecutive results one turn); with ``use``, its instructions
+    open the system message (a new one, or the first one's text first).
+    """
+    names = {
+        call.get("id"): (call.get("function") or {}).get("name")
+        for message in messages
+        for call in message.get("tool_calls") or ()
+    }
+    turns: list[dict[str, str]] = []
+    results = False  # the last turn holds tool results
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "tool":
+            call = message.get("tool_call_id") or ""
+            result = f"Result of {names.get(call) or 'a function'} (call {call}): {content}"
+            if results:
+                turns[-1]["content"] += "\n" + result
+            else:
+                turns.append({"role": "user", "content": result})
+            results = True
+            continue
+        if role == "assistant" and message.get("tool_calls"):
+            written = calls_text(message["tool_calls"])
+            content = f"{content}\n{written}" if content else written
+        turns.append({"role": role, "content": content})
+        results = False
+    if use is None:
+        return turns
+    if turns and turns[0]["role"] == "system":
+        turns[0]["content"] += "\n\n" + use.instructions()
+        return turns
+    return [{"role": "system", "content": use.instructions()}, *turns]
