@@ -14,6 +14,7 @@ from typing import Any, Literal
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from pydantic import BaseModel, Field
 
 from tests.support.network import Network, start_network
@@ -227,6 +228,7 @@ def test_a_named_function_is_called_once_and_parallel_false_allows_one_call(
     )
 
     [call] = named.choices[0].message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "time"
     assert_valid_calls([call])
     assert len(single.choices[0].message.tool_calls or []) == 1
@@ -295,6 +297,7 @@ def test_a_tool_result_is_taken_in_the_next_request(client: openai.OpenAI) -> No
     assert answer.choices[0].message.content
     assert answer.usage is not None and alone.usage is not None
     # The call and its result are in the prompt: the tiny tokenizer spells bytes.
+    assert isinstance(calls[0], ChatCompletionMessageFunctionToolCall)
     written = len(json.dumps(calls[0].function.arguments)) + len("12 C, rain")
     assert answer.usage.prompt_tokens > alone.usage.prompt_tokens + written
 

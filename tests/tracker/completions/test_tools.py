@@ -50,7 +50,7 @@ def test_the_tools_open_the_system_message_or_become_one() -> None:
 
 
 def test_earlier_calls_and_their_results_are_written_as_the_model_writes_them() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "Rain in Oslo and Rome?"},
         {
             "role": "assistant",
