@@ -169,6 +169,9 @@ SPECTACULAR_SETTINGS = {
         "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],
         "PlacementRuleEnum": "routing_app.placement_api.PLACEMENT_RULES",
+        "FinishReasonEnum": ["stop", "length"],
+        "ChatFinishReasonEnum": ["stop", "length", "tool_calls"],
+        "FunctionToolTypeEnum": ["function"],
     },
 }
 

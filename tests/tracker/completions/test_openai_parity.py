@@ -131,8 +131,8 @@ def test_more_choices_than_the_tracker_serves_are_a_400_naming_n(client: openai.
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "required"),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
         ("modalities", ["text", "audio"]),
         ("reasoning_effort", "high"),
         ("store", True),

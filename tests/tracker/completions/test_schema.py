@@ -242,10 +242,10 @@ REFUSALS = [
         "invalid_request",
     ),
     (
-        "chat asking for tools",
+        "chat asking for the older functions",
         "POST",
         "/v1/chat/completions",
-        {"json": {"model": TINY, "messages": PROMPT, "tools": [{"type": "x"}]}, "key": True},
+        {"json": {"model": TINY, "messages": PROMPT, "functions": [{"name": "x"}]}, "key": True},
         400,
         "unsupported_parameter",
     ),
