@@ -120,6 +120,7 @@ class ToolUse:
             lines.append("Call one or more of the functions now.")
         if not self.parallel:
             lines.append("Make at most one call.")
+
         return "\n".join(lines)
 
 
