@@ -53,7 +53,7 @@ def test_smollm2_answers_a_schema_with_the_right_fact(
 def test_smollm2_calls_the_tool_a_question_needs(
     client: openai.OpenAI, smollm2_network: Network
 ) -> None:
-    weather = {
+    weather: Any = {
         "type": "function",
         "function": {
             "name": "get_weather",
