@@ -27,6 +27,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
+from nodes_app.grammar import grammar_problem
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
 from nodes_app.protocol.errors import HOP_BUSY, HOP_FAILED, HOP_TIMED_OUT, relayable_code
 from nodes_app.protocol.generate import GenerateRequest
@@ -37,7 +38,7 @@ from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.hop_answer import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.output import OutputProcessor
-from nodes_app.runtime.sampling import Choice, TailRequest, grammar_problem
+from nodes_app.runtime.sampling import Choice, TailRequest
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.trust import capability_hash, new_capability
 
@@ -113,7 +114,7 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
     if grammar is not None:
         # Compiled here before any hop sees it: a grammar this model's tokenizer cannot
         # follow is the requester's 400, never a failure blamed on the last hop.
-        problem = await service.compute(lambda: grammar_problem(service.grammar_words, grammar))
+        problem = await service.compute(lambda: grammar_problem(grammar, service.grammar_words))
         if problem:
             raise RuntimeRequestError(
                 f"the grammar cannot be followed: {problem}", code="bad_grammar"

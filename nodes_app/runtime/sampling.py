@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from llguidance import LLMatcher, LLTokenizer
-from llguidance.hf import from_tokenizer
 
 # The JSON/header form of the parameters is the protocol's; only the torch
 # side of sampling lives here.
+from nodes_app.grammar import first_line
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 
@@ -99,7 +98,7 @@ class Constraint:
     """One session's grammar on the last hop: which tokens may come next, as it advances.
 
     An llguidance matcher over the model's tokenizer (``tokenizer``, built once
-    per node by :func:`grammar_tokenizer`), advanced through ``generated_ids``
+    per node by :func:`nodes_app.grammar.grammar_words`), advanced through ``generated_ids``
     (a resumed completion's tokens: after a failover the grammar's state is the
     uninterrupted one's) and then through every token chosen. A grammar that does
     not compile, or resumed tokens it does not accept, are the request's 400
@@ -130,25 +129,9 @@ class Constraint:
             raise _refused(self._matcher.get_error())
 
 
-def grammar_problem(tokenizer: LLTokenizer, grammar: str) -> str:
-    """Why ``grammar`` cannot be followed with ``tokenizer`` (its first line); "" if it can."""
-    return _first_line(LLMatcher.validate_grammar(grammar, tokenizer))
-
-
-def _first_line(reason: str) -> str:
-    lines = reason.strip().splitlines()
-    return lines[0][:300] if lines else ""
-
-
 def _refused(reason: str) -> RuntimeRequestError:
-    why = _first_line(reason) or "unknown error"
+    why = first_line(reason) or "unknown error"
     return RuntimeRequestError(f"the grammar cannot be followed: {why}", code="bad_grammar")
-
-
-def grammar_tokenizer(tokenizer: Any, vocab: int | None = None) -> LLTokenizer:
-    """The llguidance view of a transformers fast tokenizer (about a second for a large
-    vocabulary: build it once per node)."""
-    return from_tokenizer(tokenizer, n_vocab=vocab)
 
 
 def sample_token(

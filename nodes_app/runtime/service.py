@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from nodes_app.grammar import grammar_words
 from nodes_app.protocol.limits import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
@@ -37,7 +38,6 @@ from nodes_app.runtime.sampling import (
     SamplingParams,
     TailRequest,
     TokenPicker,
-    grammar_tokenizer,
 )
 from nodes_app.runtime.scheduler import StepScheduler, ThroughputMeter
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
@@ -180,7 +180,7 @@ class NodeService:
                 "this node has no tokenizer, so it cannot follow a grammar",
                 code="bad_grammar",
             )
-        return grammar_tokenizer(self.shard.tokenizer)
+        return grammar_words(self.shard.tokenizer)
 
     async def picker(self, sampling: SamplingParams, generated_ids: Sequence[int]) -> TokenPicker:
         """A new session's token picker on the last hop: with its grammar's constraint,

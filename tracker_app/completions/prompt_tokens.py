@@ -7,8 +7,9 @@ its own count. It loads the model's tokenizer without torch
 tokenises exactly as the head does (:func:`nodes_app.prompting.prompt_token_ids`),
 so an honest head always agrees. With the count in hand the tracker refuses,
 before routing, what the head would refuse (a template that rejects the
-messages, a prompt plus ``max_tokens`` past the context), so a head's own
-refusal afterwards is the head's fault.
+messages, a prompt plus ``max_tokens`` past the context, a grammar the
+tokenizer cannot follow), so a head's own refusal afterwards is the head's
+fault.
 
 A model whose tokenizer this process cannot load (a hub id: nothing is
 downloaded) gets an upper bound from the body instead — every token of a
@@ -23,7 +24,10 @@ import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
+from llguidance import LLTokenizer
+
 from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.grammar import grammar_problem, grammar_words
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
 from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
@@ -87,6 +91,26 @@ def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) 
             f"model's context of {text.context_length} tokens"
         )
     return PromptCount(tokens=len(ids), exact=True)
+
+
+@lru_cache(maxsize=32)
+def _grammar_words(weight_source: str) -> LLTokenizer | None:
+    text = model_text(weight_source)
+    return None if text is None else grammar_words(text.tokenizer)
+
+
+def grammar_check(*, weight_source: str, grammar: str | None, param: str) -> None:
+    """Refuse a grammar the model's tokenizer cannot follow, as the head would (a 400
+    naming ``param``: ``response_format`` or ``tools``), so that a head's refusal
+    afterwards is the head's fault. Without the tokenizer here (then the prompt is not
+    counted either) the head's word stands. Builds the tokenizer's grammar view once per
+    process (a fraction of a second): call it off the event loop."""
+    if grammar is None:
+        return
+    words = _grammar_words(weight_source)
+    problem = grammar_problem(grammar, words) if words is not None else ""
+    if problem:
+        raise InvalidRequest(f"{param}: this model cannot follow it: {problem}", param=param)
 
 
 def echo_check(*, prompt: PromptCount, top_logprobs: int) -> None:

@@ -65,7 +65,7 @@ from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_stre
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.progress import ProgressThrottle
-from tracker_app.completions.prompt_tokens import echo_check, prompt_tokens_count
+from tracker_app.completions.prompt_tokens import echo_check, grammar_check, prompt_tokens_count
 from tracker_app.completions.recording import Completion, RequestRecord
 from tracker_app.completions.shapes import MeshnetRoute, usage_of
 from tracker_app.completions.slots import SlotWait
@@ -197,6 +197,12 @@ class CompletionProxy:
         if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
+        await asyncio.to_thread(
+            grammar_check,
+            weight_source=self.model.weight_source,
+            grammar=self.params.grammar,
+            param="tools" if self.params.tool_use is not None else "response_format",
+        )
         decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
         try:
             await self.record.open(stream=self.params.stream)

@@ -21,6 +21,9 @@ from drf_spectacular.utils import extend_schema_field
 from llguidance import LLMatcher
 from rest_framework import serializers
 
+from nodes_app.grammar import first_line, grammar_problem
+from nodes_app.protocol.sampling import GRAMMAR_MAX_CHARS
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
@@ -76,16 +79,21 @@ def _compiled(schema: dict[str, Any]) -> str:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as error:
         raise UnfollowableFormat(f"the schema cannot be followed: {first_line(error)}") from None
-    problem = LLMatcher.validate_grammar(grammar)
+    return grammar_checked(grammar, what="the schema")
+
+
+def grammar_checked(grammar: str, *, what: str) -> str:
+    """``grammar``, if it can be followed and a node takes its size (``what`` names its
+    source in the error); raises :class:`UnfollowableFormat` otherwise."""
+    if len(grammar) > GRAMMAR_MAX_CHARS:
+        raise UnfollowableFormat(
+            f"{what} compiles to {len(grammar)} characters of grammar; at most "
+            f"{GRAMMAR_MAX_CHARS} are taken"
+        )
+    problem = grammar_problem(grammar)
     if problem:
-        raise UnfollowableFormat(f"the schema cannot be followed: {first_line(problem)}")
+        raise UnfollowableFormat(f"{what} cannot be followed: {problem}")
     return grammar
-
-
-def first_line(message: object) -> str:
-    """A library message's first line, shortened: what a client's error shows of it."""
-    lines = str(message).strip().splitlines()
-    return lines[0][:300] if lines else "unknown error"
 
 
 @extend_schema_field(

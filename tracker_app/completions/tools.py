@@ -28,7 +28,7 @@ from typing import Any, Literal
 from llguidance import LLMatcher
 
 from tracker_app.completions.shapes import CalledFunction, ToolCall
-from tracker_app.completions.structured import JSON_LAYOUT, first_line
+from tracker_app.completions.structured import JSON_LAYOUT, UnfollowableFormat, grammar_checked
 
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -94,13 +94,10 @@ class ToolUse:
         lark = f"start: calls\ncalls: %json {calls}"
         if self.mode == "auto":
             lark = f"start: TEXT | calls\nTEXT: {TEXT}\ncalls: %json {calls}"
-        grammar = LLMatcher.grammar_from_lark(lark)
-        problem = LLMatcher.validate_grammar(grammar)
-        if problem:
-            raise UnusableTools(
-                f"the tools' parameters cannot be followed: {first_line(problem)}", param="tools"
-            )
-        return grammar
+        try:
+            return grammar_checked(LLMatcher.grammar_from_lark(lark), what="the tools' parameters")
+        except UnfollowableFormat as error:
+            raise UnusableTools(str(error), param="tools") from None
 
     def instructions(self) -> str:
         """The generic prompt describing the tools and the calls object."""
