@@ -164,6 +164,6 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
         max_tokens=v.get("max_completion_tokens") or v.get("max_tokens") or CHAT_DEFAULT_MAX_TOKENS,
         logprobs=bool(v.get("logprobs")),
         top_logprobs=v.get("top_logprobs") or 0,
-        grammar=use.grammar() if use is not None else v.get("response_format"),
+        grammar=use.grammar if use is not None else v.get("response_format"),
         tool_use=use,
     )

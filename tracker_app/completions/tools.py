@@ -1,7 +1,8 @@
 """Tool calls: OpenAI's ``tools`` and ``tool_choice`` on a model that only writes text.
 
 The tracker describes the tools to the model in a generic prompt (a system
-message, :func:`ToolUse.messages`; the shipped models' chat templates have no
+message, :meth:`ToolUse.instructions` put in place by :func:`conversation`; the
+shipped models' chat templates have no
 tool support of their own) and constrains the answer with a grammar the last
 hop follows (ADR-0022): with ``tool_choice`` ``"required"`` or a named
 function the answer is a calls object, with ``"auto"`` either that object or
@@ -23,6 +24,7 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from llguidance import LLMatcher
@@ -84,6 +86,7 @@ class ToolUse:
             "x-guidance": dict(JSON_LAYOUT),
         }
 
+    @cached_property
     def grammar(self) -> str:
         """The grammar of an answer: the calls object, or in ``auto`` mode text too.
 
@@ -148,7 +151,7 @@ def tool_use_parse(tools: Any, tool_choice: Any, parallel: Any) -> ToolUse | Non
     if parallel is not None and not isinstance(parallel, bool):
         raise UnusableTools("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     use = ToolUse(offered, mode, named, parallel is not False)
-    use.grammar()  # a schema that cannot be followed is refused now, not on the node
+    _ = use.grammar  # compiled now: a schema that cannot be followed is refused here
     return use
 
 
