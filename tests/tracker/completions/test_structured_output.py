@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
@@ -17,8 +18,10 @@ import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from pydantic import BaseModel, Field
 
-from tests.support.network import Network, start_network
+from tests.support.network import Network, head_generate, start_network
 from tests.support.nodes import TINY
+from tests.support.sse import chunks_of, text_of
+from tracker_app.completions.structured import response_format_grammar
 from tracker_app.localnet import fresh_process_database
 
 PROMPT: list[Any] = [{"role": "user", "content": "Describe a person as JSON."}]
@@ -110,6 +113,64 @@ def test_a_schema_given_as_json_is_followed_on_the_split_route(client: openai.Op
     )
 
     jsonschema.validate(json.loads(reply.choices[0].message.content or ""), schema)
+
+
+LONG = {
+    "type": "object",
+    "properties": {
+        "values": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "minItems": 120,
+            "maxItems": 120,
+        }
+    },
+    "required": ["values"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture
+def redundant(tmp_path: Path) -> Iterator[Network]:
+    """Two routes for the tiny model: head 0-1 -> tail 2-3, and one whole node 0-3."""
+    with fresh_process_database() as database_url:
+        for network in start_network(database_url, tmp_path):
+            network.add_node("head", TINY, (0, 1), wait=False)
+            network.add_node("tail", TINY, (2, 3), wait=False)
+            network.add_node("whole", TINY, (0, 3), wait=False)
+            network.wait_for_nodes()
+            yield network
+
+
+def test_a_failover_mid_answer_resumes_the_schema_and_gives_the_uninterrupted_answer(
+    redundant: Network,
+) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "long", "schema": LONG}}
+    grammar = response_format_grammar(fmt)
+    whole = redundant.nodes["whole"]
+    asked: dict[str, Any] = {"model": TINY, "messages": PROMPT, "max_tokens": 400}
+    expected = head_generate(
+        redundant, whole, [whole.hop()], **asked, temperature=0.0, grammar=grammar
+    )
+    frames: list[Any] = []
+    killed = None
+    for frame in redundant.iter_stream(**asked, temperature=0, response_format=fmt):
+        frames.append(frame)
+        if killed is None and any(
+            c["choices"][0]["delta"].get("content") for c in chunks_of(frames)
+        ):
+            last_hop = chunks_of(frames)[0]["meshnet"]["hops"][-1]["node_id"]
+            killed = next(n for n in redundant.nodes.values() if n.node_id == last_hop)
+            killed.kill()
+
+    assert killed is not None
+    assert not [f for f in frames if isinstance(f, dict) and "error" in f]
+    assert text_of(frames) == expected
+    jsonschema.validate(json.loads(expected), LONG)
+    [(status, signature)] = redundant.query(
+        "SELECT status, route_signature FROM tracker_app_chatrequest"
+    )
+    assert status == "completed" and killed.node_id not in signature  # it did fail over
 
 
 def test_an_answer_cut_by_max_tokens_is_told_as_length(client: openai.OpenAI) -> None:
