@@ -7,8 +7,9 @@ each choice's chunks indexed by choice, the first opening with its role.
 A request with tools the model may call (:mod:`~tracker_app.completions.tools`)
 holds back a choice's text from its first character on when that is the calls
 object (always, unless ``tool_choice`` is ``"auto"``, where text never starts
-with ``{``), and ends the choice with its ``tool_calls``, each whole in one
-delta, and ``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens``
+with ``{``), and ends the choice with its ``tool_calls`` as OpenAI streams
+them (per call a delta naming it, then one with its arguments) and
+``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens``
 come as the text they are, with ``"length"``.
 """
 
@@ -33,8 +34,10 @@ from tracker_app.completions.shapes import (
     ChatFinishReason,
     ChoiceLogprobs,
     FinishReason,
+    FunctionDelta,
     MeshnetRoute,
     TokenLogprob,
+    ToolCall,
     ToolCallDelta,
     TopLogprob,
     Usage,
@@ -88,6 +91,20 @@ def token_logprob(entry: TokenLogprobEntry) -> TokenLogprob:
         "bytes": list(entry.utf8),
         "top_logprobs": tops,
     }
+
+
+def _call_deltas(index: int, call: ToolCall) -> tuple[ToolCallDelta, ToolCallDelta]:
+    """A tool call's two deltas, as OpenAI streams one: its name, then its arguments."""
+    named = ToolCallDelta(
+        index=index,
+        id=call["id"],
+        type="function",
+        function=FunctionDelta(name=call["function"]["name"], arguments=""),
+    )
+    arguments = ToolCallDelta(
+        index=index, function=FunctionDelta(arguments=call["function"]["arguments"])
+    )
+    return named, arguments
 
 
 class ChatAnswer:
@@ -164,8 +181,11 @@ class ChatAnswer:
             if calls is None:  # cut short: the text as it is
                 before = self._text[choice].event(text)
             else:
-                deltas = [ToolCallDelta(index=i, **call) for i, call in enumerate(calls)]
-                before = sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=deltas)))
+                before = b"".join(
+                    sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=[delta])))
+                    for index, call in enumerate(calls)
+                    for delta in _call_deltas(index, call)
+                )
                 finish_reason = "tool_calls"
         return before + sse_event(
             self._chunk(

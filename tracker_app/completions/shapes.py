@@ -87,10 +87,19 @@ class ToolCall(TypedDict):
     function: CalledFunction
 
 
-class ToolCallDelta(ToolCall):
-    """A streamed tool call: each comes whole, in one delta."""
+class FunctionDelta(TypedDict, total=False):
+    name: str
+    arguments: str
+
+
+class ToolCallDelta(TypedDict):
+    """A streamed tool call, as OpenAI sends one: its first delta names it (``id``,
+    ``type``, ``function.name``, empty arguments), the next carries its arguments."""
 
     index: Count
+    id: NotRequired[str]
+    type: NotRequired[Literal["function"]]
+    function: FunctionDelta
 
 
 class AssistantMessage(TypedDict):
