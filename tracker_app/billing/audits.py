@@ -156,7 +156,7 @@ def _refund_corrupt_routes(run: AuditRun, now: datetime) -> list[Refund]:
 def _refund_charged_failures(run: AuditRun, requests: QuerySet[ChatRequest]) -> list[Refund]:
     bills = BillingRecord.objects.select_related("request").filter(
         request__in=requests,
-        request__status__in=[RequestStatus.FAILED, RequestStatus.CANCELLED],
+        request__status=RequestStatus.FAILED,
         refund__isnull=True,
     )
     return _refund_all(run, bills, RefundReason.CHARGED_FAILURE, "the request did not complete")

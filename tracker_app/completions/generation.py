@@ -91,6 +91,13 @@ class Generation:
         """The route serving this choice now."""
         return self.segments[-1].decision
 
+    def prompt_settled(self) -> None:
+        """A choice cut short before its head reported usage (its client left) bills
+        the tracker's own count of its prompt, or none when that is only a bound (the
+        bound would overcharge)."""
+        if not self.finished and not self.prompt_tokens and self.prompt_count.exact:
+            self.prompt_tokens = self.prompt_count.tokens
+
     def work(self) -> list[HopWork]:
         """The hops' work for this choice (:func:`~tracker_app.billing.pricing.request_work`)."""
         return request_work(prompt_tokens=self.prompt_tokens, routes=self.segments)

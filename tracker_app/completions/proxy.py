@@ -262,7 +262,10 @@ class CompletionProxy:
         return CompletionResult(reply=self.answer.reply(self.generations, usage, self._meshnet()))
 
     async def fail(self, message: str, *, cancelled: bool = False) -> None:
-        """Record the request failed (or cancelled by the client): never charged.
+        """Record the request failed, never charged, or cancelled by its client
+        (``cancelled``): then charged for the tokens it was sent, as OpenAI bills, and
+        the nodes paid for their work (nothing if it was sent none: a whole answer
+        not yet sent, or a stream before its first token).
 
         Safe to call on any exit path and more than once: only the first call
         that finds the request still processing changes it and tells the
@@ -275,7 +278,25 @@ class CompletionProxy:
         if self._completion is not None and not self._completion.done():
             self._left_while_completing = True
             return
+        if cancelled and self.params.stream and any(g.token_ids for g in self.generations):
+            await self._record_left(message)
+            return
         await self._record_failed(message, cancelled=cancelled)
+
+    async def _record_left(self, message: str) -> None:
+        """Bill a streamed request its client left: every token sent, each prompt once."""
+        for generation in self.generations:
+            generation.prompt_settled()
+        first_token_at = self._first_token_at
+        completion = Completion.of(
+            self.generations,
+            n=self.params.n,
+            elapsed=self.settings.clock() - self._started,
+            first_token_after=None if first_token_at is None else first_token_at - self._started,
+        )
+        if await self.record.left(completion, message=message):
+            await self._progress.close(flush=True)
+            await self.emit(console.ERROR, self.request_id, message=message)
 
     async def _record_failed(self, message: str, *, cancelled: bool) -> None:
         if await self.record.fail(message, cancelled=cancelled):

@@ -134,6 +134,28 @@ class RequestRecord:
         )
         node_bans_clear(node_ids=sorted({n for g in generations for n in g.route.plan.node_ids}))
 
+    async def left(self, completion: Completion, *, message: str) -> bool:
+        """Record the request cancelled by its client and billed for ``completion``: what
+        it was sent before it left. True if this call ended it. No route sample (the
+        speed of a cut request means nothing) and no bans cleared."""
+        return (
+            await database_call(chat_request_complete)(
+                request_id=self.request_id,
+                model=self.model,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                finish_reason=completion.finish_reason,
+                time_to_first_token_ms=completion.time_to_first_token_ms,
+                tokens_per_second=completion.tokens_per_second,
+                work=completion.work,
+                fee_share=self.fee_share,
+                now=timezone.now(),
+                ended=RequestStatus.CANCELLED,
+                error=message,
+            )
+            is not None
+        )
+
     async def fail(self, message: str, *, cancelled: bool) -> bool:
         """Record the request failed (or cancelled): True if this call ended it."""
         return await database_call(chat_request_fail)(
@@ -174,8 +196,11 @@ def chat_request_complete(
     work: list[HopWork],
     fee_share: Decimal,
     now: datetime,
+    ended: RequestStatus = RequestStatus.COMPLETED,
+    error: str = "",
 ) -> BillingRecord | None:
-    """Mark the request completed and bill it at ``model``'s prices.
+    """Mark the request completed (or ``ended`` otherwise: cancelled by a client that
+    left mid-stream, with its ``error``) and bill it at ``model``'s prices.
 
     None if it was already finished (failed, cancelled or billed before).
     """
@@ -191,7 +216,8 @@ def chat_request_complete(
         finished = ChatRequest.objects.filter(
             pk=request_id, status=RequestStatus.PROCESSING
         ).update(
-            status=RequestStatus.COMPLETED,
+            status=ended,
+            error=error[:2000],
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             finish_reason=finish_reason,
@@ -228,7 +254,8 @@ def chat_request_complete(
 def chat_request_fail(
     *, request_id: uuid.UUID, error: str, now: datetime, cancelled: bool = False
 ) -> bool:
-    """Mark the request failed (or cancelled by the client); never charged.
+    """Mark the request failed (or cancelled by a client that was sent nothing); never
+    charged.
 
     True when this call finished it; False when it had finished already.
     """

@@ -150,7 +150,9 @@ def test_the_dashboard_sees_the_proxy_events_in_order(network: Network) -> None:
     assert events[-1]["data"]["completion_tokens"] == 30
 
 
-def test_a_client_that_disconnects_frees_every_hops_cache(network: Network) -> None:
+def test_a_client_that_disconnects_frees_every_hops_cache_and_pays_for_what_it_was_sent(
+    network: Network,
+) -> None:
     with httpx.stream(
         "POST",
         f"{network.url}/v1/chat/completions",
@@ -168,26 +170,37 @@ def test_a_client_that_disconnects_frees_every_hops_cache(network: Network) -> N
     ) as response:
         lines = response.iter_lines()
         received = [next(lines) for _ in range(6)]
-    assert any('"content"' in line for line in received)
+    read = sum('"content":"' in line and '"content":""' not in line for line in received)
+    assert read
 
     def caches_freed() -> bool:
         return [node.health()["cached_sessions"] for node in network.nodes.values()] == [0, 0]
 
-    def recorded_cancelled() -> bool:
+    def recorded_cancelled() -> list[tuple[Any, ...]]:
         # The nodes see the closed stream before the tracker has written the record.
-        statuses = network.query(
-            "SELECT status FROM tracker_app_chatrequest "
-            "WHERE completion_tokens = 0 AND stream = %s",
+        return network.query(
+            "SELECT id, prompt_tokens, completion_tokens FROM tracker_app_chatrequest "
+            "WHERE status = 'cancelled' AND stream = %s",
             True,
         )
-        return ("cancelled",) in statuses
 
     wait_until(caches_freed, timeout=20, what="every hop to free its cache", interval=0.2)
-    wait_until(recorded_cancelled, timeout=20, what="the request recorded cancelled")
-    assert not network.query(
-        "SELECT b.id FROM tracker_app_billingrecord b JOIN tracker_app_chatrequest r "
-        "ON b.request_id = r.id WHERE r.status = 'cancelled'"
+    wait_until(
+        lambda: bool(recorded_cancelled()), timeout=20, what="the request recorded cancelled"
     )
+    [(request_id, prompt, sent)] = recorded_cancelled()
+    # Billed for every token the tracker sent, at least those the client read (OpenAI's rule).
+    assert read <= sent < 4000
+    [(charge,)] = network.query(
+        "SELECT charge FROM tracker_app_billingrecord WHERE request_id = %s", request_id
+    )
+    assert charge > 0
+    units = network.query(
+        "SELECT w.node_id, w.tokens FROM tracker_app_workunit w "
+        "JOIN tracker_app_billingrecord b ON w.billing_id = b.id WHERE b.request_id = %s",
+        request_id,
+    )
+    assert sorted(units) == sorted((n.node_id, prompt + sent) for n in network.nodes.values())
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> str:

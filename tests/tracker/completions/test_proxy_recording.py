@@ -1,6 +1,7 @@
 """What a request leaves behind: its record, its bill, through cancels and database blips.
 
-A cancelled request is recorded cancelled and not charged; usage a head
+A request whose client leaves mid-stream is recorded cancelled and charged for
+what it was sent (nothing if it was sent nothing); usage a head
 inflates is billed at the tracker's count; a database blip as the answer
 ends is waited out, the request billed once; a client that leaves while its
 answer is billed is still billed.
@@ -29,6 +30,7 @@ from tests.support.fake_heads import (
     answer,
     record,
     relay,
+    relay_until,
     serve,
     serve_until_first_token_then_disconnect,
     text,
@@ -42,22 +44,59 @@ from tracker_app.models import BillingRecord, RequestStatus
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_cancelled_request_is_recorded_cancelled_not_charged_and_the_head_is_let_go(
+def test_a_client_that_leaves_mid_stream_pays_for_what_it_was_sent_and_the_head_is_let_go(
     net: Net,
 ) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"  # the tracker counts the prompt
     net.node("whole", 0, 3)
     net.heads.plan("whole", Behaviour(tokens=1, then="hang"))
     proxy = net.proxy()
+    counted = len(prompt_token_ids(tiny_tokenizer(), [{"role": "user", "content": "hi"}]))
 
     chunks = serve_until_first_token_then_disconnect(proxy)
 
     assert text(chunks) == token_text(0)
     request = record(proxy)
     assert (request.status, request.error) == (RequestStatus.CANCELLED, "client disconnected")
-    assert not BillingRecord.objects.filter(request=request).exists()
+    assert (request.prompt_tokens, request.completion_tokens) == (counted, 1)
+    bill = BillingRecord.objects.get(request=request)
+    assert bill.charge > 0
+    assert work(proxy) == [("whole", 0, 3, counted + 1)]  # the node earns what it ran
     assert net.heads.closed == ["whole"]
     assert net.event_kinds()[-1] == console.ERROR
     assert net.banned() == set()
+
+
+def test_a_client_that_leaves_before_its_first_token_pays_nothing(net: Net) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=0, then="hang"))
+    proxy = net.proxy()
+
+    async def leave_at_once() -> None:
+        await proxy.start()
+        await relay_until(proxy, [], lambda: True)
+
+    asyncio.run(leave_at_once())
+
+    request = record(proxy)
+    assert request.status == RequestStatus.CANCELLED
+    assert not BillingRecord.objects.filter(request=request).exists()
+
+
+def test_a_whole_answer_not_yet_sent_when_its_client_left_is_not_charged(net: Net) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(tokens=3, then="hang"))
+    proxy = net.proxy(stream=False)
+
+    async def leave_after_tokens() -> None:
+        await proxy.start()
+        await relay_until(proxy, [], lambda: any(g.token_ids for g in proxy.generations))
+
+    asyncio.run(leave_after_tokens())
+
+    request = record(proxy)
+    assert request.status == RequestStatus.CANCELLED
+    assert not BillingRecord.objects.filter(request=request).exists()
 
 
 def test_usage_a_head_inflates_is_logged_and_billed_at_the_trackers_count(
