@@ -45,8 +45,10 @@ def test_a_shard_holds_only_its_layers_and_the_modules_its_range_needs() -> None
     head, tail, whole = shard(0, 1), shard(2, 3), shard(0, 3)
     assert sorted(head.layers) == [0, 1]
     assert head.embed is not None and head.lm_head is None and head.norm is None
-    assert tail.embed is None and tail.lm_head is not None and tail.tokenizer is None
-    assert head.tokenizer is not None
+    assert tail.embed is None and tail.lm_head is not None
+    # The head tokenises prompts, the last hop follows grammars (ADR-0022); a middle does neither.
+    assert head.tokenizer is not None and tail.tokenizer is not None
+    assert shard(1, 2).tokenizer is None
     assert parameters(head) + parameters(tail) == parameters(whole)
     assert parameters(head) < 0.6 * parameters(whole)
 
