@@ -140,6 +140,12 @@ LOGIN_REDIRECT_URL = "dashboard"
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
+    # DRF's defaults, with JSON nested too deeply a 400 (meshnet_site.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "meshnet_site.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PERMISSION_CLASSES": [],
     "EXCEPTION_HANDLER": "meshnet_site.errors.openai_exception_handler",
     "UNAUTHENTICATED_USER": None,

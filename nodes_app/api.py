@@ -8,13 +8,13 @@ from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from meshnet_site.api_schema import NODE_TOKEN, body_error_responses, error_responses, security
 from meshnet_site.bearer import bearer_token
+from meshnet_site.parsers import JSONParser
 from nodes_app import services
 from nodes_app.endpoints import EndpointGate
 from nodes_app.models import LanguageModel, Node

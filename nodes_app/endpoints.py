@@ -18,7 +18,6 @@ tests pass one with an isolating prover and resolver (ADR-0008).
 from __future__ import annotations
 
 import ipaddress
-import json
 import secrets
 import socket
 from collections.abc import Callable, Iterable
@@ -30,6 +29,7 @@ import httpx
 
 from meshnet_site.environment import IPNetwork
 from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.protocol.decoding import json_document
 from nodes_app.signing import canonical_endpoint, verify_challenge
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -149,7 +149,7 @@ def http_challenge_prover(*, endpoint: str, wallet: str) -> None:
             endpoint, f"the challenge could not be delivered ({type(error).__name__})"
         ) from None
     try:
-        answer = json.loads(raw)
+        answer = json_document(raw)
     except ValueError:
         raise _unproven(endpoint, "its answer to the challenge is not JSON") from None
     signature = answer.get("signature") if isinstance(answer, dict) else None

@@ -1,5 +1,9 @@
 """Reading JSON into a declared shape: the one way the node API and hop frames check input.
 
+Every JSON document from outside is parsed by :func:`json_document`: JSON
+nested deeper than the decoder goes is malformed JSON like any other (a
+``ValueError``), never a ``RecursionError`` that escapes a handler.
+
 A shape is declared once, as a frozen dataclass. :class:`FieldDecoder` reads
 a decoded JSON object into that dataclass's fields, each by the reader the
 boundary declares for it (a function of the raw value that returns the
@@ -24,6 +28,7 @@ read per step per hop.
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping
@@ -31,6 +36,15 @@ from typing import Any, TypeGuard
 
 Reader = Callable[[Any], Any]
 Refuse = Callable[[str, str], Exception]
+
+
+def json_document(raw: str | bytes | bytearray, **options: Any) -> Any:
+    """``json.loads(raw, **options)``; raises ``ValueError`` for malformed JSON, JSON
+    nested past the decoder's depth (about a thousand levels) included."""
+    try:
+        return json.loads(raw, **options)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def is_int(value: Any) -> TypeGuard[int]:

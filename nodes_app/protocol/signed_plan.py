@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import Any
 
-from nodes_app.protocol.decoding import FieldDecoder, Reader, is_count, is_int
+from nodes_app.protocol.decoding import FieldDecoder, Reader, is_count, is_int, json_document
 from nodes_app.protocol.errors import ProtocolError, refusal
 from nodes_app.protocol.limits import MAX_PLAN_HEADER, MAX_REQUEST_ID, PLAN
 
@@ -159,7 +159,7 @@ class SignedPlan:
             raise ProtocolError(f"{PLAN} is too long", code="invalid_plan")
         try:
             raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-            data = json.loads(raw)
+            data = json_document(raw)
         except (ValueError, binascii.Error):
             raise ProtocolError(f"{PLAN} is not base64url JSON", code="invalid_plan") from None
         if not isinstance(data, dict):

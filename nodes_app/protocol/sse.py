@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.errors import ProtocolError
 
 SSE_DONE = "[DONE]"
@@ -35,7 +36,7 @@ def sse_data(line: str) -> Any:
     if data == SSE_DONE:
         return SSE_DONE
     try:
-        return json.loads(data)
+        return json_document(data)
     except ValueError as error:
         raise ProtocolError(f"an event's data is not JSON: {error}") from None
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
 from nodes_app.runtime.driver import Generation, prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
@@ -168,7 +168,7 @@ def create_app(
         try:
             raw = await _bounded_body(request, service.max_request_bytes)
             try:
-                body = json.loads(raw)
+                body = json_document(raw)
             except ValueError:
                 raise RuntimeRequestError("body is not JSON", code="invalid_json") from None
             generate_request = parse_generate_request(body, head)

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from nodes_app.protocol.decoding import FieldDecoder, is_count
+from nodes_app.protocol.decoding import FieldDecoder, is_count, json_document
 from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import ECHO_MAX_SCORES, MAX_SESSION_ID, TOP_LOGPROBS_MAX, echo_scores
 from nodes_app.protocol.sampling import SamplingParams
@@ -258,7 +258,7 @@ def _unframe(frame: bytes, key: str) -> tuple[list[Any], memoryview]:
     if _LENGTH.size + length > len(frame):
         raise FrameError("a frame shorter than its header")
     try:
-        header = json.loads(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
+        header = json_document(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
     except ValueError:
         raise FrameError("a frame header that is not JSON") from None
     entries = header.get(key) if isinstance(header, dict) else None

@@ -38,7 +38,6 @@ for operators.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
@@ -46,6 +45,7 @@ import httpx
 from rest_framework import status
 
 from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.errors import HOP_TIMED_OUT, ProtocolError, relayable_code
 from nodes_app.protocol.frames import ChunkFrame, ErrorFrame, parse_frame
 from nodes_app.protocol.generate import GenerateRequest
@@ -252,7 +252,7 @@ def _error_code(node_id: str, status_code: int, body: bytes) -> str | None:
     """The error code of a node's error body if it has the protocol's form; the body is logged."""
     _log_detail(node_id, f"answered HTTP {status_code}", body.decode(errors="replace"))
     try:
-        return relayable_code(json.loads(body)["error"]["code"])
+        return relayable_code(json_document(body)["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return None
 

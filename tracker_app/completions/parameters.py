@@ -28,6 +28,7 @@ from rest_framework import serializers
 
 from meshnet_site.environment import MAX_CHOICES
 from meshnet_site.errors import DomainError, ErrorKind, validation_message
+from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.generate import stop_sequences
 from nodes_app.protocol.limits import MAX_STOP_LENGTH, MAX_STOPS
@@ -137,8 +138,8 @@ def _no_constant(name: str) -> Any:
 def request_fields(body: bytes) -> dict[str, Any]:
     """The JSON object of a request body; :class:`InvalidRequest` if it is not one."""
     try:
-        raw = json.loads(body or b"null", parse_constant=_no_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raw = json_document(body or b"null", parse_constant=_no_constant)
+    except ValueError as exc:  # malformed, nested too deeply, or not UTF-8
         raise InvalidRequest(
             f"Request body is not valid JSON: {exc}", code="invalid_json"
         ) from None

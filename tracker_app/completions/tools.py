@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from llguidance import LLMatcher
 
+from nodes_app.protocol.decoding import json_document
 from tracker_app.completions.shapes import CalledFunction, ToolCall
 from tracker_app.completions.structured import JSON_LAYOUT, UnfollowableFormat, grammar_checked
 
@@ -215,7 +216,7 @@ def calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
         function = call.get("function") or {}
         arguments = function.get("arguments") or "{}"
         try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+            parsed = json_document(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             parsed = arguments
         written.append({"name": function.get("name"), "arguments": parsed})
@@ -228,7 +229,7 @@ def calls_of(text: str) -> list[ToolCall] | None:
     if not text.startswith("{"):
         return None
     try:
-        answer = json.loads(text)
+        answer = json_document(text)
     except ValueError:
         return None
     return [

@@ -15,8 +15,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from nodes_app.runtime import wire
+from nodes_app.runtime.link_server import CLOSE_MALFORMED
+from nodes_app.runtime.links import link_url
 from nodes_app.runtime.trust import new_capability
 from tests.support.hidden_states import nan_hidden
 from tests.support.link import HIDDEN, node_link, tiny_step
@@ -74,6 +78,54 @@ def test_sampling_that_crashed_the_tail_is_a_400_and_bans_no_one(
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert next(iter(sampling)) in error["message"]
+    assert_nobody_banned_and_the_next_chat_succeeds(network)
+
+
+# JSON nested past the decoder's depth (about 1,000 levels), small enough for every cap.
+DEEP = b"[" * 2500 + b"]" * 2500
+
+
+def test_json_nested_too_deeply_is_a_json_400_at_the_tracker_and_the_head(
+    network: Network,
+) -> None:
+    json_headers = {"Content-Type": "application/json"}
+    chat = httpx.post(
+        f"{network.url}/v1/chat/completions",
+        content=DEEP,
+        headers={**network.headers(), **json_headers},
+        timeout=60,
+    )
+    registration = httpx.post(
+        f"{network.url}/api/nodes/register", content=DEEP, headers=json_headers, timeout=60
+    )
+    head = httpx.post(
+        f"{network.nodes['head'].endpoint}/v1/generate",
+        content=DEEP,
+        headers=json_headers,
+        timeout=60,
+    )
+
+    for answer in (chat, registration, head):
+        assert answer.status_code == 400, answer.text
+        assert answer.headers["content-type"].startswith("application/json")
+        assert answer.json()["error"]["code"] == "invalid_json"
+    assert_nobody_banned_and_the_next_chat_succeeds(network)
+
+
+def test_a_link_frame_nested_too_deeply_closes_that_link_and_the_node_serves_on(
+    network: Network,
+) -> None:
+    tail = network.nodes["tail"]
+    frame = len(DEEP).to_bytes(4, "little") + DEEP  # a header of the wire's form, too deep
+
+    with (
+        connect(link_url(tail.endpoint), compression=None) as websocket,
+        pytest.raises(ConnectionClosed) as closed,
+    ):
+        websocket.send(frame)
+        websocket.recv(timeout=30)
+
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_MALFORMED
     assert_nobody_banned_and_the_next_chat_succeeds(network)
 
 
