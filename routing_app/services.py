@@ -111,7 +111,7 @@ def route_choose(
     def choose(loads: LoadSnapshot) -> RouteDecision:
         picked = policy.choose(store.views(plans=plans, epoch=epoch), rng=rng, loads=loads)
         if picked is None:
-            raise NoRouteAvailable(model.key, "every candidate route is quarantined")
+            raise NoRouteAvailable(model.key, _kept_out_reason(plans, store))
         arm, mode = picked
         return RouteDecision(plan=arm.plan, mode=mode, epoch=epoch)
 
@@ -158,6 +158,18 @@ def route_session_close(
     Idempotent; ``route_sample_record`` closes the whole decision too.
     """
     (load or route_load()).close(decision, stream)
+
+
+def _kept_out_reason(plans: Sequence[RoutePlan], store: RouteStatsStore) -> str:
+    """Why every candidate is kept out, as it is: banned nodes, quarantines, or both."""
+    banned = store.exclusions.banned_nodes()
+    through_banned = [any(n in banned for n in plan.node_ids) for plan in plans]
+    if all(through_banned):
+        named = ", ".join(sorted({n for plan in plans for n in plan.node_ids if n in banned}))
+        return f"every candidate route goes through a banned node ({named})"
+    if not any(through_banned):
+        return "every candidate route is quarantined"
+    return "every candidate route is quarantined or goes through a banned node"
 
 
 def _coverage_gap(model: LanguageModel) -> str:

@@ -13,13 +13,18 @@ from nodes_app.models import TopologyEpoch
 from routing_app.choice import DecisionMode, NoRouteAvailable
 from routing_app.config import POLICY_ADR0021, RoutingConfig
 from routing_app.load import RouteLoad
-from routing_app.services import route_choose, route_sample_record, route_session_close
+from routing_app.services import (
+    route_candidates,
+    route_choose,
+    route_sample_record,
+    route_session_close,
+)
 from tests.support.routing import make_model, make_node
 
 pytestmark = pytest.mark.django_db
 
 
-def test_it_answers_503_when_every_candidate_is_quarantined(store):
+def test_it_answers_503_when_every_candidate_is_kept_out(store):
     model = make_model(num_layers=30)
     for node_id in ("fast", "slow", "third"):
         make_node(model, node_id, 0, 29)
@@ -99,6 +104,22 @@ def test_it_answers_503_naming_the_layers_no_online_node_serves(store):
 
     assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE
     assert "no online node serves layers 10-11, 21-29 (of 0-29)" in caught.value.message
+
+
+def test_with_every_route_kept_out_it_says_whether_bans_or_quarantines_keep_them_out(store):
+    model = make_model(num_layers=30)
+    make_node(model, "solo", 0, 29)
+    [plan] = route_candidates(model=model, store=store)
+
+    store.exclusions.quarantine_route(model_key=model.key, signature=plan.signature, seconds=60)
+    with pytest.raises(NoRouteAvailable) as quarantined:
+        route_choose(model=model, rng=random.Random(3))
+    store.exclusions.ban_node(node_id="solo", seconds=60)
+    with pytest.raises(NoRouteAvailable) as banned:
+        route_choose(model=model, rng=random.Random(3))
+
+    assert "every candidate route is quarantined" in quarantined.value.message
+    assert "goes through a banned node (solo)" in banned.value.message
 
 
 def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(store):

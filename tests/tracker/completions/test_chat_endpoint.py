@@ -413,6 +413,9 @@ def test_when_no_route_is_left_the_stream_ends_with_an_error_and_no_charge(
 
     assert frames[-1] == "[DONE]"
     error = frames[-2]["error"]
-    assert error["code"] == "no_route" and "quarantined" in error["message"]
+    # It failed, so it is banned; its route is not quarantined, and the message says so.
+    assert error["code"] == "no_route"
+    assert "goes through a banned node" in error["message"]
+    assert lonely.nodes["only"].node_id in error["message"]
     assert lonely.query("SELECT status FROM tracker_app_chatrequest") == [("failed",)]
     assert not lonely.query("SELECT id FROM tracker_app_billingrecord")
