@@ -19,7 +19,13 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.nodes import TINY, generate_body, read_stream, running_nodes
+from tests.support.nodes import (
+    TINY,
+    generate_body,
+    one_node_frames,
+    running_nodes,
+    split_frames,
+)
 from tests.support.sse import completion
 from tracker_app.completions.structured import response_format_grammar
 from tracker_app.localnet import NodeProcess
@@ -58,16 +64,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodePr
         yield started
 
 
-def split(nodes: dict[str, NodeProcess], **fields: Any) -> list[Any]:
-    head, tail = nodes["head"], nodes["tail"]
-    return read_stream(head.endpoint, generate_body([(head, 0, 1), (tail, 2, 3)], **fields))
-
-
-def one_node(nodes: dict[str, NodeProcess], **fields: Any) -> list[Any]:
-    whole = nodes["whole"]
-    return read_stream(whole.endpoint, generate_body([(whole, 0, 3)], **fields))
-
-
 def sampled(schema: dict[str, Any], seed: int) -> dict[str, Any]:
     return {"grammar": grammar(schema), "temperature": 1.0, "seed": seed, "max_tokens": 200}
 
@@ -76,8 +72,8 @@ def test_every_sampled_answer_is_valid_for_its_schema_and_the_split_route_answer
     nodes: dict[str, NodeProcess],
 ) -> None:
     for seed in range(4):
-        text, _, last = completion(split(nodes, **sampled(PERSON, seed)))
-        whole_text, _, _ = completion(one_node(nodes, **sampled(PERSON, seed)))
+        text, _, last = completion(split_frames(nodes, **sampled(PERSON, seed)))
+        whole_text, _, _ = completion(one_node_frames(nodes, **sampled(PERSON, seed)))
 
         jsonschema.validate(json.loads(text), PERSON)
         assert last["choices"][0]["finish_reason"] == "stop"
@@ -87,7 +83,7 @@ def test_every_sampled_answer_is_valid_for_its_schema_and_the_split_route_answer
 def test_without_the_grammar_the_same_draws_are_not_json(nodes: dict[str, NodeProcess]) -> None:
     asked = sampled(PERSON, 0)
     del asked["grammar"]
-    text, _, _ = completion(split(nodes, **asked))
+    text, _, _ = completion(split_frames(nodes, **asked))
 
     with pytest.raises(ValueError):
         json.loads(text)
@@ -98,7 +94,7 @@ def test_batched_sessions_each_follow_their_own_grammar(nodes: dict[str, NodePro
     with ThreadPoolExecutor(len(schemas)) as pool:
         answers = list(
             pool.map(
-                lambda job: completion(split(nodes, **sampled(job[1], job[0])))[0],
+                lambda job: completion(split_frames(nodes, **sampled(job[1], job[0])))[0],
                 enumerate(schemas),
             )
         )
@@ -113,16 +109,16 @@ def test_a_resumed_completion_continues_the_grammar_where_it_was_cut(
     """What a failover replays: the new route's last hop resumes the grammar's state
     (greedy, so the uninterrupted answer is what the resumed one must continue)."""
     greedy = {**sampled(PERSON, 0), "temperature": 0.0}
-    text, ids, _ = completion(split(nodes, **greedy))
+    text, ids, _ = completion(split_frames(nodes, **greedy))
 
-    resumed = split(nodes, **greedy, resume_token_ids=ids[:9])
+    resumed = split_frames(nodes, **greedy, resume_token_ids=ids[:9])
 
     assert completion(resumed)[1] == ids[9:]
     jsonschema.validate(json.loads(text), PERSON)
 
 
 def test_an_answer_cut_by_max_tokens_says_length(nodes: dict[str, NodeProcess]) -> None:
-    text, ids, last = completion(split(nodes, **{**sampled(PERSON, 1), "max_tokens": 5}))
+    text, ids, last = completion(split_frames(nodes, **{**sampled(PERSON, 1), "max_tokens": 5}))
 
     assert len(ids) == 5
     assert last["choices"][0]["finish_reason"] == "length"

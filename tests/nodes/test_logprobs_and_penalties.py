@@ -24,7 +24,13 @@ from nodes_app.prompting import prompt_token_ids
 from nodes_app.protocol.limits import ECHO_MAX_SCORES
 from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
 from nodes_app.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
-from tests.support.nodes import TINY, generate_body, read_stream, running_nodes
+from tests.support.nodes import (
+    TINY,
+    generate_body,
+    one_node_frames,
+    running_nodes,
+    split_frames,
+)
 from tests.support.sse import chunks_of, completion
 from tracker_app.localnet import NodeProcess
 
@@ -85,18 +91,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, NodePr
         yield started
 
 
-def split(nodes: dict[str, NodeProcess], **fields: Any) -> list[Any]:
-    """A generation's frames on the split route (head 0-1, tail 2-3)."""
-    head, tail = nodes["head"], nodes["tail"]
-    return read_stream(head.endpoint, generate_body([(head, 0, 1), (tail, 2, 3)], **fields))
-
-
-def one_node(nodes: dict[str, NodeProcess], **fields: Any) -> list[Any]:
-    """A generation's frames on the one-node route (0-3: the head is the tail)."""
-    whole = nodes["whole"]
-    return read_stream(whole.endpoint, generate_body([(whole, 0, 3)], **fields))
-
-
 def entries_of(frames: list[Any]) -> list[dict[str, Any]]:
     """Every token's logprob entry, in order, across the stream's chunks."""
     return [
@@ -126,23 +120,23 @@ def chat_prompt() -> list[int]:
 def test_a_logit_bias_of_100_makes_greedy_produce_that_token(
     nodes: dict[str, NodeProcess],
 ) -> None:
-    text, ids, _ = completion(split(nodes, max_tokens=6, logit_bias={"65": 100}))
+    text, ids, _ = completion(split_frames(nodes, max_tokens=6, logit_bias={"65": 100}))
     assert (text, ids) == ("AAAAAA", [65] * 6)
 
 
 def test_a_strong_frequency_penalty_stops_a_repeated_token_from_repeating(
     nodes: dict[str, NodeProcess], whole_model: WholeModel
 ) -> None:
-    _, plain, _ = completion(split(nodes, max_tokens=20))
+    _, plain, _ = completion(split_frames(nodes, max_tokens=20))
     assert max(Counter(plain).values()) > 1  # greedy alone repeats itself here
 
-    _, penalized, _ = completion(split(nodes, max_tokens=20, frequency_penalty=2.0))
+    _, penalized, _ = completion(split_frames(nodes, max_tokens=20, frequency_penalty=2.0))
 
     assert max(Counter(penalized).values()) == 1
     assert penalized == whole_model.greedy(chat_prompt(), 20, frequency_penalty=2.0)
 
 
-@pytest.mark.parametrize("route", [split, one_node], ids=["split", "one-node"])
+@pytest.mark.parametrize("route", [split_frames, one_node_frames], ids=["split", "one-node"])
 def test_greedy_logprobs_are_the_whole_models_and_rank_the_chosen_token_first(
     nodes: dict[str, NodeProcess], whole_model: WholeModel, route: Any
 ) -> None:
@@ -171,13 +165,13 @@ def test_logprobs_without_alternatives_report_each_tokens_own_on_a_split_route(
     nodes: dict[str, NodeProcess],
 ) -> None:
     asked = {"max_tokens": 8, "logprobs": True, "top_logprobs": 0}
-    entries = entries_of(split(nodes, **asked))
+    entries = entries_of(split_frames(nodes, **asked))
 
     assert len(entries) == 8
     assert all(entry["top_logprobs"] == [] for entry in entries)
     assert values_of(entries) == [
         pytest.approx(values, abs=TOLERANCE)
-        for values in values_of(entries_of(one_node(nodes, **asked)))
+        for values in values_of(entries_of(one_node_frames(nodes, **asked)))
     ]
 
 
@@ -185,12 +179,12 @@ def test_a_resumed_completion_reports_the_same_logprobs_and_tokens_under_a_penal
     nodes: dict[str, NodeProcess],
 ) -> None:
     asked = {"max_tokens": 16, "logprobs": True, "top_logprobs": 2, "frequency_penalty": 1.0}
-    uninterrupted = split(nodes, **asked)
+    uninterrupted = split_frames(nodes, **asked)
     _, ids, _ = completion(uninterrupted)
-    _, plain, _ = completion(split(nodes, max_tokens=16))
+    _, plain, _ = completion(split_frames(nodes, max_tokens=16))
     assert ids != plain  # the penalty decides tokens here
 
-    resumed = split(nodes, **asked, resume_token_ids=ids[:6])
+    resumed = split_frames(nodes, **asked, resume_token_ids=ids[:6])
 
     assert completion(resumed)[1] == ids[6:]
     assert values_of(entries_of(resumed)) == [
@@ -208,9 +202,9 @@ def test_an_echo_of_a_raw_prompt_on_a_split_route_reports_what_the_whole_model_d
     nodes: dict[str, NodeProcess], whole_model: WholeModel
 ) -> None:
     asked = {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": True, "top_logprobs": 2}
-    frames = split(nodes, **asked)
+    frames = split_frames(nodes, **asked)
     ids, entries = prompt_logprobs(frames)
-    whole_ids, whole_entries = prompt_logprobs(one_node(nodes, **asked))
+    whole_ids, whole_entries = prompt_logprobs(one_node_frames(nodes, **asked))
     expected = whole_model.logprobs(ids)
 
     assert ids == whole_ids == tiny_tokenizer()(PROMPT)["input_ids"]
@@ -236,8 +230,8 @@ def test_an_echo_of_a_raw_prompt_on_a_split_route_reports_what_the_whole_model_d
 def test_an_echo_with_tokens_reports_the_prompt_first_then_generates_as_without(
     nodes: dict[str, NodeProcess],
 ) -> None:
-    echoed = split(nodes, prompt=PROMPT, max_tokens=8, echo=True)
-    plain = split(nodes, prompt=PROMPT, max_tokens=8)
+    echoed = split_frames(nodes, prompt=PROMPT, max_tokens=8, echo=True)
+    plain = split_frames(nodes, prompt=PROMPT, max_tokens=8)
 
     ids, entries = prompt_logprobs(echoed)
     assert len(entries) == len(ids)

@@ -18,6 +18,7 @@ from tracker_app.localnet import (
     LocalNetwork,
     ManagedProcess,
     NodeProcess,
+    fresh_process_database,
     process_env,
     query_process_database,
     start_tracker,
@@ -111,6 +112,18 @@ def start_network(database_url: str, tmp: Path, **settings: str | None) -> Itera
             network.start_tracker()
             network.api_key = api_key.result()
         yield network
+
+
+def redundant_tiny_network(tmp: Path) -> Iterator[Network]:
+    """A tracker on a fresh database with two routes for the tiny model: head 0-1 ->
+    tail 2-3, and a whole node 0-3 (so a request can fail over from either)."""
+    with fresh_process_database() as database_url:
+        for network in start_network(database_url, tmp):
+            network.add_node("head", "tiny-random-llama", (0, 1), wait=False)
+            network.add_node("tail", "tiny-random-llama", (2, 3), wait=False)
+            network.add_node("whole", "tiny-random-llama", (0, 3), wait=False)
+            network.wait_for_nodes()
+            yield network
 
 
 def head_frames(

@@ -124,6 +124,19 @@ def generate_body(
     }
 
 
+def split_frames(nodes: dict[str, NodeProcess], **fields: Any) -> list[Any]:
+    """A generation's frames on the split route of ``nodes`` (``head`` 0-1, ``tail`` 2-3)."""
+    head, tail = nodes["head"], nodes["tail"]
+    return read_stream(head.endpoint, generate_body([(head, 0, 1), (tail, 2, 3)], **fields))
+
+
+def one_node_frames(nodes: dict[str, NodeProcess], **fields: Any) -> list[Any]:
+    """A generation's frames on the one-node route of ``nodes`` (``whole`` 0-3: the head
+    is the tail)."""
+    whole = nodes["whole"]
+    return read_stream(whole.endpoint, generate_body([(whole, 0, 3)], **fields))
+
+
 def read_stream(endpoint: str, body: dict[str, Any], timeout: float = 120.0) -> list[Any]:
     """Every SSE ``data:`` payload of a ``/v1/generate`` call, parsed ("[DONE]" kept as is)."""
     return read_sse(f"{endpoint}/v1/generate", body, timeout=timeout)

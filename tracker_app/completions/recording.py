@@ -110,24 +110,9 @@ class RequestRecord:
         """Record the request completed and billed, teach the router the speed of the
         first choice's last route (one sample a request, as routing counts them) and
         clear the bans of every node that served it. ``now``: the proxy's clock."""
-        complete = database_call(chat_request_complete)
         # A database blip now would leave a generated answer unbilled; the write is
         # conditional (only a request still processing), so a retry never bills twice.
-        await through_outage(
-            lambda: complete(
-                request_id=self.request_id,
-                model=self.model,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                finish_reason=completion.finish_reason,
-                time_to_first_token_ms=completion.time_to_first_token_ms,
-                tokens_per_second=completion.tokens_per_second,
-                work=completion.work,
-                fee_share=self.fee_share,
-                now=timezone.now(),
-            ),
-            sleep=self.sleep,
-        )
+        await through_outage(lambda: self._bill(completion), sleep=self.sleep)
         last = generations[0].segments[-1]
         route_sample_record(
             decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
@@ -138,22 +123,30 @@ class RequestRecord:
         """Record the request cancelled by its client and billed for ``completion``: what
         it was sent before it left. True if this call ended it. No route sample (the
         speed of a cut request means nothing) and no bans cleared."""
-        return (
-            await database_call(chat_request_complete)(
-                request_id=self.request_id,
-                model=self.model,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                finish_reason=completion.finish_reason,
-                time_to_first_token_ms=completion.time_to_first_token_ms,
-                tokens_per_second=completion.tokens_per_second,
-                work=completion.work,
-                fee_share=self.fee_share,
-                now=timezone.now(),
-                ended=RequestStatus.CANCELLED,
-                error=message,
-            )
-            is not None
+        billed = await self._bill(completion, ended=RequestStatus.CANCELLED, error=message)
+        return billed is not None
+
+    async def _bill(
+        self,
+        completion: Completion,
+        *,
+        ended: RequestStatus = RequestStatus.COMPLETED,
+        error: str = "",
+    ) -> BillingRecord | None:
+        """Record the request ``ended`` and billed for ``completion``."""
+        return await database_call(chat_request_complete)(
+            request_id=self.request_id,
+            model=self.model,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            finish_reason=completion.finish_reason,
+            time_to_first_token_ms=completion.time_to_first_token_ms,
+            tokens_per_second=completion.tokens_per_second,
+            work=completion.work,
+            fee_share=self.fee_share,
+            now=timezone.now(),
+            ended=ended,
+            error=error,
         )
 
     async def fail(self, message: str, *, cancelled: bool) -> bool:

@@ -21,6 +21,7 @@ from tests.support.network import (
     Network,
     head_frames,
     head_tail_answer,
+    redundant_tiny_network,
     start_network,
 )
 from tests.support.sse import chunks_of, text_of
@@ -281,13 +282,7 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after(limited: Network) -
 @pytest.fixture
 def redundant(tmp_path: Path) -> Iterator[Network]:
     """Two routes for the tiny model: head 0-1 -> tail 2-3, and one whole node 0-3."""
-    with fresh_process_database() as database_url:
-        for network in start_network(database_url, tmp_path):
-            network.add_node("head", TINY, (0, 1), wait=False)
-            network.add_node("tail", TINY, (2, 3), wait=False)
-            network.add_node("whole", TINY, (0, 3), wait=False)
-            network.wait_for_nodes()
-            yield network
+    yield from redundant_tiny_network(tmp_path)
 
 
 def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(

@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from pydantic import BaseModel, Field
 
-from tests.support.network import Network, head_generate, start_network
+from tests.support.network import Network, head_generate, redundant_tiny_network, start_network
 from tests.support.nodes import TINY
 from tests.support.sse import chunks_of, text_of
 from tracker_app.completions.structured import response_format_grammar
@@ -133,13 +133,7 @@ LONG = {
 @pytest.fixture
 def redundant(tmp_path: Path) -> Iterator[Network]:
     """Two routes for the tiny model: head 0-1 -> tail 2-3, and one whole node 0-3."""
-    with fresh_process_database() as database_url:
-        for network in start_network(database_url, tmp_path):
-            network.add_node("head", TINY, (0, 1), wait=False)
-            network.add_node("tail", TINY, (2, 3), wait=False)
-            network.add_node("whole", TINY, (0, 3), wait=False)
-            network.wait_for_nodes()
-            yield network
+    yield from redundant_tiny_network(tmp_path)
 
 
 def test_a_failover_mid_answer_resumes_the_schema_and_gives_the_uninterrupted_answer(
