@@ -100,17 +100,18 @@ def _grammar_words(weight_source: str) -> LLTokenizer | None:
 
 
 def grammar_check(*, weight_source: str, grammar: str | None, param: str) -> None:
-    """Refuse a grammar the model's tokenizer cannot follow, as the head would (a 400
-    naming ``param``: ``response_format`` or ``tools``), so that a head's refusal
-    afterwards is the head's fault. Without the tokenizer here (then the prompt is not
-    counted either) the head's word stands. Builds the tokenizer's grammar view once per
-    process (a fraction of a second): call it off the event loop."""
+    """Refuse a grammar that cannot be followed, as the head would (a 400 naming
+    ``param``, ``response_format`` or ``tools``, in the library's words naming the
+    construct), against the model's tokenizer when this process has it, so that a
+    head's refusal afterwards is the head's fault. Without the tokenizer (then the
+    prompt is not counted either) only the grammar itself is checked and the head's
+    word stands. Compiling a large schema takes a while, and the tokenizer's grammar
+    view is built once per process: call it off the event loop."""
     if grammar is None:
         return
-    words = _grammar_words(weight_source)
-    problem = grammar_problem(grammar, words) if words is not None else ""
+    problem = grammar_problem(grammar, _grammar_words(weight_source))
     if problem:
-        raise InvalidRequest(f"{param}: this model cannot follow it: {problem}", param=param)
+        raise InvalidRequest(f"{param} cannot be followed: {problem}", param=param)
 
 
 def echo_check(*, prompt: PromptCount, top_logprobs: int) -> None:

@@ -3,10 +3,11 @@
 ``{"type": "json_object"}`` asks for any JSON object, ``{"type": "json_schema",
 "json_schema": {"name", "schema", "strict"}}`` for one valid against the schema;
 ``{"type": "text"}`` (or none) for free text. The tracker compiles the request
-into an llguidance grammar (:func:`response_format_grammar`, ADR-0022) and
-refuses, with the library's own words naming the construct, a schema it cannot
-follow; the grammar travels with the sampling parameters to the last hop,
-which masks every token that cannot continue it. The JSON is written compactly
+into an llguidance grammar (:func:`response_format_grammar`, ADR-0022); before
+routing it refuses, with the library's own words naming the construct, a schema
+that cannot be followed (``prompt_tokens.grammar_check``); the grammar travels
+with the sampling parameters to the last hop, which masks every token that cannot
+continue it. The JSON is written compactly
 (no free whitespace, which a small model can otherwise repeat until
 ``max_tokens``). Every schema is enforced, ``strict`` or not.
 """
@@ -21,7 +22,7 @@ from drf_spectacular.utils import extend_schema_field
 from llguidance import LLMatcher
 from rest_framework import serializers
 
-from nodes_app.grammar import first_line, grammar_problem
+from nodes_app.grammar import first_line
 from nodes_app.protocol.sampling import GRAMMAR_MAX_CHARS
 
 if TYPE_CHECKING:
@@ -43,8 +44,9 @@ def response_format_grammar(value: Any) -> str | None:
 
     Raises :class:`UnfollowableFormat` for a format that is not one of the three
     types, a ``json_schema`` without a valid ``name`` or with a ``schema`` that is
-    not an object, and a schema the grammar library cannot follow (naming the
-    construct: ``Unimplemented keys: ["not"]``, an unclosed regex group, …).
+    not an object, or that is not JSON the library reads, and a grammar larger than a
+    node takes. Whether the library can follow the schema is checked later, off the
+    event loop (``prompt_tokens.grammar_check``).
     """
     if value is None:
         return None
@@ -79,20 +81,19 @@ def _compiled(schema: dict[str, Any]) -> str:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as error:
         raise UnfollowableFormat(f"the schema cannot be followed: {first_line(error)}") from None
-    return grammar_checked(grammar, what="the schema")
+    return grammar_bounded(grammar, what="the schema")
 
 
-def grammar_checked(grammar: str, *, what: str) -> str:
-    """``grammar``, if it can be followed and a node takes its size (``what`` names its
-    source in the error); raises :class:`UnfollowableFormat` otherwise."""
+def grammar_bounded(grammar: str, *, what: str) -> str:
+    """``grammar``, if a node takes its size (``what`` names its source in the error);
+    raises :class:`UnfollowableFormat` otherwise. Whether it can be followed is checked
+    off the event loop, where compiling a large schema cannot stall other requests
+    (``prompt_tokens.grammar_check``)."""
     if len(grammar) > GRAMMAR_MAX_CHARS:
         raise UnfollowableFormat(
             f"{what} compiles to {len(grammar)} characters of grammar; at most "
             f"{GRAMMAR_MAX_CHARS} are taken"
         )
-    problem = grammar_problem(grammar)
-    if problem:
-        raise UnfollowableFormat(f"{what} cannot be followed: {problem}")
     return grammar
 
 

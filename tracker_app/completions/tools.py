@@ -31,7 +31,7 @@ from llguidance import LLMatcher
 
 from nodes_app.protocol.decoding import json_document
 from tracker_app.completions.shapes import CalledFunction, ToolCall
-from tracker_app.completions.structured import JSON_LAYOUT, UnfollowableFormat, grammar_checked
+from tracker_app.completions.structured import JSON_LAYOUT, UnfollowableFormat, grammar_bounded
 
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -91,15 +91,16 @@ class ToolUse:
     def grammar(self) -> str:
         """The grammar of an answer: the calls object, or in ``auto`` mode text too.
 
-        Raises :class:`UnusableTools` (``tools``) when a function's parameters are a
-        schema the grammar library cannot follow, naming the construct.
+        Raises :class:`UnusableTools` (``tools``) when it is larger than a node takes;
+        whether it can be followed is checked off the event loop
+        (``prompt_tokens.grammar_check``).
         """
         calls = json.dumps(self.calls_schema())
         lark = f"start: calls\ncalls: %json {calls}"
         if self.mode == "auto":
             lark = f"start: TEXT | calls\nTEXT: {TEXT}\ncalls: %json {calls}"
         try:
-            return grammar_checked(LLMatcher.grammar_from_lark(lark), what="the tools' parameters")
+            return grammar_bounded(LLMatcher.grammar_from_lark(lark), what="the tools' parameters")
         except UnfollowableFormat as error:
             raise UnusableTools(str(error), param="tools") from None
 
@@ -152,7 +153,7 @@ def tool_use_parse(tools: Any, tool_choice: Any, parallel: Any) -> ToolUse | Non
     if parallel is not None and not isinstance(parallel, bool):
         raise UnusableTools("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     use = ToolUse(offered, mode, named, parallel is not False)
-    _ = use.grammar  # compiled now: a schema that cannot be followed is refused here
+    _ = use.grammar  # built now: a grammar too large for a node is refused here
     return use
 
 
