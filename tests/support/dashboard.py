@@ -14,7 +14,7 @@ from nodes_app.models import LanguageModel, Node, NodeStatus
 from tracker_app.api_keys.services import api_key_create
 from tracker_app.billing.pricing import HopWork
 from tracker_app.completions import recording as accounting
-from tracker_app.models import ApiKey, ChatRequest
+from tracker_app.models import ApiKey, ChatRequest, RequestStatus
 
 TINY = "tiny-random-llama"  # in the catalogue migration: 4 layers
 PASSWORD = "dashboard-test-password"
@@ -81,8 +81,10 @@ def completed_request(
     completion_tokens: int = 500,
     route: str = "",
     mode: str = "exploit",
+    left: bool = False,
 ) -> ChatRequest:
-    """A request opened, routed and completed through the accounting services (so billed)."""
+    """A request opened, routed and completed through the accounting services (so billed);
+    with ``left``, cancelled by a client that left mid-stream, billed for what it was sent."""
     model = hops[0].model
     request_id = uuid.uuid4()
     accounting.chat_request_open(
@@ -103,6 +105,8 @@ def completed_request(
         ],
         fee_share=Decimal("0.05"),
         now=timezone.now(),
+        ended=RequestStatus.CANCELLED if left else RequestStatus.COMPLETED,
+        error="client disconnected" if left else "",
     )
     return ChatRequest.objects.get(pk=request_id)
 

@@ -150,9 +150,9 @@ def _call_of(row: ChatRequest) -> dict[str, Any]:
         "started_at": row.started_at.timestamp(),
         "finished_at": row.finished_at.timestamp() if row.finished_at else None,
     }
-    if row.status == RequestStatus.COMPLETED:
-        # Only a completion records its token counts; a failed or cancelled
-        # request keeps what the console counted while it ran.
+    if billing is not None:
+        # A billed request (completed, or cancelled by a client that was sent tokens)
+        # records its token counts; a failed one keeps what the console counted.
         call.update(
             prompt_tokens=row.prompt_tokens,
             tokens=row.completion_tokens,

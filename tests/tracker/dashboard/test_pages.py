@@ -257,6 +257,21 @@ def test_the_recent_calls_come_from_the_request_records_with_their_cost() -> Non
 
 
 @pytest.mark.django_db
+def test_a_call_whose_client_left_shows_the_tokens_it_was_billed_for() -> None:
+    head = make_node("head", 0, 3)
+    left = completed_request(key=api_key(), hops=[head], completion_tokens=4, left=True)
+
+    [call] = [c for c in dashboard.calls_recent() if c["request_id"] == str(left.pk)]
+
+    assert (call["state"], call["error"], call["tokens"]) == (
+        "cancelled",
+        "client disconnected",
+        4,
+    )
+    assert call["cost"] is not None
+
+
+@pytest.mark.django_db
 def test_billing_shows_charges_per_key_earnings_per_wallet_and_the_work_units() -> None:
     head = make_node("head", 0, 1, wallet="aa" * 32)
     tail = make_node("tail", 2, 3, wallet="bb" * 32)
