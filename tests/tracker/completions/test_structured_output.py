@@ -98,7 +98,10 @@ def test_streamed_json_mode_choices_are_each_a_json_object(client: openai.OpenAI
 def test_a_schema_given_as_json_is_followed_on_the_split_route(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "properties": {
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
         "required": ["ok", "n"],
         "additionalProperties": False,
     }
