@@ -117,6 +117,7 @@ def replay_request(
             logprobs=params.logprobs,
             top_logprobs=params.top_logprobs,
             echo=_echo_asked(generation, params),
+            tools=[dict(tool) for tool in params.template_tools],
         )
     )
 

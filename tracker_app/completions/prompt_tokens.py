@@ -21,8 +21,10 @@ count is billed only up to it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from llguidance import LLTokenizer
 
@@ -64,9 +66,15 @@ class PromptCount:
         return reported == self.tokens if self.exact else reported <= self.tokens
 
 
-def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) -> PromptCount:
-    """Count ``prompt`` (chat messages, or a legacy completion's text) for the model at
-    ``weight_source``.
+def prompt_tokens_count(
+    *,
+    weight_source: str,
+    prompt: Prompt,
+    max_tokens: int,
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> PromptCount:
+    """Count ``prompt`` (chat messages, with the ``tools`` a template that renders tool
+    calls describes; or a legacy completion's text) for the model at ``weight_source``.
 
     Raises :class:`~tracker_app.completions.parameters.InvalidRequest` (the template rejects the
     messages, a text prompt of no tokens) or :class:`ContextLengthExceeded`
@@ -82,7 +90,7 @@ def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) 
             raise InvalidRequest("prompt: the prompt is empty (no tokens)", param="prompt")
     else:
         try:
-            ids = prompt_token_ids(text.tokenizer, prompt)
+            ids = prompt_token_ids(text.tokenizer, prompt, tools)
         except TemplateRefused as error:
             raise InvalidRequest(error.message) from error
     if text.context_length is not None and len(ids) + max_tokens > text.context_length:

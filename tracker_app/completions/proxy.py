@@ -191,6 +191,7 @@ class CompletionProxy:
                 weight_source=self.model.weight_source,
                 prompt=prompt,
                 max_tokens=self.params.max_tokens,
+                tools=self.params.template_tools,
             )
             for prompt in self.params.prompts
         ]
