@@ -34,7 +34,7 @@ def default_gate(resolves_to: str = "10.0.0.1") -> EndpointGate:
         "http://[::1]:7001",
         "http://10.1.2.3:7001",
         "http://172.20.0.5:7001",
-        "http://192.168.1.20:7001/meshnet",
+        "http://192.168.1.20:7001/",
         "https://[fd12:3456::1]:443",
     ],
 )
