@@ -397,6 +397,8 @@ class CompletionProxy:
                         if self._first_token_at is None:
                             self._first_token_at = self.settings.clock()
                         yield piece
+                    if generation.overrun is not None:
+                        break  # the head ran past the client's limits: read no more of it
         finally:
             HEAD_QUEUES.left(plan.head.endpoint, self.request_id)
             # However the stream ended, it is no longer load on the route.
