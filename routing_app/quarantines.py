@@ -142,6 +142,7 @@ def _quarantine(verdict: Verdict, model_key: str, now: datetime, lookback: timed
         reason=reason,
         now=now,
         lookback=lookback,
+        on_served=verdict.served,
     )
 
 
@@ -153,9 +154,15 @@ def route_quarantine(
     reason: str,
     now: datetime,
     lookback: timedelta,
+    on_served: bool = False,
     on_quarantine: Callable[[], None] | None = None,
 ) -> bool:
     """Quarantine the route, or count one more strike; True when it is newly quarantined.
+
+    ``on_served``: the evidence is what the route served clients (an answer
+    its re-runs contradict, a head that overran a client's limits). Such a
+    quarantine is never re-probed nor released by the fixed probe, which a
+    node can tell from traffic and answer honestly: an operator releases it.
 
     ``corrupt_since`` (where the audit's refunds start) is ``lookback`` back:
     a probe the route once passed proves nothing about what it served
@@ -171,11 +178,13 @@ def route_quarantine(
         if active is not None:
             active.strikes += 1
             active.next_probe_at = now + reprobe_delay(active.strikes)
-            active.save(update_fields=["strikes", "next_probe_at"])
+            active.on_served = active.on_served or on_served
+            active.save(update_fields=["strikes", "next_probe_at", "on_served"])
             return False
         try:
             with transaction.atomic():
                 RouteQuarantine.objects.create(
+                    on_served=on_served,
                     model_key=model_key,
                     signature=signature,
                     suspects=list(suspects),
@@ -210,7 +219,7 @@ def _release(verdict: Verdict, model_key: str, now: datetime) -> bool:
     signature = verdict.plan.signature
     with transaction.atomic():
         active = _active_quarantine_locked(model_key, signature)
-        if active is None:
+        if active is None or active.on_served:
             return False
         active.released_at = now
         active.save(update_fields=["released_at"])
@@ -227,10 +236,11 @@ def _release(verdict: Verdict, model_key: str, now: datetime) -> bool:
 
 
 def quarantines_due(*, model_key: str, now: datetime) -> set[str]:
-    """Signatures of the model's quarantined routes whose next probe is due."""
+    """Signatures of the model's quarantined routes whose next probe is due (never one
+    found on what it served: the fixed probe cannot clear it)."""
     return set(
         RouteQuarantine.objects.filter(
-            model_key=model_key, released_at__isnull=True, next_probe_at__lte=now
+            model_key=model_key, released_at__isnull=True, next_probe_at__lte=now, on_served=False
         ).values_list("signature", flat=True)
     )
 
@@ -249,7 +259,7 @@ def models_with_quarantines_due(*, now: datetime) -> list[str]:
     return sorted(
         set(
             RouteQuarantine.objects.filter(
-                released_at__isnull=True, next_probe_at__lte=now
+                released_at__isnull=True, next_probe_at__lte=now, on_served=False
             ).values_list("model_key", flat=True)
         )
     )

@@ -9,12 +9,15 @@ clients (:func:`served_answers_check`): a sample of real requests
 (``tracker_app.served_answers``) is re-run on other routes with its own
 prompt, parameters and length, and the whole answer the route gave the
 client is compared; no fingerprint, length or position tells such a probe
-from traffic, because it *is* traffic. It asks for each token's logprob and its best
-alternatives, as clients may, so that routes of mixed precision that part
-at a rounding near-tie are not judged corrupt (ADR-0015). It is a probe only on the
-tracker's side: it never passes the proxy, so it opens no request record,
-is never billed and never becomes a route sample; its answer is kept in a
-``RouteProbe`` row. Verdicts: ``routing_app.probing``; quarantines: ``routing_app.quarantines``.
+from traffic, because it *is* traffic.
+
+Both ask each token's logprob and its best alternatives (a re-run on the
+other routes, where the fingerprint does not matter), so that routes of
+mixed precision that part at a rounding near-tie are not judged corrupt
+(ADR-0015). Neither passes the proxy: no request record, no bill, no route
+sample. A verdict is kept in a ``RouteProbe`` row (without the tokens of a
+client's request). Verdicts: ``routing_app.probing``; quarantines:
+``routing_app.quarantines``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import httpx
@@ -38,10 +42,11 @@ from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.selectors import topology_epoch_current
-from routing_app.models import RouteProbe
+from routing_app.models import ProbeOutcome, RouteProbe
 from routing_app.planner import RoutePlan, enumerate_routes
 from routing_app.probing import (
     ProbeAnswer,
+    Verdict,
     probe_verdicts,
     rerun_routes,
     self_rerun_needed,
@@ -251,11 +256,8 @@ def served_answers_check(
     for sample in samples:
         if sample.plan.signature in quarantined:
             continue
-        served = (sample.plan, sample.answer)
         reruns = [(plan, send(sample, plan)) for plan in rerun_routes(sample.plan, candidates)]
-        verdicts = served_verdicts(served, reruns)
-        if self_rerun_needed(verdicts):
-            verdicts = served_verdicts(served, reruns, self_rerun=send(sample, sample.plan))
+        verdicts = _served_judged(sample, reruns, send)
         summary = probe_results_record(
             model_key=model.key,
             epoch=epoch,
@@ -269,3 +271,26 @@ def served_answers_check(
         quarantined |= set(summary.quarantined)
         summaries.append(summary)
     return summaries
+
+
+def _served_judged(
+    sample: ServedSample, reruns: list[tuple[RoutePlan, ProbeAnswer]], send: RerunSender
+) -> list[Verdict]:
+    """The verdicts on ``sample``, its own route re-run when the others do not settle it.
+
+    An answer served without logprobs (the client asked none) cannot part at
+    a rounding near-tie by ADR-0015's rule, which needs both routes' own: so
+    when it disagrees, the served route is re-run too. An honest route
+    answers the deterministic request with the very same tokens, and then
+    lends the served answer its logprobs; a route that answers otherwise has
+    answered one request two ways, and disagrees whatever the others say.
+    """
+    served = (sample.plan, sample.answer)
+    verdicts = served_verdicts(served, reruns)
+    unscored = verdicts[0].outcome is ProbeOutcome.DISAGREED and not sample.answer.logprobs
+    if not (unscored or self_rerun_needed(verdicts)):
+        return verdicts
+    own = send(sample, sample.plan)
+    if own.token_ids == sample.answer.token_ids and len(own.logprobs) == len(own.token_ids):
+        served = (sample.plan, replace(sample.answer, logprobs=own.logprobs))
+    return served_verdicts(served, reruns, self_rerun=own)

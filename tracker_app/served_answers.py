@@ -116,6 +116,7 @@ def served_answers_record(
                 reason=f"head {overrun.node_id} {overrun.what}",
                 now=now,
                 lookback=lookback,
+                on_served=True,
                 on_quarantine=on_quarantine,
             )
             continue

@@ -16,6 +16,7 @@ from routing_app.quarantines import (
     ROUTE_QUARANTINED,
     ROUTE_RELEASED,
     probe_results_record,
+    quarantines_due,
     reprobe_delay,
 )
 from tests.support.probe_answers import FLOAT32, MIXED, RIGHT, WRONG, plan
@@ -153,3 +154,24 @@ class TestRecording:
         last = OutboxMessage.objects.order_by("id").last()
         assert last is not None
         assert last.kind == ROUTE_RELEASED
+
+    def test_a_route_caught_on_what_it_served_is_neither_reprobed_nor_released_by_the_probe(
+        self, network
+    ):
+        model, full, via_c = network
+        now = timezone.now()
+        probe_results_record(
+            model_key=model.key,
+            epoch=1,
+            verdicts=served_verdicts((via_c, WRONG), [(full, RIGHT)]),
+            now=now,
+            lookback=timedelta(days=1),
+        )
+        later = now + timedelta(hours=2)
+
+        assert quarantines_due(model_key=model.key, now=later) == set()
+        summary = self.record(model, [(full, RIGHT), (via_c, RIGHT)], later)
+
+        assert summary.released == []
+        assert RouteQuarantine.objects.get().on_served
+        assert Node.objects.get(pk="c").reputation == 0.5

@@ -18,7 +18,7 @@ from nodes_app.protocol.signed_plan import PlanHop
 from routing_app.choice import DecisionMode, RouteDecision
 from routing_app.models import RouteQuarantine
 from routing_app.planner import RoutePlan
-from tests.support.probe_answers import RIGHT, WRONG, plan
+from tests.support.probe_answers import FLOAT32, MIXED, RIGHT, WRONG, plan
 from tests.support.routing import make_model, make_node
 from tracker_app import probes
 from tracker_app.completions.generation import Generation, Segment
@@ -204,7 +204,33 @@ class TestSample:
         )
 
         assert summary.quarantined == [route.signature]
-        assert route.signature not in sent
+        # Served without logprobs: its own route is re-run last, and answers otherwise.
+        assert sent.count(route.signature) == 1 and sent[-1] == route.signature
         assert RouteQuarantine.objects.get().suspects == ["t"]
         assert Node.objects.get(pk="h").reputation == 1.0
         assert not ServedAnswer.objects.exists()
+
+    def test_an_answer_served_without_logprobs_parting_at_a_near_tie_is_not_judged_corrupt(
+        self, model, monkeypatch
+    ):
+        monkeypatch.setattr(probes, "audit_queue", lambda: None)
+        route = plan(("h", 0, 1), ("t", 2, 3), model=model.key)
+        now = timezone.now()
+        self.record(model, [served(route, MIXED.token_ids)], now)
+
+        def rerun(sample: ServedSample, target: RoutePlan):
+            # The served route, re-run, answers as it served (a bfloat16 head at a tie).
+            return MIXED if target == route else FLOAT32
+
+        [summary] = served_answers_check(
+            model=model,
+            now=now,
+            lookback=timedelta(days=1),
+            count=2,
+            max_age=HOUR,
+            rng=random.Random(1),
+            send=rerun,
+        )
+
+        assert summary.quarantined == []
+        assert summary.outcomes[route.signature] == "agreed"

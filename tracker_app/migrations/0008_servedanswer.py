@@ -4,27 +4,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tracker_app', '0006_workunit_route_signature'),
+        ("tracker_app", "0006_workunit_route_signature"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ServedAnswer',
+            name="ServedAnswer",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model_key', models.CharField(max_length=200)),
-                ('request_id', models.UUIDField(help_text='The ChatRequest it answered')),
-                ('signature', models.CharField(max_length=2000)),
-                ('hops', models.JSONField(help_text='The route that served it')),
-                ('request', models.JSONField(help_text='Prompt and parameters, as the head was sent them')),
-                ('token_ids', models.JSONField(help_text="The answer's token ids, as relayed to the client")),
-                ('logprobs', models.JSONField(default=list, help_text='Their logprob entries, when asked')),
-                ('served_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model_key", models.CharField(max_length=200)),
+                ("request_id", models.UUIDField(help_text="The ChatRequest it answered")),
+                ("signature", models.CharField(max_length=2000)),
+                ("hops", models.JSONField(help_text="The route that served it")),
+                (
+                    "request",
+                    models.JSONField(help_text="Prompt and parameters, as the head was sent them"),
+                ),
+                (
+                    "token_ids",
+                    models.JSONField(help_text="The answer's token ids, as relayed to the client"),
+                ),
+                (
+                    "logprobs",
+                    models.JSONField(default=list, help_text="Their logprob entries, when asked"),
+                ),
+                ("served_at", models.DateTimeField()),
             ],
             options={
-                'indexes': [models.Index(fields=['model_key', 'served_at'], name='tracker_app_model_k_d7b6ab_idx')],
+                "indexes": [
+                    models.Index(
+                        fields=["model_key", "served_at"], name="tracker_app_model_k_d7b6ab_idx"
+                    )
+                ],
             },
         ),
     ]
