@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 import uuid
@@ -45,6 +46,7 @@ from nodes_app.selectors import topology_epoch_current
 from routing_app.models import ProbeOutcome, RouteProbe
 from routing_app.planner import RoutePlan, enumerate_routes
 from routing_app.probing import (
+    PROBE_TIE_MARGIN,
     ProbeAnswer,
     Verdict,
     probe_verdicts,
@@ -285,12 +287,16 @@ def _served_judged(
     lends the served answer its logprobs; a route that answers otherwise has
     answered one request two ways, and disagrees whatever the others say.
     """
+    # A sampled answer re-runs with its seed, but rounding (a route of mixed precision)
+    # can move a draw across a token boundary where the two tokens are not near-tied:
+    # there the routes may part anywhere both list each other's token.
+    margin = PROBE_TIE_MARGIN if sample.greedy else math.inf
     served = (sample.plan, sample.answer)
-    verdicts = served_verdicts(served, reruns)
+    verdicts = served_verdicts(served, reruns, margin=margin)
     unscored = verdicts[0].outcome is ProbeOutcome.DISAGREED and not sample.answer.logprobs
-    if not (unscored or self_rerun_needed(verdicts)):
+    if not (unscored or self_rerun_needed(verdicts, margin=margin)):
         return verdicts
     own = send(sample, sample.plan)
     if own.token_ids == sample.answer.token_ids and len(own.logprobs) == len(own.token_ids):
         served = (sample.plan, replace(sample.answer, logprobs=own.logprobs))
-    return served_verdicts(served, reruns, self_rerun=own)
+    return served_verdicts(served, reruns, self_rerun=own, margin=margin)

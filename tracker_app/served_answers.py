@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.logprobs import TokenLogprob
+from nodes_app.protocol.sampling import SAMPLING_FIELDS, SamplingParams
 from routing_app.planner import Hop, RoutePlan
 from routing_app.probing import ProbeAnswer
 from routing_app.quarantines import route_quarantine
@@ -55,6 +56,12 @@ class ServedSample:
     plan: RoutePlan
     request: dict[str, Any]
     answer: ProbeAnswer
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the request was greedy (else sampled, with the seed it was sent)."""
+        fields = {key: self.request[key] for key in SAMPLING_FIELDS if key in self.request}
+        return SamplingParams.from_mapping(fields).greedy
 
     def rerun(self, plan: RoutePlan, *, request_id: str, top_logprobs: int) -> GenerateRequest:
         """The same request (prompt, sampling and seed, stop, budget) on ``plan``, with each

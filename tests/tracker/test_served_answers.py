@@ -18,7 +18,18 @@ from nodes_app.protocol.signed_plan import PlanHop
 from routing_app.choice import DecisionMode, RouteDecision
 from routing_app.models import RouteQuarantine
 from routing_app.planner import RoutePlan
-from tests.support.probe_answers import FLOAT32, MIXED, RIGHT, WRONG, plan
+from routing_app.probing import ProbeAnswer
+from tests.support.probe_answers import (
+    FLOAT32,
+    MIXED,
+    RIGHT,
+    SURE,
+    WRONG,
+    answer,
+    entry,
+    plan,
+    step,
+)
 from tests.support.routing import make_model, make_node
 from tracker_app import probes
 from tracker_app.completions.generation import Generation, Segment
@@ -33,6 +44,13 @@ from tracker_app.served_answers import (
 )
 
 HOUR = timedelta(hours=1)
+# Sampled with one seed, two routes drew 7 and 8, 1.9 nats apart (no greedy near-tie):
+# rounding moved the draw across the boundary between them.
+TOP3 = [(7, -0.1), (8, -2.0), (9, -4.0)]
+REFERENCE = answer(SURE, dict(TOP3), {1: -0.1, 2: -3.0})
+SHIFTED = ProbeAnswer(
+    token_ids=(5, 8, 1), logprobs=(step(SURE), entry(8, -2.0, TOP3), step({1: -0.1}))
+)
 
 
 def served(
@@ -234,3 +252,28 @@ class TestSample:
 
         assert summary.quarantined == []
         assert summary.outcomes[route.signature] == "agreed"
+
+    def test_a_sampled_answer_may_part_where_both_routes_list_each_others_token(
+        self, model, monkeypatch
+    ):
+        monkeypatch.setattr(probes, "audit_queue", lambda: None)
+        route = plan(("h", 0, 1), ("t", 2, 3), model=model.key)
+        now = timezone.now()
+        sampled = SamplingParams(temperature=0.8, seed=7)
+        self.record(model, [served(route, SHIFTED.token_ids, sampling=sampled)], now)
+
+        def rerun(sample: ServedSample, target: RoutePlan):
+            assert sample.rerun(target, request_id="x", top_logprobs=5).sampling.seed == 7
+            return SHIFTED if target == route else REFERENCE
+
+        [summary] = served_answers_check(
+            model=model,
+            now=now,
+            lookback=timedelta(days=1),
+            count=2,
+            max_age=HOUR,
+            rng=random.Random(1),
+            send=rerun,
+        )
+
+        assert summary.quarantined == []
