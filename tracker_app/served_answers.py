@@ -6,10 +6,11 @@ since the answer judged *is* a client's. When a request completes,
 :func:`served_answers_record` keeps each of its choices that one route served
 from start to end (no failover): the prompt and parameters its head was
 sent, the route, and the token ids (and logprob entries, when the client
-asked) the tracker relayed. At most ``MESHNET_PROBE_SAMPLE_SIZE`` per model,
-the newest, for at most ``MESHNET_PROBE_SAMPLE_MAX_AGE`` seconds; shown
-nowhere. :func:`served_answers_take` hands the probe a few at random and
-deletes them in the same transaction: a sample is checked once, then gone.
+asked) the tracker relayed. About ``MESHNET_PROBE_SAMPLE_SIZE`` per model
+(the newest; at most :data:`TRIM_EVERY` more between trims), for at most
+``MESHNET_PROBE_SAMPLE_MAX_AGE`` seconds; shown nowhere.
+:func:`served_answers_take` hands the probe a few at random and deletes them
+in the same transaction: a sample is checked once, then gone.
 
 A choice whose head ran past the client's stop sequence or ``max_tokens``
 (:class:`~tracker_app.completions.generation.Overrun`) is not sampled: its
@@ -41,6 +42,10 @@ from tracker_app.completions.generation import Generation
 from tracker_app.models import ServedAnswer
 
 logger = logging.getLogger(__name__)
+
+# The sample is trimmed at every this many rows kept (of any model), not at each: a
+# completion's cost stays one insert, and a model holds at most ``keep`` + this many.
+TRIM_EVERY = 8
 
 # Fields of the head's request the probe does not re-send as they were: its id and
 # plan are the re-run's own, and a kept choice was never resumed nor echoed.
@@ -109,8 +114,9 @@ def served_answers_record(
 ) -> int:
     """Keep the request's choices for the probe; quarantine a route whose head overran.
 
-    Keeps at most ``keep`` per model (the newest) and none older than
-    ``max_age``. Returns how many choices were kept.
+    Trims the model's samples to the newest ``keep`` (none older than
+    ``max_age``) at every :data:`TRIM_EVERY`-th row. Returns how many choices
+    were kept.
     """
     kept = 0
     for generation in generations:
@@ -133,7 +139,7 @@ def served_answers_record(
         body = {k: v for k, v in sent.to_json().items() if k not in _NOT_KEPT}
         logprobs = generation.logprobs
         aligned = len(logprobs) == len(generation.token_ids)
-        ServedAnswer.objects.create(
+        row = ServedAnswer.objects.create(
             model_key=model_key,
             request_id=request_id,
             signature=generation.segments[0].signature,
@@ -144,8 +150,8 @@ def served_answers_record(
             served_at=now,
         )
         kept += 1
-    if kept:
-        _trim(model_key=model_key, now=now, keep=keep, max_age=max_age)
+        if row.pk % TRIM_EVERY == 0:
+            _trim(model_key=model_key, now=now, keep=keep, max_age=max_age)
     return kept
 
 

@@ -37,6 +37,7 @@ from tracker_app.completions.prompt_tokens import PromptCount
 from tracker_app.models import ServedAnswer
 from tracker_app.probes import served_answers_check
 from tracker_app.served_answers import (
+    TRIM_EVERY,
     ServedSample,
     served_answers_purge,
     served_answers_record,
@@ -173,11 +174,15 @@ class TestSample:
     def test_the_sample_keeps_only_the_newest_and_forgets_the_old(self, model):
         route = plan(("full", 0, 3), model=model.key)
         now = timezone.now()
-        for minute in range(6):
+        for minute in range(3 * TRIM_EVERY):
             self.record(model, [served(route)], now + timedelta(minutes=minute), keep=4)
 
-        assert ServedAnswer.objects.count() == 4
-        assert served_answers_purge(now=now + HOUR + timedelta(minutes=4), max_age=HOUR) == 2
+        kept = list(ServedAnswer.objects.order_by("-served_at").values_list("served_at", flat=True))
+        assert 4 <= len(kept) < 4 + TRIM_EVERY
+        assert kept[0] == now + timedelta(minutes=3 * TRIM_EVERY - 1)
+        late = now + timedelta(minutes=3 * TRIM_EVERY - 3) + HOUR
+        old = [served_at for served_at in kept if served_at < late - HOUR]
+        assert served_answers_purge(now=late, max_age=HOUR) == len(old) > 0
 
     def test_a_choice_that_failed_over_is_not_kept(self, model):
         route = plan(("full", 0, 3), model=model.key)

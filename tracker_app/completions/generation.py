@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from nodes_app.protocol.frames import ChunkFrame
 from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.limits import MAX_STOP_LENGTH
 from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sampling import SEED_MAX, SamplingParams
 from nodes_app.protocol.usage import Usage
@@ -107,7 +108,8 @@ class Generation:
     echoed: bool = False
     sent: GenerateRequest | None = None
     overrun: Overrun | None = None
-    # The current segment's own text (a head's stop matcher starts afresh on a new route).
+    # The end of the current segment's own text, as much as a stop sequence could
+    # still need (a head's stop matcher starts afresh on a new route).
     _segment_text: str = ""
     _segment_count: int = 0
 
@@ -205,7 +207,8 @@ class Generation:
             self.overrun = Overrun(segment, "sent text past the client's stop sequence")
             content = frame.content[: max(cut - len(self._segment_text), 0)]
             frame = replace(frame, content=content, finish_reason="stop")
-        self._segment_text += frame.content
+        # Kept short, so a long answer's check stays linear in its length.
+        self._segment_text = (self._segment_text + frame.content)[-MAX_STOP_LENGTH:]
         return frame
 
     def _check_usage(self, usage: Usage, *, request_id: str) -> None:
