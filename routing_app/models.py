@@ -130,7 +130,9 @@ class RouteQuarantine(models.Model):
 
     model_key = models.CharField(max_length=64)
     signature = models.CharField(max_length=2000)
-    suspects = models.JSONField(default=list, help_text="Node ids that lost reputation")
+    suspects = models.JSONField(
+        default=list, help_text="Node ids the evidence points at (a lone one loses reputation)"
+    )
     reason = models.TextField(blank=True)
     strikes = models.PositiveIntegerField(default=1, help_text="Disagreeing probes in a row")
     corrupt_since = models.DateTimeField()
