@@ -97,10 +97,10 @@ def replay_request(
 ) -> GenerateRequest:
     """What the head of ``generation``'s route is sent: its prompt and every token it has
     produced so far (none on its first route), signed afresh for every send, as a retry
-    or a failover opens new sessions."""
+    or a failover opens new sessions; kept as ``generation.sent``."""
     plan = generation.route.plan
     prompt = generation.prompt
-    return plan_sign(
+    request = plan_sign(
         GenerateRequest(
             request_id=request_id,
             model=plan.model_key,
@@ -120,6 +120,8 @@ def replay_request(
             tools=[dict(tool) for tool in params.template_tools],
         )
     )
+    generation.sent = request
+    return request
 
 
 def _echo_asked(generation: Generation, params: GenerationParams) -> bool:
