@@ -22,12 +22,18 @@ the dashboards through :class:`~tracker_app.completions.progress.ProgressThrottl
 most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
 ``proxy complete``.
 
-Deadlines (ADR-0004): a choice waits for a busy route's slot at most
-``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
-exponential back-off (:mod:`~tracker_app.completions.slots`), then the request ends in a
-503 ``route_busy`` with ``Retry-After``; a head silent past
-:func:`~tracker_app.completions.head_stream.silence_limit` (from ``MESHNET_HOP_STEP_TIMEOUT``)
-has failed, like a hop the head reports hung.
+Limits (ADR-0004): a request takes a lease on its API key's share of
+requests and KV tokens in flight before it is routed
+(:mod:`~tracker_app.api_keys.in_flight`), released however it ends. A
+choice waits for a busy route's slot at most ``MESHNET_BUSY_DEADLINE``
+seconds in all, retrying with capped, jittered exponential back-off
+(:mod:`~tracker_app.completions.slots`), then the request ends in a 503
+``route_busy`` with ``Retry-After``; a node whose busy answers the tracker
+cannot explain is banned instead (:mod:`~tracker_app.completions.busy_claims`).
+A head silent past :func:`~tracker_app.completions.head_stream.silence_limit`
+(from ``MESHNET_HOP_STEP_TIMEOUT``) has failed, like a hop the head reports
+hung; and no request runs past ``MESHNET_REQUEST_DEADLINE`` in all
+(:mod:`~tracker_app.completions.deadline`).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, http_error, is_database_outage
 from nodes_app.models import LanguageModel
 from nodes_app.protocol.sse import sse_event
+from routing_app.bans import node_ban
 from routing_app.choice import RouteDecision
 from routing_app.services import (
     route_choose,
@@ -56,8 +63,11 @@ from routing_app.services import (
     route_session_open,
     route_session_touch,
 )
+from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.completions import console
 from tracker_app.completions.answers import AnswerKind
+from tracker_app.completions.busy_claims import BUSY_CLAIMS, node_reported_sessions
+from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
@@ -98,6 +108,10 @@ class ProxySettings:
     busy_deadline: float
     step_timeout: float
     fee_share: Decimal
+    request_deadline: float = 1800.0
+    key_lease_seconds: float = 60.0
+    # How long a node's busy answers may stay unexplained before they are taken for lies.
+    busy_claim_grace: float = 10.0
     progress_interval: float = PROGRESS_INTERVAL_SECONDS
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -105,12 +119,16 @@ class ProxySettings:
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> ProxySettings:
-        """MESHNET_BUSY_DEADLINE, MESHNET_HOP_STEP_TIMEOUT and MESHNET_NETWORK_FEE_SHARE,
-        unless ``overrides`` says otherwise."""
+        """MESHNET_BUSY_DEADLINE, MESHNET_HOP_STEP_TIMEOUT, MESHNET_NETWORK_FEE_SHARE,
+        MESHNET_REQUEST_DEADLINE, MESHNET_KEY_LEASE_SECONDS and two heartbeat intervals
+        (MESHNET_NODE_HEARTBEAT_INTERVAL), unless ``overrides`` says otherwise."""
         configured: dict[str, Any] = {
             "busy_deadline": settings.MESHNET_BUSY_DEADLINE,
             "step_timeout": settings.MESHNET_HOP_STEP_TIMEOUT,
             "fee_share": settings.MESHNET_NETWORK_FEE_SHARE,
+            "request_deadline": settings.MESHNET_REQUEST_DEADLINE,
+            "key_lease_seconds": settings.MESHNET_KEY_LEASE_SECONDS,
+            "busy_claim_grace": 2 * settings.MESHNET_NODE_HEARTBEAT_INTERVAL,
         }
         return cls(**(configured | overrides))
 
@@ -162,6 +180,17 @@ class CompletionProxy:
         )
         self.generations: list[Generation] = []
         self._started = self.settings.clock()
+        self.deadline = RequestDeadline(
+            seconds=self.settings.request_deadline, started=self._started, clock=self.settings.clock
+        )
+        # The request's lease on its key's share of requests and KV tokens in flight.
+        self.share = KeyShare(
+            api_key=request.api_key,
+            request_id=self.record.request_id,
+            seconds=self.settings.key_lease_seconds,
+        )
+        # Choice → the head streaming it now (the ones a passed deadline blames).
+        self._streaming: dict[int, str] = {}
         self._first_token_at: float | None = None
         self._progress = ProgressThrottle(
             interval=self.settings.progress_interval, report=self._report_progress
@@ -203,7 +232,16 @@ class CompletionProxy:
             grammar=self.params.grammar,
             param="tools" if self.params.tool_use is not None else "response_format",
         )
-        decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
+        # The key's share, before any route is chosen: a request past it is refused now,
+        # not after the busy deadline on a route its own key filled.
+        await self.share.take(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
+        try:
+            decision = await database_call(route_choose)(
+                model=self.model, pinned=self.params.route
+            )
+        except BaseException:
+            await asyncio.shield(self.share.release())
+            raise
         try:
             await self.record.open(stream=self.params.stream)
             self._started = self.settings.clock()
@@ -218,9 +256,18 @@ class CompletionProxy:
             ]
             await self._use(decision, self.generations)
         except BaseException:
-            # Never streamed: the route's load must not count it.
+            # Never streamed: the route's load must not count it, nor the key's share.
             route_session_close(decision=decision)
+            await asyncio.shield(self.share.release())
             raise
+
+    def _kv_reservation(self, prompt_tokens: Sequence[int]) -> int:
+        """What the request's choices reserve on the nodes: (prompt + max_tokens) each."""
+        n = self.params.n
+        return sum(
+            prompt_tokens[choice // n] + self.params.max_tokens
+            for choice in range(self.params.choices)
+        )
 
     async def run(self, send: Send) -> CompletionResult:
         """Send the client's server-sent events (``data: …``, ``[DONE]`` not included) in
@@ -234,17 +281,25 @@ class CompletionProxy:
             await send(event)
         unfinished, last = len(self.generations), None
         try:
-            async for piece in interleaved([self._generate(g) for g in self.generations]):
-                if piece.finish_reason is None:
-                    event = self.answer.piece(piece)
-                    if event:  # nothing while a tool call is held back
-                        await send(event)
-                    continue
-                unfinished -= 1
-                if unfinished:
-                    await send(self.answer.finish(piece.choice, piece.finish_reason, None))
-                else:
-                    last = piece  # ends the answer with usage, once it is billed
+            # Nothing a head streams extends this (``: step`` comments included).
+            budget = asyncio.timeout(self.deadline.left())
+            try:
+                async with budget:
+                    async for piece in interleaved([self._generate(g) for g in self.generations]):
+                        if piece.finish_reason is None:
+                            event = self.answer.piece(piece)
+                            if event:  # nothing while a tool call is held back
+                                await send(event)
+                            continue
+                        unfinished -= 1
+                        if unfinished:
+                            await send(self.answer.finish(piece.choice, piece.finish_reason, None))
+                        else:
+                            last = piece  # ends the answer with usage, once it is billed
+            except TimeoutError:
+                if not budget.expired():
+                    raise
+                raise self._deadline_passed() from None
         except DomainError as error:
             await self.fail(error.message)
             await send(sse_event(http_error(error).body))
@@ -253,6 +308,7 @@ class CompletionProxy:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
             self._release_routes()
+            await asyncio.shield(self.share.release())
         completion = await self._finish_completed()
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
@@ -275,6 +331,7 @@ class CompletionProxy:
         generated; the client left while the usage was billed) is left to it.
         """
         self._release_routes()
+        await asyncio.shield(self.share.release())
         if self._completion is not None and not self._completion.done():
             self._left_while_completing = True
             return
@@ -304,6 +361,21 @@ class CompletionProxy:
             await self._progress.close(flush=True)
             await self.emit(console.ERROR, self.request_id, message=message)
 
+    def _deadline_passed(self) -> DomainError:
+        """The request's total deadline passed: blame the heads still streaming it (banned,
+        as a head silent past its limit is) and end it with the deadline's error."""
+        heads = set(self._streaming.values())
+        for head in heads:
+            seconds = node_ban(node_id=head)
+            logger.warning(
+                "request %s: head %s held it past its %g s deadline; banned for %.0f s",
+                self.request_id,
+                head,
+                self.deadline.seconds,
+                seconds,
+            )
+        return self.deadline.exceeded(heads)
+
     def _release_routes(self) -> None:
         """However the request ended, none of its streams is load on a route now
         (idempotent)."""
@@ -324,12 +396,35 @@ class CompletionProxy:
                 async for piece in self._segment(generation, wait):
                     yield piece
                 break
-            except RouteBusy:
-                await wait.wait()
+            except RouteBusy as busy:
+                failure = await self._busy_claim(busy)
+                if failure is None:
+                    await wait.wait()
+                    continue
+                wait.over()
+                await self._use(await self.failover.reroute(generation, failure), [generation])
             except HopFailure as failure:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
         yield Piece(generation.choice, finish_reason=generation.finish_reason)
+
+    async def _busy_claim(self, busy: RouteBusy) -> HopFailure | None:
+        """Whether ``busy`` holds up: None to wait for a slot, or the failure of a node
+        whose busy answers nothing the tracker knows has explained for too long."""
+        node = busy.node_id
+        explained = HEAD_QUEUES.node_streams(node) > 0
+        if not explained:
+            explained = await database_call(node_reported_sessions)(node_id=node) > 0
+        now = self.settings.clock()
+        if not BUSY_CLAIMS.claim(
+            node, explained=explained, now=now, grace=self.settings.busy_claim_grace
+        ):
+            return None
+        return HopFailure(
+            node,
+            f"node {node} answered busy while idle for {self.settings.busy_claim_grace:g} s "
+            "(false_busy)",
+        )
 
     async def _use(self, decision: RouteDecision, generations: Sequence[Generation]) -> None:
         """Serve ``generations`` on ``decision``'s route from now on."""
@@ -365,7 +460,10 @@ class CompletionProxy:
             segment.started = self.settings.clock()
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
-        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id)
+        nodes = plan.node_ids
+        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id, nodes)
+        self._streaming[generation.choice] = plan.head.node_id
+        served = False
         # Counted as load on the route while it streams (again after a busy wait).
         route_session_open(decision=segment.decision, stream=generation)
         try:
@@ -386,6 +484,9 @@ class CompletionProxy:
                     if frame.token_ids:  # the whole route took the step: a slot at last
                         wait.over()
                         self._progress.changed()
+                        if not served:  # whatever busy its nodes answered is behind them
+                            served = True
+                            BUSY_CLAIMS.served(nodes)
                     if self.params.echo and not generation.echoed:
                         yield generation.echo(frame)
                     piece = generation.absorb(frame, request_id=self.request_id)
@@ -398,7 +499,8 @@ class CompletionProxy:
                             self._first_token_at = self.settings.clock()
                         yield piece
         finally:
-            HEAD_QUEUES.left(plan.head.endpoint, self.request_id)
+            HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
+            self._streaming.pop(generation.choice, None)
             # However the stream ended, it is no longer load on the route.
             route_session_close(decision=segment.decision, stream=generation)
 

@@ -1,0 +1,45 @@
+"""The total time one request may take, whatever its heads stream.
+
+A head's silence is bounded (:func:`~tracker_app.completions.head_stream.silence_limit`),
+but a ``: step`` comment is not silence: a head that streams comments and
+never a token would hold its request, and its client, for as long as it
+likes. So every request also has a total deadline, ``MESHNET_REQUEST_DEADLINE``
+seconds from its start, that nothing a head sends extends. Past it the
+request fails (nothing billed) and the heads still streaming it are blamed:
+an honest route finishes any request well within it (ADR-0004, "Deadlines").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meshnet_site.errors import DomainError, ErrorKind
+
+
+class RequestDeadlineExceeded(DomainError):
+    """The request ran past ``MESHNET_REQUEST_DEADLINE``; it is failed and not billed."""
+
+    kind = ErrorKind.UPSTREAM
+    code = "request_deadline_exceeded"
+
+
+@dataclass(frozen=True)
+class RequestDeadline:
+    """``seconds`` from ``started`` on ``clock``."""
+
+    seconds: float
+    started: float
+    clock: Callable[[], float]
+
+    def left(self) -> float:
+        """Seconds left (0 once past)."""
+        return max(0.0, self.started + self.seconds - self.clock())
+
+    def exceeded(self, heads: set[str]) -> RequestDeadlineExceeded:
+        """The error the request ends with, naming the ``heads`` still streaming it."""
+        named = ", ".join(sorted(heads)) or "none"
+        return RequestDeadlineExceeded(
+            f"The request ran past the deployment's limit of {self.seconds:g} s in all "
+            f"without finishing (heads still streaming it: {named}); nothing is billed"
+        )
