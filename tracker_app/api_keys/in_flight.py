@@ -200,6 +200,7 @@ class KeyShare:
                 )
             except Exception:  # a blip: the next renewal tries again, well within the lease
                 logger.warning(
-                    "request %s: its key's lease could not be renewed", self.request_id,
+                    "request %s: its key's lease could not be renewed",
+                    self.request_id,
                     exc_info=True,
                 )

@@ -23,7 +23,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from meshnet_site.database import database_call
 from nodes_app.models import Node
+from tracker_app.completions.head_queue import HEAD_QUEUES
+from tracker_app.completions.head_stream import HopFailure, RouteBusy
 
 
 class BusyClaims:
@@ -65,3 +68,16 @@ def node_reported_sessions(*, node_id: str) -> int:
 
 # The process's streaks; every proxy of this tracker shares them.
 BUSY_CLAIMS = BusyClaims()
+
+
+async def busy_claim_judged(busy: RouteBusy, *, now: float, grace: float) -> HopFailure | None:
+    """Whether ``busy`` holds up: None to wait for a slot, or the failure of its node
+    (``false_busy``) once nothing the tracker knows has explained its busy answers for
+    ``grace`` seconds."""
+    node = busy.node_id
+    explained = HEAD_QUEUES.node_streams(node) > 0
+    if not explained:
+        explained = await database_call(node_reported_sessions)(node_id=node) > 0
+    if not BUSY_CLAIMS.claim(node, explained=explained, now=now, grace=grace):
+        return None
+    return HopFailure(node, f"node {node} answered busy while idle for {grace:g} s (false_busy)")

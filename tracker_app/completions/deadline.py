@@ -11,10 +11,14 @@ an honest route finishes any request well within it (ADR-0004, "Deadlines").
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshnet_site.errors import DomainError, ErrorKind
+from routing_app.bans import node_ban
+
+logger = logging.getLogger(__name__)
 
 
 class RequestDeadlineExceeded(DomainError):
@@ -36,8 +40,18 @@ class RequestDeadline:
         """Seconds left (0 once past)."""
         return max(0.0, self.started + self.seconds - self.clock())
 
-    def exceeded(self, heads: set[str]) -> RequestDeadlineExceeded:
-        """The error the request ends with, naming the ``heads`` still streaming it."""
+    def passed(self, heads: set[str], *, request_id: str) -> RequestDeadlineExceeded:
+        """The deadline passed with ``heads`` still streaming the request: ban each (its
+        next back-off step, as for any failed node), and the error the request ends with."""
+        for head in sorted(heads):
+            seconds = node_ban(node_id=head)
+            logger.warning(
+                "request %s: head %s held it past its %g s deadline; banned for %.0f s",
+                request_id,
+                head,
+                self.seconds,
+                seconds,
+            )
         named = ", ".join(sorted(heads)) or "none"
         return RequestDeadlineExceeded(
             f"The request ran past the deployment's limit of {self.seconds:g} s in all "

@@ -55,7 +55,6 @@ from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, http_error, is_database_outage
 from nodes_app.models import LanguageModel
 from nodes_app.protocol.sse import sse_event
-from routing_app.bans import node_ban
 from routing_app.choice import RouteDecision
 from routing_app.services import (
     route_choose,
@@ -66,7 +65,7 @@ from routing_app.services import (
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.completions import console
 from tracker_app.completions.answers import AnswerKind
-from tracker_app.completions.busy_claims import BUSY_CLAIMS, node_reported_sessions
+from tracker_app.completions.busy_claims import BUSY_CLAIMS, busy_claim_judged
 from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
@@ -236,9 +235,7 @@ class CompletionProxy:
         # not after the busy deadline on a route its own key filled.
         await self.share.take(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
         try:
-            decision = await database_call(route_choose)(
-                model=self.model, pinned=self.params.route
-            )
+            decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
         except BaseException:
             await asyncio.shield(self.share.release())
             raise
@@ -299,7 +296,10 @@ class CompletionProxy:
             except TimeoutError:
                 if not budget.expired():
                     raise
-                raise self._deadline_passed() from None
+                # The heads still streaming it are blamed (banned, as a silent one is).
+                raise self.deadline.passed(
+                    set(self._streaming.values()), request_id=self.request_id
+                ) from None
         except DomainError as error:
             await self.fail(error.message)
             await send(sse_event(http_error(error).body))
@@ -361,21 +361,6 @@ class CompletionProxy:
             await self._progress.close(flush=True)
             await self.emit(console.ERROR, self.request_id, message=message)
 
-    def _deadline_passed(self) -> DomainError:
-        """The request's total deadline passed: blame the heads still streaming it (banned,
-        as a head silent past its limit is) and end it with the deadline's error."""
-        heads = set(self._streaming.values())
-        for head in heads:
-            seconds = node_ban(node_id=head)
-            logger.warning(
-                "request %s: head %s held it past its %g s deadline; banned for %.0f s",
-                self.request_id,
-                head,
-                self.deadline.seconds,
-                seconds,
-            )
-        return self.deadline.exceeded(heads)
-
     def _release_routes(self) -> None:
         """However the request ended, none of its streams is load on a route now
         (idempotent)."""
@@ -397,7 +382,9 @@ class CompletionProxy:
                     yield piece
                 break
             except RouteBusy as busy:
-                failure = await self._busy_claim(busy)
+                failure = await busy_claim_judged(
+                    busy, now=self.settings.clock(), grace=self.settings.busy_claim_grace
+                )
                 if failure is None:
                     await wait.wait()
                     continue
@@ -407,24 +394,6 @@ class CompletionProxy:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
         yield Piece(generation.choice, finish_reason=generation.finish_reason)
-
-    async def _busy_claim(self, busy: RouteBusy) -> HopFailure | None:
-        """Whether ``busy`` holds up: None to wait for a slot, or the failure of a node
-        whose busy answers nothing the tracker knows has explained for too long."""
-        node = busy.node_id
-        explained = HEAD_QUEUES.node_streams(node) > 0
-        if not explained:
-            explained = await database_call(node_reported_sessions)(node_id=node) > 0
-        now = self.settings.clock()
-        if not BUSY_CLAIMS.claim(
-            node, explained=explained, now=now, grace=self.settings.busy_claim_grace
-        ):
-            return None
-        return HopFailure(
-            node,
-            f"node {node} answered busy while idle for {self.settings.busy_claim_grace:g} s "
-            "(false_busy)",
-        )
 
     async def _use(self, decision: RouteDecision, generations: Sequence[Generation]) -> None:
         """Serve ``generations`` on ``decision``'s route from now on."""
@@ -500,7 +469,8 @@ class CompletionProxy:
                         yield piece
         finally:
             HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
-            self._streaming.pop(generation.choice, None)
+            if self.deadline.left() > 0:  # past it, the deadline's blame still needs it
+                self._streaming.pop(generation.choice, None)
             # However the stream ended, it is no longer load on the route.
             route_session_close(decision=segment.decision, stream=generation)
 

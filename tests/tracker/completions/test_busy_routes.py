@@ -1,9 +1,12 @@
 """A busy route: waited for with back-off up to the busy deadline, never banned; load.
 
-A full head (one that reports sessions, as an honestly full node does) is waited for; past ``MESHNET_BUSY_DEADLINE`` (every wait of the
-request counted together) the request is a 503 ``route_busy`` with
-``Retry-After``. Every streaming choice is load on its route until the
-request ends, and its route's book shows the tokens it has relayed.
+A full head (one that reports sessions, as an honestly full node does, or
+streams another of this tracker's requests) is waited for; past
+``MESHNET_BUSY_DEADLINE`` (every wait of the request counted together) the
+request is a 503 ``route_busy`` with ``Retry-After``; a busy answer nothing
+explains for long is a lie, and its node is banned. Every streaming choice
+is load on its route until the request ends, and its route's book shows the
+tokens it has relayed.
 """
 
 from __future__ import annotations
@@ -179,3 +182,32 @@ def test_a_streaming_choice_shows_its_route_the_tokens_it_has_relayed(net: Net) 
     streaming = [(shown, sent) for shown, sent in seen if sent]
     assert len(streaming) >= 3
     assert all(shown == [sent] for shown, sent in streaming)
+
+
+def test_a_busy_answer_this_trackers_own_streams_explain_is_waited_for(net: Net) -> None:
+    # The node reports no sessions, but the request's other choice streams from it:
+    # a node with room for one session is honestly full.
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(gap=0.02), Behaviour(status=503), Behaviour())
+    proxy = net.proxy(n=2, settings={"busy_claim_grace": 0.0})
+
+    chunks = serve(proxy)
+
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12)}
+    assert net.banned() == set()
+
+
+def test_a_busy_answer_nothing_explains_past_the_grace_bans_the_node_and_fails_over(
+    net: Net,
+) -> None:
+    net.node("idle-liar", 0, 3, tps=1e6)
+    net.node("honest", 0, 3)
+    net.heads.plan("idle-liar", Behaviour(status=503))
+    proxy = net.proxy(settings={"busy_claim_grace": 0.0})
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.heads.heads_asked() == ["idle-liar", "honest"]
+    assert net.banned() == {"idle-liar"}
+    assert record(proxy).status == RequestStatus.COMPLETED
