@@ -168,14 +168,20 @@ class KeyShare:
 
     async def take(self, *, kv_tokens: int) -> None:
         """Take the lease (raises :class:`KeyBusy` or :class:`RequestOverKeyShare`)."""
-        await database_call(key_lease_take)(
-            api_key=self.api_key,
-            request_id=self.request_id,
-            kv_tokens=kv_tokens,
-            now=timezone.now(),
-            seconds=self.seconds,
-        )
+        # Held from the start: a request cancelled while the row is written still
+        # deletes it on release (deleting a row never written is harmless).
         self._held = True
+        try:
+            await database_call(key_lease_take)(
+                api_key=self.api_key,
+                request_id=self.request_id,
+                kv_tokens=kv_tokens,
+                now=timezone.now(),
+                seconds=self.seconds,
+            )
+        except DomainError:
+            self._held = False  # refused: no row was written
+            raise
         self._renewal = asyncio.create_task(self._renew())
 
     async def release(self) -> None:
