@@ -12,11 +12,11 @@ otherwise (the admin). A request past its key's share is refused at once
 (429, saying which limit), before any route is chosen.
 
 Each request in flight is a :class:`~tracker_app.models.KeyLease` row, shared
-by every tracker over the one database. Taking one is a transaction that
-locks the key's row (PostgreSQL; SQLite's transactions take the write lock
-when they begin), drops the key's expired leases, sums the live ones and
-inserts the new one only within both limits: concurrent requests of one key,
-on any tracker, cannot both take the last share. A lease lasts
+by every tracker over the one database. Taking one is a single statement
+that inserts it only if the key's live leases leave room under both limits
+(SQLite runs it under its one write lock; on PostgreSQL the key's row is
+locked first): concurrent requests of one key, on any tracker, cannot both
+take the last share. A refused request drops the key's expired leases. A lease lasts
 ``MESHNET_KEY_LEASE_SECONDS`` and is renewed while its request runs
 (:class:`KeyShare`); it is deleted on every way a request ends, and a
 tracker that dies leaves its leases to expire.
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, Sum
+from django.db import connection, transaction
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from meshnet_site.database import database_call
@@ -102,6 +102,24 @@ def key_in_flight(*, api_key: ApiKey, now: datetime | None = None) -> InFlight:
     return InFlight(requests=totals["requests"], kv_tokens=totals["kv_tokens"] or 0)
 
 
+# One statement inserts the lease only within both limits, counting the key's live
+# leases: atomic on SQLite (one writer, and a writing statement takes the lock before
+# it reads); on PostgreSQL the key's row is locked first (see key_lease_take).
+_TAKE = """
+INSERT INTO {table} ({request_id}, {api_key_id}, {tokens}, {expires_at})
+SELECT %s, %s, %s, %s
+WHERE (SELECT COUNT(*) FROM {table} WHERE {api_key_id} = %s AND {expires_at} > %s) < %s
+AND (SELECT COALESCE(SUM({tokens}), 0) FROM {table} WHERE {api_key_id} = %s AND {expires_at} > %s)
+    + %s <= %s
+"""
+
+
+def _take_sql() -> str:
+    quote = connection.ops.quote_name
+    columns = {field.column: quote(field.column) for field in KeyLease._meta.concrete_fields}
+    return _TAKE.format(table=quote(KeyLease._meta.db_table), **columns)
+
+
 def key_lease_take(
     *, api_key: ApiKey, request_id: uuid.UUID, kv_tokens: int, now: datetime, seconds: float
 ) -> None:
@@ -119,42 +137,52 @@ def key_lease_take(
             f"more than this API key's share of {limits.kv_tokens}; lower max_tokens or n",
             param="max_tokens",
         )
-    with transaction.atomic():
-        # Serialises the key's leases on PostgreSQL (no-op on SQLite, whose
-        # transaction already holds the write lock).
-        ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk").first()
-        KeyLease.objects.filter(api_key=api_key, expires_at__lte=now).delete()
-        held = key_in_flight(api_key=api_key, now=now)
-        if held.requests >= limits.requests:
-            raise TooManyRequestsInFlight(
-                f"This API key already has {held.requests} requests in flight, its limit; "
-                f"retry when one ends",
-                retry_after=KEY_BUSY_RETRY_AFTER_SECONDS,
-            )
-        if held.kv_tokens + kv_tokens > limits.kv_tokens:
-            raise TooManyKvTokensInFlight(
-                f"This API key's requests in flight reserve {held.kv_tokens} KV tokens; this one "
-                f"needs {kv_tokens} more, past its limit of {limits.kv_tokens}; retry when "
-                "one ends",
-                retry_after=KEY_BUSY_RETRY_AFTER_SECONDS,
-            )
-        KeyLease.objects.create(
-            request_id=request_id,
-            api_key=api_key,
-            tokens=kv_tokens,
-            expires_at=now + timedelta(seconds=seconds),
+    adapt = connection.ops.adapt_datetimefield_value
+    lease_id = KeyLease._meta.get_field("request_id").get_db_prep_value(request_id, connection)
+    at, until = adapt(now), adapt(now + timedelta(seconds=seconds))
+    params = [lease_id, api_key.pk, kv_tokens, until]
+    params += [api_key.pk, at, limits.requests, api_key.pk, at, kv_tokens, limits.kv_tokens]
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.features.has_select_for_update:
+            # Serialises the key's takes on PostgreSQL, whose statements read a snapshot.
+            ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk").first()
+        cursor.execute(_take_sql(), params)
+        if cursor.rowcount == 1:
+            return
+    _refuse(api_key=api_key, limits=limits, kv_tokens=kv_tokens, now=now)
+
+
+def _refuse(*, api_key: ApiKey, limits: KeyLimits, kv_tokens: int, now: datetime) -> None:
+    """Say which limit the key's live leases leave no room under (and drop its dead ones)."""
+    KeyLease.objects.filter(api_key=api_key, expires_at__lte=now).delete()
+    held = key_in_flight(api_key=api_key, now=now)
+    if held.requests >= limits.requests:
+        raise TooManyRequestsInFlight(
+            f"This API key already has {held.requests} requests in flight, its limit; "
+            "retry when one ends",
+            retry_after=KEY_BUSY_RETRY_AFTER_SECONDS,
         )
+    raise TooManyKvTokensInFlight(
+        f"This API key's requests in flight reserve {held.kv_tokens} KV tokens; this one "
+        f"needs {kv_tokens} more, past its limit of {limits.kv_tokens}; retry when one ends",
+        retry_after=KEY_BUSY_RETRY_AFTER_SECONDS,
+    )
 
 
 def key_lease_renew(*, request_id: uuid.UUID, now: datetime, seconds: float) -> bool:
-    """Extend the lease of a request still running; False if it is gone."""
+    """Extend the lease of a request still running; False if it is gone or expired (an
+    expired lease is not revived: its share may have gone to another request)."""
     until = now + timedelta(seconds=seconds)
-    return KeyLease.objects.filter(request_id=request_id).update(expires_at=until) == 1
+    live = KeyLease.objects.filter(request_id=request_id, expires_at__gt=now)
+    return live.update(expires_at=until) == 1
 
 
-def key_lease_release(*, request_id: uuid.UUID) -> None:
-    """The request ended: its share is free (idempotent)."""
-    KeyLease.objects.filter(request_id=request_id).delete()
+def key_lease_release(*, api_key: ApiKey, request_id: uuid.UUID, now: datetime) -> None:
+    """The request ended: its share is free (idempotent). Leases of the key that expired
+    (their tracker died) go with it."""
+    KeyLease.objects.filter(
+        Q(request_id=request_id) | Q(api_key=api_key, expires_at__lte=now)
+    ).delete()
 
 
 class KeyShare:
@@ -191,7 +219,9 @@ class KeyShare:
         if self._renewal is not None:
             self._renewal.cancel()
         try:
-            await database_call(key_lease_release)(request_id=self.request_id)
+            await database_call(key_lease_release)(
+                api_key=self.api_key, request_id=self.request_id, now=timezone.now()
+            )
         except Exception:  # the lease expires on its own within its seconds
             logger.warning(
                 "request %s: its key's lease could not be released", self.request_id, exc_info=True

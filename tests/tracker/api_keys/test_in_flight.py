@@ -45,7 +45,7 @@ def test_a_key_past_its_requests_in_flight_is_refused_saying_so_until_one_ends()
     answer = http_error(refused.value)
     assert (answer.status, answer.body["error"]["code"]) == (429, "too_many_requests_in_flight")
     assert answer.headers["Retry-After"] == "1"
-    key_lease_release(request_id=first)
+    key_lease_release(api_key=key, request_id=first, now=NOW)
     take(key, 10)
 
 
@@ -91,11 +91,12 @@ def test_a_lease_not_renewed_expires_and_a_renewed_one_holds() -> None:
     key = api_key_create(name="k").api_key
     lapsed = take(key, 10)
 
-    take(key, 10, now=NOW + timedelta(seconds=61))  # the first lease expired: room again
+    renewed = take(key, 10, now=NOW + timedelta(seconds=61))  # the first expired: room again
 
-    assert not key_lease_renew(request_id=lapsed, now=NOW, seconds=60)  # it was dropped
+    assert not key_lease_renew(request_id=lapsed, now=NOW + timedelta(seconds=61), seconds=60)
+    assert key_lease_renew(request_id=renewed, now=NOW + timedelta(seconds=100), seconds=60)
     with pytest.raises(TooManyRequestsInFlight):
-        take(key, 10, now=NOW + timedelta(seconds=62))
+        take(key, 10, now=NOW + timedelta(seconds=150))
 
 
 @override_settings(MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT=16, MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT=32768)
