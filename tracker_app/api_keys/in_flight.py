@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from meshnet_site.database import database_call
@@ -177,12 +177,10 @@ def key_lease_renew(*, request_id: uuid.UUID, now: datetime, seconds: float) -> 
     return live.update(expires_at=until) == 1
 
 
-def key_lease_release(*, api_key: ApiKey, request_id: uuid.UUID, now: datetime) -> None:
-    """The request ended: its share is free (idempotent). Leases of the key that expired
-    (their tracker died) go with it."""
-    KeyLease.objects.filter(
-        Q(request_id=request_id) | Q(api_key=api_key, expires_at__lte=now)
-    ).delete()
+def key_lease_release(*, request_id: uuid.UUID) -> None:
+    """The request ended: its share is free (idempotent). Leases that expired (their
+    tracker died) count for nothing; a refusal deletes its key's."""
+    KeyLease.objects.filter(request_id=request_id).delete()
 
 
 class KeyShare:
@@ -219,9 +217,7 @@ class KeyShare:
         if self._renewal is not None:
             self._renewal.cancel()
         try:
-            await database_call(key_lease_release)(
-                api_key=self.api_key, request_id=self.request_id, now=timezone.now()
-            )
+            await database_call(key_lease_release)(request_id=self.request_id)
         except Exception:  # the lease expires on its own within its seconds
             logger.warning(
                 "request %s: its key's lease could not be released", self.request_id, exc_info=True
