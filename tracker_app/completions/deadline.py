@@ -11,8 +11,10 @@ an honest route finishes any request well within it (ADR-0004, "Deadlines").
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from meshnet_site.errors import DomainError, ErrorKind
@@ -39,6 +41,21 @@ class RequestDeadline:
     def left(self) -> float:
         """Seconds left (0 once past)."""
         return max(0.0, self.started + self.seconds - self.clock())
+
+    @asynccontextmanager
+    async def enforced(
+        self, streaming: Mapping[int, str], *, request_id: str
+    ) -> AsyncIterator[None]:
+        """Cancel the body at the deadline and raise :meth:`passed`'s error instead, blaming
+        the heads ``streaming`` names then (choice → head node, kept by the caller)."""
+        budget = asyncio.timeout(self.left())
+        try:
+            async with budget:
+                yield
+        except TimeoutError:
+            if not budget.expired():
+                raise
+            raise self.passed(set(streaming.values()), request_id=request_id) from None
 
     def passed(self, heads: set[str], *, request_id: str) -> RequestDeadlineExceeded:
         """The deadline passed with ``heads`` still streaming the request: ban each (its

@@ -278,28 +278,19 @@ class CompletionProxy:
             await send(event)
         unfinished, last = len(self.generations), None
         try:
-            # Nothing a head streams extends this (``: step`` comments included).
-            budget = asyncio.timeout(self.deadline.left())
-            try:
-                async with budget:
-                    async for piece in interleaved([self._generate(g) for g in self.generations]):
-                        if piece.finish_reason is None:
-                            event = self.answer.piece(piece)
-                            if event:  # nothing while a tool call is held back
-                                await send(event)
-                            continue
-                        unfinished -= 1
-                        if unfinished:
-                            await send(self.answer.finish(piece.choice, piece.finish_reason, None))
-                        else:
-                            last = piece  # ends the answer with usage, once it is billed
-            except TimeoutError:
-                if not budget.expired():
-                    raise
-                # The heads still streaming it are blamed (banned, as a silent one is).
-                raise self.deadline.passed(
-                    set(self._streaming.values()), request_id=self.request_id
-                ) from None
+            # Nothing a head streams extends the deadline (``: step`` comments included).
+            async with self.deadline.enforced(self._streaming, request_id=self.request_id):
+                async for piece in interleaved([self._generate(g) for g in self.generations]):
+                    if piece.finish_reason is None:
+                        event = self.answer.piece(piece)
+                        if event:  # nothing while a tool call is held back
+                            await send(event)
+                        continue
+                    unfinished -= 1
+                    if unfinished:
+                        await send(self.answer.finish(piece.choice, piece.finish_reason, None))
+                    else:
+                        last = piece  # ends the answer with usage, once it is billed
         except DomainError as error:
             await self.fail(error.message)
             await send(sse_event(http_error(error).body))
