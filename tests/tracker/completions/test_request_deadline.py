@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from tests.support.fake_heads import Behaviour, Net, record, served
@@ -23,7 +25,7 @@ def test_a_head_that_stops_mid_answer_is_cut_off_at_the_deadline_unbilled_and_ba
     assert "stalls" in chunks[-1]["error"]["message"]
     assert result.error is not None
     assert record(proxy).status == RequestStatus.FAILED
-    assert not BillingRecord.objects.filter(request_id=proxy.request_id).exists()
+    assert not BillingRecord.objects.filter(request_id=uuid.UUID(proxy.request_id)).exists()
     assert net.banned() == {"stalls"}
 
 
