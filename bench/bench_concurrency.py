@@ -85,7 +85,13 @@ async def run(url: str, key: str) -> None:
 
 def main() -> None:
     # One machine, so the embedded mode; no rate limit on the benchmark's key.
-    settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
+    settings = {
+        # One key stands for every client: no per-key share in flight.
+        "MESHNET_RATE_LIMIT_PER_MINUTE": "100000",
+        "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
+        "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
+        "REDIS_URL": None,
+    }
     with LocalNetwork.throwaway(env=settings) as net:
         net.start_tracker()
         key = net.create_api_key("bench")

@@ -156,7 +156,12 @@ def main() -> int:
     with fresh_process_database() as database_url:
         tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
         # No rate limit on the benchmark's key.
-        settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "1000000"}
+        settings = {
+            # One key stands for every client: no per-key share in flight.
+            "MESHNET_RATE_LIMIT_PER_MINUTE": "1000000",
+            "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
+            "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
+        }
         with LocalNetwork.throwaway(
             workdir=tmp, database_url=database_url, env=settings
         ) as network:

@@ -78,7 +78,13 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "1000000", "MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1"}
+    settings = {
+        # One key stands for every client: no per-key share in flight.
+        "MESHNET_RATE_LIMIT_PER_MINUTE": "1000000",
+        "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
+        "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
+        "MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1",
+    }
     with fresh_process_database() as database_url:
         tmp = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
         with LocalNetwork.throwaway(

@@ -435,6 +435,24 @@ MAX_REQUEST_BYTES = NumberSetting("MESHNET_MAX_REQUEST_BYTES", 2**20, minimum=10
 BUSY_DEADLINE = NumberSetting("MESHNET_BUSY_DEADLINE", 120.0, minimum=1.0, maximum=3600.0)
 HOP_STEP_TIMEOUT = NumberSetting("MESHNET_HOP_STEP_TIMEOUT", 30.0, minimum=1.0, maximum=600.0)
 
+# The total time one completion request may take, whatever its heads stream
+# (ADR-0004, "Deadlines"): ``: step`` comments keep a head from being taken for
+# hung, never this. Past it the request fails unbilled and its heads are blamed.
+REQUEST_DEADLINE = NumberSetting("MESHNET_REQUEST_DEADLINE", 1800.0, minimum=1.0, maximum=86400.0)
+
+# Each API key's share of the network (ADR-0004, "Auth and limits"): requests in
+# flight at once, and KV tokens those requests may reserve in all ((prompt +
+# max_tokens) × choices each); the admin overrides both per key. A request's
+# lease on its share lasts this long unless renewed (a third of it each time),
+# so a tracker that dies holds a share that long at most.
+KEY_MAX_REQUESTS_IN_FLIGHT = NumberSetting(
+    "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT", 16, minimum=1, maximum=2**31 - 1, integer=True
+)
+KEY_MAX_KV_TOKENS_IN_FLIGHT = NumberSetting(
+    "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT", 32768, minimum=1, maximum=2**31 - 1, integer=True
+)
+KEY_LEASE_SECONDS = NumberSetting("MESHNET_KEY_LEASE_SECONDS", 60.0, minimum=3.0, maximum=3600.0)
+
 # The most choices one completion request may ask for (OpenAI's ``n``, times the
 # prompts of a legacy completion's list): each is a generation of its own, run
 # at once with the others, holding a session on every node of its route.

@@ -250,6 +250,14 @@ MESHNET_HOP_STEP_TIMEOUT = env_.HOP_STEP_TIMEOUT.read(ENV)
 # The most choices (n, times a legacy completion's prompts) one request may ask for.
 MESHNET_MAX_CHOICES = int(env_.MAX_CHOICES.read(ENV))
 
+# The most time one request may take in all, whatever its heads stream.
+MESHNET_REQUEST_DEADLINE = env_.REQUEST_DEADLINE.read(ENV)
+# Each API key's share: requests and reserved KV tokens in flight (admin overrides
+# per key), held by leases that expire unless renewed.
+MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT = int(env_.KEY_MAX_REQUESTS_IN_FLIGHT.read(ENV))
+MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT = int(env_.KEY_MAX_KV_TOKENS_IN_FLIGHT.read(ENV))
+MESHNET_KEY_LEASE_SECONDS = env_.KEY_LEASE_SECONDS.read(ENV)
+
 # Client API: chat requests per API key per minute (429 beyond).
 MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE", 120, minimum=1)
 # Node registrations per client address per minute (429 beyond), counted before

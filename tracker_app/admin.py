@@ -1,4 +1,5 @@
-"""Admin for client API keys (created with `create_api_key`, revoked here), request and
+"""Admin for client API keys (created with `create_api_key`, revoked here, their share of
+requests and KV tokens in flight set and shown here), request and
 billing records, and what billing audits flagged and refunded (filterable)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from tracker_app.api_keys.in_flight import KeyLimits, key_in_flight
 from tracker_app.models import (
     ApiKey,
     AuditFlag,
@@ -22,11 +24,43 @@ from tracker_app.models import (
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
-    list_display = ["name", "prefix", "created_at", "revoked"]
+    """Keys with their share of the network: the limits in force (the key's own, or the
+    deployment's default) and what the key has in flight now."""
+
+    list_display = [
+        "name",
+        "prefix",
+        "created_at",
+        "revoked",
+        "requests_in_flight",
+        "kv_tokens_in_flight",
+    ]
     list_filter = ["revoked"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["prefix", "created_at"]
+    fields = [
+        "name",
+        "prefix",
+        "created_at",
+        "revoked",
+        "max_requests_in_flight",
+        "max_kv_tokens_in_flight",
+        "requests_in_flight",
+        "kv_tokens_in_flight",
+    ]
+    readonly_fields = ["prefix", "created_at", "requests_in_flight", "kv_tokens_in_flight"]
     actions = ["revoke"]
+
+    @admin.display(description="requests in flight / limit")
+    def requests_in_flight(self, obj: ApiKey) -> str:
+        limits, held = KeyLimits.of(obj), key_in_flight(api_key=obj)
+        own = "" if obj.max_requests_in_flight is not None else " (default)"
+        return f"{held.requests} / {limits.requests}{own}"
+
+    @admin.display(description="KV tokens in flight / limit")
+    def kv_tokens_in_flight(self, obj: ApiKey) -> str:
+        limits, held = KeyLimits.of(obj), key_in_flight(api_key=obj)
+        own = "" if obj.max_kv_tokens_in_flight is not None else " (default)"
+        return f"{held.kv_tokens} / {limits.kv_tokens}{own}"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # a key must be shown once at creation: use `create_api_key`

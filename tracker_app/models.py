@@ -17,6 +17,19 @@ class ApiKey(models.Model):
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked = models.BooleanField(default=False)
+    # The key's share of the network (ADR-0004, "Auth and limits"); blank: the
+    # deployment's MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT / _KV_TOKENS_IN_FLIGHT.
+    max_requests_in_flight = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Requests this key may have in flight at once (blank: the deployment's default)",
+    )
+    max_kv_tokens_in_flight = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="KV tokens its requests in flight may reserve in all, (prompt + max_tokens) "
+        "× choices each (blank: the deployment's default)",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -24,6 +37,23 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class KeyLease(models.Model):
+    """One request of ``api_key`` in flight and the KV tokens it reserves, until
+    ``expires_at``: renewed while the request runs, deleted when it ends, and
+    ignored once expired (a tracker that died leaks nothing for longer)."""
+
+    request_id = models.UUIDField(primary_key=True)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="leases")
+    tokens = models.PositiveBigIntegerField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["api_key", "expires_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.tokens} tokens"
 
 
 class RequestStatus(models.TextChoices):

@@ -37,6 +37,7 @@ from routing_app.tracker_store import route_stats_store_install
 from tracker_app.api_keys.services import api_key_create
 from tracker_app.completions import console
 from tracker_app.completions.answers import AnswerKind
+from tracker_app.completions.busy_claims import BUSY_CLAIMS
 from tracker_app.completions.chat_answer import ChatAnswer
 from tracker_app.completions.chat_request import chat_params_parse
 from tracker_app.completions.parameters import GenerationParams
@@ -197,7 +198,11 @@ class Net:
     # Called with each console event as it is emitted (before it is kept).
     on_event: Callable[[str, dict[str, Any]], None] | None = None
 
-    def node(self, node_id: str, start: int, end: int, tps: float = 100.0) -> Node:
+    def node(
+        self, node_id: str, start: int, end: int, tps: float = 100.0, sessions: int = 0
+    ) -> Node:
+        """A node of the network; ``sessions``: what its last heartbeat reported (a node
+        honestly full reports some)."""
         now = timezone.now()
         return Node.objects.create(
             id=node_id,
@@ -208,6 +213,7 @@ class Net:
             shard_end=end,
             hardware="cpu",
             benchmark_tps=tps,
+            active_sessions=sessions,
             token_hash="0" * 64,
             registered_at=now,
             last_heartbeat_at=now,
@@ -292,9 +298,11 @@ def fake_network() -> Iterator[Net]:
     store = RouteStatsStore(half_life=600.0, min_sample_tokens=8)
     previous = route_stats_store_install(store)
     node_bans_reset()
+    BUSY_CLAIMS.reset()
     yield Net(model=model, store=store, heads=FakeHeads(), events=[])
     route_stats_store_install(previous)
     node_bans_reset()
+    BUSY_CLAIMS.reset()
 
 
 def chunk_of(event: bytes) -> dict[str, Any]:

@@ -12,7 +12,13 @@ import httpx
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
 # Every sample counts, and no test is slowed by the client rate limit.
-SETTINGS = {"MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1", "MESHNET_RATE_LIMIT_PER_MINUTE": "1000"}
+SETTINGS = {
+    "MESHNET_ROUTE_MIN_SAMPLE_TOKENS": "1",
+    "MESHNET_RATE_LIMIT_PER_MINUTE": "1000",
+    # One key sends every client's chats at once here: no per-key share in flight.
+    "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
+    "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
+}
 
 
 def routes(url: str, api_key: str) -> list[dict[str, Any]]:

@@ -58,7 +58,14 @@ CONNECTION_BURST = 200
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
     with fresh_process_database() as database_url:
         tmp = tmp_path_factory.mktemp("load")
-        for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="100000"):
+        for network in start_network(
+            database_url,
+            tmp,
+            MESHNET_RATE_LIMIT_PER_MINUTE="100000",
+            # One key stands for every client here: no per-key share in flight.
+            MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT="100000",
+            MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT="2000000000",
+        ):
             cap = ("--max-sessions", str(MAX_SESSIONS))
             network.add_node("head", TINY, (0, 1), extra=cap, wait=False)
             network.add_node("tail", TINY, (2, 3), extra=cap, wait=False)

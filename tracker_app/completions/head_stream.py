@@ -7,24 +7,26 @@ one of three things, each asking the caller for a different response:
 
 - :class:`HeadRefused` (a domain error, 400 or 413): the head refused the
   request itself (too long for the context, a template that rejects the
-  messages, a body or prompt past its caps): the client's to fix, no node to
-  ban. A head answers 4xx only for its requester's fault (ADR-0002). A 413,
-  and a 400 ``prompt_too_long``, refuse the request's size against the head's
-  own caps (``runnode --max-request-bytes`` / ``--max-prompt-chars``), which
-  the tracker does not know: always the client's. Any other 400 is the
-  client's only when the tracker could not check the prompt itself
-  (``prompt_checked`` false): a head that refuses a request the tracker
-  validated — sampling in range, a prompt it counted and found fitting — is
-  lying or broken, a :class:`HopFailure`. One sampling field the tracker
-  cannot check whole: a ``logit_bias`` id past the vocabulary, which only a
-  node knows; a ``bad_sampling`` refusal of a request with a ``logit_bias``
-  is the client's.
-- :class:`RouteBusy`: a node of the route is at its session cap (the head's
-  503, or a ``hop_busy`` frame): wait for a slot, ban nobody.
+  messages, a body past its caps): the client's to fix, no node to ban. A
+  head answers 4xx only for its requester's fault (ADR-0002). A 413 refuses
+  the body's size against the head's own cap (``runnode
+  --max-request-bytes``), which the tracker does not know: always the
+  client's. Any other 400 — ``prompt_too_long`` included — is the client's
+  only when the tracker could not check the prompt itself (``prompt_checked``
+  false): a head that refuses a request the tracker validated — sampling in
+  range, a prompt it counted and found fitting, within the characters every
+  head must take (``GENERATE_MAX_PROMPT_CHARS``) — is lying or broken, a
+  :class:`HopFailure`. One sampling field the tracker cannot check whole: a
+  ``logit_bias`` id past the vocabulary, which only a node knows; a
+  ``bad_sampling`` refusal of a request with a ``logit_bias`` is the
+  client's.
+- :class:`RouteBusy`: a node of the route says it is at its session cap (the
+  head's 503, or a ``hop_busy`` frame): wait for a slot, ban nobody — unless
+  the claim does not hold up (:mod:`~tracker_app.completions.busy_claims`).
 - :class:`HopFailure`: a node of the route failed (connection error, any
   other status, an error frame, a malformed frame, a stream that ends before
-  the last token, a head silent past :func:`silence_limit`): ban ``node_id``
-  and fail over.
+  the last token, a head silent past :func:`silence_limit`, more ``: step``
+  comments than tokens it may produce): ban ``node_id`` and fail over.
 
 A hop that hangs downstream is the head's to report (it gives each hop one
 step deadline, ``protocol.limits.step_time_limit``): the tracker waits for the head
@@ -49,7 +51,7 @@ from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.errors import HOP_TIMED_OUT, ProtocolError, relayable_code
 from nodes_app.protocol.frames import ChunkFrame, ErrorFrame, parse_frame
 from nodes_app.protocol.generate import GenerateRequest
-from nodes_app.protocol.limits import step_time_limit
+from nodes_app.protocol.limits import GENERATE_MAX_PROMPT_CHARS, step_time_limit
 from nodes_app.protocol.sse import SSE_DONE, sse_data
 
 logger = logging.getLogger(__name__)
@@ -64,9 +66,9 @@ CLIENT_FAULTS = {
     status.HTTP_400_BAD_REQUEST: ErrorKind.INVALID,
     status.HTTP_413_REQUEST_ENTITY_TOO_LARGE: ErrorKind.TOO_LARGE,
 }
-# A head's 400 codes refusing the request's size against its own caps (runnode
-# --max-prompt-chars): the client's, even for a prompt the tracker counted.
-SIZE_REFUSALS = frozenset({"prompt_too_long", "request_too_large"})
+# A head's 400 code refusing the request's size against its own byte cap (runnode
+# --max-request-bytes): the client's, even for a prompt the tracker counted.
+SIZE_REFUSALS = frozenset({"request_too_large"})
 # A head's 400 codes refusing what the tracker checks on every request with the
 # same rule before sending it: the head's fault, whether or not the prompt was counted
 # (but for a logit_bias: the tracker has no vocabulary to check its token ids against).
@@ -88,7 +90,12 @@ class HopFailure(Exception):
 
 
 class RouteBusy(Exception):
-    """A node of the route is at its session cap: wait for a slot, ban nobody."""
+    """``node_id`` (the head, or the hop its ``hop_busy`` frame names) says it is at its
+    session cap: wait for a slot, ban nobody while the claim holds up."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node {node_id} is busy")
+        self.node_id = node_id
 
 
 def silence_limit(*, step_timeout: float, hops: int, positions: int, echo: bool = False) -> float:
@@ -134,6 +141,9 @@ async def head_stream(
     head = request.hops[0]
     route = {hop.node_id for hop in request.hops}
     tokens = len(request.resume_token_ids)
+    # Each ``: step`` comment stands for one token produced whose text is held back:
+    # a head may send at most as many as it may produce tokens.
+    comments_left = request.max_tokens - tokens
     finished = False
     try:
         async with client.stream(
@@ -148,14 +158,15 @@ async def head_stream(
             ),
         ) as response:
             if response.status_code == status.HTTP_503_SERVICE_UNAVAILABLE:
-                raise RouteBusy()
+                raise RouteBusy(head.node_id)
             if response.status_code != status.HTTP_200_OK:
                 body = await _read_at_most(response, MAX_REFUSAL_BYTES)
                 code = _error_code(head.node_id, response.status_code, body)
                 kind = _clients_fault(
                     response.status_code,
                     code,
-                    prompt_checked=prompt_checked,
+                    prompt_checked=prompt_checked
+                    and request.prompt_characters <= GENERATE_MAX_PROMPT_CHARS,
                     sampling_checked=not request.sampling.logit_bias,
                 )
                 if kind is not None:
@@ -169,6 +180,15 @@ async def head_stream(
             async for line in response.aiter_lines():
                 if finished:
                     continue  # read on to the end, so the connection is kept alive
+                if line.startswith(":"):
+                    comments_left -= 1
+                    if comments_left < 0:
+                        raise HopFailure(
+                            head.node_id,
+                            "malformed stream: more step comments than the "
+                            f"{request.max_tokens} tokens asked",
+                        )
+                    continue
                 try:
                     payload = sse_data(line)
                     if payload is None or payload == SSE_DONE:
@@ -179,7 +199,7 @@ async def head_stream(
                     raise HopFailure(head.node_id, "malformed frame") from error
                 if isinstance(frame, ErrorFrame):
                     if frame.busy:
-                        raise RouteBusy()
+                        raise RouteBusy(frame.node_id if frame.node_id in route else head.node_id)
                     # The head may only blame a node of this route; otherwise it is at fault.
                     blamed = frame.node_id if frame.node_id in route else head.node_id
                     _log_detail(head.node_id, f"reported node {blamed} failed", frame.message)
@@ -215,13 +235,13 @@ def _clients_fault(
 ) -> ErrorKind | None:
     """How the client sees a head's refusal if it is the client's fault; None if the head's.
 
-    A 413 or a 400 ``prompt_too_long`` refuses the request's size against the
-    head's own caps, which the tracker cannot check: the client's. A 400
+    A 413 or a 400 ``request_too_large`` refuses the request's size against the
+    head's own byte cap, which the tracker cannot check: the client's. A 400
     ``bad_sampling`` refuses what the tracker already checked with the very same
     rule (``SamplingParams.from_mapping``): the head's, unless the sampling holds
     what only a node can check (``sampling_checked`` false: a logit_bias's token
-    ids). Any other 400 is the client's unless the tracker counted the prompt
-    and found it fitting.
+    ids). Any other 400, ``prompt_too_long`` included, is the client's unless
+    the tracker counted the prompt and found it fitting (``prompt_checked``).
     """
     kind = CLIENT_FAULTS.get(status_code)
     if kind is None:

@@ -22,12 +22,18 @@ the dashboards through :class:`~tracker_app.completions.progress.ProgressThrottl
 most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
 ``proxy complete``.
 
-Deadlines (ADR-0004): a choice waits for a busy route's slot at most
-``MESHNET_BUSY_DEADLINE`` seconds in all, retrying with capped, jittered
-exponential back-off (:mod:`~tracker_app.completions.slots`), then the request ends in a
-503 ``route_busy`` with ``Retry-After``; a head silent past
-:func:`~tracker_app.completions.head_stream.silence_limit` (from ``MESHNET_HOP_STEP_TIMEOUT``)
-has failed, like a hop the head reports hung.
+Limits (ADR-0004): a request takes a lease on its API key's share of
+requests and KV tokens in flight before it is routed
+(:mod:`~tracker_app.api_keys.in_flight`), released however it ends. A
+choice waits for a busy route's slot at most ``MESHNET_BUSY_DEADLINE``
+seconds in all, retrying with capped, jittered exponential back-off
+(:mod:`~tracker_app.completions.slots`), then the request ends in a 503
+``route_busy`` with ``Retry-After``; a node whose busy answers the tracker
+cannot explain is banned instead (:mod:`~tracker_app.completions.busy_claims`).
+A head silent past :func:`~tracker_app.completions.head_stream.silence_limit`
+(from ``MESHNET_HOP_STEP_TIMEOUT``) has failed, like a hop the head reports
+hung; and no request runs past ``MESHNET_REQUEST_DEADLINE`` in all
+(:mod:`~tracker_app.completions.deadline`).
 """
 
 from __future__ import annotations
@@ -56,8 +62,11 @@ from routing_app.services import (
     route_session_open,
     route_session_touch,
 )
+from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.completions import console
 from tracker_app.completions.answers import AnswerKind
+from tracker_app.completions.busy_claims import BUSY_CLAIMS, busy_claim_judged
+from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
@@ -98,6 +107,10 @@ class ProxySettings:
     busy_deadline: float
     step_timeout: float
     fee_share: Decimal
+    request_deadline: float = 1800.0
+    key_lease_seconds: float = 60.0
+    # How long a node's busy answers may stay unexplained before they are taken for lies.
+    busy_claim_grace: float = 10.0
     progress_interval: float = PROGRESS_INTERVAL_SECONDS
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -105,12 +118,16 @@ class ProxySettings:
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> ProxySettings:
-        """MESHNET_BUSY_DEADLINE, MESHNET_HOP_STEP_TIMEOUT and MESHNET_NETWORK_FEE_SHARE,
-        unless ``overrides`` says otherwise."""
+        """MESHNET_BUSY_DEADLINE, MESHNET_HOP_STEP_TIMEOUT, MESHNET_NETWORK_FEE_SHARE,
+        MESHNET_REQUEST_DEADLINE, MESHNET_KEY_LEASE_SECONDS and two heartbeat intervals
+        (MESHNET_NODE_HEARTBEAT_INTERVAL), unless ``overrides`` says otherwise."""
         configured: dict[str, Any] = {
             "busy_deadline": settings.MESHNET_BUSY_DEADLINE,
             "step_timeout": settings.MESHNET_HOP_STEP_TIMEOUT,
             "fee_share": settings.MESHNET_NETWORK_FEE_SHARE,
+            "request_deadline": settings.MESHNET_REQUEST_DEADLINE,
+            "key_lease_seconds": settings.MESHNET_KEY_LEASE_SECONDS,
+            "busy_claim_grace": 2 * settings.MESHNET_NODE_HEARTBEAT_INTERVAL,
         }
         return cls(**(configured | overrides))
 
@@ -162,6 +179,17 @@ class CompletionProxy:
         )
         self.generations: list[Generation] = []
         self._started = self.settings.clock()
+        self.deadline = RequestDeadline(
+            seconds=self.settings.request_deadline, started=self._started, clock=self.settings.clock
+        )
+        # The request's lease on its key's share of requests and KV tokens in flight.
+        self.share = KeyShare(
+            api_key=request.api_key,
+            request_id=self.record.request_id,
+            seconds=self.settings.key_lease_seconds,
+        )
+        # Choice → the head streaming it now (the ones a passed deadline blames).
+        self._streaming: dict[int, str] = {}
         self._first_token_at: float | None = None
         self._progress = ProgressThrottle(
             interval=self.settings.progress_interval, report=self._report_progress
@@ -204,7 +232,14 @@ class CompletionProxy:
             grammar=self.params.grammar,
             param="tools" if self.params.tool_use is not None else "response_format",
         )
-        decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
+        # The key's share, before any route is chosen: a request past it is refused now,
+        # not after the busy deadline on a route its own key filled.
+        await self.share.take(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
+        try:
+            decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
+        except BaseException:
+            await asyncio.shield(self.share.release())
+            raise
         try:
             await self.record.open(stream=self.params.stream)
             self._started = self.settings.clock()
@@ -219,9 +254,18 @@ class CompletionProxy:
             ]
             await self._use(decision, self.generations)
         except BaseException:
-            # Never streamed: the route's load must not count it.
+            # Never streamed: the route's load must not count it, nor the key's share.
             route_session_close(decision=decision)
+            await asyncio.shield(self.share.release())
             raise
+
+    def _kv_reservation(self, prompt_tokens: Sequence[int]) -> int:
+        """What the request's choices reserve on the nodes: (prompt + max_tokens) each."""
+        n = self.params.n
+        return sum(
+            prompt_tokens[choice // n] + self.params.max_tokens
+            for choice in range(self.params.choices)
+        )
 
     async def run(self, send: Send) -> CompletionResult:
         """Send the client's server-sent events (``data: …``, ``[DONE]`` not included) in
@@ -235,20 +279,22 @@ class CompletionProxy:
             await send(event)
         unfinished, last = len(self.generations), None
         try:
-            async for piece in interleaved([self._generate(g) for g in self.generations]):
-                generation = self.generations[piece.choice]
-                if piece.finish_reason is None:
-                    event = self.answer.piece(piece)
-                    if event:  # nothing while a tool call is held back
-                        await send(event)
+            # Nothing a head streams extends the deadline (``: step`` comments included).
+            async with self.deadline.enforced(self._streaming, request_id=self.request_id):
+                async for piece in interleaved([self._generate(g) for g in self.generations]):
+                    generation = self.generations[piece.choice]
+                    if piece.finish_reason is None:
+                        event = self.answer.piece(piece)
+                        if event:  # nothing while a tool call is held back
+                            await send(event)
+                            self._sent(generation)
+                        continue
+                    unfinished -= 1
+                    if unfinished:
+                        await send(self.answer.finish(piece.choice, piece.finish_reason, None))
                         self._sent(generation)
-                    continue
-                unfinished -= 1
-                if unfinished:
-                    await send(self.answer.finish(piece.choice, piece.finish_reason, None))
-                    self._sent(generation)
-                else:
-                    last = piece  # ends the answer with usage, once it is billed
+                    else:
+                        last = piece  # ends the answer with usage, once it is billed
         except DomainError as error:
             await self._network_failed(error.message)
             await send(sse_event(http_error(error).body))
@@ -257,6 +303,7 @@ class CompletionProxy:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
             self._release_routes()
+            await asyncio.shield(self.share.release())
         completion = await self._finish_completed()
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
@@ -285,6 +332,7 @@ class CompletionProxy:
         generated; the client left while the usage was billed) is left to it.
         """
         self._release_routes()
+        await asyncio.shield(self.share.release())
         if self._completion is not None and not self._completion.done():
             self._left_while_completing = True
             return
@@ -355,8 +403,15 @@ class CompletionProxy:
                 async for piece in self._segment(generation, wait):
                     yield piece
                 break
-            except RouteBusy:
-                await wait.wait()
+            except RouteBusy as busy:
+                failure = await busy_claim_judged(
+                    busy, now=self.settings.clock(), grace=self.settings.busy_claim_grace
+                )
+                if failure is None:
+                    await wait.wait()
+                    continue
+                wait.over()
+                await self._use(await self.failover.reroute(generation, failure), [generation])
             except HopFailure as failure:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
@@ -396,7 +451,10 @@ class CompletionProxy:
             segment.started = self.settings.clock()
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
-        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id)
+        nodes = plan.node_ids
+        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id, nodes)
+        self._streaming[generation.choice] = plan.head.node_id
+        served = False
         # Counted as load on the route while it streams (again after a busy wait).
         route_session_open(decision=segment.decision, stream=generation)
         try:
@@ -417,6 +475,9 @@ class CompletionProxy:
                     if frame.token_ids:  # the whole route took the step: a slot at last
                         wait.over()
                         self._progress.changed()
+                        if not served:  # whatever busy its nodes answered is behind them
+                            served = True
+                            BUSY_CLAIMS.served(nodes)
                     if self.params.echo and not generation.echoed:
                         yield generation.echo(frame)
                     piece = generation.absorb(frame, request_id=self.request_id)
@@ -431,7 +492,9 @@ class CompletionProxy:
                     if generation.overrun is not None:
                         break  # the head ran past the client's limits: read no more of it
         finally:
-            HEAD_QUEUES.left(plan.head.endpoint, self.request_id)
+            HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
+            if self.deadline.left() > 0:  # past it, the deadline's blame still needs it
+                self._streaming.pop(generation.choice, None)
             # However the stream ended, it is no longer load on the route.
             route_session_close(decision=segment.decision, stream=generation)
 

@@ -35,7 +35,7 @@ VOCAB = 259  # the tiny model's
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    """Tracker + head (0-1, small caps on what it reads) + tail (2-3): one route only,
+    """Tracker + head (0-1, a small cap on the bytes it reads) + tail (2-3): one route only,
     so a banned node would leave the model without a route."""
     with fresh_process_database() as database_url:
         tmp = tmp_path_factory.mktemp("validation")
@@ -44,7 +44,7 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
                 "head",
                 TINY,
                 (0, 1),
-                extra=("--max-prompt-chars", "2000", "--max-request-bytes", "6000"),
+                extra=("--max-request-bytes", "6000"),
                 wait=False,
             )
             network.add_node("tail", TINY, (2, 3), wait=False)
@@ -178,19 +178,16 @@ def test_past_the_tracker_the_nodes_refuse_the_same_input_themselves(network: Ne
     assert_nobody_banned_and_the_next_chat_succeeds(network)
 
 
-def test_a_prompt_past_the_heads_caps_is_the_clients_4xx_and_bans_no_one(
+def test_a_body_past_the_heads_byte_cap_is_the_clients_413_and_bans_no_one(
     network: Network,
 ) -> None:
-    too_many_chars = [{"role": "user", "content": "x" * 2500}]
-    # Past the head's 6000 bytes but within its characters and the model's context,
-    # which the tracker now counts itself (a byte-level tokenizer: one token a byte):
-    # a control character is one byte, one token, and six bytes in JSON (\u0001).
+    # Past the head's 6000 bytes but within the model's context, which the tracker
+    # counts itself (a byte-level tokenizer: one token a byte): a control character
+    # is one byte, one token, and six bytes in JSON (\u0001).
     too_many_bytes = [{"role": "user", "content": "\x01" * 1100}]
 
-    chars = network.chat(model=TINY, messages=too_many_chars, max_tokens=4)
     size = network.chat(model=TINY, messages=too_many_bytes, max_tokens=4)
 
-    assert (chars.status_code, chars.json()["error"]["code"]) == (400, "prompt_too_long")
     assert (size.status_code, size.json()["error"]["code"]) == (413, "request_too_large")
     assert_nobody_banned_and_the_next_chat_succeeds(network)
 

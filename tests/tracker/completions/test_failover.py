@@ -170,13 +170,13 @@ def test_a_head_that_refuses_a_prompt_the_tracker_counted_is_banned_and_failed_o
 
 @pytest.mark.parametrize(
     ("status", "code", "kind_status"),
-    [(413, "request_too_large", 413), (400, "prompt_too_long", 400)],
+    [(413, "request_too_large", 413), (400, "request_too_large", 400)],
 )
-def test_a_head_refusing_a_counted_prompt_past_its_own_size_caps_bans_nobody(
+def test_a_head_refusing_a_counted_prompt_past_its_own_byte_cap_bans_nobody(
     net: Net, status: int, code: str, kind_status: int
 ) -> None:
-    # The head's --max-request-bytes / --max-prompt-chars are caps the tracker
-    # cannot know: even for a prompt it counted, such a refusal is the client's.
+    # The head's --max-request-bytes is a cap the tracker cannot know: even for a
+    # prompt it counted, such a refusal is the client's.
     net.model.weight_source = "builtin:tiny-random-llama"  # a tokenizer the tracker loads
     net.node("small", 0, 3)
     refusal = {"error": {"message": "too big", "type": "x", "code": code}}
