@@ -8,6 +8,14 @@ signed afresh for each send (a retry, a failover, a probe), valid for
 ``MESHNET_PLAN_VALIDITY`` seconds (that bounds when it may open sessions,
 not how long the generation it starts may run) and with a fresh nonce, so
 that no two sends share a signature a node would refuse as replayed.
+
+A plan also says what each session it opens may hold (ADR-0002, "What a
+plan lets a hop hold"), from what only the tracker knows for sure: the
+positions (its own count of the prompt plus ``max_tokens``), and how long
+the request can last while the tracker still waits for it (its silence
+limit, the longest it lets the head send nothing). A head chooses none of
+it, so it cannot make a downstream hop hold more, or longer, than the
+request it was given needs.
 """
 
 from __future__ import annotations
@@ -41,12 +49,41 @@ def tracker_public_key() -> str:
     return wallet_of(tracker_signing_key())
 
 
-def plan_sign(request: GenerateRequest, *, now: float | None = None) -> GenerateRequest:
-    """``request`` with its plan signed by the tracker, valid from ``now`` (default: the clock)."""
+# How many of the tracker's silence limits a session may wait for its next step.
+# An honest head's next step reaches a hop within one silence limit of its last
+# frame to the tracker, plus what the hops after this one took for the step before
+# (each within its step deadline, which the silence limit counts once per hop):
+# two silence limits cover both. Past them the tracker has given up on the
+# request (its head was silent too long) and an honest head has cancelled.
+IDLE_SILENCES = 2
+
+
+def plan_sign(
+    request: GenerateRequest,
+    *,
+    prompt_tokens: int,
+    silence: float,
+    now: float | None = None,
+) -> GenerateRequest:
+    """``request`` with its plan signed by the tracker, valid from ``now`` (default: the clock).
+
+    ``prompt_tokens`` is the tracker's count of the prompt (an upper bound
+    where it cannot count exactly); ``silence`` the seconds the tracker lets
+    the head send nothing for this send (``head_stream.silence_limit``). The
+    plan lets each of its sessions reach the prompt plus ``max_tokens``
+    positions (the budget of the whole completion: a replay's resumed tokens
+    are in it), wait at most :data:`IDLE_SILENCES` silence limits for a
+    step, and live until every step still to come could have taken a whole
+    silence limit: the longest the tracker lets this send run.
+    """
     issued = time.time() if now is None else now
+    steps = 1 + max(0, request.max_tokens - len(request.resume_token_ids))
     sealed = dataclasses.replace(
         request,
         expires_at=math.ceil(issued + settings.MESHNET_PLAN_VALIDITY),
+        max_positions=prompt_tokens + request.max_tokens,
+        ends_at=math.ceil(issued + steps * silence),
+        idle_seconds=math.ceil(IDLE_SILENCES * silence),
         nonce=secrets.token_hex(16),
         signature="",
     )

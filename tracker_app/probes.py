@@ -50,6 +50,7 @@ from tracker_app.completions.head_stream import (
     head_stream,
     silence_limit,
 )
+from tracker_app.completions.prompt_tokens import prompt_tokens_bound
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,16 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
     logprobs: list[TokenLogprob] = []
 
     async def read() -> None:
-        request = plan_sign(probe_request(plan))
+        unsigned = probe_request(plan)
         silence = silence_limit(
             step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,
             hops=len(plan.hops),
             # Characters bound the probe's short prompt in tokens from above.
-            positions=sum(len(m["content"]) for m in request.messages) + PROBE_MAX_TOKENS,
+            positions=sum(len(m["content"]) for m in unsigned.messages) + PROBE_MAX_TOKENS,
         )
+        # The probe's prompt is not counted here: the body's bound stands for it.
+        prompt_tokens = prompt_tokens_bound(unsigned.messages)
+        request = plan_sign(unsigned, prompt_tokens=prompt_tokens, silence=silence)
         frames = head_stream(client=client, request=request, silence=silence)
         async with aclosing(frames):
             async for frame in frames:
