@@ -25,6 +25,7 @@ import functools
 import math
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -58,6 +59,37 @@ def tracker_public_key() -> str:
 IDLE_SILENCES = 2
 
 
+@dataclass(frozen=True)
+class SessionBounds:
+    """What a plan lets each session it opens hold (``SignedPlan``'s fields of that name)."""
+
+    max_positions: int
+    ends_at: int
+    idle_seconds: int
+
+
+def session_bounds(
+    request: GenerateRequest, *, prompt_tokens: int, silence: float, issued: float
+) -> SessionBounds:
+    """What the plan of ``request``, signed at ``issued``, lets each of its sessions hold.
+
+    ``prompt_tokens`` is the tracker's count of the prompt (an upper bound
+    where it cannot count exactly); ``silence`` the seconds the tracker lets
+    the head send nothing for this send (``head_stream.silence_limit``). Each
+    session may reach the prompt plus ``max_tokens`` positions (the budget of
+    the whole completion: a replay's resumed tokens are in it), wait at most
+    :data:`IDLE_SILENCES` silence limits for a step, and live until every
+    step still to come could have taken a whole silence limit: the longest
+    the tracker lets this send run, a long generation's included.
+    """
+    steps = 1 + max(0, request.max_tokens - len(request.resume_token_ids))
+    return SessionBounds(
+        max_positions=prompt_tokens + request.max_tokens,
+        ends_at=math.ceil(issued + steps * silence),
+        idle_seconds=math.ceil(IDLE_SILENCES * silence),
+    )
+
+
 def plan_sign(
     request: GenerateRequest,
     *,
@@ -65,25 +97,14 @@ def plan_sign(
     silence: float,
     now: float | None = None,
 ) -> GenerateRequest:
-    """``request`` with its plan signed by the tracker, valid from ``now`` (default: the clock).
-
-    ``prompt_tokens`` is the tracker's count of the prompt (an upper bound
-    where it cannot count exactly); ``silence`` the seconds the tracker lets
-    the head send nothing for this send (``head_stream.silence_limit``). The
-    plan lets each of its sessions reach the prompt plus ``max_tokens``
-    positions (the budget of the whole completion: a replay's resumed tokens
-    are in it), wait at most :data:`IDLE_SILENCES` silence limits for a
-    step, and live until every step still to come could have taken a whole
-    silence limit: the longest the tracker lets this send run.
-    """
+    """``request`` with its plan signed by the tracker, valid from ``now`` (default: the
+    clock), its sessions bounded by :func:`session_bounds`."""
     issued = time.time() if now is None else now
-    steps = 1 + max(0, request.max_tokens - len(request.resume_token_ids))
+    bounds = session_bounds(request, prompt_tokens=prompt_tokens, silence=silence, issued=issued)
     sealed = dataclasses.replace(
         request,
         expires_at=math.ceil(issued + settings.MESHNET_PLAN_VALIDITY),
-        max_positions=prompt_tokens + request.max_tokens,
-        ends_at=math.ceil(issued + steps * silence),
-        idle_seconds=math.ceil(IDLE_SILENCES * silence),
+        **dataclasses.asdict(bounds),
         nonce=secrets.token_hex(16),
         signature="",
     )
