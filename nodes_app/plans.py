@@ -51,11 +51,11 @@ def tracker_public_key() -> str:
 
 
 # How many of the tracker's silence limits a session may wait for its next step.
-# An honest head's next step reaches a hop within one silence limit of its last
-# frame to the tracker, plus what the hops after this one took for the step before
-# (each within its step deadline, which the silence limit counts once per hop):
-# two silence limits cover both. Past them the tracker has given up on the
-# request (its head was silent too long) and an honest head has cancelled.
+# An honest head sends the tracker a frame (a token, or a comment) after every
+# step, each within one silence limit of the one before, or the tracker drops it
+# (and the head cancels). Between a hop's answer to step t and step t + 1 reaching
+# it, the head sends frame t and then frame t + 1 comes: the gap lies between
+# frames t - 1 and t + 1, under two silence limits.
 IDLE_SILENCES = 2
 
 

@@ -152,6 +152,9 @@ class PlanGate:
                 "the plan does not say what its sessions may hold (positions, end, idle time)",
                 "plan_unbounded",
             )
+        if plan.ends_at <= now:
+            # Unexpired, but its request is over: a session it opened would end at once.
+            raise _refuse("the plan's request is over", "plan_expired")
         return now
 
     def _use(self, plan: SignedPlan, now: float) -> None:

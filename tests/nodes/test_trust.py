@@ -103,3 +103,6 @@ def test_a_plan_grants_its_sessions_its_own_bounds_and_nothing_past_them() -> No
     assert open_tail(plan(), positions=64) == Grant(capability_hash(capability), 64, 1300, 30)
     unbounded = gate_refusal(lambda: open_tail(plan(request_id="u", idle_seconds=0), 1))
     assert (unbounded.status, unbounded.code) == (403, "plan_unbounded")
+    # Valid to open sessions for another minute, but its request is over (ends_at 1000).
+    over = gate_refusal(lambda: open_tail(plan(request_id="o", now=700, expires_in=360), 1))
+    assert (over.status, over.code) == (403, "plan_expired")
