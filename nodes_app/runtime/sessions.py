@@ -56,10 +56,11 @@ class Session:
     # Set when the store drops it: a step still queued for it is not computed.
     closed: bool = False
     # What its plan lets it hold: positions at most (None: no plan bound); when it
-    # ends, on the store's clock, whatever it is doing; how long it may wait idle.
+    # ends, on the store's clock, whatever it is doing; how long it may wait idle
+    # (the store sets it: the plan's bound or its own timeout, whichever is shorter).
     max_positions: int | None = None
     deadline: float | None = None
-    idle_limit: float | None = None
+    idle_limit: float = IDLE_TIMEOUT_SECONDS
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The store's clock, so that idle time is measured on the clock that reaps.
     clock: Callable[[], float] = time.monotonic
@@ -152,7 +153,9 @@ class SessionStore:
             reserved_bytes=reserved_bytes,
             clock=self.clock,
             max_positions=max_positions,
-            idle_limit=idle_limit,
+            idle_limit=self.idle_timeout
+            if idle_limit is None
+            else min(idle_limit, self.idle_timeout),
         )
         if lifetime is not None:
             session.deadline = session.last_used + lifetime
@@ -188,15 +191,13 @@ class SessionStore:
         shorter (a step running is not idle).
         """
         now = self.clock()
-        stale = [sid for sid, session in self._sessions.items() if self._ended(session, now)]
+        # One pass of plain attribute reads: it runs every second over every session.
+        stale = [
+            sid
+            for sid, session in self._sessions.items()
+            if (session.deadline is not None and now >= session.deadline)
+            or (session.last_used < now - session.idle_limit and not session.lock.locked())
+        ]
         for sid in stale:
             self._release(self._sessions.pop(sid))
         return stale
-
-    def _ended(self, session: Session, now: float) -> bool:
-        if session.over(now):
-            return True
-        limit = self.idle_timeout
-        if session.idle_limit is not None:
-            limit = min(limit, session.idle_limit)
-        return session.last_used < now - limit and not session.lock.locked()
