@@ -44,7 +44,7 @@ SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
         "type": "http",
         "scheme": "bearer",
         "description": "MESHNET_METRICS_TOKEN, when set; without one, metrics are served "
-        "to loopback and private addresses only.",
+        "to a direct loopback client only (no forwarding header, no proxy declared).",
     },
 }
 

@@ -40,8 +40,12 @@ ALLOWED_HOSTS = env_.env_list(ENV, "DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.
 # the tracker sees http: name the public origins, and trust the balancer's
 # X-Forwarded-Proto, or every login and dashboard chat fails the CSRF check.
 CSRF_TRUSTED_ORIGINS = env_.env_list(ENV, "DJANGO_CSRF_TRUSTED_ORIGINS", [])
-if env_.env_bool(ENV, "DJANGO_BEHIND_TLS_PROXY", default=False):
+behind_tls_proxy = env_.env_bool(ENV, "DJANGO_BEHIND_TLS_PROXY", default=False)
+if behind_tls_proxy:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# A proxy or load balancer in front: every client then arrives from its address, so
+# what REMOTE_ADDR says about a client is no ground for trust (/metrics needs its token).
+MESHNET_BEHIND_PROXY = behind_tls_proxy or env_.env_bool(ENV, "MESHNET_BEHIND_PROXY", default=False)
 
 INSTALLED_APPS = [
     "daphne",
@@ -249,9 +253,8 @@ MESHNET_REGISTRATION_RATE_LIMIT = env_.env_int(
     ENV, "MESHNET_REGISTRATION_RATE_LIMIT", 30, minimum=1
 )
 
-# /metrics: a Bearer token it requires when set; unset, only loopback and private
-# client addresses (REMOTE_ADDR) get it. Behind a proxy every client looks private:
-# set a token there.
+# /metrics: a Bearer token it requires when set; unset, only a direct loopback client
+# gets it (no forwarding header, not MESHNET_BEHIND_PROXY): meshnet_site.metrics_access.
 MESHNET_METRICS_TOKEN = env_.metrics_token(ENV)
 
 # The tracker's plan-signing key (nodes pin its public half, published at

@@ -124,7 +124,8 @@ class RegisterNodeApi(APIView):
     @extend_schema(
         description="No credential: the body is signed by the node's wallet key (``signature`` "
         "over every other field, see nodes_app.signing), and the endpoint must answer the "
-        "tracker's challenge for that wallet before anything is written.",
+        "tracker's challenge for that wallet before anything is written. An endpoint is a "
+        "scheme, host and port (no path), compared by the address and port it reaches.",
         auth=[],
         request=Input,
         responses={
@@ -133,8 +134,8 @@ class RegisterNodeApi(APIView):
                 e400="invalid_request, unknown_model, layer_count_mismatch, "
                 "layers_out_of_range, benchmark_out_of_range, endpoint_not_allowed",
                 e401="invalid_signature, stale_registration, replayed_registration",
-                e403="node_banned, endpoint_unproven",
-                e409="endpoint_taken",
+                e403="node_banned, endpoint_unproven (one refusal for every failed proof)",
+                e409="endpoint_taken (told only to a registrant that proved the endpoint)",
                 e429="registration_rate_limited",
             ),
         },

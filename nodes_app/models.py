@@ -86,6 +86,14 @@ class Node(models.Model):
         max_length=64, db_index=True, help_text="The node's ed25519 public key (hex)"
     )
     endpoint = models.URLField(max_length=300)
+    endpoint_identity = models.CharField(
+        max_length=64,
+        db_index=True,
+        blank=True,
+        editable=False,
+        help_text="The address and port the endpoint reaches (loopback:PORT for any "
+        "loopback address): what bans and the one-wallet-per-endpoint rule compare",
+    )
     model = models.ForeignKey(LanguageModel, on_delete=models.PROTECT, related_name="nodes")
     shard_start = models.PositiveIntegerField()
     shard_end = models.PositiveIntegerField()

@@ -17,20 +17,24 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, QuerySet
 
 from meshnet_site.errors import DomainError, ErrorKind
 from meshnet_site.guards.services import claim_once
-from nodes_app.endpoints import EndpointGate
+from nodes_app.endpoints import EndpointGate, EndpointNotAllowed
 from nodes_app.events import epoch_announce, node_heartbeat_announce, nodes_announce
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.protocol.registration import DEFAULT_PRECISION
-from nodes_app.selectors import (
-    ModelNotFound,
-    language_model_get,
-    language_model_keys,
-    topology_epoch_current,
+from nodes_app.registration_checks import (
+    SERVING,
+    NodeBanned,
+    catalogue_model,
+    check_benchmark,
+    check_endpoint_free,
+    check_shard,
+    check_wallet_not_banned,
 )
+from nodes_app.selectors import topology_epoch_current
 from nodes_app.signals import topology_changed
 from nodes_app.signing import verify_registration
 
@@ -50,54 +54,6 @@ class NodeTokenInvalid(DomainError):
 
     kind = ErrorKind.UNAUTHENTICATED
     code = "invalid_node_token"
-
-
-class NodeBanned(DomainError):
-    """The operator banned this node: it may neither register nor heartbeat.
-
-    The ban follows the node's wallet and endpoint: neither registers again,
-    under another shard or another wallet (``because`` says which matched).
-    """
-
-    kind = ErrorKind.FORBIDDEN
-    code = "node_banned"
-
-    def __init__(self, node_id: str, because: str = "") -> None:
-        super().__init__(f"Node {node_id} is banned by the tracker's operator{because}")
-
-
-class EndpointTaken(DomainError):
-    """Another wallet's running node serves at this endpoint."""
-
-    kind = ErrorKind.CONFLICT
-    code = "endpoint_taken"
-
-
-class BenchmarkRefused(DomainError):
-    """A node claimed a start-up speed above what the tracker accepts."""
-
-    kind = ErrorKind.INVALID
-    code = "benchmark_out_of_range"
-
-
-class UnknownModel(DomainError):
-    """A node announced a model the tracker's catalogue does not hold."""
-
-    kind = ErrorKind.INVALID
-    code = "unknown_model"
-
-
-class ShardRefused(DomainError):
-    """A node's shard does not fit its model: ``layer_count_mismatch`` or
-    ``layers_out_of_range``."""
-
-    kind = ErrorKind.INVALID
-
-
-# Statuses of a node that still runs. Only ONLINE nodes take part in routing,
-# so only an ONLINE node's departure changes the topology (a draining node
-# already left it when it started draining).
-_SERVING = (NodeStatus.ONLINE, NodeStatus.DRAINING)
 
 
 @dataclass(frozen=True)
@@ -171,11 +127,13 @@ def node_register(
     bump the model's topology epoch once; a node that re-registers while
     online (a restart that kept its shard) does not.
 
-    The endpoint is stored in its canonical form, after ``gate`` admitted it
-    and the node there proved (signed a fresh challenge) that it holds
-    ``wallet`` — every time, before any row is written (ADR-0008). A wallet
-    with a banned node, and an endpoint a banned node had, are refused; so is
-    an endpoint another wallet's running node serves at.
+    The endpoint is stored in its canonical form with its identity (the
+    address and port it reaches), after ``gate`` admitted it and the node
+    there proved (signed a fresh challenge) that it holds ``wallet`` — every
+    time, before any row is written (ADR-0008). A wallet with a banned node
+    is refused; so, once the proof passed, is an endpoint a banned node had,
+    and one another wallet's running node serves at (compared by identity,
+    so no respelling dodges either).
 
     Raises ``RegistrationNotTrusted``, ``UnknownModel``, ``ShardRefused``,
     ``BenchmarkRefused``, ``EndpointNotAllowed``, ``NodeBanned``,
@@ -192,16 +150,12 @@ def node_register(
             f"(at most {max_skew:.0f} s allowed); check the node's clock",
             code="stale_registration",
         )
-    model = _catalogue_model(model_key)
-    _check_shard(model, shard_start, shard_end, num_layers)
-    if not 0.0 <= benchmark_tps <= max_benchmark_tps:  # also refuses NaN
-        raise BenchmarkRefused(
-            f"benchmark_tps {benchmark_tps} is above the {max_benchmark_tps:g} tokens/s "
-            "this tracker accepts"
-        )
-    endpoint = gate.admit(endpoint)
-    # Cheap refusals first: a banned or taken endpoint costs the tracker no connection.
-    _check_endpoint_free(wallet=wallet, endpoint=endpoint)
+    model = catalogue_model(model_key)
+    check_shard(model, shard_start, shard_end, num_layers)
+    check_benchmark(benchmark_tps, max_benchmark_tps)
+    admitted = gate.admitted(endpoint)
+    endpoint, identity = admitted.url, admitted.identity
+    check_wallet_not_banned(wallet=wallet)
     # The timestamp bounds how long a captured registration could be replayed;
     # remembering each accepted signature for that long closes the window. The
     # claim is a database row: no other traffic can evict it.
@@ -212,6 +166,9 @@ def node_register(
             code="replayed_registration",
         )
     gate.prover(endpoint=endpoint, wallet=wallet)
+    # Only now, for whoever proved the endpoint: is it banned, or another wallet's?
+    # Before the proof these answers would tell anyone which ports are nodes.
+    check_endpoint_free(wallet=wallet, endpoint=endpoint, identity=identity)
 
     node_id = node_id_for(
         wallet=wallet, model_key=model.key, shard_start=shard_start, shard_end=shard_end
@@ -222,20 +179,21 @@ def node_register(
         # restarted the node with a different range: that one has left.
         replaced = (
             Node.objects.select_for_update()
-            .filter(wallet=wallet, endpoint=endpoint, status__in=_SERVING)
+            .filter(wallet=wallet, endpoint_identity=identity, status__in=SERVING)
             .exclude(pk=node_id)
         )
         existing = Node.objects.select_for_update().filter(pk=node_id).first()
         if existing is not None and existing.status == NodeStatus.BANNED:
             raise NodeBanned(node_id)
         # Again in the transaction: a ban or another wallet may have come during the proof.
-        _check_endpoint_free(wallet=wallet, endpoint=endpoint)
+        check_endpoint_free(wallet=wallet, endpoint=endpoint, identity=identity)
         replaced_ids = list(replaced.values_list("pk", flat=True))
         shard_changed = replaced.update(status=NodeStatus.OFFLINE) > 0
         was_routable = existing is not None and existing.status == NodeStatus.ONLINE
         state = {
             "wallet": wallet,
             "endpoint": endpoint,
+            "endpoint_identity": identity,
             "model": model,
             "shard_start": shard_start,
             "shard_end": shard_end,
@@ -260,24 +218,6 @@ def node_register(
             epoch = topology_epoch_current(model=model)
         nodes_announce([node_id, *replaced_ids])
     return Registration(node=node, token=token, epoch=epoch)
-
-
-def _check_endpoint_free(*, wallet: str, endpoint: str) -> None:
-    """Refuse a wallet or endpoint a ban follows, and another wallet's running endpoint."""
-    banned = (
-        Node.objects.filter(status=NodeStatus.BANNED)
-        .filter(Q(wallet=wallet) | Q(endpoint=endpoint))
-        .order_by("pk")
-        .first()
-    )
-    if banned is not None:
-        because = " (this wallet's)" if banned.wallet == wallet else f" (it served at {endpoint})"
-        raise NodeBanned(banned.pk, because)
-    if Node.objects.filter(endpoint=endpoint, status__in=_SERVING).exclude(wallet=wallet).exists():
-        raise EndpointTaken(
-            f"Endpoint {endpoint} is served by another wallet's running node; "
-            "an endpoint belongs to one wallet at a time"
-        )
 
 
 def node_authenticate(*, node_id: str, token: str) -> Node:
@@ -309,7 +249,14 @@ def node_heartbeat(
     if node.status == NodeStatus.OFFLINE:
         # Offline may mean the periodic re-proof took it out: only a proven
         # endpoint comes back, or a heartbeat would undo the re-proof.
-        gate.prove(endpoint=node.endpoint, wallet=node.wallet)
+        admitted = gate.prove(endpoint=node.endpoint, wallet=node.wallet)
+        if node.endpoint_identity and admitted.identity != node.endpoint_identity:
+            # Its name reaches another socket now: bans and the one-wallet rule
+            # were checked for the old one, so the node registers again.
+            raise EndpointNotAllowed(
+                f"Endpoint {node.endpoint} now reaches {admitted.identity}, not "
+                f"{node.endpoint_identity}: register the node again"
+            )
     with transaction.atomic():
         rejoined = (
             Node.objects.filter(pk=node.pk, status=NodeStatus.OFFLINE).update(
@@ -353,7 +300,7 @@ def nodes_sweep_stale(*, now: datetime, timeout_seconds: float) -> list[str]:
     cutoff = now - timedelta(seconds=timeout_seconds)
     swept: list[str] = []
     bumped: set[int] = set()
-    candidates = Node.objects.filter(status__in=_SERVING, last_heartbeat_at__lt=cutoff)
+    candidates = Node.objects.filter(status__in=SERVING, last_heartbeat_at__lt=cutoff)
     for node in candidates.select_related("model"):
         with transaction.atomic():
             still_silent = Node.objects.filter(pk=node.pk, last_heartbeat_at__lt=cutoff)
@@ -396,27 +343,3 @@ def node_set_status(*, node: Node, new_status: NodeStatus) -> bool:
             topology_epoch_bump(model=current.model, reason=f"{new_status}: {node.id}")
         nodes_announce([node.pk])
     return True
-
-
-def _catalogue_model(key: str) -> LanguageModel:
-    try:
-        return language_model_get(key=key)
-    except ModelNotFound:
-        known = ", ".join(language_model_keys()) or "none"
-        raise UnknownModel(
-            f"Model {key!r} is not in the tracker's catalogue (known: {known})"
-        ) from None
-
-
-def _check_shard(model: LanguageModel, start: int, end: int, num_layers: int) -> None:
-    if num_layers != model.num_layers:
-        raise ShardRefused(
-            f"Node declares {num_layers} layers for {model.key}, "
-            f"but the catalogue says {model.num_layers}",
-            code="layer_count_mismatch",
-        )
-    if not 0 <= start <= end <= model.last_layer:
-        raise ShardRefused(
-            f"Layers {start}-{end} are outside {model.key}'s layers 0-{model.last_layer}",
-            code="layers_out_of_range",
-        )

@@ -3,9 +3,11 @@
 Registration proves an endpoint once; ``nodes_reprove`` proves every online
 node's endpoint again (an endpoint can change hands, a name can come to
 resolve elsewhere, the allowed networks can narrow), and takes the nodes that
-fail offline. ``nodes_prune`` deletes the rows of nodes gone for longer than
-the retention, except banned ones (a ban must outlive its node) and any that
-billing or audits reference (history stays whole). ADR-0008.
+fail offline (and those whose name now reaches another address: their
+bans and owner were checked for the old one). ``nodes_prune`` deletes the
+rows of nodes gone for longer than the retention, except banned ones (a ban
+must outlive its node) and any that billing or audits reference (history
+stays whole). ADR-0008.
 """
 
 from __future__ import annotations
@@ -41,9 +43,19 @@ def nodes_reprove(*, gate: EndpointGate) -> list[str]:
 
     def proven(node: Node) -> bool:
         try:
-            gate.prove(endpoint=node.endpoint, wallet=node.wallet)
+            admitted = gate.prove(endpoint=node.endpoint, wallet=node.wallet)
         except (EndpointNotAllowed, EndpointUnproven) as error:
             logger.warning("node %s failed its endpoint re-proof: %s", node.pk, error.message)
+            return False
+        if node.endpoint_identity and admitted.identity != node.endpoint_identity:
+            # The name reaches another socket now: its bans and owner were not checked.
+            logger.warning(
+                "node %s: endpoint %s now reaches %s, not %s",
+                node.pk,
+                node.endpoint,
+                admitted.identity,
+                node.endpoint_identity,
+            )
             return False
         return True
 

@@ -28,6 +28,7 @@ from typing import NamedTuple
 from routing_app.arms import ArmStatus, ArmView
 from routing_app.choice import DecisionMode
 from routing_app.load import NO_LOAD, LoadSnapshot
+from routing_app.priors import cold_pick
 
 
 class Pick(NamedTuple):
@@ -99,12 +100,14 @@ class RoutePolicy(ABC):
     def _cold_start(
         self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot
     ) -> Pick:
-        """The pick with no proven arm: the best prior (a policy may spread a burst)."""
-        return Pick(eligible[0], DecisionMode.GREEDY_FALLBACK)
+        """The pick with no proven arm: the best prior, where a node's claimed speed never
+        outranks a measured one (``priors.cold_pick``; a policy may spread a burst)."""
+        return Pick(eligible[cold_pick(eligible)], DecisionMode.GREEDY_FALLBACK)
 
     def _cold_shares(self, eligible: Sequence[ArmView], loads: LoadSnapshot) -> list[float]:
         """Expected shares with no proven arm, as ``_cold_start`` picks."""
-        return [1.0 if i == 0 else 0.0 for i in range(len(eligible))]
+        best = cold_pick(eligible)
+        return [1.0 if i == best else 0.0 for i in range(len(eligible))]
 
     @abstractmethod
     def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:

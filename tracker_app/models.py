@@ -31,6 +31,9 @@ class RequestStatus(models.TextChoices):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Failed by the network after some of its choices were sent whole (``n > 1``,
+    # streamed): billed for those choices only.
+    PARTIAL = "partial"
 
 
 class ChatRequest(models.Model):
@@ -65,7 +68,8 @@ class ChatRequest(models.Model):
 
 
 class BillingRecord(models.Model):
-    """The charge for one completed request. Failed requests have none."""
+    """The charge for one request: completed, or what its client was sent (cancelled by a
+    client that left, or partly served). Failed requests have none."""
 
     request = models.OneToOneField(ChatRequest, on_delete=models.PROTECT, related_name="billing")
     prompt_charge = models.DecimalField(max_digits=18, decimal_places=6)
@@ -127,7 +131,7 @@ class AuditRun(models.Model):
         default=0, help_text="Bills whose payouts and fee exceed the charge"
     )
     charged_failures = models.PositiveIntegerField(
-        default=0, help_text="Failed or cancelled requests found charged"
+        default=0, help_text="Failed requests found charged"
     )
     findings = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
@@ -164,7 +168,7 @@ class AuditFlag(models.Model):
 
 class RefundReason(models.TextChoices):
     CORRUPT_ROUTE = "corrupt_route", "served by a route the probe found corrupt"
-    CHARGED_FAILURE = "charged_failure", "a failed or cancelled request was charged"
+    CHARGED_FAILURE = "charged_failure", "a failed request was charged"
 
 
 class Refund(models.Model):

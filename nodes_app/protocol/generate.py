@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,11 @@ class GenerateRequest:
 
     The prompt is either chat ``messages`` (the model's chat template applied)
     or a raw text ``prompt`` (the legacy completions endpoint: tokenised as the
-    tokenizer does by default, no template); exactly one is given.
+    tokenizer does by default, no template); exactly one is given. A message
+    is a role and text, and for a template that renders tool calls itself an
+    assistant's ``tool_calls`` (each a function's name and arguments object)
+    and a tool result's ``tool_call_id``; ``tools`` are then the function tools
+    the template describes (OpenAI's ``{"type": "function", "function": …}``).
     ``max_tokens`` is the budget of the whole completion, resumed tokens
     included: the head prefills the prompt plus ``resume_token_ids`` and
     streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``,
@@ -43,7 +48,7 @@ class GenerateRequest:
     request_id: str
     model: str
     hops: tuple[PlanHop, ...]
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int = DEFAULT_MAX_TOKENS
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
@@ -55,6 +60,7 @@ class GenerateRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False
+    tools: list[dict[str, Any]] = field(default_factory=list)
     max_positions: int = 0
     ends_at: int = 0
     idle_seconds: int = 0
@@ -76,10 +82,13 @@ class GenerateRequest:
 
     @property
     def prompt_characters(self) -> int:
-        """Characters the head tokenises: the raw prompt's, or every message's content."""
+        """Characters the head tokenises: the raw prompt's, or every message's content
+        (and the tool calls and tools its template renders, as JSON)."""
         if self.prompt is not None:
             return len(self.prompt)
-        return sum(len(message["content"]) for message in self.messages)
+        content = sum(len(message["content"]) for message in self.messages)
+        calls = [m["tool_calls"] for m in self.messages if "tool_calls" in m]
+        return content + (len(json.dumps([calls, self.tools])) if calls or self.tools else 0)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the tracker sends (sampling fields at the top level).
@@ -106,6 +115,8 @@ class GenerateRequest:
             scoring.update(logprobs=True, top_logprobs=self.top_logprobs)
         if self.echo:
             scoring["echo"] = True
+        if self.tools:
+            prompt["tools"] = self.tools
         return {
             "request_id": self.request_id,
             **prompt,
@@ -179,20 +190,66 @@ def _request_id(value: Any) -> str:
     return value
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
-    """Chat messages (none when the request gives a raw prompt instead)."""
+def _messages(value: Any) -> list[dict[str, Any]]:
+    """Chat messages (none when the request gives a raw prompt instead): role and content,
+    an assistant's ``tool_calls`` and a tool result's ``tool_call_id`` where given."""
     if value is None:
         return []
     if not isinstance(value, list) or not value:
         raise ProtocolError("messages must be a non-empty list")
-    for message in value:
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
-            raise ProtocolError("each message needs a string role and a string content")
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    return [_message(message) for message in value]
+
+
+def _message(value: Any) -> dict[str, Any]:
+    if not (
+        isinstance(value, dict)
+        and isinstance(value.get("role"), str)
+        and isinstance(value.get("content"), str)
+    ):
+        raise ProtocolError("each message needs a string role and a string content")
+    message: dict[str, Any] = {"role": value["role"], "content": value["content"]}
+    if value.get("tool_calls") is not None:
+        calls = value["tool_calls"]
+        if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
+            raise ProtocolError(
+                'tool_calls must be a list of {"type": "function", "function": {"name": '
+                'string, "arguments": object}}'
+            )
+        message["tool_calls"] = calls
+    if value.get("tool_call_id") is not None:
+        if not isinstance(value["tool_call_id"], str):
+            raise ProtocolError("tool_call_id must be a string")
+        message["tool_call_id"] = value["tool_call_id"]
+    return message
+
+
+def _is_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return (
+        isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("arguments"), dict)
+    )
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    """The function tools a chat template renders (none: the template is not told of any)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(_is_tool(tool) for tool in value):
+        raise ProtocolError(
+            'tools must be a list of {"type": "function", "function": {"name": string, ...}}'
+        )
+    return value
+
+
+def _is_tool(tool: Any) -> bool:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return (
+        tool.get("type") == "function"
+        and isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+    )
 
 
 def _prompt(value: Any) -> str:
@@ -224,6 +281,7 @@ _BODY_FIELDS = (
     "logprobs",
     "top_logprobs",
     "echo",
+    "tools",
 )
 # A null request id, max_tokens or plan field is refused; any other null field
 # takes its default (clients and trackers send null for "not set").
@@ -242,6 +300,7 @@ _FIELDS = FieldDecoder(
         "logprobs": _flag,
         "echo": _flag,
         "top_logprobs": _top_logprobs,
+        "tools": _tools,
     },
     null_values=("request_id", "max_tokens", *PLAN_READERS),
 )

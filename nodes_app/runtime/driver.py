@@ -83,7 +83,9 @@ async def prompt_for(service: NodeService, request: GenerateRequest) -> list[int
         if text is not None:
             prompt = await service.compute(lambda: text_token_ids(tokenizer, text))
         else:
-            prompt = await service.compute(lambda: prompt_token_ids(tokenizer, request.messages))
+            prompt = await service.compute(
+                lambda: prompt_token_ids(tokenizer, request.messages, request.tools)
+            )
     except TemplateRefused as error:  # the chat template's own complaint, e.g. role order
         raise RuntimeRequestError(error.message, code="invalid_request") from error
     if not prompt:

@@ -34,7 +34,7 @@ def default_gate(resolves_to: str = "10.0.0.1") -> EndpointGate:
         "http://[::1]:7001",
         "http://10.1.2.3:7001",
         "http://172.20.0.5:7001",
-        "http://192.168.1.20:7001/meshnet",
+        "http://192.168.1.20:7001/",
         "https://[fd12:3456::1]:443",
     ],
 )
@@ -158,3 +158,38 @@ def test_the_isolated_prover_refuses_what_it_is_told_to() -> None:
     gate.prove(endpoint="http://10.0.0.2:7001", wallet="ab" * 32)
     with pytest.raises(EndpointUnproven):
         gate.prove(endpoint="http://10.0.0.9:7001/", wallet="ab" * 32)
+
+
+def test_spellings_of_one_socket_share_one_identity_and_other_ports_do_not() -> None:
+    gate = EndpointGate(
+        networks=tuple(ipaddress.ip_network(n) for n in DEFAULT_NODE_NETWORKS),
+        resolve=lambda host, port: ["127.0.0.1", "::1"],  # what localhost resolves to
+    )
+    spellings = [
+        "http://127.0.0.1:7001",
+        "http://localhost:7001/",
+        "https://LOCALHOST.:7001",
+        "http://127.0.0.2:7001",
+        "http://[::1]:7001",
+        "http://[::ffff:127.0.0.1]:7001",
+    ]
+
+    assert {gate.admitted(spelling).identity for spelling in spellings} == {"loopback:7001"}
+    assert gate.admitted("http://127.0.0.1:7002").identity == "loopback:7002"
+    assert default_gate().admitted("http://10.1.2.3:7001").identity == "10.1.2.3:7001"
+
+
+@pytest.mark.parametrize("endpoint", ["http://10.0.0.1:7001/a", "http://10.0.0.1:7001/a/b/"])
+def test_an_endpoint_with_a_path_is_refused(endpoint: str) -> None:
+    with pytest.raises(EndpointNotAllowed, match="without a path"):
+        isolated_gate(networks=EVERYTHING).admit(endpoint)
+
+
+def test_a_name_reaching_several_addresses_is_refused() -> None:
+    gate = EndpointGate(
+        networks=(ipaddress.ip_network("10.0.0.0/8"),),
+        resolve=lambda host, port: ["10.0.0.8", "10.0.0.9"],
+    )
+
+    with pytest.raises(EndpointNotAllowed, match="several addresses"):
+        gate.admit("http://pair.example:7001")

@@ -13,7 +13,7 @@ from routing_app.arms import ArmStatus, ArmView
 from routing_app.config import RoutingConfig
 from routing_app.load import NO_LOAD, LoadSnapshot
 from routing_app.planner import RoutePlan, enumerate_routes
-from routing_app.priors import KNOWN_SIGMA, UNKNOWN_SIGMA, route_priors
+from routing_app.priors import KNOWN_SIGMA, UNKNOWN_SIGMA, cold_pick, route_priors
 from routing_app.services import route_session_close
 from routing_app.thompson import DUE_SHARE
 from tests.support.routing import choose_counted, learn, record
@@ -148,3 +148,32 @@ def test_the_unsampled_routes_draw_follows_the_shares_the_table_states():
 
     for arm, share in zip(arms, shares, strict=True):
         assert picks[arm.plan.signature] / 4000 == pytest.approx(share, abs=0.03)
+
+
+LIAR_NODES = [*NODES, record("head-liar", 0, 1, tps=1e6)]
+LIAR_PLANS = {
+    p.node_ids: p for p in enumerate_routes(model_key="m", num_layers=4, nodes=LIAR_NODES)
+}
+
+
+def test_a_claimed_speed_is_never_predicted_faster_than_the_best_measured_route():
+    arms = [
+        measured(LIAR_PLANS[("head-a", "tail-a")], 50.0),
+        unsampled(LIAR_PLANS[("head-liar", "tail-a")]),
+        unsampled(LIAR_PLANS[("head-liar", "tail-b")]),
+    ]
+
+    priors = route_priors(arms)
+
+    for prior in priors[1:]:
+        assert prior is not None
+        assert math.exp(prior[0]) <= 50.0 * (1 + 1e-9)
+
+
+def test_a_cold_start_takes_a_stale_measured_route_over_a_bigger_claim():
+    liar = unsampled(LIAR_PLANS[("head-liar", "tail-a")])
+    stale = ArmView(LIAR_PLANS[("head-a", "tail-a")], ArmStatus.STALE, 50.0, 5.0, 5, 30.0)
+
+    assert cold_pick([liar, stale]) == 1
+    # With nothing measured, the claims are all there is: the planner's first.
+    assert cold_pick([liar, unsampled(LIAR_PLANS[("head-a", "tail-a")])]) == 0

@@ -124,6 +124,41 @@ def tiny_checkpoint(model_type: str, directory: Path) -> Path:
     return directory
 
 
+# A chat template that renders tools itself and writes calls as Hermes-style blocks, as
+# the Qwen2.5/Qwen3 templates do (written for these tests, in their format).
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "You may call these functions:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
+    "For each call, answer <tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{%- elif messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content }}"
+    "{%- for call in message.tool_calls or [] %}\n<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role != 'system' %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def with_tools_template(directory: Path) -> Path:
+    """``directory``'s tokenizer given :data:`TOOLS_TEMPLATE` as its chat template."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def transformers_greedy(
     directory: Path, prompt: list[int], tokens: int
 ) -> tuple[list[int], torch.Tensor]:

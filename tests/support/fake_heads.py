@@ -110,6 +110,7 @@ class Behaviour:
     body: dict[str, Any] | None = None
     message: str = "failed"  # an error frame's message
     gap: float = 0.0  # seconds between two frames
+    texts: tuple[str, ...] = ()  # the first tokens' text, instead of the fake model's
 
 
 @dataclass
@@ -158,7 +159,11 @@ class FakeHeads:
             events.append(
                 encode(
                     ChunkFrame(
-                        content=token_text(position),
+                        content=(
+                            behaviour.texts[position]
+                            if position < len(behaviour.texts)
+                            else token_text(position)
+                        ),
                         token_ids=(token_id(position),),
                         finish_reason="length" if done else None,
                         usage=Usage(PROMPT_TOKENS, position + 1) if done else None,

@@ -8,7 +8,9 @@ One run looks at the requests started within the audit window and:
   route while the probe had it, or later found it, corrupt: from its last
   agreeing probe to its release (``Refund``, reason ``corrupt_route``),
   including a request only partly served by it before or after a failover;
-- refunds any failed or cancelled request found charged (``charged_failure``);
+- refunds any failed request found charged (``charged_failure``; a cancelled
+  request is billed for what its client was sent, a partly served one for the
+  choices it was sent whole: ADR-0004);
 - counts bills whose node payouts and network fee exceed the charge.
 
 It records what it found in an ``AuditRun`` row. Running it again finds the

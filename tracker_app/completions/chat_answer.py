@@ -5,9 +5,9 @@
 each choice's chunks indexed by choice, the first opening with its role.
 
 A request with tools the model may call (:mod:`~tracker_app.completions.tools`)
-holds back a choice's text from its first character on when that is the calls
-object (always, unless ``tool_choice`` is ``"auto"``, where text never starts
-with ``{``), and ends the choice with its ``tool_calls`` as OpenAI streams
+holds back a choice's text from its first character on when that opens calls
+(always, unless ``tool_choice`` is ``"auto"``, where text never starts as
+calls do), and ends the choice with its ``tool_calls`` as OpenAI streams
 them (per call a delta naming it, then one with its arguments) and
 ``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens``
 come as the text they are, with ``"length"``.
@@ -135,7 +135,7 @@ class ChatAnswer:
             return False
         self._undecided.discard(choice)
         assert self.tool_use is not None
-        if self.tool_use.mode == "auto" and not text.startswith("{"):
+        if self.tool_use.mode == "auto" and not text.startswith(self.tool_use.calls_open):
             return False
         self._held[choice] = [text]
         return True
@@ -176,8 +176,9 @@ class ChatAnswer:
         held = self._held.pop(choice, None)
         before = b""
         if held is not None:
+            assert self.tool_use is not None
             text = "".join(held)
-            calls = calls_of(text) if finish_reason == "stop" else None
+            calls = calls_of(text, self.tool_use) if finish_reason == "stop" else None
             if calls is None:  # cut short: the text as it is
                 before = self._text[choice].event(text)
             else:
@@ -201,7 +202,7 @@ class ChatAnswer:
         reason = cast(FinishReason, generation.finish_reason)
         calls = None
         if self.tool_use is not None and reason == "stop":
-            calls = calls_of(generation.content)
+            calls = calls_of(generation.content, self.tool_use)
         if calls is None:
             return AssistantMessage(role="assistant", content=generation.content), reason
         message = AssistantMessage(role="assistant", content=None, tool_calls=calls)

@@ -11,11 +11,13 @@ sequences) are the protocol's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from nodes_app.prompting import renders_tool_calls
 from nodes_app.protocol.limits import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX
 from tracker_app.completions.parameters import (
     CHAT_REFUSED,
@@ -23,12 +25,19 @@ from tracker_app.completions.parameters import (
     MAX_MAX_TOKENS,
     GenerationFields,
     GenerationParams,
+    InvalidRequest,
     fields_validate,
     generation_params,
     request_fields,
 )
+from tracker_app.completions.prompt_tokens import model_text
 from tracker_app.completions.structured import ResponseFormatField
-from tracker_app.completions.tools import UnusableTools, conversation, tool_use_parse
+from tracker_app.completions.tools import (
+    UnusableTools,
+    conversation,
+    native_conversation,
+    tool_use_parse,
+)
 
 # A chat's tokens when the client sets no limit: the head's own default (OpenAI has none).
 CHAT_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS
@@ -166,4 +175,35 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
         top_logprobs=v.get("top_logprobs") or 0,
         grammar=use.grammar if use is not None else v.get("response_format"),
         tool_use=use,
+        messages=tuple(v["messages"]),
+    )
+
+
+def chat_params_for_model(params: GenerationParams, *, weight_source: str) -> GenerationParams:
+    """``params`` for the model at ``weight_source``: as parsed (the generic tool prompt)
+    unless the model's chat template renders tool calls itself
+    (:func:`nodes_app.prompting.renders_tool_calls`); then the messages go to it whole
+    with the tools, and the answer's calls are its own ``<tool_call>`` blocks.
+
+    Loads the tokenizer once per process (as the prompt count does) and builds the
+    grammar: call it off the event loop. Raises
+    :class:`~tracker_app.completions.parameters.InvalidRequest` for a grammar larger than
+    a node takes."""
+    text = model_text(weight_source)
+    if text is None or not renders_tool_calls(text.tokenizer):
+        return params
+    use = params.tool_use
+    if use is None:
+        return replace(params, prompts=(native_conversation(params.messages),))
+    use = replace(use, native=True)
+    try:
+        grammar = use.grammar
+    except UnusableTools as error:
+        raise InvalidRequest(f"{error.param}: {error}", param=error.param) from None
+    return replace(
+        params,
+        prompts=(native_conversation(params.messages),),
+        grammar=grammar,
+        tool_use=use,
+        template_tools=tuple(use.template_tools()),
     )

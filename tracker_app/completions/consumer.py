@@ -38,6 +38,7 @@ from meshnet_site.errors import (
     http_error,
     is_database_outage,
 )
+from nodes_app.models import LanguageModel
 from nodes_app.protocol.sse import SSE_DONE, sse_event
 from nodes_app.selectors import language_model_get
 from tracker_app.api_keys.authentication import InvalidApiKey
@@ -46,7 +47,7 @@ from tracker_app.api_keys.rate_limit import rate_limit_check
 from tracker_app.api_keys.services import api_key_lookup
 from tracker_app.completions.answers import AnswerKind
 from tracker_app.completions.chat_answer import ChatAnswer
-from tracker_app.completions.chat_request import chat_params_parse
+from tracker_app.completions.chat_request import chat_params_for_model, chat_params_parse
 from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.proxy import CompletionProxy, CompletionRequest
 from tracker_app.completions.text_answer import TextCompletionAnswer
@@ -165,6 +166,7 @@ class CompletionsConsumer(AsyncHttpConsumer):
             api_key = await self._authenticate()
             params = self.parse(body, max_choices=settings.MESHNET_MAX_CHOICES)
             model = await database_call(language_model_get)(key=params.model)
+            params = await asyncio.to_thread(self.for_model, params, model)
             await database_call(rate_limit_check)(
                 key_hash=api_key.key_hash,
                 limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE,
@@ -185,6 +187,10 @@ class CompletionsConsumer(AsyncHttpConsumer):
 
     def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
         raise NotImplementedError
+
+    def for_model(self, params: GenerationParams, model: LanguageModel) -> GenerationParams:
+        """``params`` as ``model`` takes them (run off the event loop)."""
+        return params
 
     async def disconnect(self) -> None:
         # The task records the cancellation itself (see handle).
@@ -244,6 +250,9 @@ class ChatCompletionsConsumer(CompletionsConsumer):
 
     def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
         return chat_params_parse(body, max_choices=max_choices)
+
+    def for_model(self, params: GenerationParams, model: LanguageModel) -> GenerationParams:
+        return chat_params_for_model(params, weight_source=model.weight_source)
 
 
 class TextCompletionsConsumer(CompletionsConsumer):

@@ -119,6 +119,7 @@ def replay_request(
         logprobs=params.logprobs,
         top_logprobs=params.top_logprobs,
         echo=_echo_asked(generation, params),
+        tools=[dict(tool) for tool in params.template_tools],
     )
     silence = silence_limit(
         step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,

@@ -69,6 +69,7 @@ class Generation:
     prompt_count: PromptCount
     sampling: SamplingParams
     token_ids: list[int] = field(default_factory=list)
+    delivered: int = 0  # how many of them the client has been sent
     texts: list[str] = field(default_factory=list)  # the completion's text, chunk by chunk
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when asked
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token, with echo
@@ -85,6 +86,15 @@ class Generation:
     @property
     def finished(self) -> bool:
         return bool(self.finish_reason)
+
+    @property
+    def delivered_whole(self) -> bool:
+        """Finished, and every token of it sent to the client."""
+        return self.finished and self.delivered == len(self.token_ids)
+
+    def sent(self) -> None:
+        """The client has been sent everything this choice produced so far."""
+        self.delivered = len(self.token_ids)
 
     @property
     def route(self) -> RouteDecision:

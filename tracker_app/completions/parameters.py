@@ -54,7 +54,7 @@ DEFAULT_MAX_CHOICES = int(MAX_CHOICES.default)
 
 # What a generation starts from: chat messages (the head applies the model's chat
 # template) or, for a legacy completion, raw text (tokenised as the tokenizer does).
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 Prompt = Messages | str
 
 
@@ -316,6 +316,10 @@ class GenerationParams:
     # tool calls' ``tools.ToolUse.grammar``), and the tools the answer may call.
     grammar: str | None = None
     tool_use: ToolUse | None = None
+    # A chat's messages as the client sent them, and the tools the head's chat template
+    # renders when it renders tool calls itself (``chat_request.chat_params_for_model``).
+    messages: tuple[Mapping[str, Any], ...] = ()
+    template_tools: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def choices(self) -> int:

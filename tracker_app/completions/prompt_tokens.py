@@ -20,9 +20,12 @@ count is billed only up to it.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from llguidance import LLTokenizer
 
@@ -64,9 +67,15 @@ class PromptCount:
         return reported == self.tokens if self.exact else reported <= self.tokens
 
 
-def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) -> PromptCount:
-    """Count ``prompt`` (chat messages, or a legacy completion's text) for the model at
-    ``weight_source``.
+def prompt_tokens_count(
+    *,
+    weight_source: str,
+    prompt: Prompt,
+    max_tokens: int,
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> PromptCount:
+    """Count ``prompt`` (chat messages, with the ``tools`` a template that renders tool
+    calls describes; or a legacy completion's text) for the model at ``weight_source``.
 
     Raises :class:`~tracker_app.completions.parameters.InvalidRequest` (the template rejects the
     messages, a text prompt of no tokens) or :class:`ContextLengthExceeded`
@@ -75,14 +84,14 @@ def prompt_tokens_count(*, weight_source: str, prompt: Prompt, max_tokens: int) 
     """
     text = model_text(weight_source)
     if text is None:
-        return PromptCount(tokens=prompt_tokens_bound(prompt), exact=False)
+        return PromptCount(tokens=prompt_tokens_bound(prompt, tools), exact=False)
     if isinstance(prompt, str):
         ids = text_token_ids(text.tokenizer, prompt)
         if not ids:
             raise InvalidRequest("prompt: the prompt is empty (no tokens)", param="prompt")
     else:
         try:
-            ids = prompt_token_ids(text.tokenizer, prompt)
+            ids = prompt_token_ids(text.tokenizer, prompt, tools)
         except TemplateRefused as error:
             raise InvalidRequest(error.message) from error
     if text.context_length is not None and len(ids) + max_tokens > text.context_length:
@@ -127,13 +136,21 @@ def echo_check(*, prompt: PromptCount, top_logprobs: int) -> None:
         )
 
 
-def prompt_tokens_bound(prompt: Prompt) -> int:
+def prompt_tokens_bound(prompt: Prompt, tools: Sequence[Mapping[str, Any]] = ()) -> int:
     """An upper bound of any tokenisation of ``prompt``: raw text (a BOS and such), or
-    messages under a chat template."""
+    messages under a chat template, with the tool calls and ``tools`` it renders as JSON
+    text (indented, as templates print it). Plans grant hops this many positions (plus
+    ``max_tokens``), so it must not fall short of the head's count."""
     if isinstance(prompt, str):
         return len(prompt.encode()) + MESSAGE_ALLOWANCE
     text = sum(len(m["role"].encode()) + len(m["content"].encode()) for m in prompt)
-    return text + MESSAGE_ALLOWANCE * len(prompt) + TEMPLATE_ALLOWANCE
+    calls = [[m.get("tool_calls"), m.get("tool_call_id")] for m in prompt]
+    rendered = (
+        len(json.dumps([calls, list(tools)], indent=4).encode())
+        if tools or any(map(any, calls))
+        else 0
+    )
+    return text + rendered + MESSAGE_ALLOWANCE * len(prompt) + TEMPLATE_ALLOWANCE
 
 
 @lru_cache(maxsize=32)

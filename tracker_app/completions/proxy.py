@@ -191,6 +191,7 @@ class CompletionProxy:
                 weight_source=self.model.weight_source,
                 prompt=prompt,
                 max_tokens=self.params.max_tokens,
+                tools=self.params.template_tools,
             )
             for prompt in self.params.prompts
         ]
@@ -235,18 +236,21 @@ class CompletionProxy:
         unfinished, last = len(self.generations), None
         try:
             async for piece in interleaved([self._generate(g) for g in self.generations]):
+                generation = self.generations[piece.choice]
                 if piece.finish_reason is None:
                     event = self.answer.piece(piece)
                     if event:  # nothing while a tool call is held back
                         await send(event)
+                        self._sent(generation)
                     continue
                 unfinished -= 1
                 if unfinished:
                     await send(self.answer.finish(piece.choice, piece.finish_reason, None))
+                    self._sent(generation)
                 else:
                     last = piece  # ends the answer with usage, once it is billed
         except DomainError as error:
-            await self.fail(error.message)
+            await self._network_failed(error.message)
             await send(sse_event(http_error(error).body))
             return CompletionResult(error=error)
         finally:
@@ -261,11 +265,17 @@ class CompletionProxy:
             return CompletionResult()
         return CompletionResult(reply=self.answer.reply(self.generations, usage, self._meshnet()))
 
+    def _sent(self, generation: Generation) -> None:
+        """The client now holds all ``generation`` produced (a stream's client; a whole
+        answer is sent at its end)."""
+        if self.params.stream:
+            generation.sent()
+
     async def fail(self, message: str, *, cancelled: bool = False) -> None:
         """Record the request failed, never charged, or cancelled by its client
         (``cancelled``): then charged for the tokens it was sent, as OpenAI bills, and
         the nodes paid for their work (nothing if it was sent none: a whole answer
-        not yet sent, or a stream before its first token).
+        not yet sent, a tool call still held back, or a stream before its first token).
 
         Safe to call on any exit path and more than once: only the first call
         that finds the request still processing changes it and tells the
@@ -278,25 +288,46 @@ class CompletionProxy:
         if self._completion is not None and not self._completion.done():
             self._left_while_completing = True
             return
-        if cancelled and self.params.stream and any(g.token_ids for g in self.generations):
+        if cancelled and any(g.delivered for g in self.generations):
             await self._record_left(message)
             return
         await self._record_failed(message, cancelled=cancelled)
+
+    async def _network_failed(self, message: str) -> None:
+        """Record the request failed by the network: never charged, unless some of its
+        choices were sent whole before (``n > 1``, streamed). Those are billed, as
+        answers delivered; the choices the failure cut are not, as it is no fault of
+        the client's (partly served)."""
+        served = [g for g in self.generations if g.delivered_whole]
+        if not served:
+            await self.fail(message)
+            return
+        self._release_routes()
+        if await self.record.partly_served(self._completion_of(served), message=message):
+            await self._progress.close(flush=True)
+            await self.emit(console.ERROR, self.request_id, message=message)
 
     async def _record_left(self, message: str) -> None:
         """Bill a streamed request its client left: every token sent, each prompt once."""
         for generation in self.generations:
             generation.prompt_settled()
-        first_token_at = self._first_token_at
-        completion = Completion.of(
-            self.generations,
-            n=self.params.n,
-            elapsed=self.settings.clock() - self._started,
-            first_token_after=None if first_token_at is None else first_token_at - self._started,
-        )
+        completion = self._completion_of(self.generations, sent_only=True)
         if await self.record.left(completion, message=message):
             await self._progress.close(flush=True)
             await self.emit(console.ERROR, self.request_id, message=message)
+
+    def _completion_of(
+        self, generations: Sequence[Generation], *, sent_only: bool = False
+    ) -> Completion:
+        """What ``generations`` are billed for now (:meth:`Completion.of`)."""
+        first_token_at = self._first_token_at
+        return Completion.of(
+            generations,
+            n=self.params.n,
+            elapsed=self.settings.clock() - self._started,
+            first_token_after=None if first_token_at is None else first_token_at - self._started,
+            sent_only=sent_only,
+        )
 
     async def _record_failed(self, message: str, *, cancelled: bool) -> None:
         if await self.record.fail(message, cancelled=cancelled):
@@ -449,13 +480,7 @@ class CompletionProxy:
         # ``proxy complete`` below carries the final count: no progress after it.
         await self._progress.close()
         now = self.settings.clock()
-        first_token_at = self._first_token_at
-        completion = Completion.of(
-            self.generations,
-            n=self.params.n,
-            elapsed=now - self._started,
-            first_token_after=None if first_token_at is None else first_token_at - self._started,
-        )
+        completion = self._completion_of(self.generations)
         await self.record.complete(completion, generations=self.generations, now=now)
         tps = completion.tokens_per_second
         await self.emit(

@@ -4,8 +4,10 @@
 opened before anything streams, the route serving it (again after a
 failover), and its end: completed and billed (one unit of work per hop of
 every route any choice used, :mod:`tracker_app.billing.pricing`), with the
-route's speed taught to the router and its nodes' bans cleared; or failed
-(or cancelled by the client) and never charged. A completed request gets one
+route's speed taught to the router and its nodes' bans cleared; cancelled by
+a client that left, billed for what it was sent; partly served (the network
+failed a choice after others were sent whole), billed for those; or failed
+and never charged. A completed request gets one
 billing record with one work unit per hop, in the same transaction as its
 completion. The status change is a conditional update, so a request can be
 finished only once, whatever races with it.
@@ -34,8 +36,8 @@ from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus
 
 @dataclass(frozen=True)
 class Completion:
-    """What a completed request is recorded and billed for: every choice's tokens, each
-    prompt's once (however many choices it has)."""
+    """What a request is recorded and billed for: its choices' tokens, each prompt's once
+    (however many of its choices are billed)."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -52,13 +54,21 @@ class Completion:
         n: int,
         elapsed: float,
         first_token_after: float | None,
+        sent_only: bool = False,
     ) -> Completion:
-        """``n``: choices per prompt; ``elapsed``: seconds since the request was opened;
-        ``first_token_after``: seconds to its first token, if any came."""
-        completion = sum(len(g.token_ids) for g in generations)
+        """``generations``: the choices billed; ``n``: choices per prompt; ``elapsed``:
+        seconds since the request was opened; ``first_token_after``: seconds to its
+        first token, if any came; ``sent_only``: bill only the tokens each choice's client
+        was sent (a client that left), not all it produced. The hops' work is what they
+        ran for these choices either way."""
+        completion = sum(g.delivered if sent_only else len(g.token_ids) for g in generations)
+        prompts: dict[int, int] = {}
+        for g in generations:
+            prompt = g.choice // n
+            prompts[prompt] = max(prompts.get(prompt, 0), g.prompt_tokens)
         reasons = {g.finish_reason for g in generations}
         return cls(
-            prompt_tokens=sum(g.prompt_tokens for g in generations if g.choice % n == 0),
+            prompt_tokens=sum(prompts.values()),
             completion_tokens=completion,
             # ``length`` if any choice ran out of tokens, else ``stop``.
             finish_reason="length" if "length" in reasons else min(reasons),
@@ -124,6 +134,13 @@ class RequestRecord:
         it was sent before it left. True if this call ended it. No route sample (the
         speed of a cut request means nothing) and no bans cleared."""
         billed = await self._bill(completion, ended=RequestStatus.CANCELLED, error=message)
+        return billed is not None
+
+    async def partly_served(self, completion: Completion, *, message: str) -> bool:
+        """Record the request failed by the network (``message``) after some choices were
+        sent whole, and billed for ``completion``: those choices only. True if this
+        call ended it. No route sample and no bans cleared, as for any failure."""
+        billed = await self._bill(completion, ended=RequestStatus.PARTIAL, error=message)
         return billed is not None
 
     async def _bill(

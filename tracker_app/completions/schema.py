@@ -262,7 +262,8 @@ class MetricsSchemaView(APIView):
             ),
             **error_responses(
                 e401="invalid_metrics_token (a token is set and another was sent)",
-                e403="metrics_private (no token is set and the client is not on a private network)",
+                e403="metrics_private (no token is set and the client is not a direct loopback "
+                "one: forwarded, behind a declared proxy, or elsewhere)",
             ),
         },
     )

@@ -1,20 +1,30 @@
 """Tool calls: OpenAI's ``tools`` and ``tool_choice`` on a model that only writes text.
 
-The tracker describes the tools to the model in a generic prompt (a system
-message, :meth:`ToolUse.instructions` put in place by :func:`conversation`; the
-shipped models' chat templates have no
-tool support of their own) and constrains the answer with a grammar the last
-hop follows (ADR-0022): with ``tool_choice`` ``"required"`` or a named
-function the answer is a calls object, with ``"auto"`` either that object or
-text that does not start with ``{``. The calls object is
+Two ways, by the model's chat template (ADR-0022). A template that renders
+tools itself and writes calls as Hermes-style blocks
+(:func:`nodes_app.prompting.renders_tool_calls`: Qwen2.5, Qwen3, Hermes,
+SmolLM3, …) gets the tools and the earlier turns whole
+(:func:`native_conversation`), and the answer is its own format, one block
+per call:
+
+    <tool_call>
+    {"name": "<function>", "arguments": {...}}
+    </tool_call>
+
+Any other template (the shipped models') gets a generic prompt (a system
+message, :meth:`ToolUse.instructions` put in place by :func:`conversation`)
+and the answer is a calls object:
 
     {"tool_calls": [{"name": "<function>", "arguments": {...}}]}
 
-each ``arguments`` valid for its function's JSON schema, at most one call
-when ``parallel_tool_calls`` is false. :func:`calls_of` reads it back into
-OpenAI's ``tool_calls``. Earlier turns are written in the same words:
-an assistant's calls as the object it wrote, a ``role: "tool"`` result as a
-user turn naming the call it answers.
+Either way a grammar the last hop follows constrains the answer: with
+``tool_choice`` ``"required"`` or a named function it is calls, with
+``"auto"`` either calls or text that does not start as calls do (``<`` or
+``{``); each ``arguments`` valid for its function's JSON schema, at most one
+call when ``parallel_tool_calls`` is false. :func:`calls_of` reads the calls
+back into OpenAI's ``tool_calls``. With the generic prompt earlier turns are
+written in the same words: an assistant's calls as the object it wrote, a
+``role: "tool"`` result as a user turn naming the call it answers.
 """
 
 from __future__ import annotations
@@ -35,8 +45,9 @@ from tracker_app.completions.structured import JSON_LAYOUT, UnfollowableFormat, 
 
 FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
-# Text in "auto" mode never starts with "{": the first character tells text from calls.
-TEXT = r"/[^{](.|\n)*/"
+# A Hermes-style template's call, as the model writes it (and its text once written).
+CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
+WRITTEN_CALL = re.compile(re.escape(CALL_OPEN) + "(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 
 Mode = Literal["auto", "required", "named"]
 
@@ -64,11 +75,38 @@ class ToolUse:
     mode: Mode
     named: str | None = None  # the function ``tool_choice`` names
     parallel: bool = True
+    # The model's chat template renders the tools, and calls are its <tool_call> blocks.
+    native: bool = False
 
     @property
     def callable(self) -> tuple[Tool, ...]:
         """The tools the answer may call."""
         return tuple(t for t in self.tools if self.named is None or t.name == self.named)
+
+    @property
+    def single(self) -> bool:
+        """At most one call."""
+        return not self.parallel or self.named is not None
+
+    @property
+    def calls_open(self) -> str:
+        """How an answer that makes calls starts (text in ``auto`` mode never does)."""
+        return "<" if self.native else "{"
+
+    def template_tools(self) -> list[dict[str, Any]]:
+        """The tools as a chat template that renders them takes them (OpenAI's shape; no
+        description where the client gave none)."""
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    **({"description": tool.description} if tool.description else {}),
+                    "parameters": dict(tool.parameters),
+                },
+            }
+            for tool in self.tools
+        ]
 
     def calls_schema(self) -> dict[str, Any]:
         """The JSON schema of the calls object."""
@@ -77,7 +115,7 @@ class ToolUse:
             "minItems": 1,
             "items": {"anyOf": [_call_schema(tool) for tool in self.callable]},
         }
-        if not self.parallel or self.named is not None:
+        if self.single:
             calls["maxItems"] = 1
         return {
             "type": "object",
@@ -95,10 +133,22 @@ class ToolUse:
         whether it can be followed is checked off the event loop
         (``prompt_tokens.grammar_check``).
         """
-        calls = json.dumps(self.calls_schema())
-        lark = f"start: calls\ncalls: %json {calls}"
+        if self.native:
+            call = {
+                "anyOf": [_call_schema(tool) for tool in self.callable],
+                "x-guidance": dict(JSON_LAYOUT),
+            }
+            more = "" if self.single else ' ("\\n" call)*'
+            rules = (
+                f"calls: call{more}\n"
+                f"call: {json.dumps(CALL_OPEN)} %json {json.dumps(call)} {json.dumps(CALL_CLOSE)}"
+            )
+        else:
+            rules = f"calls: %json {json.dumps(self.calls_schema())}"
+        lark = f"start: calls\n{rules}"
         if self.mode == "auto":
-            lark = f"start: TEXT | calls\nTEXT: {TEXT}\ncalls: %json {calls}"
+            # The first character tells text from calls.
+            lark = f"start: TEXT | calls\nTEXT: /[^{self.calls_open}](.|\\n)*/\n{rules}"
         try:
             return grammar_bounded(LLMatcher.grammar_from_lark(lark), what="the tools' parameters")
         except UnfollowableFormat as error:
@@ -212,7 +262,17 @@ def _choice(value: Any, tools: Sequence[Tool]) -> tuple[Mode | Literal["none"], 
 
 def calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
     """An assistant's earlier ``tool_calls`` as the calls object it wrote."""
-    written = []
+    written = [
+        {"name": name, "arguments": arguments} for name, arguments in _calls_made(calls, raw=True)
+    ]
+    return json.dumps({"tool_calls": written}, separators=(",", ":"))
+
+
+def _calls_made(calls: Sequence[Mapping[str, Any]], *, raw: bool) -> list[tuple[Any, Any]]:
+    """Each earlier call's function name and its arguments parsed from their JSON text;
+    arguments that are not a JSON object stay their text with ``raw``, else become an
+    object holding it (a template writes arguments as an object)."""
+    made = []
     for call in calls:
         function = call.get("function") or {}
         arguments = function.get("arguments") or "{}"
@@ -220,17 +280,40 @@ def calls_text(calls: Sequence[Mapping[str, Any]]) -> str:
             parsed = json_document(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             parsed = arguments
-        written.append({"name": function.get("name"), "arguments": parsed})
-    return json.dumps({"tool_calls": written}, separators=(",", ":"))
+        if not raw and not isinstance(parsed, dict):
+            parsed = {"arguments": arguments}
+        made.append((function.get("name"), parsed))
+    return made
 
 
-def calls_of(text: str) -> list[ToolCall] | None:
+def native_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as a template that renders tool calls gets them: role and text, an
+    assistant's ``tool_calls`` as function names and argument objects, a tool result's
+    ``tool_call_id``."""
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        turn: dict[str, Any] = {"role": message["role"], "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            turn["tool_calls"] = [
+                {"type": "function", "function": {"name": name, "arguments": arguments}}
+                for name, arguments in _calls_made(message["tool_calls"], raw=False)
+            ]
+        if message.get("tool_call_id"):
+            turn["tool_call_id"] = message["tool_call_id"]
+        turns.append(turn)
+    return turns
+
+
+def calls_of(text: str, use: ToolUse) -> list[ToolCall] | None:
     """The calls an answer makes, as OpenAI's ``tool_calls`` (each with a fresh id), or
-    None when it is text. The grammar makes a finished calls object well formed."""
-    if not text.startswith("{"):
+    None when it is text. The grammar makes finished calls well formed."""
+    if not text.startswith(use.calls_open):
         return None
     try:
-        answer = json_document(text)
+        if use.native:
+            calls = [json_document(written) for written in WRITTEN_CALL.findall(text)]
+        else:
+            calls = json_document(text)["tool_calls"]
     except ValueError:
         return None
     return [
@@ -242,8 +325,8 @@ def calls_of(text: str) -> list[ToolCall] | None:
                 arguments=json.dumps(call["arguments"], separators=(",", ":")),
             ),
         )
-        for call in answer["tool_calls"]
-    ]
+        for call in calls
+    ] or None
 
 
 def conversation(

@@ -151,8 +151,9 @@ def _call_of(row: ChatRequest) -> dict[str, Any]:
         "finished_at": row.finished_at.timestamp() if row.finished_at else None,
     }
     if billing is not None:
-        # A billed request (completed, or cancelled by a client that was sent tokens)
-        # records its token counts; a failed one keeps what the console counted.
+        # A billed request (completed, cancelled by a client that was sent tokens, or
+        # partly served) records the token counts it was billed for; a failed one
+        # keeps what the console counted.
         call.update(
             prompt_tokens=row.prompt_tokens,
             tokens=row.completion_tokens,

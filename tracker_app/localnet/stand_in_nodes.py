@@ -1,11 +1,14 @@
 """Nodes that only need to exist: endpoints that answer the tracker's challenge honestly,
 without a model behind them, and the signed registrations such nodes send.
 
-``ChallengeResponder`` is a real HTTP server on a loopback port. Each wallet
-key given to ``endpoint_for`` gets an endpoint of its own on it
-(``http://127.0.0.1:PORT/w/<n>``) whose ``POST …/v1/challenge`` answers as a
-node with that wallet would; any other path answers 404. Tests that register
-nodes which serve nothing use it so the registration proves its endpoint;
+``ChallengeResponder`` serves real HTTP on loopback ports. Each wallet key
+given to ``endpoint_for`` gets an endpoint of its own, a port of its own
+(``http://127.0.0.1:PORT``: one port is one node, ADR-0008), whose
+``POST /v1/challenge`` answers as a node with that wallet would; ``url`` is a
+port where every path answers 404. ``hand_over`` makes an endpoint answer for
+another wallet, under any spelling of it (``http://localhost:PORT``) or a
+path on it, as a malicious operator's node would. Tests that register nodes
+which serve nothing use it so the registration proves its endpoint;
 ``answered`` counts the challenges each endpoint received.
 :func:`proven_registration` is a registration body at such an endpoint.
 """
@@ -13,27 +16,36 @@ nodes which serve nothing use it so the registration proves its endpoint;
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
+import selectors
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.signing import sign_challenge, sign_registration, wallet_of
+from nodes_app.signing import canonical_endpoint, sign_challenge, sign_registration, wallet_of
 from tracker_app.localnet.processes import LOOPBACK
 
 
 class ChallengeResponder:
     def __init__(self) -> None:
-        self._keys: dict[str, Ed25519PrivateKey] = {}
-        self._paths = itertools.count()
+        # Per port: path prefix -> (key, the endpoint spelling it signs over).
+        self._answers: dict[int, dict[str, tuple[Ed25519PrivateKey, str]]] = {}
         self.answered: Counter[str] = Counter()
         self.connections = 0
+        self._servers: list[ThreadingHTTPServer] = []
+        self._selector = selectors.DefaultSelector()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.url = self._listen()
+
+    def _listen(self) -> str:
+        """A new port on this responder, served by its one thread; its URL."""
         responder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,13 +56,15 @@ class ChallengeResponder:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                endpoint = responder.url + self.path.removesuffix("/v1/challenge")
-                key = responder._keys.get(endpoint)
-                if key is None or not self.path.endswith("/v1/challenge"):
+                port = int(self.server.server_address[1])  # type: ignore[index]
+                prefix = self.path.removesuffix("/v1/challenge")
+                answer = responder._answers.get(port, {}).get(prefix)
+                if answer is None or not self.path.endswith("/v1/challenge"):
                     self._answer(404, {"error": {"message": "no such node", "code": "nope"}})
                     return
-                responder.answered[endpoint] += 1
-                signature = sign_challenge(key, str(body.get("nonce", "")), endpoint)
+                key, spelling = answer
+                responder.answered[f"http://{LOOPBACK}:{port}{prefix}"] += 1
+                signature = sign_challenge(key, str(body.get("nonce", "")), spelling)
                 self._answer(200, {"wallet": wallet_of(key), "signature": signature})
 
             def _answer(self, status: int, payload: object) -> None:
@@ -64,39 +78,61 @@ class ChallengeResponder:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://{LOOPBACK}:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        server.daemon_threads = True
+        self._servers.append(server)
+        self._selector.register(server.socket, selectors.EVENT_READ, server)
+        return f"http://{LOOPBACK}:{server.server_address[1]}"
+
+    def _serve(self) -> None:
+        """Accept on every port (each request then runs in a thread of its own)."""
+        while not self._stopping.is_set():
+            for ready, _ in self._selector.select(timeout=0.1):
+                server: ThreadingHTTPServer = ready.data
+                server._handle_request_noblock()  # type: ignore[attr-defined]
 
     def endpoint_for(self, key: Ed25519PrivateKey) -> str:
-        """An endpoint on this server that proves ``key``'s wallet (the same one each time)."""
-        for endpoint, known in self._keys.items():
-            if wallet_of(known) == wallet_of(key):
-                return endpoint
+        """An endpoint of this responder that proves ``key``'s wallet (the same one each
+        time)."""
+        for port, answers in self._answers.items():
+            known = answers.get("")
+            if known is not None and wallet_of(known[0]) == wallet_of(key):
+                return f"http://{LOOPBACK}:{port}"
         return self.new_endpoint(key)
 
     def new_endpoint(self, key: Ed25519PrivateKey) -> str:
-        """Another endpoint on this server that proves ``key``'s wallet."""
-        endpoint = f"{self.url}/w/{next(self._paths)}"
-        self._keys[endpoint] = key
+        """Another endpoint, on a new port, that proves ``key``'s wallet."""
+        endpoint = self._listen()
+        self.hand_over(endpoint, key)
         return endpoint
 
     def hand_over(self, endpoint: str, key: Ed25519PrivateKey) -> None:
-        """``endpoint`` answers for ``key``'s wallet from now on (the operator changed wallets)."""
-        self._keys[endpoint] = key
+        """``endpoint`` answers for ``key``'s wallet from now on (the operator changed
+        wallets). Any spelling of one of this responder's ports works, with a path
+        or not: the answer signs over ``endpoint`` as written, as a node advertising
+        it would."""
+        parts = urlsplit(endpoint)
+        port = parts.port or 80
+        self._answers.setdefault(port, {})[parts.path.rstrip("/")] = (
+            key,
+            canonical_endpoint(endpoint),
+        )
 
     def forget(self, endpoint: str) -> None:
         """``endpoint`` stops answering challenges (404 from now on), like a node replaced."""
-        self._keys.pop(endpoint, None)
+        parts = urlsplit(endpoint)
+        self._answers.get(parts.port or 80, {}).pop(parts.path.rstrip("/"), None)
 
     def start(self) -> ChallengeResponder:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._stopping.set()
+        self._thread.join(timeout=5)
+        for server in self._servers:
+            server.server_close()
+        self._selector.close()
 
 
 @contextlib.contextmanager

@@ -98,6 +98,7 @@ export const STATE_TONES = {
   completed: "ok",
   failed: "bad",
   cancelled: "warn",
+  partial: "warn",
   online: "ok",
   draining: "warn",
   offline: null,

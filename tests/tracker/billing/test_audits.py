@@ -223,6 +223,17 @@ def test_it_refunds_a_failed_request_found_charged(model):
     assert Refund.objects.get().reason == RefundReason.CHARGED_FAILURE
 
 
+@pytest.mark.parametrize("status", [RequestStatus.CANCELLED, RequestStatus.PARTIAL])
+def test_it_keeps_the_bill_of_a_request_whose_client_was_sent_part_of_its_answer(model, status):
+    request = served(model)
+    ChatRequest.objects.filter(pk=request.pk).update(status=status)
+
+    run = audit()
+
+    assert run.charged_failures == 0
+    assert not Refund.objects.exists()
+
+
 def test_it_counts_bills_whose_payouts_exceed_the_charge(model):
     request = served(model)
     served(model)

@@ -1,7 +1,8 @@
 """What a request leaves behind: its record, its bill, through cancels and database blips.
 
 A request whose client leaves mid-stream is recorded cancelled and charged for
-what it was sent (nothing if it was sent nothing); usage a head
+what it was sent (nothing if it was sent nothing); one the network fails after
+some of its choices were sent whole is billed for those only; usage a head
 inflates is billed at the tracker's count; a database blip as the answer
 ends is waited out, the request billed once; a client that leaves while its
 answer is billed is still billed.
@@ -34,6 +35,7 @@ from tests.support.fake_heads import (
     serve,
     serve_until_first_token_then_disconnect,
     text,
+    texts_by_choice,
     token_text,
     work,
 )
@@ -96,6 +98,66 @@ def test_a_whole_answer_not_yet_sent_when_its_client_left_is_not_charged(net: Ne
 
     request = record(proxy)
     assert request.status == RequestStatus.CANCELLED
+    assert not BillingRecord.objects.filter(request=request).exists()
+
+
+def test_a_tool_call_held_back_when_its_client_left_is_not_charged(net: Net) -> None:
+    net.node("whole", 0, 3)
+    # A calls object is held back until it is whole; the head stops before it is.
+    net.heads.plan("whole", Behaviour(tokens=3, then="hang", texts=('{"', "tool_calls", '":')))
+    proxy = net.proxy(
+        tools=[{"type": "function", "function": {"name": "get_weather"}}], tool_choice="required"
+    )
+    chunks: list[dict[str, Any]] = []
+
+    async def leave_once_the_head_sent_it_all() -> None:
+        await proxy.start()
+        await relay_until(proxy, chunks, lambda: len(proxy.generations[0].token_ids) == 3)
+
+    asyncio.run(leave_once_the_head_sent_it_all())
+
+    assert text(chunks) == ""  # the client got no text and no call
+    request = record(proxy)
+    assert request.status == RequestStatus.CANCELLED
+    assert not BillingRecord.objects.filter(request=request).exists()
+
+
+def test_a_choice_the_network_fails_after_another_was_sent_whole_bills_only_the_whole_one(
+    net: Net,
+) -> None:
+    whole = net.node("whole", 0, 3)
+    # Choice 0 answers all 12 tokens; choice 1 dies after 2, slowly, with no route left.
+    net.heads.plan("whole", Behaviour(), Behaviour(tokens=2, then="die", gap=0.2))
+    proxy = net.proxy(n=2, route=[whole.id])
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == "upstream_failed"
+    assert texts_by_choice(chunks) == {0: answer(12), 1: answer(2)}
+    request = record(proxy)
+    assert (request.status, request.prompt_tokens, request.completion_tokens) == (
+        RequestStatus.PARTIAL,
+        PROMPT_TOKENS,
+        12,
+    )
+    assert request.error  # the failure the client was told
+    bill = BillingRecord.objects.get(request=request)
+    assert bill.completion_charge == net.model.completion_price_per_1k * 12 / 1000
+    assert work(proxy) == [("whole", 0, 3, PROMPT_TOKENS + 12)]  # the failed choice earns nothing
+    assert net.event_kinds()[-1] == console.ERROR
+
+
+def test_a_whole_choice_of_an_answer_not_streamed_is_not_billed_when_another_fails(
+    net: Net,
+) -> None:
+    whole = net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(), Behaviour(tokens=2, then="die", gap=0.2))
+    proxy = net.proxy(n=2, route=[whole.id], stream=False)
+
+    serve(proxy)
+
+    request = record(proxy)
+    assert request.status == RequestStatus.FAILED
     assert not BillingRecord.objects.filter(request=request).exists()
 
 

@@ -1,19 +1,25 @@
 """How a request's tools reach a model that only writes text: the generic prompt, the
-earlier turns in the same words, the calls object's schema and reading it back."""
+earlier turns in the same words, the calls object's schema and reading it back; and for
+a template that renders tool calls itself, the turns whole and its ``<tool_call>`` blocks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import jsonschema
 import pytest
+from llguidance import LLMatcher
 
+from nodes_app.grammar import grammar_words
+from nodes_app.tokenization import tiny_tokenizer
 from tracker_app.completions.tools import (
     ToolUse,
     UnusableTools,
     calls_of,
     conversation,
+    native_conversation,
     tool_use_parse,
 )
 
@@ -115,12 +121,106 @@ def test_the_calls_object_admits_what_tool_choice_and_parallel_calls_allow(
 
 
 def test_an_answer_is_read_back_as_openai_tool_calls_or_left_as_text() -> None:
-    [call] = calls_of('{"tool_calls":[{"name":"weather","arguments":{"city":"Oslo"}}]}') or []
+    generic = use()
+    answer = '{"tool_calls":[{"name":"weather","arguments":{"city":"Oslo"}}]}'
+
+    [call] = calls_of(answer, generic) or []
 
     assert call["function"] == {"name": "weather", "arguments": '{"city":"Oslo"}'}
     assert call["id"].startswith("call_") and call["type"] == "function"
-    assert calls_of("It rains.") is None
-    assert calls_of('{"tool_calls":[{"name":"wea') is None  # cut short
+    assert calls_of("It rains.", generic) is None
+    assert calls_of('{"tool_calls":[{"name":"wea', generic) is None  # cut short
+
+
+def native(**fields: Any) -> ToolUse:
+    return dataclasses.replace(use(**fields), native=True)
+
+
+def test_a_native_answer_is_read_back_from_its_tool_call_blocks() -> None:
+    answer = (
+        '<tool_call>\n{"name":"weather","arguments":{"city":"Oslo"}}\n</tool_call>\n'
+        '<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>'
+    )
+
+    calls = calls_of(answer, native()) or []
+
+    assert [c["function"] for c in calls] == [
+        {"name": "weather", "arguments": '{"city":"Oslo"}'},
+        {"name": "time", "arguments": "{}"},
+    ]
+    assert calls_of("It rains.", native()) is None
+    assert calls_of('<tool_call>\n{"name":"wea', native()) is None  # cut short
+
+
+def follows(grammar: str, text: str) -> bool:
+    """Whether ``text``, tokenised by the tiny model's byte tokenizer, is a whole answer
+    ``grammar`` admits."""
+    tokenizer = tiny_tokenizer()
+    matcher = LLMatcher(grammar_words(tokenizer), grammar)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("fields", "answer", "valid"),
+    [
+        ({}, '<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>', True),
+        (
+            {},
+            '<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>\n'
+            '<tool_call>\n{"name":"weather","arguments":{}}\n</tool_call>',
+            True,
+        ),
+        (
+            {"parallel_tool_calls": False},
+            '<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>\n'
+            '<tool_call>\n{"name":"weather","arguments":{}}\n</tool_call>',
+            False,
+        ),
+        ({}, '<tool_call>\n{"name":"elsewhere","arguments":{}}\n</tool_call>', False),
+        ({}, "It rains.", False),
+        ({"tool_choice": "auto"}, "It rains.", True),
+        ({"tool_choice": "auto"}, "<b>It rains.</b>", False),
+    ],
+)
+def test_the_native_grammar_admits_the_blocks_tool_choice_and_parallel_calls_allow(
+    fields: dict[str, Any], answer: str, valid: bool
+) -> None:
+    grammar = native(**{"tool_choice": "required", **fields}).grammar
+
+    assert follows(grammar, answer) is valid
+
+
+def test_earlier_calls_go_to_a_template_that_renders_them_as_names_and_argument_objects() -> None:
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Rain in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+    ]
+
+    turns = native_conversation(history)
+
+    assert turns == [
+        {"role": "user", "content": "Rain in Oslo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+            ],
+        },
+        {"role": "tool", "content": "rain", "tool_call_id": "c1"},
+    ]
 
 
 @pytest.mark.parametrize(
