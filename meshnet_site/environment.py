@@ -482,6 +482,12 @@ AUDIT_SHORT_COMPLETION_TOKENS = NumberSetting(
     "MESHNET_AUDIT_SHORT_COMPLETION_TOKENS", 4, minimum=1, integer=True
 )
 
+# The probe's sample of served requests (ADR-0007): how many a model keeps, how long,
+# and how many each probe run re-runs.
+PROBE_SAMPLE_SIZE = NumberSetting("MESHNET_PROBE_SAMPLE_SIZE", 32, minimum=0, integer=True)
+PROBE_SAMPLE_MAX_AGE = NumberSetting("MESHNET_PROBE_SAMPLE_MAX_AGE", 3600.0, minimum=1.0)
+PROBE_SAMPLE_CHECKS = NumberSetting("MESHNET_PROBE_SAMPLE_CHECKS", 2, minimum=0, integer=True)
+
 
 @dataclass(frozen=True)
 class BeatJob:

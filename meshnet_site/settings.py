@@ -215,6 +215,11 @@ MESHNET_ROUTE_SNAPSHOT_RETENTION = env_.ROUTE_SNAPSHOT_RETENTION.read(ENV)
 # tokens make a multi-hop completion that did not stop naturally suspicious.
 MESHNET_AUDIT_WINDOW = env_.AUDIT_WINDOW.read(ENV)
 MESHNET_AUDIT_SHORT_COMPLETION_TOKENS = int(env_.AUDIT_SHORT_COMPLETION_TOKENS.read(ENV))
+# The probe's sample of served requests (ADR-0007): kept per model, for how long, and
+# how many each probe run re-runs on other routes.
+MESHNET_PROBE_SAMPLE_SIZE = int(env_.PROBE_SAMPLE_SIZE.read(ENV))
+MESHNET_PROBE_SAMPLE_MAX_AGE = env_.PROBE_SAMPLE_MAX_AGE.read(ENV)
+MESHNET_PROBE_SAMPLE_CHECKS = int(env_.PROBE_SAMPLE_CHECKS.read(ENV))
 
 # Node liveness: a node silent for this long is marked offline by the sweep.
 MESHNET_NODE_HEARTBEAT_INTERVAL = env_.env_float(

@@ -122,19 +122,27 @@ class RouteQuarantine(models.Model):
     """A route the probe found answering unlike the whole model: out of every choice.
 
     Active while ``released_at`` is null (at most one active row per route).
-    ``corrupt_since`` is when the route was last known good (its last
-    agreeing probe), the start of the window whose charges the audit refunds.
+    ``corrupt_since`` is the start of the window whose charges the audit
+    refunds (the audit window back from the quarantine: ADR-0007).
+    ``on_served`` quarantines were found on what the route served clients:
+    the fixed probe, which a node can tell from traffic, never releases them.
     """
 
     model_key = models.CharField(max_length=64)
     signature = models.CharField(max_length=2000)
-    suspects = models.JSONField(default=list, help_text="Node ids that lost reputation")
+    suspects = models.JSONField(
+        default=list, help_text="Node ids the evidence points at (a lone one loses reputation)"
+    )
     reason = models.TextField(blank=True)
     strikes = models.PositiveIntegerField(default=1, help_text="Disagreeing probes in a row")
     corrupt_since = models.DateTimeField()
     quarantined_at = models.DateTimeField(db_index=True)
     next_probe_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
+    on_served = models.BooleanField(
+        default=False,
+        help_text="Found on answers it served clients: released only by an operator",
+    )
 
     class Meta:
         ordering = ["-quarantined_at"]

@@ -1,7 +1,8 @@
 """The route-equivalence probe's verdicts (ADR-0007).
 
-Every candidate route of a model answers the same fixed greedy probe (the
-tracker side sends it: ``tracker_app.probes``). :func:`probe_verdicts`
+Every candidate route of a model answers the same fixed greedy probe, and
+answers routes served clients are re-run on other routes (the tracker side
+sends both: ``tracker_app.probes``; :func:`served_verdicts`). :func:`probe_verdicts`
 compares each answer with a reference — the single full node when one
 exists, else the answer most routes agree with — by :func:`probe_answers_compare`
 (equal tokens, or a rounding near-tie where they first part: ADR-0015) and
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodes_app.protocol.logprobs import TokenLogprob
 from routing_app.models import ProbeOutcome
@@ -109,6 +110,8 @@ class Verdict:
     first_difference: int | None = None
     suspects: tuple[str, ...] = ()
     tie_gap: float | None = None
+    # Judged on a request a route served a client (its answer, or its re-run elsewhere).
+    served: bool = False
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -197,3 +200,113 @@ def _reference(
     if any(not agree(a, b) for (_, a) in contenders for (_, b) in contenders):
         return None  # two answers with equal support: no way to tell which is right
     return min(contenders, key=lambda pair: len(pair[0].hops))
+
+
+# Routes a served answer is re-run on (besides, when they settle nothing, its own):
+# a whole-model node, a route through each of its nodes, then the best others.
+RERUN_ROUTES = 3
+
+
+def rerun_routes(
+    served: RoutePlan, candidates: Sequence[RoutePlan], *, limit: int = RERUN_ROUTES
+) -> list[RoutePlan]:
+    """The routes a served answer is re-run on, at most ``limit``, never ``served`` itself.
+
+    First a single-hop route (a whole-model node: the strongest reference),
+    then for each of the served route's nodes another route through it (an
+    agreeing one clears that node, so the blame falls on the node that
+    differs: a corrupt tail, not the head it shares with an honest route),
+    then the best of the rest (``candidates`` are best prior first).
+    """
+    others = [plan for plan in candidates if plan.signature != served.signature]
+    chosen: list[RoutePlan] = []
+
+    def add(plan: RoutePlan) -> None:
+        if plan not in chosen and len(chosen) < limit:
+            chosen.append(plan)
+
+    for plan in others:
+        if len(plan.hops) == 1:
+            add(plan)
+            break
+    for node_id in served.node_ids:
+        for plan in others:
+            if node_id in plan.node_ids and plan not in chosen:
+                add(plan)
+                break
+    for plan in others:
+        add(plan)
+    return chosen
+
+
+def self_rerun_needed(verdicts: Sequence[Verdict], *, margin: float = PROBE_TIE_MARGIN) -> bool:
+    """Whether the served answer (``verdicts[0]``) needs its own route's re-run to be judged.
+
+    When no other route agreed with it and none was found to disagree with a
+    better-supported reference, the re-runs settled nothing (too few other
+    routes, or a tie): the route must then at least answer the same
+    deterministic request the same way twice.
+    """
+    served = verdicts[0]
+    if served.outcome in (ProbeOutcome.DISAGREED, ProbeOutcome.FAILED):
+        return False
+    return not any(
+        v.outcome in (ProbeOutcome.AGREED, ProbeOutcome.REFERENCE)
+        and probe_answers_compare(v.answer, served.answer, margin=margin).agree
+        for v in verdicts[1:]
+    )
+
+
+def served_verdicts(
+    served: tuple[RoutePlan, ProbeAnswer],
+    reruns: Sequence[tuple[RoutePlan, ProbeAnswer]],
+    *,
+    self_rerun: ProbeAnswer | None = None,
+    margin: float = PROBE_TIE_MARGIN,
+) -> list[Verdict]:
+    """Verdicts on an answer a route served a client, re-run on other routes (``reruns``).
+
+    The served answer and the re-runs are judged together by
+    :func:`probe_verdicts`; the first verdict is the served route's, and
+    every verdict is marked ``served`` (its tokens were a client's). Served
+    requests are deterministic (greedy, or sampled with the seed the tracker
+    keeps), so with ``self_rerun`` (the same request re-run on the served
+    route) a route that answered it two ways disagrees: its suspects are its
+    nodes that no other route vouches for (a route whose re-run agrees with
+    ``self_rerun``). The served route's own re-run never vouches for its nodes.
+    """
+    verdicts = [
+        replace(verdict, served=True)
+        for verdict in probe_verdicts([served, *reruns], margin=margin)
+    ]
+    plan, answer = served
+    if (
+        self_rerun is None
+        or not self_rerun.answered
+        or verdicts[0].outcome
+        in (
+            ProbeOutcome.DISAGREED,
+            ProbeOutcome.FAILED,
+        )
+    ):
+        return verdicts
+    comparison = probe_answers_compare(answer, self_rerun, margin=margin)
+    if comparison.agree:
+        return verdicts
+    vouching = {
+        node_id
+        for other, rerun in reruns
+        if rerun.answered and probe_answers_compare(rerun, self_rerun, margin=margin).agree
+        for node_id in other.node_ids
+    }
+    verdicts[0] = Verdict(
+        plan,
+        answer,
+        ProbeOutcome.DISAGREED,
+        reference=plan,
+        first_difference=comparison.first_difference,
+        suspects=tuple(node_id for node_id in plan.node_ids if node_id not in vouching),
+        tie_gap=comparison.tie_gap,
+        served=True,
+    )
+    return verdicts

@@ -187,3 +187,30 @@ class Refund(models.Model):
 
     def __str__(self) -> str:
         return f"refund {self.amount} of {self.billing.request_id} ({self.reason})"
+
+
+class ServedAnswer(models.Model):
+    """A recent request as a route served it, kept only until the probe re-runs it.
+
+    The route-equivalence probe (ADR-0007) re-runs a sample of real requests
+    on other routes and compares the answers: a node cannot tell such a probe
+    from traffic, because the answer judged is the one it gave a client. Kept
+    at most ``MESHNET_PROBE_SAMPLE_SIZE`` per model and
+    ``MESHNET_PROBE_SAMPLE_MAX_AGE`` seconds, never shown, deleted once
+    checked (``tracker_app.served_answers``).
+    """
+
+    model_key = models.CharField(max_length=200)
+    request_id = models.UUIDField(help_text="The ChatRequest it answered")
+    signature = models.CharField(max_length=2000)
+    hops = models.JSONField(help_text="The route that served it")
+    request = models.JSONField(help_text="Prompt and parameters, as the head was sent them")
+    token_ids = models.JSONField(help_text="The answer's token ids, as relayed to the client")
+    logprobs = models.JSONField(default=list, help_text="Their logprob entries, when asked")
+    served_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["model_key", "served_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} on {self.signature}"

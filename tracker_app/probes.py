@@ -1,31 +1,41 @@
 """Sending the route-equivalence probe: the tracker side of ADR-0007's verification.
 
-A probe is a fixed greedy chat request sent straight to a route's head with
-the protocol's ``GenerateRequest``, exactly as the chat proxy sends a
-client's: a node cannot tell a probe from traffic, so it cannot answer
-probes honestly and clients dishonestly (as far as a fixed prompt allows:
-docs/SECURITY.md). It asks for each token's logprob and its best
-alternatives, as clients may, so that routes of mixed precision that part
-at a rounding near-tie are not judged corrupt (ADR-0015). It is a probe only on the
-tracker's side: it never passes the proxy, so it opens no request record,
-is never billed and never becomes a route sample; its answer is kept in a
-``RouteProbe`` row. Verdicts: ``routing_app.probing``; quarantines: ``routing_app.quarantines``.
+Two probes. The fixed one is a greedy chat request sent straight to every
+candidate route's head with the protocol's ``GenerateRequest``: cheap and
+quick after a topology change, but a node that learns its fingerprint (the
+prompt, its length, the logprobs it asks) could answer it honestly and
+clients dishonestly. So the probe that counts judges what routes served
+clients (:func:`served_answers_check`): a sample of real requests
+(``tracker_app.served_answers``) is re-run on other routes with its own
+prompt, parameters and length, and the whole answer the route gave the
+client is compared; no fingerprint, length or position tells such a probe
+from traffic, because it *is* traffic.
+
+Both ask each token's logprob and its best alternatives (a re-run on the
+other routes, where the fingerprint does not matter), so that routes of
+mixed precision that part at a rounding near-tie are not judged corrupt
+(ADR-0015). Neither passes the proxy: no request record, no bill, no route
+sample. A verdict is kept in a ``RouteProbe`` row (without the tokens of a
+client's request). Verdicts: ``routing_app.probing``; quarantines:
+``routing_app.quarantines``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import httpx
 from django.conf import settings
 
-from meshnet_site.celery import app as celery_app
 from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
 from nodes_app.protocol.generate import GenerateRequest
@@ -33,9 +43,17 @@ from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.selectors import topology_epoch_current
-from routing_app.models import RouteProbe
+from routing_app.models import ProbeOutcome, RouteProbe
 from routing_app.planner import RoutePlan, enumerate_routes
-from routing_app.probing import ProbeAnswer, probe_verdicts
+from routing_app.probing import (
+    PROBE_TIE_MARGIN,
+    ProbeAnswer,
+    Verdict,
+    probe_verdicts,
+    rerun_routes,
+    self_rerun_needed,
+    served_verdicts,
+)
 from routing_app.quarantines import (
     ProbeRunSummary,
     probe_results_record,
@@ -43,6 +61,7 @@ from routing_app.quarantines import (
     quarantines_due,
 )
 from routing_app.selectors import routing_nodes
+from tracker_app.billing.audits import billing_audit_queue
 from tracker_app.completions.head_stream import (
     HeadRefused,
     HopFailure,
@@ -51,6 +70,7 @@ from tracker_app.completions.head_stream import (
     silence_limit,
 )
 from tracker_app.completions.prompt_tokens import prompt_tokens_bound
+from tracker_app.served_answers import ServedSample, served_answers_take
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +83,11 @@ PROBE_MAX_TOKENS = 12
 # is the most the legacy completions endpoint lets a client ask for.
 PROBE_TOP_LOGPROBS = 5
 PROBE_TIMEOUT_SECONDS = 120.0
-
-AUDIT_TASK = "billing.audit"
+# What a re-run of a served request adds to that per token it may generate.
+PROBE_SECONDS_PER_TOKEN = 0.5
 
 ProbeSender = Callable[[RoutePlan], ProbeAnswer]
+RerunSender = Callable[[ServedSample, RoutePlan], ProbeAnswer]
 
 
 def probe_request(plan: RoutePlan) -> GenerateRequest:
@@ -85,24 +106,30 @@ def probe_request(plan: RoutePlan) -> GenerateRequest:
     )
 
 
-async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeAnswer:
-    """Run the probe along ``plan``; any failure becomes the answer's ``error``."""
+async def probe_send_async(
+    plan: RoutePlan, client: httpx.AsyncClient, request: GenerateRequest | None = None
+) -> ProbeAnswer:
+    """Run the probe along ``plan`` (or ``request``, a served one re-run: its plan is
+    ``plan``); any failure becomes the answer's ``error``."""
     began = time.perf_counter()
     token_ids: list[int] = []
     logprobs: list[TokenLogprob] = []
+    unsigned = request or probe_request(plan)
+    # Long answers take long: a re-run may be as long as the request it repeats.
+    limit = PROBE_TIMEOUT_SECONDS + unsigned.max_tokens * PROBE_SECONDS_PER_TOKEN
 
     async def read() -> None:
-        unsigned = probe_request(plan)
         silence = silence_limit(
             step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,
             hops=len(plan.hops),
-            # Characters bound the probe's short prompt in tokens from above.
-            positions=sum(len(m["content"]) for m in unsigned.messages) + PROBE_MAX_TOKENS,
+            # Characters bound the prompt in tokens from above.
+            positions=unsigned.prompt_characters + unsigned.max_tokens,
         )
-        # The probe's prompt is not counted here: the body's bound stands for it.
-        prompt_tokens = prompt_tokens_bound(unsigned.messages)
-        request = plan_sign(unsigned, prompt_tokens=prompt_tokens, silence=silence)
-        frames = head_stream(client=client, request=request, silence=silence)
+        # The prompt is not counted here: the body's bound stands for it in the plan.
+        prompt = unsigned.prompt if unsigned.prompt is not None else unsigned.messages
+        prompt_tokens = prompt_tokens_bound(prompt, unsigned.tools)
+        signed = plan_sign(unsigned, prompt_tokens=prompt_tokens, silence=silence)
+        frames = head_stream(client=client, request=signed, silence=silence)
         async with aclosing(frames):
             async for frame in frames:
                 token_ids.extend(frame.token_ids)
@@ -112,7 +139,7 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
                     logprobs.extend(frame.logprobs)
 
     try:
-        await asyncio.wait_for(read(), PROBE_TIMEOUT_SECONDS)
+        await asyncio.wait_for(read(), limit)
     except HopFailure as failure:
         return ProbeAnswer(error=f"node {failure.node_id} failed: {failure.message}")
     except RouteBusy:
@@ -120,7 +147,7 @@ async def probe_send_async(plan: RoutePlan, client: httpx.AsyncClient) -> ProbeA
     except HeadRefused as refused:
         return ProbeAnswer(error=refused.message)
     except TimeoutError:
-        return ProbeAnswer(error=f"no answer within {PROBE_TIMEOUT_SECONDS:.0f} s")
+        return ProbeAnswer(error=f"no answer within {limit:.0f} s")
     return ProbeAnswer(
         token_ids=tuple(token_ids),
         elapsed_ms=(time.perf_counter() - began) * 1000,
@@ -134,6 +161,17 @@ def probe_send(plan: RoutePlan) -> ProbeAnswer:
     async def send() -> ProbeAnswer:
         async with httpx.AsyncClient() as client:
             return await probe_send_async(plan, client)
+
+    return asyncio.run(send())
+
+
+def rerun_send(sample: ServedSample, plan: RoutePlan) -> ProbeAnswer:
+    """Re-run a served request on ``plan``, as the proxy would send it there."""
+    request = sample.rerun(plan, request_id=str(uuid.uuid4()), top_logprobs=PROBE_TOP_LOGPROBS)
+
+    async def send() -> ProbeAnswer:
+        async with httpx.AsyncClient() as client:
+            return await probe_send_async(plan, client, request)
 
     return asyncio.run(send())
 
@@ -184,7 +222,85 @@ def route_probe_done(*, model: LanguageModel, epoch: int) -> bool:
 
 def audit_queue() -> None:
     """Queue a billing audit now (a route was just quarantined: refund its charges)."""
-    try:
-        celery_app.send_task(AUDIT_TASK, ignore_result=True)
-    except Exception:  # the hourly audit will find it
-        logger.warning("could not queue the billing audit", exc_info=True)
+    billing_audit_queue()
+
+
+def served_answers_check(
+    *,
+    model: LanguageModel,
+    now: datetime,
+    lookback: timedelta,
+    count: int,
+    max_age: timedelta,
+    rng: random.Random,
+    send: RerunSender = rerun_send,
+) -> list[ProbeRunSummary]:
+    """Re-run up to ``count`` of the model's served requests on other routes and judge
+    the answers their routes gave clients (:func:`routing_app.probing.served_verdicts`).
+
+    Each sample is taken out of the store as it is drawn (checked once). A
+    sample whose route is quarantined already is dropped unchecked. The
+    re-runs go to :func:`~routing_app.probing.rerun_routes` of the current
+    candidates (quarantined ones left out), one after the other, and to the
+    served route itself when they settle nothing.
+    """
+    samples = served_answers_take(
+        model_key=model.key, count=count, now=now, max_age=max_age, rng=rng
+    )
+    if not samples:
+        return []
+    epoch = topology_epoch_current(model=model)
+    quarantined = quarantines_active(model_key=model.key)
+    candidates = [
+        plan
+        for plan in enumerate_routes(
+            model_key=model.key, num_layers=model.num_layers, nodes=routing_nodes(model=model)
+        )
+        if plan.signature not in quarantined
+    ]
+    summaries = []
+    for sample in samples:
+        if sample.plan.signature in quarantined:
+            continue
+        reruns = [(plan, send(sample, plan)) for plan in rerun_routes(sample.plan, candidates)]
+        verdicts = _served_judged(sample, reruns, send)
+        summary = probe_results_record(
+            model_key=model.key,
+            epoch=epoch,
+            verdicts=verdicts,
+            now=now,
+            lookback=lookback,
+            on_quarantine=audit_queue,
+        )
+        for signature in summary.quarantined:
+            logger.warning("a served answer's re-run quarantined %s", signature)
+        quarantined |= set(summary.quarantined)
+        summaries.append(summary)
+    return summaries
+
+
+def _served_judged(
+    sample: ServedSample, reruns: list[tuple[RoutePlan, ProbeAnswer]], send: RerunSender
+) -> list[Verdict]:
+    """The verdicts on ``sample``, its own route re-run when the others do not settle it.
+
+    An answer served without logprobs (the client asked none) cannot part at
+    a rounding near-tie by ADR-0015's rule, which needs both routes' own: so
+    when it disagrees, the served route is re-run too. An honest route
+    answers the deterministic request with the very same tokens, and then
+    lends the served answer its logprobs; a route that answers otherwise has
+    answered one request two ways, and disagrees whatever the others say.
+    """
+    # A sampled answer re-runs with its seed, but rounding (a route of mixed precision)
+    # can move a draw across a token boundary where the two tokens are not near-tied:
+    # there the routes may part anywhere both list each other's token.
+    margin = PROBE_TIE_MARGIN if sample.greedy else math.inf
+    served = (sample.plan, sample.answer)
+    verdicts = served_verdicts(served, reruns, margin=margin)
+    unscored = verdicts[0].outcome is ProbeOutcome.DISAGREED and not sample.answer.logprobs
+    if not (unscored or self_rerun_needed(verdicts, margin=margin)):
+        return verdicts
+    own = send(sample, sample.plan)
+    if own.token_ids == sample.answer.token_ids and len(own.logprobs) == len(own.token_ids):
+        served = (sample.plan, replace(sample.answer, logprobs=own.logprobs))
+    return served_verdicts(served, reruns, self_rerun=own, margin=margin)

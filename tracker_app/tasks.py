@@ -7,6 +7,7 @@ audit, next to their own ``RouteProbe`` and ``AuditRun`` rows).
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,8 @@ from nodes_app.models import LanguageModel
 from routing_app.quarantines import models_with_quarantines_due
 from tracker_app.billing.audits import billing_audit
 from tracker_app.completions.recording import chat_requests_fail_abandoned
-from tracker_app.probes import route_probe_done, route_probes_run
+from tracker_app.probes import route_probe_done, route_probes_run, served_answers_check
+from tracker_app.served_answers import served_answer_models, served_answers_purge
 
 # Longer than any generation runs (4,096 tokens at under 1 token/s).
 ABANDONED_AFTER = timedelta(hours=3)
@@ -38,7 +40,9 @@ def probe_routes(
 
     ``epoch``: queued by that topology change; skipped when the model was
     already probed under it or has changed again. ``due_only``: only models
-    with a quarantined route due for its re-probe. Returns each run's summary.
+    with a quarantined route due for its re-probe. Then, whatever those say,
+    ``MESHNET_PROBE_SAMPLE_CHECKS`` served requests of each model (of
+    ``model_key``'s) are re-run and judged. Returns each run's summary.
     """
     now = timezone.now()
     models = LanguageModel.objects.order_by("key")
@@ -54,6 +58,23 @@ def probe_routes(
         summary = route_probes_run(model=model, now=now, lookback=lookback, due_only=due_only)
         if summary is not None:
             summaries.append(summary.to_dict())
+    # Every run also judges a few answers routes served clients: the probe no node can
+    # tell from traffic (ADR-0007).
+    max_age = timedelta(seconds=settings.MESHNET_PROBE_SAMPLE_MAX_AGE)
+    served_answers_purge(now=now, max_age=max_age)
+    sampled = LanguageModel.objects.filter(key__in=served_answer_models(now=now, max_age=max_age))
+    if model_key is not None:
+        sampled = sampled.filter(key=model_key)
+    for model in sampled.order_by("key"):
+        checks = served_answers_check(
+            model=model,
+            now=now,
+            lookback=lookback,
+            count=settings.MESHNET_PROBE_SAMPLE_CHECKS,
+            max_age=max_age,
+            rng=random.Random(),
+        )
+        summaries += [summary.to_dict() for summary in checks]
     return summaries
 
 

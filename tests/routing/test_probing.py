@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.probing import PROBE_TIE_MARGIN, ProbeAnswer, probe_answers_compare, probe_verdicts
+from routing_app.probing import (
+    PROBE_TIE_MARGIN,
+    ProbeAnswer,
+    probe_answers_compare,
+    probe_verdicts,
+    rerun_routes,
+    self_rerun_needed,
+    served_verdicts,
+)
 from tests.support.probe_answers import (
     CORRUPT,
     FLOAT32,
@@ -225,3 +233,54 @@ def test_two_routes_parting_where_both_were_sure_judge_nothing():
     verdicts = probe_verdicts([(SPLIT, FLOAT32), (other, CORRUPT)])
 
     assert outcomes(verdicts) == ["inconclusive", "inconclusive"]
+
+
+# --- answers routes served clients, re-run on other routes -----------------------------
+
+HEAD_TAIL = plan(("h", 0, 1), ("bad", 2, 3))
+HEAD_GOOD = plan(("h", 0, 1), ("good", 2, 3))
+HEAD_FULL = plan(("h", 0, 1), ("full", 2, 3))
+
+
+def test_a_served_answer_is_rerun_on_a_whole_node_then_through_each_of_its_nodes():
+    other_head = plan(("h2", 0, 1), ("t2", 2, 3))
+
+    chosen = rerun_routes(HEAD_TAIL, [other_head, HEAD_TAIL, HEAD_GOOD, FULL], limit=3)
+
+    assert chosen == [FULL, HEAD_GOOD, other_head]
+
+
+def test_the_tail_a_served_answer_differs_by_is_blamed_not_the_head_it_shares():
+    verdicts = served_verdicts((HEAD_TAIL, WRONG), [(FULL, RIGHT), (HEAD_FULL, RIGHT)])
+
+    assert outcomes(verdicts) == ["disagreed", "reference", "agreed"]
+    assert verdicts[0].suspects == ("bad",)
+    assert all(verdict.served for verdict in verdicts)
+
+
+def test_a_route_answering_the_same_request_two_ways_disagrees_when_the_reruns_tie():
+    # No whole node: the served answer and one other route tie; the served route's own
+    # re-run (honest: it cannot tell) settles it, and the honest route clears the head.
+    verdicts = served_verdicts((HEAD_TAIL, WRONG), [(HEAD_GOOD, RIGHT)])
+    assert outcomes(verdicts)[0] == "inconclusive"
+    assert self_rerun_needed(verdicts)
+
+    settled = served_verdicts((HEAD_TAIL, WRONG), [(HEAD_GOOD, RIGHT)], self_rerun=RIGHT)
+
+    assert outcomes(settled)[0] == "disagreed"
+    assert settled[0].suspects == ("bad",)
+    assert settled[0].first_difference == 2
+
+
+def test_a_routes_own_rerun_never_vouches_for_it():
+    settled = served_verdicts((HEAD_TAIL, WRONG), [], self_rerun=RIGHT)
+
+    assert outcomes(settled)[0] == "disagreed"
+    assert settled[0].suspects == ("h", "bad")
+
+
+def test_a_served_answer_another_route_agrees_with_needs_no_rerun_of_its_own():
+    verdicts = served_verdicts((HEAD_TAIL, RIGHT), [(HEAD_GOOD, RIGHT)])
+
+    assert not self_rerun_needed(verdicts)
+    assert outcomes(served_verdicts((HEAD_TAIL, RIGHT), [], self_rerun=RIGHT))[0] != "disagreed"

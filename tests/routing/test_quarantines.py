@@ -11,11 +11,12 @@ from django.utils import timezone
 from meshnet_site.outbox.models import OutboxMessage
 from nodes_app.models import Node
 from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
-from routing_app.probing import probe_verdicts
+from routing_app.probing import probe_verdicts, served_verdicts
 from routing_app.quarantines import (
     ROUTE_QUARANTINED,
     ROUTE_RELEASED,
     probe_results_record,
+    quarantines_due,
     reprobe_delay,
 )
 from tests.support.probe_answers import FLOAT32, MIXED, RIGHT, WRONG, plan
@@ -81,14 +82,51 @@ class TestRecording:
         assert not RouteQuarantine.objects.exists()
         assert Node.objects.get(pk="c").reputation == 1.0
 
-    def test_the_corrupt_window_starts_at_the_routes_last_agreeing_probe(self, network):
+    def test_the_corrupt_window_spans_the_audit_window_whatever_probes_it_passed(self, network):
+        # A node may answer probes honestly and clients not: a passed probe proves
+        # nothing about what the route served, so every request the audit reads counts.
         model, full, via_c = network
-        earlier = timezone.now() - timedelta(hours=2)
-        self.record(model, [(full, RIGHT), (via_c, RIGHT)], earlier)
+        now = timezone.now()
+        self.record(model, [(full, RIGHT), (via_c, RIGHT)], now - timedelta(minutes=5))
 
-        self.record(model, [(full, RIGHT), (via_c, WRONG)], timezone.now())
+        self.record(model, [(full, RIGHT), (via_c, WRONG)], now)
 
-        assert RouteQuarantine.objects.get().corrupt_since == earlier
+        assert RouteQuarantine.objects.get().corrupt_since == now - timedelta(days=1)
+
+    def test_a_route_whose_fault_no_evidence_pins_on_one_node_costs_nobody_reputation(
+        self, network
+    ):
+        model, full, _ = network
+        make_node(model, "h", 0, 1)
+        make_node(model, "t", 2, 3)
+        split = plan(("h", 0, 1), ("t", 2, 3), model=model.key)
+
+        summary = self.record(model, [(full, RIGHT), (split, WRONG)], timezone.now())
+
+        assert summary.quarantined == [split.signature]
+        assert sorted(RouteQuarantine.objects.get().suspects) == ["h", "t"]
+        assert Node.objects.get(pk="h").reputation == 1.0
+        assert Node.objects.get(pk="t").reputation == 1.0
+
+    def test_a_route_quarantined_on_a_served_request_keeps_no_tokens_and_is_never_released_by_it(
+        self, network
+    ):
+        model, full, via_c = network
+        now = timezone.now()
+        self.record(model, [(full, RIGHT), (via_c, WRONG)], now)
+
+        summary = probe_results_record(
+            model_key=model.key,
+            epoch=1,
+            verdicts=served_verdicts((via_c, RIGHT), [(full, RIGHT)]),
+            now=now + timedelta(minutes=1),
+            lookback=timedelta(days=1),
+        )
+
+        assert summary.released == []
+        assert RouteQuarantine.objects.get().released_at is None
+        latest = RouteProbe.objects.filter(probed_at=now + timedelta(minutes=1))
+        assert [probe.token_ids for probe in latest] == [[], []]
 
     def test_a_route_disagreeing_again_waits_longer_and_is_penalised_once(self, network):
         model, full, via_c = network
@@ -116,3 +154,24 @@ class TestRecording:
         last = OutboxMessage.objects.order_by("id").last()
         assert last is not None
         assert last.kind == ROUTE_RELEASED
+
+    def test_a_route_caught_on_what_it_served_is_neither_reprobed_nor_released_by_the_probe(
+        self, network
+    ):
+        model, full, via_c = network
+        now = timezone.now()
+        probe_results_record(
+            model_key=model.key,
+            epoch=1,
+            verdicts=served_verdicts((via_c, WRONG), [(full, RIGHT)]),
+            now=now,
+            lookback=timedelta(days=1),
+        )
+        later = now + timedelta(hours=2)
+
+        assert quarantines_due(model_key=model.key, now=later) == set()
+        summary = self.record(model, [(full, RIGHT), (via_c, RIGHT)], later)
+
+        assert summary.released == []
+        assert RouteQuarantine.objects.get().on_served
+        assert Node.objects.get(pk="c").reputation == 0.5

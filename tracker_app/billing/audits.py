@@ -20,6 +20,7 @@ refund per bill, so two audits racing over the same records refund once.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
+from meshnet_site.celery import app as celery_app
 from meshnet_site.outbox.services import outbox_put
 from routing_app.models import RouteQuarantine
 from tracker_app.models import (
@@ -44,6 +46,9 @@ from tracker_app.models import (
     WorkUnit,
 )
 
+logger = logging.getLogger(__name__)
+
+AUDIT_TASK = "billing.audit"
 REFUND = "refund"
 # An AuditRun lists at most this many ids per finding; the counts are exact.
 FINDINGS_LISTED = 100
@@ -202,3 +207,11 @@ def _payout_violations(requests: QuerySet[ChatRequest]) -> list[uuid.UUID]:
         for request_id, charge, fee, paid in bills
         if Decimal(paid or 0) + Decimal(fee) > Decimal(charge)
     ]
+
+
+def billing_audit_queue() -> None:
+    """Queue a billing audit now (a route was just quarantined: refund its charges)."""
+    try:
+        celery_app.send_task(AUDIT_TASK, ignore_result=True)
+    except Exception:  # the hourly audit will find it
+        logger.warning("could not queue the billing audit", exc_info=True)

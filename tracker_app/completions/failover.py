@@ -99,9 +99,9 @@ def replay_request(
 ) -> GenerateRequest:
     """What the head of ``generation``'s route is sent: its prompt and every token it has
     produced so far (none on its first route), signed afresh for every send, as a retry
-    or a failover opens new sessions. The plan lets each hop hold what this send needs
-    by the tracker's own count of the prompt, for as long as the tracker waits for it
-    (``nodes_app.plans.plan_sign``)."""
+    or a failover opens new sessions; kept as ``generation.sent``. The plan lets each
+    hop hold what this send needs by the tracker's own count of the prompt, for as long
+    as the tracker waits for it (``nodes_app.plans.plan_sign``)."""
     plan = generation.route.plan
     prompt = generation.prompt
     request = GenerateRequest(
@@ -127,7 +127,9 @@ def replay_request(
         positions=generation.prompt_count.tokens + len(generation.token_ids),
         echo=request.echo,
     )
-    return plan_sign(request, prompt_tokens=generation.prompt_count.tokens, silence=silence)
+    signed = plan_sign(request, prompt_tokens=generation.prompt_count.tokens, silence=silence)
+    generation.sent = signed
+    return signed
 
 
 def _echo_asked(generation: Generation, params: GenerationParams) -> bool:

@@ -10,16 +10,26 @@ and the routes that served it (:class:`Segment`), which bill the hops' work.
 What it gives the client is a :class:`Piece`; the endpoint's answer
 (:mod:`~tracker_app.completions.chat_answer`,
 :mod:`~tracker_app.completions.text_answer`) turns pieces into its own chunks.
+
+The tracker sees the text it relays, so it holds the head to the client's
+limits (:meth:`Generation.absorb`): text never runs past a stop sequence or
+``max_tokens``. A head that sends more is cut there, the choice ends, and the
+overrun (:class:`Overrun`) quarantines its route (``tracker_app.served_answers``).
+A sampled choice the client gave no seed gets one the tracker draws, so the
+probe can re-run exactly what a route served (ADR-0007).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import secrets
+from dataclasses import dataclass, field, replace
 
 from nodes_app.protocol.frames import ChunkFrame
+from nodes_app.protocol.generate import GenerateRequest
+from nodes_app.protocol.limits import MAX_STOP_LENGTH
 from nodes_app.protocol.logprobs import TokenLogprob
-from nodes_app.protocol.sampling import SamplingParams
+from nodes_app.protocol.sampling import SEED_MAX, SamplingParams
 from nodes_app.protocol.usage import Usage
 from routing_app.choice import RouteDecision
 from routing_app.planner import Hop
@@ -60,9 +70,28 @@ class Piece:
     echo: bool = False
 
 
+@dataclass(frozen=True)
+class Overrun:
+    """A head relayed text past the client's stop sequence or ``max_tokens`` on ``segment``'s
+    route: the head applies both (``nodes_app.runtime.output``), so it is to blame."""
+
+    segment: Segment
+    what: str
+
+    @property
+    def node_id(self) -> str:
+        return self.segment.decision.plan.head.node_id
+
+
 @dataclass
 class Generation:
-    """One choice: its prompt, its sampling, and everything produced for it so far."""
+    """One choice: its prompt, its sampling, and everything produced for it so far.
+
+    ``sent`` is what its current route's head was last sent
+    (:func:`~tracker_app.completions.failover.replay_request` sets it): the
+    stop sequences and budget the relayed text is held to, and what the
+    probe re-runs (``tracker_app.served_answers``).
+    """
 
     choice: int
     prompt: Prompt
@@ -78,6 +107,18 @@ class Generation:
     segments: list[Segment] = field(default_factory=list)
     failovers: int = 0
     echoed: bool = False
+    sent: GenerateRequest | None = None
+    overrun: Overrun | None = None
+    # The end of the current segment's own text, as much as a stop sequence could
+    # still need (a head's stop matcher starts afresh on a new route).
+    _segment_text: str = ""
+    _segment_count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sampling.greedy and self.sampling.seed is None:
+            # Drawn here rather than by the node: as random for the client, and the
+            # probe can re-run the very answer a route served (ADR-0007).
+            self.sampling = replace(self.sampling, seed=secrets.randbelow(SEED_MAX + 1))
 
     @property
     def content(self) -> str:
@@ -92,7 +133,7 @@ class Generation:
         """Finished, and every token of it sent to the client."""
         return self.finished and self.delivered == len(self.token_ids)
 
-    def sent(self) -> None:
+    def mark_delivered(self) -> None:
         """The client has been sent everything this choice produced so far."""
         self.delivered = len(self.token_ids)
 
@@ -121,8 +162,17 @@ class Generation:
         return Piece(self.choice, text=text, logprobs=self.prompt_logprobs, echo=True)
 
     def absorb(self, frame: ChunkFrame, *, request_id: str) -> Piece | None:
-        """Take one head frame of the current segment; the piece it gives the client, if any."""
+        """Take one head frame of the current segment; the piece it gives the client, if any.
+
+        Nothing more is taken once the head overran the client's limits
+        (:attr:`overrun`: the proxy stops reading it then).
+        """
+        if self.overrun is not None:
+            return None
         segment = self.segments[-1]
+        if self._segment_count != len(self.segments):
+            self._segment_count, self._segment_text = len(self.segments), ""
+        frame = self._within_limits(frame, segment)
         self.token_ids += frame.token_ids
         segment.produced += len(frame.token_ids)
         if frame.usage is not None:
@@ -136,6 +186,40 @@ class Generation:
             return None
         self.texts.append(frame.content)
         return Piece(self.choice, text=frame.content, logprobs=frame.logprobs)
+
+    def _within_limits(self, frame: ChunkFrame, segment: Segment) -> ChunkFrame:
+        """``frame`` cut where the client's stop sequence or ``max_tokens`` ends the text.
+
+        An honest head never sends a stop sequence's text (it holds back what
+        may begin one) nor a token past the budget: a frame that does is cut
+        there, ends the choice and is recorded as the head's :class:`Overrun`.
+        The tokens of the frame that holds the stop are kept (a frame does not
+        say which of its tokens wrote which characters).
+        """
+        sent = self.sent
+        if sent is None:
+            return frame
+        room = sent.max_tokens - len(self.token_ids)
+        if len(frame.token_ids) > room:
+            self.overrun = Overrun(segment, f"sent more than max_tokens ({sent.max_tokens})")
+            kept = max(room, 0)
+            content = frame.content if kept else ""
+            frame = replace(
+                frame,
+                content=content,
+                token_ids=frame.token_ids[:kept],
+                logprobs=frame.logprobs[:kept],
+                finish_reason="length",
+            )
+        text = self._segment_text + frame.content
+        cut = min((i for i in (text.find(stop) for stop in sent.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.overrun = Overrun(segment, "sent text past the client's stop sequence")
+            content = frame.content[: max(cut - len(self._segment_text), 0)]
+            frame = replace(frame, content=content, finish_reason="stop")
+        # Kept short, so a long answer's check stays linear in its length.
+        self._segment_text = (self._segment_text + frame.content)[-MAX_STOP_LENGTH:]
+        return frame
 
     def _check_usage(self, usage: Usage, *, request_id: str) -> None:
         """Log a head whose usage is not what the tracker counted (it is not billed)."""

@@ -269,7 +269,7 @@ class CompletionProxy:
         """The client now holds all ``generation`` produced (a stream's client; a whole
         answer is sent at its end)."""
         if self.params.stream:
-            generation.sent()
+            generation.mark_delivered()
 
     async def fail(self, message: str, *, cancelled: bool = False) -> None:
         """Record the request failed, never charged, or cancelled by its client
@@ -428,6 +428,8 @@ class CompletionProxy:
                         if self._first_token_at is None:
                             self._first_token_at = self.settings.clock()
                         yield piece
+                    if generation.overrun is not None:
+                        break  # the head ran past the client's limits: read no more of it
         finally:
             HEAD_QUEUES.left(plan.head.endpoint, self.request_id)
             # However the stream ended, it is no longer load on the route.

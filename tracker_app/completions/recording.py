@@ -32,6 +32,7 @@ from routing_app.services import route_sample_record
 from tracker_app.billing.pricing import HopWork, invoice, work_merged
 from tracker_app.completions.generation import Generation
 from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
+from tracker_app.served_answers import served_request_keep
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,9 @@ class RequestRecord:
         # A database blip now would leave a generated answer unbilled; the write is
         # conditional (only a request still processing), so a retry never bills twice.
         await through_outage(lambda: self._bill(completion), sleep=self.sleep)
+        await database_call(served_request_keep)(
+            model_key=self.model.key, request_id=self.request_id, generations=generations
+        )
         last = generations[0].segments[-1]
         route_sample_record(
             decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
