@@ -55,7 +55,10 @@ def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tup
 def signed_direct(body: dict[str, Any], key_file: Path) -> dict[str, Any]:
     """``body`` under a fresh request id, its plan signed as the tracker signs one."""
     body = {**body, "request_id": f"bench-{time.monotonic_ns()}"}
-    body["plan"] = {**body["plan"], "expires_at": int(time.time()) + 60, "signature": ""}
+    now = int(time.time())
+    # What its sessions may hold: the whole context, for as long as any bench run takes.
+    bounds = {"max_positions": 1 << 16, "ends_at": now + 600, "idle_seconds": 600}
+    body["plan"] = {**body["plan"], "expires_at": now + 60, **bounds, "signature": ""}
     body["plan"]["nonce"] = secrets.token_hex(16)
     fields = GenerateRequest.parse(body).plan.signed_fields()
     body["plan"]["signature"] = sign_plan(load_or_create_wallet(key_file), fields)

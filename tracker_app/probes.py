@@ -69,6 +69,7 @@ from tracker_app.completions.head_stream import (
     head_stream,
     silence_limit,
 )
+from tracker_app.completions.prompt_tokens import prompt_tokens_bound
 from tracker_app.served_answers import ServedSample, served_answers_take
 
 logger = logging.getLogger(__name__)
@@ -118,13 +119,16 @@ async def probe_send_async(
     limit = PROBE_TIMEOUT_SECONDS + unsigned.max_tokens * PROBE_SECONDS_PER_TOKEN
 
     async def read() -> None:
-        signed = plan_sign(unsigned)
         silence = silence_limit(
             step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,
             hops=len(plan.hops),
             # Characters bound the prompt in tokens from above.
-            positions=signed.prompt_characters + signed.max_tokens,
+            positions=unsigned.prompt_characters + unsigned.max_tokens,
         )
+        # The prompt is not counted here: the body's bound stands for it in the plan.
+        prompt = unsigned.prompt if unsigned.prompt is not None else unsigned.messages
+        prompt_tokens = prompt_tokens_bound(prompt, unsigned.tools)
+        signed = plan_sign(unsigned, prompt_tokens=prompt_tokens, silence=silence)
         frames = head_stream(client=client, request=signed, silence=silence)
         async with aclosing(frames):
             async for frame in frames:

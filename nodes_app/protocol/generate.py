@@ -33,7 +33,9 @@ class GenerateRequest:
     ``max_tokens`` is the budget of the whole completion, resumed tokens
     included: the head prefills the prompt plus ``resume_token_ids`` and
     streams only new tokens. ``hops[0]`` is the head itself. ``expires_at``,
-    ``nonce`` and ``signature`` are the tracker's seal on the plan (see :attr:`plan`).
+    ``nonce`` and ``signature`` are the tracker's seal on the plan, and
+    ``max_positions``, ``ends_at`` and ``idle_seconds`` what the plan lets
+    each of its sessions hold (see :attr:`plan`).
 
     ``logprobs``: every frame with token ids also carries each token's
     logprob and its ``top_logprobs`` best alternatives. ``echo``: the first
@@ -59,12 +61,23 @@ class GenerateRequest:
     top_logprobs: int = 0
     echo: bool = False
     tools: list[dict[str, Any]] = field(default_factory=list)
+    max_positions: int = 0
+    ends_at: int = 0
+    idle_seconds: int = 0
 
     @property
     def plan(self) -> SignedPlan:
         """The request's plan with the tracker's seal (unsigned: ``signature`` "")."""
         return SignedPlan(
-            self.request_id, self.model, self.hops, self.expires_at, self.nonce, self.signature
+            self.request_id,
+            self.model,
+            self.hops,
+            self.expires_at,
+            self.nonce,
+            self.signature,
+            max_positions=self.max_positions,
+            ends_at=self.ends_at,
+            idle_seconds=self.idle_seconds,
         )
 
     @property
@@ -86,7 +99,14 @@ class GenerateRequest:
         """
         plan: dict[str, Any] = {"model": self.model, "hops": [hop.to_json() for hop in self.hops]}
         if self.signature:
-            plan.update(expires_at=self.expires_at, nonce=self.nonce, signature=self.signature)
+            plan.update(
+                expires_at=self.expires_at,
+                max_positions=self.max_positions,
+                ends_at=self.ends_at,
+                idle_seconds=self.idle_seconds,
+                nonce=self.nonce,
+                signature=self.signature,
+            )
         prompt: dict[str, Any] = (
             {"messages": self.messages} if self.prompt is None else {"prompt": self.prompt}
         )

@@ -88,6 +88,17 @@ def _expires_at(value: Any) -> int:
     return value
 
 
+def _bound(name: str) -> Reader:
+    """The reader of one of a plan's session bounds: a count (0: none, an unsigned plan's)."""
+
+    def read(value: Any) -> int:
+        if not is_count(value):
+            raise ProtocolError(f"plan.{name} must be a non-negative integer", code="invalid_plan")
+        return value
+
+    return read
+
+
 def _nonce(value: Any) -> str:
     if not isinstance(value, str) or not _NONCE.fullmatch(value):
         raise ProtocolError("plan.nonce must be at most 64 hex digits", code="invalid_plan")
@@ -112,6 +123,9 @@ PLAN_READERS: dict[str, Reader] = {
     "model": _model,
     "hops": read_plan_hops,
     "expires_at": _expires_at,
+    "max_positions": _bound("max_positions"),
+    "ends_at": _bound("ends_at"),
+    "idle_seconds": _bound("idle_seconds"),
     "nonce": _nonce,
     "signature": _signature,
 }
@@ -123,10 +137,19 @@ class SignedPlan:
 
     The signature (``nodes_app.signing.sign_plan``) covers :meth:`signed_fields`:
     request id, model, every hop's node id, endpoint and layers, and
-    ``expires_at`` (unix seconds; after it the plan opens no session) and a
-    ``nonce``, so that two sends of one request (a retry, a failover on the
-    same route) are two plans, each opening its own sessions. An unsigned
-    plan has ``signature`` "" (only ``--dev-open`` nodes take one).
+    ``expires_at`` (unix seconds; after it the plan opens no session), what
+    each session it opens may hold (see below) and a ``nonce``, so that two
+    sends of one request (a retry, a failover on the same route) are two
+    plans, each opening its own sessions. An unsigned plan has ``signature``
+    "" (only ``--dev-open`` nodes take one) and no bounds (0).
+
+    What a session of the plan may hold, on every node, is the tracker's to
+    say, not the head's: ``max_positions`` (the positions it may reach: the
+    tracker's count of the prompt plus ``max_tokens``, the budget of the whole
+    completion, resumed tokens included), ``ends_at`` (unix seconds: the
+    request is over by then, however long its steps took, so its sessions end)
+    and ``idle_seconds`` (the longest its next step can be in coming while the
+    tracker still waits for the request: past it the head has abandoned it).
     """
 
     request_id: str
@@ -135,6 +158,14 @@ class SignedPlan:
     expires_at: int = 0
     nonce: str = ""
     signature: str = ""
+    max_positions: int = 0
+    ends_at: int = 0
+    idle_seconds: int = 0
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the plan says what its sessions may hold (every signed plan must)."""
+        return min(self.max_positions, self.ends_at, self.idle_seconds) > 0
 
     def signed_fields(self) -> dict[str, Any]:
         """Exactly what the signature covers."""
@@ -143,6 +174,9 @@ class SignedPlan:
             "model": self.model,
             "hops": [hop.to_json() for hop in self.hops],
             "expires_at": self.expires_at,
+            "max_positions": self.max_positions,
+            "ends_at": self.ends_at,
+            "idle_seconds": self.idle_seconds,
             "nonce": self.nonce,
         }
 

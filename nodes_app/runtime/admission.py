@@ -4,15 +4,18 @@ Everything a node checks before it computes: that a step's layers lie in
 its shard and its positions in the model's context, that its fields fit the
 model (vocabulary, the ids a family's layers take, sampling on the opening
 step of the last hop), that it is trusted (a signed plan opens a session, its
-capability continues it: ``trust.PlanGate``), and that the node has room for
-it (a session reserves its K/V and states against the KV budget:
+capability continues it: ``trust.PlanGate``), that it stays within what its
+plan lets the session hold (positions; the plan's request not over: ADR-0002,
+"What a plan lets a hop hold"), and that the node has room for it (a session
+reserves its K/V and states against the KV budget:
 ``sessions.SessionStore``). All of it runs on the event loop, on headers and
 bookkeeping only; the scheduler and the runner never see a refused step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from nodes_app.protocol.limits import SAMPLING
 from nodes_app.runtime import wire
@@ -23,7 +26,7 @@ from nodes_app.runtime.plan import check_logit_bias
 from nodes_app.runtime.runner import ShardRunner
 from nodes_app.runtime.sampling import SamplingParams
 from nodes_app.runtime.sessions import Session, SessionStore
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.trust import Grant, PlanGate
 
 # Positions a session reserves past the end of the step that opens (or
 # outgrows) it when nobody said how far it goes (no ``reserve`` on its opening step).
@@ -41,12 +44,15 @@ class Admission:
         store: SessionStore,
         gate: PlanGate,
         runner: ShardRunner,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
         self.store = store
         self.gate = gate
         self.runner = runner
+        # Plans say when their request is over in unix seconds.
+        self.wall_clock = wall_clock
 
     def check_range(self, start: int, end: int) -> None:
         if not (self.shard.start <= start <= end <= self.shard.end):
@@ -70,15 +76,19 @@ class Admission:
                 code="context_length_exceeded",
             )
 
-    def reservation(self, reserve: int | None, *, reached: int = 0) -> int:
+    def reservation(
+        self, reserve: int | None, *, reached: int = 0, granted: int | None = None
+    ) -> int:
         """Positions a session reserves: ``reserve``, else ``reached`` plus a default.
 
         ``reached`` is the end of its latest step; without ``reserve`` the
         session reserves :data:`DEFAULT_RESERVE_POSITIONS` past it. Never past
-        the model's context, never short of ``reached``.
+        the model's context or what its plan ``granted``, never short of
+        ``reached`` (admission refused a step past the grant before).
         """
         wanted = reserve if reserve is not None else reached + DEFAULT_RESERVE_POSITIONS
-        return max(1, min(max(wanted, reached), self.context_length))
+        ceiling = self.context_length if granted is None else min(granted, self.context_length)
+        return max(1, min(max(wanted, reached), ceiling), reached)
 
     def open_session(
         self,
@@ -88,10 +98,17 @@ class Admission:
         *,
         capability: bytes | None = None,
         reserve: int | None = None,
+        grant: Grant | None = None,
     ) -> Session:
-        """Admit a session reserving ``reserve`` positions (see :meth:`reservation`), or 503."""
+        """Admit a session reserving ``reserve`` positions (see :meth:`reservation`), or 503.
+
+        ``grant`` (a signed plan's, see :meth:`admit_step`) bounds what it holds
+        and how long; its capability is the session's, unless ``capability`` is given.
+        """
         self.check_range(start, end)
-        positions = self.reservation(reserve)
+        grant = grant or Grant(capability)
+        granted = grant.max_positions or None
+        positions = self.reservation(reserve, granted=granted)
         return self.store.create(
             session_id,
             start=start,
@@ -99,14 +116,18 @@ class Admission:
             cache=self.runner.new_cache(limit=positions),
             reserve=positions,
             reserved_bytes=session_bytes(self.shard, start, end, positions),
-            capability=capability,
+            capability=capability if capability is not None else grant.capability,
+            max_positions=granted,
+            lifetime=grant.ends_at - self.wall_clock() if grant.ends_at else None,
+            idle_limit=grant.idle_seconds or None,
         )
 
     def cover(self, session: Session, reached: int, reserve: int | None = None) -> None:
-        """Grow ``session``'s reservation to cover position ``reached`` (never refused)."""
+        """Grow ``session``'s reservation to cover position ``reached`` (never refused:
+        :meth:`admit_step` refused a step past its plan's grant)."""
         if reached <= session.reserve and (reserve is None or reserve <= session.reserve):
             return
-        positions = self.reservation(reserve, reached=reached)
+        positions = self.reservation(reserve, reached=reached, granted=session.max_positions)
         self.store.extend(
             session,
             reserve=positions,
@@ -114,15 +135,37 @@ class Admission:
         )
         session.cache.limit = session.reserve
 
-    def admit_step(self, step: wire.ForwardStep, headers: Mapping[str, str]) -> bytes | None:
-        """The trust check of a step, on its headers alone; the capability hash it presents.
+    def admit_step(self, step: wire.ForwardStep, headers: Mapping[str, str]) -> Grant:
+        """The trust check of a step, on its headers alone; what its credentials grant.
 
-        A step that opens a session needs a signed plan for it (see
-        :class:`PlanGate`); a later step needs the session's capability.
+        A step that opens a session needs a signed plan for it that grants the
+        positions it asks to reserve or reach (see :class:`PlanGate`); a later
+        step needs the session's capability, and may not reach past, or ask to
+        reserve more than, what the session's plan granted (403
+        ``plan_exceeded``), nor come once the plan's request is over (403
+        ``session_expired``).
         """
+        reached = step.position + step.shape[1]
         session = self.store.get(step.session_id)
         if session is not None:
-            return self.gate.check_capability(headers, session.capability)
+            grant = Grant(self.gate.check_capability(headers, session.capability))
+            if session.over(self.store.clock()):
+                raise RuntimeRequestError(
+                    f"session {step.session_id}'s request is over (its plan's end has passed)",
+                    code="session_expired",
+                    status=403,
+                    error_type="permission_error",
+                )
+            granted = session.max_positions
+            if granted is not None and max(reached, step.reserve or 0) > granted:
+                raise RuntimeRequestError(
+                    f"the step asks for {max(reached, step.reserve or 0)} positions; the "
+                    f"session's plan grants {granted}",
+                    code="plan_exceeded",
+                    status=403,
+                    error_type="permission_error",
+                )
+            return grant
         if step.position != 0:
             # Refused here, before its bytes become a tensor: only a session's
             # opening step may come without one.
@@ -136,6 +179,7 @@ class Admission:
             session_id=step.session_id,
             start=step.start,
             end=step.end,
+            positions=max(reached, step.reserve or 0),
         )
 
     def check_step(self, step: wire.ForwardStep) -> None:
@@ -208,13 +252,14 @@ class Admission:
                 f"the step names token ids past the vocabulary (0..{vocab - 1})", code="bad_field"
             )
 
-    def session_for(self, step: wire.ForwardStep, capability: bytes | None) -> Session:
+    def session_for(self, step: wire.ForwardStep, grant: Grant | None) -> Session:
         """The session a hop step runs in: opened by its first step, else the one it names.
 
-        Refuses an unknown session past position 0, a capability other than
-        the session's (``capability`` is what :meth:`admit_step` returned),
-        and a step of other layers than the session's.
+        ``grant`` is what :meth:`admit_step` returned (None: nothing was
+        presented). Refuses an unknown session past position 0, a capability
+        other than the session's, and a step of other layers than the session's.
         """
+        grant = grant or Grant()
         session = self.store.get(step.session_id)
         if session is None:
             if step.position != 0:
@@ -226,10 +271,14 @@ class Admission:
                 step.session_id,
                 step.start,
                 step.end,
-                capability=capability,
-                reserve=self.reservation(step.reserve, reached=step.position + step.shape[1]),
+                grant=grant,
+                reserve=self.reservation(
+                    step.reserve,
+                    reached=step.position + step.shape[1],
+                    granted=grant.max_positions or None,
+                ),
             )
-        elif not session.admits(capability):
+        elif not session.admits(grant.capability):
             raise RuntimeRequestError(
                 "wrong capability for this session",
                 code="capability_invalid",

@@ -26,6 +26,7 @@ from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.sampling import Choice
 from nodes_app.runtime.service import NodeService
+from nodes_app.runtime.trust import Grant
 
 logger = logging.getLogger("meshnet.node")
 
@@ -158,7 +159,7 @@ def _admit(
 
 
 async def _forward(
-    service: NodeService, entry: wire.LinkStep, capability: bytes | None, answers: _Answers
+    service: NodeService, entry: wire.LinkStep, capability: Grant, answers: _Answers
 ) -> None:
     step = entry.step
     try:

@@ -94,3 +94,23 @@ def check_logit_bias(sampling: SamplingParams, vocab: int) -> None:
             f"logit_bias names token ids past the vocabulary (0..{vocab - 1})",
             code="bad_sampling",
         )
+
+
+def check_grant(request: GenerateRequest, prompt_tokens: int) -> None:
+    """Refuse (403 ``plan_exceeded``) a request its signed plan does not cover.
+
+    The head's sessions reserve the prompt plus ``max_tokens`` positions on
+    every hop, and each hop refuses what its plan does not grant: the head
+    checks it before any hop is asked, so that a disagreement between the
+    tracker's count of the prompt and its own is its fault, never a hop's.
+    An unsigned plan (dev-open) grants anything.
+    """
+    wanted = prompt_tokens + request.max_tokens
+    if request.signature and wanted > request.max_positions:
+        raise RuntimeRequestError(
+            f"the prompt ({prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) is "
+            f"more than the {request.max_positions} positions the plan grants",
+            code="plan_exceeded",
+            status=403,
+            error_type="permission_error",
+        )

@@ -1,7 +1,8 @@
 """The node's ASGI app (Starlette): health, challenges, the hop link, and head generation.
 
 Routes:
-  GET    /v1/health               shard, sessions, queue depth, throughput (open to anyone)
+  GET    /v1/health               shard, sessions, queue depth, throughput, KV use in
+                                  quarters (open to anyone: no exact free KV)
   POST   /v1/challenge            sign the tracker's nonce with the wallet (ADR-0008; open)
   WS     /v1/link                 a head's link: frames of hop steps and session cancels
                                   (binary, see ``wire`` and ``link_server``)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +39,7 @@ from nodes_app.runtime.driver import Generation, prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
 from nodes_app.runtime.link_server import serve_link
 from nodes_app.runtime.links import HopLinks
-from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
+from nodes_app.runtime.plan import HeadIdentity, check_grant, parse_generate_request
 from nodes_app.runtime.service import NodeService
 from nodes_app.signing import is_challenge_nonce, sign_challenge, wallet_of
 
@@ -45,6 +47,24 @@ logger = logging.getLogger("meshnet.node")
 
 # A challenge body is one 64-hex nonce; anything much larger is not one.
 MAX_CHALLENGE_BYTES = 1024
+# What /v1/health tells anyone of the KV budget: the share in use, rounded up to
+# one of this many steps. The exact figures would let a stranger size a request
+# that fills exactly what is left (issue 25); a quarter is enough to see a node
+# filling up, and no attacker learns from it what to send.
+KV_LOAD_STEPS = 4
+# The exact figures stay off the open page (the in-process NodeService.health()
+# keeps them, for tests and operators' tools running beside the node).
+PRIVATE_HEALTH_FIELDS = ("kv_budget_bytes", "kv_reserved_bytes")
+
+
+def public_health(health: dict[str, Any]) -> dict[str, Any]:
+    """``NodeService.health()`` as anyone may read it: the KV budget in use only as
+    ``kv_load``, a share rounded up to a quarter (0 only when nothing is reserved)."""
+    budget, reserved = health["kv_budget_bytes"], health["kv_reserved_bytes"]
+    share = reserved / budget if budget > 0 else 1.0
+    load = min(KV_LOAD_STEPS, math.ceil(share * KV_LOAD_STEPS)) / KV_LOAD_STEPS
+    public = {name: value for name, value in health.items() if name not in PRIVATE_HEALTH_FIELDS}
+    return {**public, "kv_load": load}
 
 
 @dataclass(frozen=True)
@@ -103,7 +123,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state["links"] = HopLinks(max_frame_bytes=max_frame_bytes)
-        interval = reap_interval or max(0.2, min(5.0, service.store.idle_timeout / 4))
+        # At least every second: a session ends within a second of its plan's bounds.
+        interval = reap_interval or max(0.2, min(1.0, service.store.idle_timeout / 4))
         reaper = asyncio.create_task(_reap(service, interval))
         try:
             yield
@@ -113,7 +134,7 @@ def create_app(
             service.close()
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(service.health())
+        return JSONResponse(public_health(service.health()))
 
     async def challenge(request: Request) -> Response:
         # Open to anyone, like /v1/health: the signature covers only the
@@ -174,6 +195,7 @@ def create_app(
             generate_request = parse_generate_request(body, head)
             service.gate.admit_plan(generate_request.plan, node_id=service.node_id)
             prompt = await prompt_for(service, generate_request)
+            check_grant(generate_request, len(prompt))
             generation = Generation(service, state["links"], generate_request, prompt)
         except RuntimeRequestError as error:
             return _error(error)

@@ -42,7 +42,7 @@ from nodes_app.runtime.sampling import (
 from nodes_app.runtime.scheduler import StepScheduler, ThroughputMeter
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
 from nodes_app.runtime.text import TokenPieces
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.trust import Grant, PlanGate
 
 T = TypeVar("T")
 
@@ -194,12 +194,13 @@ class NodeService:
         return TokenPicker(sampling, generated_ids, constraint)
 
     async def forward(
-        self, step: wire.ForwardStep, body: bytes, capability: bytes | None = None
+        self, step: wire.ForwardStep, body: bytes, grant: Grant | None = None
     ) -> bytes | Choice:
         """One hop step: hidden states in, hidden states (or the chosen token) out.
 
-        ``capability`` is what :meth:`admit_step` returned for the step: a
-        new session keeps it, an existing one must hold the same.
+        ``grant`` is what :meth:`admit_step` returned for the step: a new
+        session keeps its capability and its plan's bounds, an existing one
+        must hold the same capability.
         """
         self.admission.check_step(step)
         last = step.end == self.shard.num_layers - 1
@@ -212,7 +213,7 @@ class NodeService:
                 f"the hidden states sent {sender}hold NaN or infinite values",
                 code="non_finite_input",
             )
-        session = self.admission.session_for(step, capability)
+        session = self.admission.session_for(step, grant)
         async with session.lock:
             if step.position != session.position:
                 raise RuntimeRequestError(

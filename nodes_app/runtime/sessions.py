@@ -11,8 +11,14 @@ admitted while the node's reservations fit its KV budget; past it the node
 answers 503 ``node_busy`` (the tracker queues and retries). A session that
 outgrows its reservation is never failed for it: the reservation grows, and
 new sessions wait until it shrinks again. An optional ``max_sessions``
-ceiling remains for operators and tests that want a count. Sessions left
-idle longer than the timeout are forgotten.
+ceiling remains for operators and tests that want a count.
+
+A session ends when its generation ends or is cancelled, and otherwise when
+its plan says the request is over (ADR-0002, "What a plan lets a hop hold"):
+at its ``deadline`` (the plan's ``ends_at``), running step or not, or once
+it has waited longer than its ``idle_limit`` (the plan's ``idle_seconds``)
+for a step. The node's own idle timeout bounds the rest (a dev-open node's
+sessions, the head's own).
 """
 
 from __future__ import annotations
@@ -49,6 +55,12 @@ class Session:
     reserved_bytes: int = 0
     # Set when the store drops it: a step still queued for it is not computed.
     closed: bool = False
+    # What its plan lets it hold: positions at most (None: no plan bound); when it
+    # ends, on the store's clock, whatever it is doing; how long it may wait idle
+    # (the store sets it: the plan's bound or its own timeout, whichever is shorter).
+    max_positions: int | None = None
+    deadline: float | None = None
+    idle_limit: float = IDLE_TIMEOUT_SECONDS
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The store's clock, so that idle time is measured on the clock that reaps.
     clock: Callable[[], float] = time.monotonic
@@ -59,6 +71,10 @@ class Session:
 
     def touch(self) -> None:
         self.last_used = self.clock()
+
+    def over(self, now: float) -> bool:
+        """Whether its plan's request is over at ``now`` (the store's clock)."""
+        return self.deadline is not None and now >= self.deadline
 
     def admits(self, capability: bytes | None) -> bool:
         """Whether a step presenting ``capability`` (its hash) may use this session."""
@@ -83,7 +99,7 @@ class SessionStore:
         self.kv_budget = kv_budget
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
-        self._clock = clock
+        self.clock = clock
         self._sessions: dict[str, Session] = {}
         self.reserved = 0
 
@@ -103,8 +119,15 @@ class SessionStore:
         reserve: int = 0,
         reserved_bytes: int = 0,
         capability: bytes | None = None,
+        max_positions: int | None = None,
+        lifetime: float | None = None,
+        idle_limit: float | None = None,
     ) -> Session:
-        """Admit a session reserving ``reserved_bytes`` (for ``reserve`` positions), or 503."""
+        """Admit a session reserving ``reserved_bytes`` (for ``reserve`` positions), or 503.
+
+        ``max_positions``, ``lifetime`` (seconds from now) and ``idle_limit``
+        are its plan's bounds (None: none but the store's idle timeout).
+        """
         if session_id in self._sessions:
             raise RuntimeRequestError(
                 f"session {session_id} already exists: position 0 starts a new session",
@@ -128,8 +151,14 @@ class SessionStore:
             capability=capability,
             reserve=reserve,
             reserved_bytes=reserved_bytes,
-            clock=self._clock,
+            clock=self.clock,
+            max_positions=max_positions,
+            idle_limit=self.idle_timeout
+            if idle_limit is None
+            else min(idle_limit, self.idle_timeout),
         )
+        if lifetime is not None:
+            session.deadline = session.last_used + lifetime
         self._sessions[session_id] = session
         self.reserved += reserved_bytes
         return session
@@ -154,12 +183,20 @@ class SessionStore:
         self.reserved -= session.reserved_bytes
 
     def reap_idle(self) -> list[str]:
-        """Drop sessions idle for longer than the timeout; returns their ids."""
-        deadline = self._clock() - self.idle_timeout
+        """Drop the sessions whose request is over; returns their ids.
+
+        Those past their plan's deadline, even with a step running (a head that
+        keeps stepping does not outlive its request), and those idle longer
+        than their plan's idle limit or the store's idle timeout, whichever is
+        shorter (a step running is not idle).
+        """
+        now = self.clock()
+        # One pass of plain attribute reads: it runs every second over every session.
         stale = [
             sid
             for sid, session in self._sessions.items()
-            if session.last_used < deadline and not session.lock.locked()
+            if (session.deadline is not None and now >= session.deadline)
+            or (session.last_used < now - session.idle_limit and not session.lock.locked())
         ]
         for sid in stale:
             self._release(self._sessions.pop(sid))

@@ -8,6 +8,10 @@ exactly the step's layers, and a capability: a secret the head chose for
 that hop session, of which the hop keeps only a SHA-256 hash. Every later
 step and the session's ``DELETE`` must present it. A signed plan opens at
 most one session on a node: its signature is remembered until it expires.
+What that session may hold is the plan's to say, not the head's
+(:class:`Grant`): a step that opens it asking more positions than the plan
+grants is refused (403 ``plan_exceeded``), and so is a signed plan that
+sets no bounds (403 ``plan_unbounded``).
 
 Everything here runs on a request's headers (or the generate body) before a
 session slot is taken or a step's body is read, and the ed25519 check runs
@@ -26,6 +30,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -61,6 +66,23 @@ def new_capability() -> str:
 
 def capability_hash(capability: str) -> bytes:
     return hashlib.sha256(capability.encode()).digest()
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a step's credentials let it do, as admission found them.
+
+    ``capability``: the SHA-256 of the capability it presented (None: none).
+    For a step that opens a session under a signed plan, what that session
+    may hold, from the plan: ``max_positions``, ``ends_at`` (unix seconds)
+    and ``idle_seconds``; 0 where nothing bounds it (a dev-open node, or a
+    later step, whose session already holds its plan's bounds).
+    """
+
+    capability: bytes | None = None
+    max_positions: int = 0
+    ends_at: int = 0
+    idle_seconds: int = 0
 
 
 def _refuse(message: str, code: str, status: int = 403) -> RuntimeRequestError:
@@ -125,6 +147,14 @@ class PlanGate:
             raise _refuse(
                 f"a plan is valid for at most {MAX_PLAN_VALIDITY} s", "plan_validity_too_long"
             )
+        if not plan.bounded:
+            raise _refuse(
+                "the plan does not say what its sessions may hold (positions, end, idle time)",
+                "plan_unbounded",
+            )
+        if plan.ends_at <= now:
+            # Unexpired, but its request is over: a session it opened would end at once.
+            raise _refuse("the plan's request is over", "plan_expired")
         return now
 
     def _use(self, plan: SignedPlan, now: float) -> None:
@@ -149,17 +179,19 @@ class PlanGate:
         session_id: str,
         start: int,
         end: int,
-    ) -> bytes | None:
-        """Admit the step that opens a hop session; the hash of its capability (None: none).
+        positions: int,
+    ) -> Grant:
+        """Admit the step that opens a hop session; what its credentials grant it.
 
         Needs :data:`PLAN` (a signed plan naming this node with exactly
         layers ``start``-``end``, for the request ``session_id`` belongs to:
-        ``<request_id>.<suffix>``) and :data:`CAPABILITY`. A dev-open node
+        ``<request_id>.<suffix>``, granting at least the ``positions`` the
+        step asks to reserve or reach) and :data:`CAPABILITY`. A dev-open node
         needs neither, but keeps a capability it is given.
         """
-        grant = self._presented(headers)
+        presented = self._presented(headers)
         if self.dev_open:
-            return grant
+            return Grant(presented)
         raw_plan = headers.get(PLAN)
         if not raw_plan:
             raise _refuse(f"opening a session needs {PLAN}", "plan_required", 401)
@@ -183,10 +215,15 @@ class PlanGate:
             raise _refuse(
                 "a session id is <request_id>.<suffix> of the plan's request", "plan_mismatch"
             )
-        if grant is None:
+        if presented is None:
             raise _refuse(f"opening a session needs {CAPABILITY}", "capability_required", 401)
+        if positions > plan.max_positions:
+            raise _refuse(
+                f"the step asks for {positions} positions; the plan grants {plan.max_positions}",
+                "plan_exceeded",
+            )
         self._use(plan, now)
-        return grant
+        return Grant(presented, plan.max_positions, plan.ends_at, plan.idle_seconds)
 
     def _presented(self, headers: Mapping[str, str]) -> bytes | None:
         capability = headers.get(CAPABILITY)

@@ -116,3 +116,22 @@ def test_a_reaped_session_gives_its_reservation_back_and_is_marked_closed() -> N
     clock.now += 5
     assert sessions.reap_idle() == ["idle"]
     assert (sessions.reserved, idle.closed) == (0, True)
+
+
+def test_a_session_ends_when_its_plan_says_its_request_is_over_even_mid_step() -> None:
+    clock = Clock()
+    sessions = store(clock, cap=None, idle=600.0)
+    stepping = sessions.create("stepping", start=0, end=1, cache=None, lifetime=30.0)
+    abandoned = sessions.create("abandoned", start=0, end=1, cache=None, idle_limit=6.0)
+    untold = sessions.create("untold", start=0, end=1, cache=None)
+
+    async def hold_a_step_past_the_end() -> list[str]:
+        async with stepping.lock:
+            clock.now += 7
+            first = sessions.reap_idle()
+            stepping.touch()
+            clock.now += 30
+            return first + sessions.reap_idle()
+
+    assert asyncio.run(hold_a_step_past_the_end()) == ["abandoned", "stepping"]
+    assert (stepping.closed, abandoned.closed, untold.closed) == (True, True, False)

@@ -59,6 +59,9 @@ fields_strategy = st.fixed_dictionaries(
         "model": st.text(min_size=1, max_size=20),
         "hops": st.lists(hop_strategy, min_size=1, max_size=4),
         "expires_at": st.integers(0, 2**40),
+        "max_positions": st.integers(0, 2**20),
+        "ends_at": st.integers(0, 2**40),
+        "idle_seconds": st.integers(0, 2**20),
         "nonce": st.text("0123456789abcdef", max_size=32),
     }
 )
@@ -72,7 +75,20 @@ def altered(fields: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
     """``fields`` with exactly one thing changed: a field, a hop's field, a hop added or gone."""
     changed = {**fields, "hops": [dict(hop) for hop in fields["hops"]]}
     what = data.draw(
-        st.sampled_from(["request_id", "model", "expires_at", "nonce", "hop", "extra", "drop"])
+        st.sampled_from(
+            [
+                "request_id",
+                "model",
+                "expires_at",
+                "max_positions",
+                "ends_at",
+                "idle_seconds",
+                "nonce",
+                "hop",
+                "extra",
+                "drop",
+            ]
+        )
     )
     if what == "hop":
         hop = data.draw(st.sampled_from(changed["hops"]))

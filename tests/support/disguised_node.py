@@ -38,8 +38,8 @@ def _disguise_tail(mode: str) -> None:
     # session id -> (honest for the whole session, prompt length)
     opened: dict[str, tuple[bool, int]] = {}
 
-    async def disguised(self: NodeService, step: Any, body: bytes, capability: Any = None) -> Any:
-        result = await forward(self, step, body, capability)
+    async def disguised(self: NodeService, step: Any, body: bytes, grant: Any = None) -> Any:
+        result = await forward(self, step, body, grant)
         if not isinstance(result, Choice):
             return result
         if step.position == 0:

@@ -20,6 +20,7 @@ count is billed only up to it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def prompt_tokens_count(
     """
     text = model_text(weight_source)
     if text is None:
-        return PromptCount(tokens=prompt_tokens_bound(prompt), exact=False)
+        return PromptCount(tokens=prompt_tokens_bound(prompt, tools), exact=False)
     if isinstance(prompt, str):
         ids = text_token_ids(text.tokenizer, prompt)
         if not ids:
@@ -135,13 +136,21 @@ def echo_check(*, prompt: PromptCount, top_logprobs: int) -> None:
         )
 
 
-def prompt_tokens_bound(prompt: Prompt) -> int:
+def prompt_tokens_bound(prompt: Prompt, tools: Sequence[Mapping[str, Any]] = ()) -> int:
     """An upper bound of any tokenisation of ``prompt``: raw text (a BOS and such), or
-    messages under a chat template."""
+    messages under a chat template, with the tool calls and ``tools`` it renders as JSON
+    text (indented, as templates print it). Plans grant hops this many positions (plus
+    ``max_tokens``), so it must not fall short of the head's count."""
     if isinstance(prompt, str):
         return len(prompt.encode()) + MESSAGE_ALLOWANCE
     text = sum(len(m["role"].encode()) + len(m["content"].encode()) for m in prompt)
-    return text + MESSAGE_ALLOWANCE * len(prompt) + TEMPLATE_ALLOWANCE
+    calls = [[m.get("tool_calls"), m.get("tool_call_id")] for m in prompt]
+    rendered = (
+        len(json.dumps([calls, list(tools)], indent=4).encode())
+        if tools or any(map(any, calls))
+        else 0
+    )
+    return text + rendered + MESSAGE_ALLOWANCE * len(prompt) + TEMPLATE_ALLOWANCE
 
 
 @lru_cache(maxsize=32)

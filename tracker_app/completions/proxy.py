@@ -442,7 +442,9 @@ class CompletionProxy:
         its nodes fails."""
         segment = generation.segments[-1]
         plan = segment.decision.plan
-        request = replay_request(generation, params=self.params, request_id=self.request_id)
+        request = replay_request(
+            generation, params=self.params, request_id=self.request_id, lasts=self.deadline.left()
+        )
 
         async def connected() -> None:
             # The route's clock starts. Waiting for a slot is over only at the first

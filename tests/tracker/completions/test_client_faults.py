@@ -26,7 +26,7 @@ from tests.support.hidden_states import nan_hidden
 from tests.support.link import HIDDEN, node_link, tiny_step
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
-from tests.support.plans import signed_plan, tracker_key
+from tests.support.plans import seal_of, signed_plan, tracker_key
 from tracker_app.localnet.databases import fresh_process_database
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
@@ -157,8 +157,7 @@ def test_past_the_tracker_the_nodes_refuse_the_same_input_themselves(network: Ne
     }
     # Sealed by hand: the test helper ``signed`` parses the body, and this seed is refused.
     plan = signed_plan(key, request_id="direct", model=TINY, hops=hops)
-    seal = {"expires_at": plan.expires_at, "nonce": plan.nonce, "signature": plan.signature}
-    body["plan"] = {**body["plan"], **seal}
+    body["plan"] = {**body["plan"], **seal_of(plan)}
     direct = httpx.post(f"{head.endpoint}/v1/generate", json=body, timeout=60)
 
     def opening(request_id: str, rows: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ before anything streams. The heads are faked at the HTTP boundary
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from decimal import Decimal
 
@@ -17,7 +18,7 @@ import pytest
 from django.conf import settings
 
 from meshnet_site.errors import DomainError, http_error
-from nodes_app.plans import tracker_public_key
+from nodes_app.plans import IDLE_SILENCES, tracker_public_key
 from nodes_app.signing import public_key_from_hex, verify_plan
 from tests.support.fake_heads import (
     Behaviour,
@@ -30,6 +31,8 @@ from tests.support.fake_heads import (
     work,
 )
 from tracker_app.completions import console
+from tracker_app.completions.head_stream import silence_limit
+from tracker_app.completions.prompt_tokens import prompt_tokens_count
 from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,6 +95,46 @@ def test_every_send_to_a_head_carries_a_fresh_plan_signed_by_the_tracker(net: Ne
         assert began < request.expires_at <= time.time() + settings.MESHNET_PLAN_VALIDITY + 1
     assert first.signature != second.signature
     assert [r.hops[0].node_id for r in (first, second)] == ["fast", "slow"]
+
+
+def test_each_send_lets_the_hops_hold_the_prompt_and_max_tokens_while_the_tracker_waits(
+    net: Net,
+) -> None:
+    net.model.weight_source = "builtin:tiny-random-llama"  # the tracker counts the prompt
+    net.node("fast", 0, 3, tps=300)
+    net.node("slow", 0, 3, tps=100)
+    net.heads.plan("fast", Behaviour(tokens=5, then="die"))
+    began = time.time()
+
+    serve(net.proxy(messages=[{"role": "user", "content": "hi"}], max_tokens=12))
+
+    prompt = prompt_tokens_count(
+        weight_source="builtin:tiny-random-llama",
+        prompt=[{"role": "user", "content": "hi"}],
+        max_tokens=12,
+    ).tokens
+    first, second = net.heads.requests
+    assert len(second.resume_token_ids) == 5  # a failover replays: a fresh plan, fresh bounds
+    for request in (first, second):
+        resumed = len(request.resume_token_ids)
+        silence = silence_limit(
+            step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT, hops=1, positions=prompt + resumed
+        )
+        # The resumed tokens are inside max_tokens: a replay is granted no more positions.
+        assert request.max_positions == prompt + 12
+        assert request.idle_seconds == math.ceil(IDLE_SILENCES * silence)
+        lifetime = (1 + 12 - resumed) * silence
+        assert began + lifetime <= request.ends_at <= time.time() + lifetime + 1
+
+
+def test_no_send_lets_a_hop_hold_its_session_past_the_requests_own_deadline(net: Net) -> None:
+    net.node("whole", 0, 3)
+    began = time.time()
+
+    serve(net.proxy(max_tokens=12, settings={"request_deadline": 5.0}))
+
+    [request] = net.heads.requests
+    assert request.ends_at <= math.ceil(began + 5.0) + 1  # not (1 + 12) step silences
 
 
 def test_with_no_route_the_request_is_refused_before_anything_is_streamed(net: Net) -> None:
