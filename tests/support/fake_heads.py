@@ -41,12 +41,8 @@ from tracker_app.completions.busy_claims import BUSY_CLAIMS
 from tracker_app.completions.chat_answer import ChatAnswer
 from tracker_app.completions.chat_request import chat_params_parse
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.proxy import (
-    CompletionProxy,
-    CompletionRequest,
-    CompletionResult,
-    ProxySettings,
-)
+from tracker_app.completions.proxy import CompletionProxy
+from tracker_app.completions.proxy_terms import CompletionRequest, CompletionResult, ProxySettings
 from tracker_app.completions.text_answer import TextCompletionAnswer
 from tracker_app.completions.text_request import text_completion_params_parse
 from tracker_app.models import ChatRequest, WorkUnit
@@ -221,7 +217,7 @@ class Net:
 
     def proxy(self, *, settings: dict[str, Any] | None = None, **body: Any) -> CompletionProxy:
         """A chat request's proxy (``/v1/chat/completions``); ``settings`` override the
-        deployment's (:class:`~tracker_app.completions.proxy.ProxySettings`)."""
+        deployment's (:class:`~tracker_app.completions.proxy_terms.ProxySettings`)."""
         params = chat_params_parse(
             json.dumps(
                 {

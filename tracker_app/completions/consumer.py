@@ -49,7 +49,8 @@ from tracker_app.completions.answers import AnswerKind
 from tracker_app.completions.chat_answer import ChatAnswer
 from tracker_app.completions.chat_request import chat_params_for_model, chat_params_parse
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.proxy import CompletionProxy, CompletionRequest
+from tracker_app.completions.proxy import CompletionProxy
+from tracker_app.completions.proxy_terms import CompletionRequest
 from tracker_app.completions.text_answer import TextCompletionAnswer
 from tracker_app.completions.text_request import text_completion_params_parse
 from tracker_app.models import ApiKey

@@ -19,7 +19,7 @@ Per token (the hot path) it only counts the token ids, writes the client's
 event from a per-request template (:class:`~tracker_app.completions.answers.TextEvents`)
 and marks progress changed: no database, no channel layer. Progress reaches
 the dashboards through :class:`~tracker_app.completions.progress.ProgressThrottle`, at
-most once per :data:`PROGRESS_INTERVAL_SECONDS`, the final count with
+most once per :data:`~tracker_app.completions.proxy_terms.PROGRESS_INTERVAL_SECONDS`, the final count with
 ``proxy complete``.
 
 Limits (ADR-0004): a request takes a lease on its API key's share of
@@ -40,20 +40,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, cast
 
 import httpx
-from django.conf import settings
 
 from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, http_error, is_database_outage
-from nodes_app.models import LanguageModel
 from nodes_app.protocol.sse import sse_event
 from routing_app.choice import RouteDecision
 from routing_app.services import (
@@ -64,7 +59,6 @@ from routing_app.services import (
 )
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.completions import console
-from tracker_app.completions.answers import AnswerKind
 from tracker_app.completions.busy_claims import BUSY_CLAIMS, busy_claim_judged
 from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
@@ -72,73 +66,19 @@ from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
 from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
 from tracker_app.completions.interleaving import interleaved
-from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.progress import ProgressThrottle
 from tracker_app.completions.prompt_tokens import echo_check, grammar_check, prompt_tokens_count
+from tracker_app.completions.proxy_terms import (
+    CompletionRequest,
+    CompletionResult,
+    ProxySettings,
+    Send,
+)
 from tracker_app.completions.recording import Completion, RequestRecord
 from tracker_app.completions.shapes import MeshnetRoute, usage_of
 from tracker_app.completions.slots import SlotWait
-from tracker_app.models import ApiKey
 
 logger = logging.getLogger(__name__)
-
-# At most one progress event per request this often (leading and trailing edge).
-PROGRESS_INTERVAL_SECONDS = 0.5
-
-Send = Callable[[bytes], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class CompletionRequest:
-    """What a client asked for: the parsed body, its key, the model, the endpoint's
-    answer shape."""
-
-    params: GenerationParams
-    api_key: ApiKey
-    model: LanguageModel
-    answer: AnswerKind
-
-
-@dataclass(frozen=True)
-class ProxySettings:
-    """The deployment's deadlines and fee, and the clock, sleep and randomness the busy
-    back-off runs on (tests freeze them)."""
-
-    busy_deadline: float
-    step_timeout: float
-    fee_share: Decimal
-    request_deadline: float = 1800.0
-    key_lease_seconds: float = 60.0
-    # How long a node's busy answers may stay unexplained before they are taken for lies.
-    busy_claim_grace: float = 10.0
-    progress_interval: float = PROGRESS_INTERVAL_SECONDS
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    rng: random.Random = field(default_factory=random.Random)
-
-    @classmethod
-    def from_settings(cls, **overrides: Any) -> ProxySettings:
-        """MESHNET_BUSY_DEADLINE, MESHNET_HOP_STEP_TIMEOUT, MESHNET_NETWORK_FEE_SHARE,
-        MESHNET_REQUEST_DEADLINE, MESHNET_KEY_LEASE_SECONDS and two heartbeat intervals
-        (MESHNET_NODE_HEARTBEAT_INTERVAL), unless ``overrides`` says otherwise."""
-        configured: dict[str, Any] = {
-            "busy_deadline": settings.MESHNET_BUSY_DEADLINE,
-            "step_timeout": settings.MESHNET_HOP_STEP_TIMEOUT,
-            "fee_share": settings.MESHNET_NETWORK_FEE_SHARE,
-            "request_deadline": settings.MESHNET_REQUEST_DEADLINE,
-            "key_lease_seconds": settings.MESHNET_KEY_LEASE_SECONDS,
-            "busy_claim_grace": 2 * settings.MESHNET_NODE_HEARTBEAT_INTERVAL,
-        }
-        return cls(**(configured | overrides))
-
-
-@dataclass(frozen=True)
-class CompletionResult:
-    """How a request ended: its whole answer (``stream: false``; None when streamed, its
-    events were the answer), or the error it ended with (recorded failed, not charged)."""
-
-    reply: Mapping[str, object] | None = None
-    error: DomainError | None = None
 
 
 class CompletionProxy:
