@@ -12,7 +12,13 @@ Each step waits for its own answer, within its own deadline
 (:class:`LinkDropped`) and is forgotten: the next step opens a new one. So is
 a link on which nothing at all arrived while a step timed out: a half-open
 connection (a hop host gone without closing it) would otherwise make every
-later step wait out its deadline.
+later step wait out its deadline. A hop closes a link that was idle for its
+idle timeout with ``LINK_CLOSE_IDLE``, having read nothing after deciding so:
+what was in flight on it is sent again, once, on a new link.
+
+Frames stay within what the hop parses: the frame limit, and a header under
+``LINK_MAX_HEADER_BYTES`` (each entry's header bytes estimated from above:
+its fields, its plan and its id lists).
 """
 
 from __future__ import annotations
@@ -27,13 +33,31 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
+from nodes_app.protocol.limits import (
+    LINK_CLOSE_IDLE,
+    LINK_MAX_FRAME_BYTES,
+    LINK_MAX_HEADER_BYTES,
+    LINK_PATH,
+)
 from nodes_app.runtime import wire
 
 logger = logging.getLogger("meshnet.node")
 
 # How long opening a link may take (TCP connect and websocket handshake).
 LINK_CONNECT_SECONDS = 5.0
+# Header bytes an entry takes besides its plan and id lists, at most (its fields,
+# a capability, the JSON around them), and per token id (up to 7 digits and a comma).
+_ENTRY_HEADER_BYTES = 1024
+_ID_HEADER_BYTES = 8
+
+
+def _header_bytes(entry: wire.LinkStep | wire.CancelEntry) -> int:
+    """An upper bound of the bytes ``entry`` adds to a frame's header."""
+    if isinstance(entry, wire.CancelEntry):
+        return _ENTRY_HEADER_BYTES
+    step = entry.step
+    ids = sum(len(ids or ()) for ids in (step.prompt_ids, step.generated_ids, step.token_ids))
+    return _ENTRY_HEADER_BYTES + len(entry.plan or "") + _ID_HEADER_BYTES * ids
 
 
 class LinkError(Exception):
@@ -41,7 +65,14 @@ class LinkError(Exception):
 
 
 class LinkDropped(LinkError):
-    """The link could not be opened, or closed while the step waited."""
+    """The link could not be opened, or closed while the step waited.
+
+    ``unread``: the hop closed it as idle, so it read nothing this step sent.
+    """
+
+    def __init__(self, message: str, *, unread: bool = False) -> None:
+        super().__init__(message)
+        self.unread = unread
 
 
 class LinkTimeout(LinkError):
@@ -96,6 +127,17 @@ class HopLink:
         )
 
     async def _ask(
+        self, entry_for: Callable[[int], wire.LinkStep | wire.CancelEntry], timeout: float
+    ) -> wire.StepAnswer:
+        try:
+            return await self._ask_once(entry_for, timeout)
+        except LinkDropped as error:
+            if not error.unread:
+                raise
+        # The hop closed the link as idle as this was sent: it never read it.
+        return await self._ask_once(entry_for, timeout)
+
+    async def _ask_once(
         self, entry_for: Callable[[int], wire.LinkStep | wire.CancelEntry], timeout: float
     ) -> wire.StepAnswer:
         await self._open()
@@ -153,18 +195,23 @@ class HopLink:
         return connection
 
     def _flush(self) -> None:
-        """Send what was queued this tick, as few frames as the frame limit allows."""
+        """Send what was queued this tick, in as few frames as the hop's limits allow."""
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
         frame: list[wire.LinkStep | wire.CancelEntry] = []
-        size = 0
+        size = header = 0
         for entry in queued:
             length = len(entry.body) if isinstance(entry, wire.LinkStep) else 0
-            if frame and size + length + 4096 > self.max_frame_bytes:
+            entry_header = _header_bytes(entry)
+            if frame and (
+                size + length + 4096 > self.max_frame_bytes
+                or header + entry_header > LINK_MAX_HEADER_BYTES
+            ):
                 self._spawn(self._send(wire.encode_requests(frame)))
-                frame, size = [], 0
+                frame, size, header = [], 0, 0
             frame.append(entry)
             size += length + 512
+            header += entry_header
         if frame:
             self._spawn(self._send(wire.encode_requests(frame)))
 
@@ -176,7 +223,7 @@ class HopLink:
         try:
             await connection.send(frame)
         except (ConnectionClosed, OSError) as error:
-            self._drop(f"sending failed: {type(error).__name__}")
+            self._drop(f"sending failed: {type(error).__name__}", connection)
 
     async def _read(self, connection: ClientConnection) -> None:
         reason = "the hop closed the link"
@@ -195,19 +242,31 @@ class HopLink:
             reason = f"the hop sent a malformed frame: {error}"
             logger.warning("link to %s: %s", self.endpoint, reason)
         finally:
-            self._drop(reason)
+            self._drop(reason, connection)
             with contextlib.suppress(Exception):
                 await connection.close()
 
-    def _drop(self, reason: str) -> None:
-        """Forget this link and fail every step pending on it."""
-        if not self.closed:
-            logger.info("link to %s dropped: %s", self.endpoint, reason)
-        self.closed = True
+    def _drop(self, reason: str, connection: ClientConnection | None = None) -> None:
+        """Forget this link and fail every step pending on it.
+
+        A link ``connection`` the hop closed as idle is not forgotten: the steps
+        pending on it fail as unread (sent again on a new connection).
+        """
+        if connection is not None and connection is not self._connection:
+            return  # an older connection of this link, already replaced
+        unread = connection is not None and connection.close_code == LINK_CLOSE_IDLE
+        if unread:
+            logger.info("link to %s closed by the hop as idle", self.endpoint)
+            self._connection = None
+            self._opening = None
+        else:
+            if not self.closed:
+                logger.info("link to %s dropped: %s", self.endpoint, reason)
+            self.closed = True
         pending, self._pending = self._pending, {}
         for waiting in pending.values():
             if not waiting.done():
-                waiting.set_exception(LinkDropped(reason))
+                waiting.set_exception(LinkDropped(reason, unread=unread))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

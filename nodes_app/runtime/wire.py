@@ -250,13 +250,20 @@ def _frame(header: dict[str, Any], bodies: Sequence[bytes]) -> bytes:
     return b"".join([_LENGTH.pack(len(raw)), raw, *bodies])
 
 
-def _unframe(frame: bytes, key: str) -> tuple[list[Any], memoryview]:
-    """The entries under ``key`` and the bytes after the header; FrameError if malformed."""
+def _unframe(frame: bytes, key: str, max_header: int | None) -> tuple[list[Any], memoryview]:
+    """The entries under ``key`` and the bytes after the header; FrameError if malformed.
+
+    Its sizes are checked before the header is parsed: a header over
+    ``max_header`` bytes is refused unread. Nesting is bounded by the parser
+    itself (past the interpreter's recursion limit it stops at once: malformed).
+    """
     if len(frame) < _LENGTH.size:
         raise FrameError("a frame shorter than its length prefix")
     (length,) = _LENGTH.unpack_from(frame)
     if _LENGTH.size + length > len(frame):
         raise FrameError("a frame shorter than its header")
+    if max_header is not None and length > max_header:
+        raise FrameError(f"a frame header of {length} bytes, over the {max_header} read")
     try:
         header = json_document(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
     except ValueError:
@@ -305,14 +312,17 @@ def encode_requests(entries: Sequence[LinkStep | CancelEntry]) -> bytes:
     return _frame({"steps": header}, bodies)
 
 
-def decode_requests(frame: bytes) -> list[LinkStep | CancelEntry | RefusedEntry]:
-    """The entries of a head's frame; FrameError if the frame itself is malformed.
+def decode_requests(
+    frame: bytes, *, max_header: int | None = None
+) -> list[LinkStep | CancelEntry | RefusedEntry]:
+    """The entries of a head's frame; FrameError if the frame itself is malformed (or its
+    header is over ``max_header`` bytes: ``protocol.limits.link_header_limit``).
 
     A step whose fields are malformed (a missing field, a bad shape, dtype or
     sampling) comes back as a :class:`RefusedEntry` with its 400, so that it
     fails alone.
     """
-    entries, rest = _unframe(frame, "steps")
+    entries, rest = _unframe(frame, "steps", max_header)
     decoded: list[LinkStep | CancelEntry | RefusedEntry] = []
     for entry, body in _split(entries, rest):
         step_id = entry["id"]
@@ -372,7 +382,7 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
 
 def decode_answers(frame: bytes) -> list[StepAnswer]:
     """The answers of a hop's frame, as sent (the head checks each); FrameError if malformed."""
-    entries, rest = _unframe(frame, "answers")
+    entries, rest = _unframe(frame, "answers", None)
     answers: list[StepAnswer] = []
     for entry, body in _split(entries, rest):
         status = entry.get("status", 200)

@@ -1,0 +1,186 @@
+"""Who may hold a hop link, and for how long: the rules ``link_server`` closes links by.
+
+A link costs the node a socket, buffers and event-loop time for every frame it
+decodes, so only a head holding a tracker-signed plan (or a session's
+capability) keeps one:
+
+- at most ``max_per_peer`` links from one peer address at once (a further one
+  is refused at the handshake, HTTP 403);
+- a link must show a valid plan or capability on its first frame, within
+  ``hello_seconds`` of opening; until it has, its first refused entry closes
+  it, and its frame is decoded in turn with other strangers' frames, each
+  turn followed by as long a pause (:meth:`PeerLinks.stranger_turn`): strangers
+  get at most half of the event loop, honest links' frames never wait on them;
+- a link that has shown one is closed once its refused entries pass
+  ``max_refusals`` (plus one per 64 admitted), so a head cannot follow one
+  valid plan with a stream of forged ones each costing a signature check;
+- a link that carried no valid step (and has none running) for
+  ``idle_seconds`` is closed with ``LINK_CLOSE_IDLE`` (the head resends);
+- a link whose peer does not read its answers (answers waiting past
+  ``send_buffer_bytes`` behind the frame being written, or no frame written for
+  ``write_seconds`` while some wait) is aborted.
+
+Torch-free: ``manage.py runnode`` registers these options when Django loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LinkPolicy:
+    """A node's limits on the links it serves (``runnode`` ``--link-*`` options)."""
+
+    hello_seconds: float = 5.0
+    idle_seconds: float = 60.0
+    max_per_peer: int = 8
+    send_buffer_bytes: int = 16 * 2**20
+    write_seconds: float = 15.0
+    max_refusals: int = 16
+
+    def refusals_allowed(self, admitted: int) -> int:
+        """Refused entries a link that had ``admitted`` valid ones may send before it closes."""
+        return self.max_refusals + admitted // 64
+
+
+class PeerLinks:
+    """The links open per peer address, and the turn strangers' frames are decoded in."""
+
+    def __init__(self, policy: LinkPolicy) -> None:
+        self.policy = policy
+        self._open: dict[str, int] = {}
+        self._strangers = asyncio.Lock()
+
+    def enter(self, host: str) -> bool:
+        """Count a new link from ``host``; False (not counted) when it holds its limit."""
+        held = self._open.get(host, 0)
+        if held >= self.policy.max_per_peer:
+            return False
+        self._open[host] = held + 1
+        return True
+
+    def leave(self, host: str) -> None:
+        held = self._open.get(host, 0) - 1
+        if held > 0:
+            self._open[host] = held
+        else:
+            self._open.pop(host, None)
+
+    @contextlib.asynccontextmanager
+    async def stranger_turn(self) -> AsyncIterator[None]:
+        """Decode one frame of a link that has shown nothing valid yet, one at a time,
+        then pause as long as that took before the next stranger's turn."""
+        async with self._strangers:
+            started = time.perf_counter()
+            yield
+            await asyncio.sleep(time.perf_counter() - started)
+
+
+def connection_aborter() -> Callable[[], bool]:
+    """A function that drops the current connection's socket at once, unsent bytes discarded.
+
+    A graceful close waits for the peer to read what is queued: forever, for a
+    peer that never reads. Under uvicorn the task calling this is the
+    connection's ``run_asgi``, whose protocol (its ``self``) holds the
+    transport; call it there, not in a task of its own. The function returns
+    False when there is no transport to drop (another server, a test client):
+    the caller then just stops serving the link.
+    """
+    task = asyncio.current_task()
+    coro: Any = task.get_coro() if task is not None else None
+    frame = getattr(coro, "cr_frame", None)
+    protocol = frame.f_locals.get("self") if frame is not None else None
+    transport = getattr(protocol, "transport", None)
+
+    def abort() -> bool:
+        if not isinstance(transport, asyncio.Transport):
+            return False
+        transport.abort()
+        return True
+
+    return abort
+
+
+# --- command-line options (runnode and python -m nodes_app.runtime) -------------------
+
+_DEFAULT = LinkPolicy()
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not 0 < seconds <= 86_400:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 86400 seconds")
+    return seconds
+
+
+def _count(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}")
+    return int(value)
+
+
+def add_link_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--link-hello-timeout``, ``--link-idle-timeout``, ``--max-links-per-peer``,
+    ``--link-send-buffer``, ``--link-write-timeout``."""
+    parser.add_argument(
+        "--link-hello-timeout",
+        type=_seconds,
+        default=_DEFAULT.hello_seconds,
+        metavar="SECONDS",
+        help="a hop link must show a valid plan or capability on its first frame within this "
+        f"long, or it is closed (default {_DEFAULT.hello_seconds:g})",
+    )
+    parser.add_argument(
+        "--link-idle-timeout",
+        type=_seconds,
+        default=_DEFAULT.idle_seconds,
+        metavar="SECONDS",
+        help="a hop link that carried no valid step for this long is closed; the head opens "
+        f"a new one when it needs one (default {_DEFAULT.idle_seconds:g})",
+    )
+    parser.add_argument(
+        "--max-links-per-peer",
+        type=_count,
+        default=_DEFAULT.max_per_peer,
+        metavar="N",
+        help="hop links one peer address may hold open at once; a further one is refused "
+        f"(default {_DEFAULT.max_per_peer})",
+    )
+    parser.add_argument(
+        "--link-send-buffer",
+        type=_count,
+        default=_DEFAULT.send_buffer_bytes,
+        metavar="BYTES",
+        help="answer bytes a hop link may leave waiting behind the frame being written; "
+        f"a peer that lets more pile up is cut off (default {_DEFAULT.send_buffer_bytes})",
+    )
+    parser.add_argument(
+        "--link-write-timeout",
+        type=_seconds,
+        default=_DEFAULT.write_seconds,
+        metavar="SECONDS",
+        help="a hop link on which no answer frame could be written for this long while some "
+        f"wait is cut off (default {_DEFAULT.write_seconds:g})",
+    )
+
+
+def link_policy_from(options: Any) -> LinkPolicy:
+    """The policy ``add_link_arguments``' options name (argparse namespace or Django's dict)."""
+    values = options if isinstance(options, dict) else vars(options)
+    return LinkPolicy(
+        hello_seconds=values["link_hello_timeout"],
+        idle_seconds=values["link_idle_timeout"],
+        max_per_peer=values["max_links_per_peer"],
+        send_buffer_bytes=values["link_send_buffer"],
+        write_seconds=values["link_write_timeout"],
+    )
