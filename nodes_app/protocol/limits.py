@@ -15,18 +15,24 @@ import math
 LINK_PATH = "/v1/link"
 LINK_MAX_FRAME_BYTES = 64 * 2**20
 # A frame's JSON header is parsed whole on the node's event loop (~50 ms a MiB
-# on a loaded core), so it is bounded before it is parsed: at most this much on a
-# link that has not yet shown a valid plan or capability, and this much plus an
-# eighth of the frame's tensor bytes on one that has. An honest header is a few
-# hundred bytes a step plus a plan (at most MAX_PLAN_HEADER) on an opening step
-# and id lists no longer than the step's positions, each far smaller than its
-# tensor; the head splits what it sends so that every frame's header fits.
+# on a loaded core), so it is bounded before it is parsed: on a link that has
+# not yet shown a valid plan or capability (its first frame) to
+# LINK_FIRST_HEADER_BYTES, on one that has to LINK_MAX_HEADER_BYTES plus an
+# eighth of the frame's bytes. An honest header is a few hundred bytes a step,
+# a plan (at most MAX_PLAN_HEADER) on an opening step and id lists no longer
+# than the step's positions (8 bytes an id against >= 128 bytes of hidden state
+# a position); an echo's prompt ids (at most ECHO_MAX_SCORES) or ~30k ids of a
+# long prefill fit the first frame's bound. The head splits what it sends so
+# that its headers fit: its first frame on a link under the first bound.
+LINK_FIRST_HEADER_BYTES = 256 * 1024
 LINK_MAX_HEADER_BYTES = 2**20
 
 
 def link_header_limit(frame_bytes: int, *, trusted: bool) -> int:
     """The largest header a node parses in a frame of ``frame_bytes`` bytes."""
-    return LINK_MAX_HEADER_BYTES + (frame_bytes // 8 if trusted else 0)
+    if not trusted:
+        return LINK_FIRST_HEADER_BYTES
+    return LINK_MAX_HEADER_BYTES + frame_bytes // 8
 
 
 # A hop closes a link that carried no valid step for its idle timeout with this

@@ -17,7 +17,8 @@ idle timeout with ``LINK_CLOSE_IDLE``, having read nothing after deciding so:
 what was in flight on it is sent again, once, on a new link.
 
 Frames stay within what the hop parses: the frame limit, and a header under
-``LINK_MAX_HEADER_BYTES`` (each entry's header bytes estimated from above:
+``LINK_MAX_HEADER_BYTES``, the first frame on a connection under
+``LINK_FIRST_HEADER_BYTES`` (each entry's header bytes estimated from above:
 its fields, its plan and its id lists).
 """
 
@@ -35,6 +36,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from nodes_app.protocol.limits import (
     LINK_CLOSE_IDLE,
+    LINK_FIRST_HEADER_BYTES,
     LINK_MAX_FRAME_BYTES,
     LINK_MAX_HEADER_BYTES,
     LINK_PATH,
@@ -103,6 +105,8 @@ class HopLink:
         # Answer frames received so far: a step that times out while none came
         # since it was sent finds the link dead, not the step slow.
         self._received = 0
+        # The connection whose first frame has been built (the hop parses less of it).
+        self._greeted: ClientConnection | None = None
 
     async def step(
         self,
@@ -198,17 +202,20 @@ class HopLink:
         """Send what was queued this tick, in as few frames as the hop's limits allow."""
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
+        header_limit = LINK_MAX_HEADER_BYTES
+        if self._greeted is not self._connection:
+            self._greeted = self._connection
+            header_limit = LINK_FIRST_HEADER_BYTES
         frame: list[wire.LinkStep | wire.CancelEntry] = []
         size = header = 0
         for entry in queued:
             length = len(entry.body) if isinstance(entry, wire.LinkStep) else 0
             entry_header = _header_bytes(entry)
             if frame and (
-                size + length + 4096 > self.max_frame_bytes
-                or header + entry_header > LINK_MAX_HEADER_BYTES
+                size + length + 4096 > self.max_frame_bytes or header + entry_header > header_limit
             ):
                 self._spawn(self._send(wire.encode_requests(frame)))
-                frame, size, header = [], 0, 0
+                frame, size, header, header_limit = [], 0, 0, LINK_MAX_HEADER_BYTES
             frame.append(entry)
             size += length + 512
             header += entry_header

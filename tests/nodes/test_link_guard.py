@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection
 
-from nodes_app.protocol.limits import LINK_CLOSE_IDLE, LINK_MAX_HEADER_BYTES
+from nodes_app.protocol.limits import LINK_CLOSE_IDLE, LINK_FIRST_HEADER_BYTES
 from nodes_app.runtime import wire
 from nodes_app.runtime.links import HopLinks
 from tests.support.link_peers import (
@@ -102,14 +102,14 @@ def test_a_link_whose_first_frame_holds_a_forged_plan_is_answered_then_closed(
 def test_a_first_frame_whose_header_is_past_the_limit_closes_the_link_unread(
     node: NodeProcess,
 ) -> None:
-    header = b'{"steps":[' + b"0," * (LINK_MAX_HEADER_BYTES // 2) + b"0]}"
+    header = b'{"steps":[' + b"0," * (LINK_FIRST_HEADER_BYTES // 2) + b"0]}"
     deep = b'{"steps":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     for frame in (header, deep):
         with raw_link(node.endpoint, source="127.0.0.13") as websocket:
             websocket.send(struct.pack("<I", len(frame)) + frame)
             assert closed_with(websocket, timeout=10) == 1007
     output = node.process.output()
-    assert f"over the {LINK_MAX_HEADER_BYTES} read" in output
+    assert f"over the {LINK_FIRST_HEADER_BYTES} read" in output
     assert "a frame header that is not JSON" in output
     assert "Traceback" not in output
 
