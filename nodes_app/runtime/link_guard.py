@@ -7,10 +7,13 @@ capability) keeps one:
 - at most ``max_per_peer`` links from one peer address at once (a further one
   is refused at the handshake, HTTP 403);
 - a link must show a valid plan or capability on its first frame, within
-  ``hello_seconds`` of opening; until it has, its first refused entry closes
-  it, and its frame is decoded in turn with other strangers' frames, each
-  turn followed by as long a pause (:meth:`PeerLinks.stranger_turn`): strangers
-  get at most half of the event loop, honest links' frames never wait on them;
+  ``hello_seconds`` of opening (a head's hello, ``wire.HelloEntry``, or any
+  valid entry); until it has, frames over ``LINK_FIRST_FRAME_BYTES`` are
+  refused as they arrive (:class:`Connection`), its first refused entry
+  closes it, and its frame is decoded in turn with other strangers' frames,
+  each turn followed by as long a pause (:meth:`PeerLinks.stranger_turn`):
+  strangers get at most half of the event loop, honest links' frames never
+  wait on them;
 - a link that has shown one is closed once its refused entries pass
   ``max_refusals`` (plus one per 64 admitted), so a head cannot follow one
   valid plan with a stream of forged ones each costing a signature check;
@@ -29,9 +32,15 @@ import argparse
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.limits import CAPABILITY, PLAN
+from nodes_app.protocol.signed_plan import SignedPlan
+from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.trust import PlanGate
 
 
 @dataclass(frozen=True)
@@ -83,29 +92,74 @@ class PeerLinks:
             await asyncio.sleep(time.perf_counter() - started)
 
 
-def connection_aborter() -> Callable[[], bool]:
-    """A function that drops the current connection's socket at once, unsent bytes discarded.
+class Connection:
+    """What the link server reaches of its own connection below ASGI, under uvicorn.
 
-    A graceful close waits for the peer to read what is queued: forever, for a
-    peer that never reads. Under uvicorn the task calling this is the
+    Under uvicorn's ``websockets-sansio`` the task serving a websocket is the
     connection's ``run_asgi``, whose protocol (its ``self``) holds the
-    transport; call it there, not in a task of its own. The function returns
-    False when there is no transport to drop (another server, a test client):
-    the caller then just stops serving the link.
+    transport and the websockets parser. Made in that task (not in one of its
+    own), this handle can abort the socket (a graceful close waits for the
+    peer to read what is queued: forever, for a peer that never reads) and
+    set the largest message the parser takes (one past it is refused as it
+    arrives, unread: 1009). Elsewhere (another server, a test client) both do
+    nothing and say so.
     """
-    task = asyncio.current_task()
-    coro: Any = task.get_coro() if task is not None else None
-    frame = getattr(coro, "cr_frame", None)
-    protocol = frame.f_locals.get("self") if frame is not None else None
-    transport = getattr(protocol, "transport", None)
 
-    def abort() -> bool:
-        if not isinstance(transport, asyncio.Transport):
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        coro: Any = task.get_coro() if task is not None else None
+        frame = getattr(coro, "cr_frame", None)
+        protocol = frame.f_locals.get("self") if frame is not None else None
+        transport = getattr(protocol, "transport", None)
+        self._transport = transport if isinstance(transport, asyncio.Transport) else None
+        parser = getattr(protocol, "conn", None)
+        self._parser = parser if isinstance(getattr(parser, "max_size", None), int) else None
+
+    def abort(self) -> bool:
+        """Drop the socket at once, its unsent bytes discarded; False if there is none."""
+        if self._transport is None:
             return False
-        transport.abort()
+        self._transport.abort()
         return True
 
-    return abort
+    def limit_messages(self, max_bytes: int) -> bool:
+        """Refuse messages over ``max_bytes`` as they arrive; False if it cannot."""
+        if self._parser is None:
+            return False
+        self._parser.max_size = max_bytes
+        return True
+
+
+def check_plan_shown(
+    gate: PlanGate, credentials: Mapping[str, str], *, node_id: str, session_id: str
+) -> None:
+    """Refuse (401/403/400) unless ``credentials`` hold a plan sealed by the pinned key
+    that names ``node_id`` as a downstream hop, for the request ``session_id`` is of.
+
+    A hello shows the plan its first step will open a session with; this does
+    not use the plan up (the step does), and the layers are the step's to match.
+    """
+    raw = credentials.get(PLAN)
+    if not raw:
+        raise RuntimeRequestError(
+            f"a link opens with {PLAN} or a session's {CAPABILITY}",
+            code="plan_required",
+            status=401,
+            error_type="authentication_error",
+        )
+    try:
+        plan = SignedPlan.from_header(raw)
+    except ProtocolError as error:
+        raise RuntimeRequestError.refusing(error) from None
+    gate._verify(plan)  # the seal: the pinned key, unexpired, not valid too long
+    named = any(hop.node_id == node_id for hop in plan.hops[1:])
+    if not named or not session_id.startswith(plan.request_id + "."):
+        raise RuntimeRequestError(
+            f"the plan has no hop on this node ({node_id}) for this session",
+            code="plan_mismatch",
+            status=403,
+            error_type="permission_error",
+        )
 
 
 # --- command-line options (runnode and python -m nodes_app.runtime) -------------------

@@ -24,14 +24,20 @@ import asyncio
 import logging
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from nodes_app.protocol.limits import CAPABILITY, LINK_CLOSE_IDLE, PLAN, link_header_limit
+from nodes_app.protocol.limits import (
+    CAPABILITY,
+    LINK_CLOSE_IDLE,
+    LINK_FIRST_FRAME_BYTES,
+    PLAN,
+    link_header_limit,
+)
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.link_guard import LinkPolicy, PeerLinks, connection_aborter
+from nodes_app.runtime.link_guard import Connection, LinkPolicy, PeerLinks, check_plan_shown
 from nodes_app.runtime.sampling import Choice
 from nodes_app.runtime.service import NodeService
 
@@ -136,11 +142,11 @@ async def serve_link(
         await websocket.close(code=CLOSE_POLICY)  # before the handshake: HTTP 403
         return
     try:
-        # Captured here, in the connection's own task (see connection_aborter).
-        abort = connection_aborter()
+        # Made here, in the connection's own task (see Connection).
+        connection = Connection()
         await websocket.accept()
         link = _Link(websocket, service, peers, peer=peer, max_frame_bytes=max_frame_bytes)
-        await link.serve(abort)
+        await link.serve(connection)
     finally:
         peers.leave(host)
 
@@ -171,7 +177,13 @@ class _Link:
         self.answers = _Answers(websocket, self.policy)
         self.opened_at = self.active_at = time.monotonic()
 
-    async def serve(self, abort: Callable[[], bool]) -> None:
+    @property
+    def frame_limit(self) -> int:
+        """The largest frame read now: a small one until the link has shown credentials."""
+        return self.max_frame_bytes if self.trusted else LINK_FIRST_FRAME_BYTES
+
+    async def serve(self, connection: Connection) -> None:
+        connection.limit_messages(self.frame_limit)
         writer = asyncio.create_task(self.answers.send_all())
         stuck = asyncio.create_task(self.answers.stuck.wait())
         receiving = asyncio.ensure_future(self.websocket.receive())
@@ -187,16 +199,16 @@ class _Link:
                         self.peer,
                         self.answers.unsent,
                     )
-                    abort()
+                    connection.abort()
                     return
                 if receiving not in done:
                     if not self.trusted:
                         why = f"no valid plan or capability within {self.policy.hello_seconds:g} s"
-                        await self._close(CLOSE_POLICY, why, abort)
+                        await self._close(CLOSE_POLICY, why, connection)
                         return
                     if self._idle():
                         why = f"idle: no valid step for {self.policy.idle_seconds:g} s"
-                        await self._close(LINK_CLOSE_IDLE, why, abort, level=logging.INFO)
+                        await self._close(LINK_CLOSE_IDLE, why, connection, level=logging.INFO)
                         return
                     continue
                 message = receiving.result()
@@ -205,10 +217,10 @@ class _Link:
                         logger.warning(
                             "link from %s closed: a frame over %d bytes",
                             self.peer,
-                            self.max_frame_bytes,
+                            self.frame_limit,
                         )
                     return
-                if not await self._frame(message.get("bytes"), abort) or writer.done():
+                if not await self._frame(message.get("bytes"), connection) or writer.done():
                     return
                 receiving = asyncio.ensure_future(self.websocket.receive())
         finally:
@@ -234,13 +246,13 @@ class _Link:
             return False
         return time.monotonic() - self._active_at() >= self.policy.idle_seconds
 
-    async def _frame(self, frame: bytes | None, abort: Callable[[], bool]) -> bool:
+    async def _frame(self, frame: bytes | None, connection: Connection) -> bool:
         """Check, decode and admit one frame; False once the link is closed."""
         if frame is None:
-            await self._close(CLOSE_MALFORMED, "a text message, not a frame", abort)
+            await self._close(CLOSE_MALFORMED, "a text message, not a frame", connection)
             return False
-        if len(frame) > self.max_frame_bytes:
-            await self._close(CLOSE_TOO_LARGE, f"a frame over {self.max_frame_bytes} bytes", abort)
+        if len(frame) > self.frame_limit:
+            await self._close(CLOSE_TOO_LARGE, f"a frame over {self.frame_limit} bytes", connection)
             return False
         limit = link_header_limit(len(frame), trusted=self.trusted)
         try:
@@ -250,7 +262,7 @@ class _Link:
                 async with self.peers.stranger_turn():
                     entries = wire.decode_requests(frame, max_header=limit)
         except wire.FrameError as error:
-            await self._close(CLOSE_MALFORMED, str(error), abort)
+            await self._close(CLOSE_MALFORMED, str(error), connection)
             return False
         for entry in entries:
             task, valid = _admit(self.service, entry, self.answers)
@@ -258,22 +270,25 @@ class _Link:
                 self.running.add(task)
                 task.add_done_callback(self.running.discard)
             if valid:
-                self.trusted = True
+                if not self.trusted:
+                    self.trusted = True
+                    # Before its answer leaves: the head sends big frames only after it.
+                    connection.limit_messages(self.max_frame_bytes)
                 self.admitted += 1
                 self.active_at = time.monotonic()
                 continue
             self.refused += 1
             if not self.trusted:
                 why = "its first frame showed no valid plan or capability"
-                await self._close(CLOSE_POLICY, why, abort, drain=True)
+                await self._close(CLOSE_POLICY, why, connection, drain=True)
                 return False
             if self.refused > self.policy.refusals_allowed(self.admitted):
                 why = f"{self.refused} entries refused against {self.admitted} admitted"
-                await self._close(CLOSE_POLICY, why, abort, drain=True)
+                await self._close(CLOSE_POLICY, why, connection, drain=True)
                 return False
         if len(self.running) > MAX_RUNNING_STEPS:
             # An honest head waits for each step's answer before its session's next.
-            await self._close(CLOSE_POLICY, "the peer does not wait for its answers", abort)
+            await self._close(CLOSE_POLICY, "the peer does not wait for its answers", connection)
             return False
         return True
 
@@ -281,7 +296,7 @@ class _Link:
         self,
         code: int,
         why: str,
-        abort: Callable[[], bool],
+        connection: Connection,
         *,
         drain: bool = False,
         level: int = logging.WARNING,
@@ -294,12 +309,12 @@ class _Link:
             # A peer that reads nothing never lets the close frame out: cut it off.
             await asyncio.wait_for(self.websocket.close(code=code, reason=why[:100]), 2.0)
         except (TimeoutError, OSError, RuntimeError, WebSocketDisconnect):
-            abort()
+            connection.abort()
 
 
 def _admit(
     service: NodeService,
-    entry: wire.LinkStep | wire.CancelEntry | wire.RefusedEntry,
+    entry: wire.LinkStep | wire.CancelEntry | wire.HelloEntry | wire.RefusedEntry,
     answers: _Answers,
 ) -> tuple[asyncio.Task[None] | None, bool]:
     """Check ``entry`` before any tensor work: the task running it (None once answered),
@@ -309,6 +324,8 @@ def _admit(
         return None, False
     if isinstance(entry, wire.CancelEntry):
         return None, _cancel(service, entry, answers)
+    if isinstance(entry, wire.HelloEntry):
+        return None, _hello(service, entry, answers)
     step = entry.step
     try:
         service.admission.check_step(step)
@@ -364,6 +381,28 @@ async def _forward(
             answer.message,
         )
     answers.put(answer)
+
+
+def _hello(service: NodeService, entry: wire.HelloEntry, answers: _Answers) -> bool:
+    """Answer a link's hello: 204 when it shows its session's capability (a session this
+    node holds) or a plan naming this node for it (``check_plan_shown``), else a refusal."""
+    credentials = _credentials(entry.capability, entry.plan)
+    try:
+        session = service.store.get(entry.session_id)
+        if session is not None:
+            service.gate.check_capability(credentials, session.capability)
+        elif not service.gate.dev_open:
+            check_plan_shown(
+                service.gate,
+                credentials,
+                node_id=service.node_id,
+                session_id=entry.session_id,
+            )
+    except RuntimeRequestError as error:
+        answers.put(wire.StepAnswer.refusal(entry.step_id, error))
+        return False
+    answers.put(wire.StepAnswer(entry.step_id, status=204))
+    return True
 
 
 def _cancel(service: NodeService, entry: wire.CancelEntry, answers: _Answers) -> bool:

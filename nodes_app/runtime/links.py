@@ -16,9 +16,11 @@ later step wait out its deadline. A hop closes a link that was idle for its
 idle timeout with ``LINK_CLOSE_IDLE``, having read nothing after deciding so:
 what was in flight on it is sent again, once, on a new link.
 
-Frames stay within what the hop parses: the frame limit, and a header under
-``LINK_MAX_HEADER_BYTES``, the first frame on a connection under
-``LINK_FIRST_HEADER_BYTES`` (each entry's header bytes estimated from above:
+A link opens with a hello (``wire.HelloEntry``): the credentials of the first
+entry sent on it, alone in a small frame, and nothing else is sent until the
+hop has answered it (the hop reads only small frames until then). Frames stay
+within what the hop parses: the frame limit, and a header under
+``LINK_MAX_HEADER_BYTES`` (each entry's header bytes estimated from above:
 its fields, its plan and its id lists).
 """
 
@@ -34,9 +36,9 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from nodes_app.protocol.errors import relayable_code
 from nodes_app.protocol.limits import (
     LINK_CLOSE_IDLE,
-    LINK_FIRST_HEADER_BYTES,
     LINK_MAX_FRAME_BYTES,
     LINK_MAX_HEADER_BYTES,
     LINK_PATH,
@@ -77,6 +79,10 @@ class LinkDropped(LinkError):
         self.unread = unread
 
 
+class LinkRefused(Exception):
+    """The hop refused the link's hello (its status and code)."""
+
+
 class LinkTimeout(LinkError):
     """No answer within the step's deadline (the link stays open)."""
 
@@ -105,8 +111,6 @@ class HopLink:
         # Answer frames received so far: a step that times out while none came
         # since it was sent finds the link dead, not the step slow.
         self._received = 0
-        # The connection whose first frame has been built (the hop parses less of it).
-        self._greeted: ClientConnection | None = None
 
     async def step(
         self,
@@ -144,11 +148,11 @@ class HopLink:
     async def _ask_once(
         self, entry_for: Callable[[int], wire.LinkStep | wire.CancelEntry], timeout: float
     ) -> wire.StepAnswer:
-        await self._open()
         step_id = next(self._ids)
         entry = entry_for(step_id)
         if isinstance(entry, wire.LinkStep) and len(entry.body) + 4096 > self.max_frame_bytes:
             raise LinkDropped(f"a step of {len(entry.body)} bytes is over the link's frame limit")
+        await self._open(entry)
         answer: asyncio.Future[wire.StepAnswer] = asyncio.get_running_loop().create_future()
         self._pending[step_id] = answer
         self._queued.append(entry)
@@ -167,24 +171,28 @@ class HopLink:
         finally:
             self._pending.pop(step_id, None)
 
-    async def _open(self) -> None:
+    async def _open(self, first: wire.LinkStep | wire.CancelEntry) -> None:
+        """Open the link if it is not open, greeting the hop with ``first``'s credentials."""
         if self.closed:
             raise LinkDropped("the link is closed")
         if self._connection is not None:
             return
         if self._opening is None:
-            self._opening = asyncio.create_task(self._connect())
+            self._opening = asyncio.create_task(self._connect(wire.HelloEntry.of(first)))
         try:
             await asyncio.shield(self._opening)
         except InvalidStatus as error:
             self.closed = True
             status = error.response.status_code
             raise LinkDropped(f"could not open the link (HTTP {status})") from error
-        except (OSError, TimeoutError, WebSocketException) as error:
+        except (OSError, TimeoutError, WebSocketException, wire.FrameError) as error:
             self.closed = True
             raise LinkDropped(f"could not open the link ({type(error).__name__})") from error
+        except LinkRefused as error:
+            self.closed = True
+            raise LinkDropped(str(error)) from error
 
-    async def _connect(self) -> ClientConnection:
+    async def _connect(self, hello: wire.HelloEntry) -> ClientConnection:
         connection = await connect(
             link_url(self.endpoint),
             open_timeout=LINK_CONNECT_SECONDS,
@@ -194,6 +202,17 @@ class HopLink:
             ping_interval=None,
             close_timeout=1.0,
         )
+        try:
+            await connection.send(wire.encode_requests([hello]))
+            reply = await asyncio.wait_for(connection.recv(), LINK_CONNECT_SECONDS)
+            answers = wire.decode_answers(reply) if isinstance(reply, bytes) else []
+            if [answer.status for answer in answers] != [204]:
+                code = relayable_code(answers[0].code) if answers else None
+                raise LinkRefused(f"the hop refused the link ({code or 'no answer'})")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
         self._connection = connection
         self._spawn(self._read(connection))
         return connection
@@ -202,20 +221,17 @@ class HopLink:
         """Send what was queued this tick, in as few frames as the hop's limits allow."""
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
-        header_limit = LINK_MAX_HEADER_BYTES
-        if self._greeted is not self._connection:
-            self._greeted = self._connection
-            header_limit = LINK_FIRST_HEADER_BYTES
         frame: list[wire.LinkStep | wire.CancelEntry] = []
         size = header = 0
         for entry in queued:
             length = len(entry.body) if isinstance(entry, wire.LinkStep) else 0
             entry_header = _header_bytes(entry)
             if frame and (
-                size + length + 4096 > self.max_frame_bytes or header + entry_header > header_limit
+                size + length + 4096 > self.max_frame_bytes
+                or header + entry_header > LINK_MAX_HEADER_BYTES
             ):
                 self._spawn(self._send(wire.encode_requests(frame)))
-                frame, size, header, header_limit = [], 0, 0, LINK_MAX_HEADER_BYTES
+                frame, size, header = [], 0, 0
             frame.append(entry)
             size += length + 512
             header += entry_header

@@ -20,7 +20,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection
 
-from nodes_app.protocol.limits import LINK_CLOSE_IDLE, LINK_FIRST_HEADER_BYTES
+from nodes_app.protocol.limits import (
+    LINK_CLOSE_IDLE,
+    LINK_FIRST_FRAME_BYTES,
+    LINK_MAX_HEADER_BYTES,
+)
 from nodes_app.runtime import wire
 from nodes_app.runtime.links import HopLinks
 from tests.support.link_peers import (
@@ -99,19 +103,61 @@ def test_a_link_whose_first_frame_holds_a_forged_plan_is_answered_then_closed(
     assert node.health()["active_sessions"] == 0
 
 
-def test_a_first_frame_whose_header_is_past_the_limit_closes_the_link_unread(
-    node: NodeProcess,
+def test_a_first_frame_past_the_first_frame_limit_is_refused_as_it_arrives(
+    node: NodeProcess, key: Ed25519PrivateKey
 ) -> None:
-    header = b'{"steps":[' + b"0," * (LINK_FIRST_HEADER_BYTES // 2) + b"0]}"
-    deep = b'{"steps":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
-    for frame in (header, deep):
-        with raw_link(node.endpoint, source="127.0.0.13") as websocket:
-            websocket.send(struct.pack("<I", len(frame)) + frame)
-            assert closed_with(websocket, timeout=10) == 1007
+    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+        link = link_client(websocket)
+        # A valid opening step, but too big to be a stranger's first frame: never read.
+        step, _ = opening_step(key, node, link.next_id(), rows=2000)
+        link.send_frame(wire.encode_requests([step]))
+        assert closed_with(websocket, timeout=10) == 1009
+    assert f"a frame over {LINK_FIRST_FRAME_BYTES} bytes" in node.process.output()
+    assert node.health()["active_sessions"] == 0
+
+
+def test_headers_past_their_bound_or_nested_too_deep_close_the_link_unparsed(
+    node: NodeProcess, key: Ed25519PrivateKey
+) -> None:
+    deep = b'{"steps":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+        websocket.send(struct.pack("<I", len(deep)) + deep)
+        assert closed_with(websocket, timeout=10) == 1007
+    # A link that showed a plan may send bigger headers, up to 1 MiB + an eighth of its frame.
+    header = b'{"steps":[' + b"0," * (LINK_MAX_HEADER_BYTES // 2 + 100_000) + b"0]}"
+    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+        link = link_client(websocket)
+        step, capability = opening_step(key, node, link.next_id())
+        assert link.exchange([step])[0].status == 200
+        websocket.send(struct.pack("<I", len(header)) + header)
+        assert closed_with(websocket, timeout=10) == 1007
+    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+        assert (
+            link_client(websocket).cancel(step.step.session_id, capability=capability).status == 204
+        )
     output = node.process.output()
-    assert f"over the {LINK_FIRST_HEADER_BYTES} read" in output
     assert "a frame header that is not JSON" in output
+    frame_bytes = 4 + len(header)
+    assert f"bytes, over the {LINK_MAX_HEADER_BYTES + frame_bytes // 8} read" in output
     assert "Traceback" not in output
+
+
+def test_a_head_opens_its_link_with_a_hello_then_sends_frames_of_any_size(
+    node: NodeProcess, key: Ed25519PrivateKey
+) -> None:
+    async def head() -> tuple[int, int]:
+        links = HopLinks()
+        opening, capability = opening_step(key, node, 0, rows=2000)
+        answer = await links.to(node.endpoint).step(
+            opening.step, opening.body, capability=capability, plan=opening.plan, timeout=30
+        )
+        cancelled = await links.to(node.endpoint).cancel(
+            opening.step.session_id, capability=capability, timeout=30
+        )
+        await links.aclose()
+        return answer.status, cancelled.status
+
+    assert asyncio.run(head()) == (200, 204)
 
 
 def test_links_from_one_address_past_the_limit_are_refused_and_others_are_not(
@@ -208,6 +254,8 @@ def test_a_peer_that_does_not_read_its_answers_is_cut_off(
     rows = 2000  # 500 KiB of hidden states a step, and as much answered
     with raw_link(node.endpoint, source="127.0.0.18", rcvbuf=4096) as websocket:
         link = link_client(websocket)
+        small, _ = opening_step(key, node, link.next_id())
+        assert link.exchange([small])[0].status == 200  # shown a plan: big frames are read
         steps = [opening_step(key, node, link.next_id(), rows=rows)[0] for _ in range(48)]
         for step in steps:
             link.send_frame(wire.encode_requests([step]))

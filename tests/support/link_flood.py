@@ -2,24 +2,25 @@
 
 Run as its own process (``python -m tests.support.link_flood ENDPOINT ...``): ``--links``
 workers, spread over ``--sources`` loopback addresses (127.0.0.2, ...), each opening a
-link, sending one frame of ``--frame-mib`` MiB — as many opening steps as a 240 KiB
-header holds, each with a plan signed by a key the node does not trust, their hidden
-states filling the rest — and reading until the node closes it, then again, for
-``--seconds``. Every second it prints ``frames=N refused=N`` (links refused at the
-handshake) so a test can see the flood running.
+link and sending frames of ``--frame-mib`` MiB on it, one after another, until the node
+closes it — each as many opening steps as a 240 KiB header holds (or the frame), each
+with a plan signed by a key the node does not trust, their hidden states filling the
+rest — then again, for ``--seconds``. Every second it prints ``frames=N refused=N``
+(links refused at the handshake) so a test can see the flood running.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import secrets
 import time
 import uuid
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
@@ -41,7 +42,7 @@ def forged_frame(endpoint: str, node_id: str, layers: tuple[int, int], frame_byt
         PlanHop(node_id, endpoint, layers[0], layers[1]),
     )
     header = 0
-    while header < HEADER_BUDGET:
+    while header < min(HEADER_BUDGET, frame_bytes // 2):
         plan = SignedPlan(
             request_id=f"flood-{uuid.uuid4().hex}",
             model="tiny-random-llama",
@@ -86,15 +87,23 @@ async def worker(url: str, source: str, frame: bytes, until: float, counts: Coun
                 ping_interval=None,
                 local_addr=(source, 0),
             ) as websocket:
-                await websocket.send(frame)
-                counts.frames += 1
-                async for _ in websocket:
-                    pass
+                # Frame after frame on the link, answers read and dropped, until it closes.
+                reader = asyncio.create_task(_drain(websocket))
+                while not reader.done() and time.monotonic() < until:
+                    await websocket.send(frame)
+                    counts.frames += 1
+                reader.cancel()
         except InvalidStatus:
             counts.refused += 1
             await asyncio.sleep(0.05)
         except (OSError, TimeoutError, WebSocketException):
             await asyncio.sleep(0.05)
+
+
+async def _drain(websocket: ClientConnection) -> None:
+    with contextlib.suppress(WebSocketException):
+        async for _ in websocket:
+            pass
 
 
 async def flood(args: argparse.Namespace) -> None:
