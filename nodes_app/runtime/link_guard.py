@@ -5,14 +5,15 @@ decodes, so only a head holding a tracker-signed plan (or a session's
 capability) keeps one:
 
 - at most ``max_per_peer`` links from one peer address at once (a further one
-  is refused at the handshake, HTTP 403);
+  is refused at the handshake, HTTP 403), and none for ``hello_seconds`` after
+  the node closed one of its links for showing nothing valid;
 - a link must show a valid plan or capability on its first frame, within
   ``hello_seconds`` of opening (a head's hello, ``wire.HelloEntry``, or any
   valid entry); until it has, frames over ``LINK_FIRST_FRAME_BYTES`` are
   refused as they arrive (:class:`Connection`), its first refused entry
   closes it, and its frame is decoded in turn with other strangers' frames,
-  each turn followed by as long a pause (:meth:`PeerLinks.stranger_turn`):
-  strangers get at most half of the event loop, honest links' frames never
+  each turn followed by a pause twice as long (:meth:`PeerLinks.stranger_turn`):
+  strangers get at most a third of the event loop, honest links' frames never
   wait on them;
 - a link that has shown one is closed once its refused entries pass
   ``max_refusals`` (plus one per 64 admitted), so a head cannot follow one
@@ -32,7 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,20 +61,31 @@ class LinkPolicy:
 
 
 class PeerLinks:
-    """The links open per peer address, and the turn strangers' frames are decoded in."""
+    """The links open per peer address, the addresses barred for a while, and the turn
+    strangers' frames are decoded in."""
 
-    def __init__(self, policy: LinkPolicy) -> None:
+    # Barred addresses remembered at most (expired ones are dropped past it).
+    MAX_BARRED = 65_536
+
+    def __init__(self, policy: LinkPolicy, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
+        self._clock = clock
         self._open: dict[str, int] = {}
+        self._barred: dict[str, float] = {}
         self._strangers = asyncio.Lock()
 
-    def enter(self, host: str) -> bool:
-        """Count a new link from ``host``; False (not counted) when it holds its limit."""
+    def enter(self, host: str) -> str | None:
+        """Count a new link from ``host``; why it is refused (not counted), or None."""
+        until = self._barred.get(host)
+        if until is not None:
+            if self._clock() < until:
+                return "its last link showed no valid plan or capability"
+            del self._barred[host]
         held = self._open.get(host, 0)
         if held >= self.policy.max_per_peer:
-            return False
+            return f"{held} links from that address are open"
         self._open[host] = held + 1
-        return True
+        return None
 
     def leave(self, host: str) -> None:
         held = self._open.get(host, 0) - 1
@@ -82,14 +94,21 @@ class PeerLinks:
         else:
             self._open.pop(host, None)
 
+    def bar(self, host: str) -> None:
+        """Refuse ``host``'s new links for the hello timeout: its link showed nothing valid."""
+        now = self._clock()
+        if len(self._barred) >= self.MAX_BARRED:
+            self._barred = {peer: until for peer, until in self._barred.items() if until > now}
+        self._barred[host] = now + self.policy.hello_seconds
+
     @contextlib.asynccontextmanager
     async def stranger_turn(self) -> AsyncIterator[None]:
         """Decode one frame of a link that has shown nothing valid yet, one at a time,
-        then pause as long as that took before the next stranger's turn."""
+        then pause twice as long as that took before the next stranger's turn."""
         async with self._strangers:
             started = time.perf_counter()
             yield
-            await asyncio.sleep(time.perf_counter() - started)
+            await asyncio.sleep(2 * (time.perf_counter() - started))
 
 
 class Connection:

@@ -133,19 +133,18 @@ async def serve_link(
     """Serve one head's link until it closes, or until ``peers``' policy closes it."""
     host = websocket.client.host if websocket.client else "?"
     peer = f"{host}:{websocket.client.port}" if websocket.client else "?"
-    if not peers.enter(host):
-        logger.warning(
-            "link from %s refused: %d links from that address are open",
-            peer,
-            peers.policy.max_per_peer,
-        )
+    refused = peers.enter(host)
+    if refused is not None:
+        logger.warning("link from %s refused: %s", peer, refused)
         await websocket.close(code=CLOSE_POLICY)  # before the handshake: HTTP 403
         return
     try:
         # Made here, in the connection's own task (see Connection).
         connection = Connection()
         await websocket.accept()
-        link = _Link(websocket, service, peers, peer=peer, max_frame_bytes=max_frame_bytes)
+        link = _Link(
+            websocket, service, peers, host=host, peer=peer, max_frame_bytes=max_frame_bytes
+        )
         await link.serve(connection)
     finally:
         peers.leave(host)
@@ -160,10 +159,12 @@ class _Link:
         service: NodeService,
         peers: PeerLinks,
         *,
+        host: str,
         peer: str,
         max_frame_bytes: int,
     ) -> None:
         self.websocket = websocket
+        self.host = host
         self.service = service
         self.peers = peers
         self.policy = peers.policy
@@ -214,6 +215,8 @@ class _Link:
                 message = receiving.result()
                 if message["type"] == "websocket.disconnect":
                     if message.get("code") == CLOSE_TOO_LARGE:
+                        if not self.trusted:
+                            self.peers.bar(self.host)
                         logger.warning(
                             "link from %s closed: a frame over %d bytes",
                             self.peer,
@@ -301,8 +304,13 @@ class _Link:
         drain: bool = False,
         level: int = logging.WARNING,
     ) -> None:
-        """Close with ``code``, after the refusals answered so far when ``drain``."""
+        """Close with ``code``, after the refusals answered so far when ``drain``.
+
+        A link that never showed a valid plan or capability bars its address for a while.
+        """
         logger.log(level, "link from %s closed: %s (what was on it fails)", self.peer, why)
+        if not self.trusted:
+            self.peers.bar(self.host)
         if drain:
             await self.answers.drain(timeout=1.0)
         try:

@@ -83,7 +83,7 @@ def test_a_link_that_sends_no_plan_is_closed_after_the_hello_timeout(node: NodeP
     assert "no valid plan or capability within" in node.process.output()
 
 
-def test_a_link_whose_first_frame_holds_a_forged_plan_is_answered_then_closed(
+def test_a_link_whose_first_frame_holds_a_forged_plan_is_answered_closed_and_its_address_barred(
     node: NodeProcess, key: Ed25519PrivateKey
 ) -> None:
     forger = Ed25519PrivateKey.generate()
@@ -101,6 +101,15 @@ def test_a_link_whose_first_frame_holds_a_forged_plan_is_answered_then_closed(
         )
         assert closed_with(websocket, timeout=5) == 1008
     assert node.health()["active_sessions"] == 0
+    # Its address gets no new link for the hello timeout, then it does.
+    with pytest.raises(InvalidStatus), raw_link(node.endpoint, source="127.0.0.12"):
+        pass
+    time.sleep(HELLO + 0.2)
+    with raw_link(node.endpoint, source="127.0.0.12") as websocket:
+        link = link_client(websocket)
+        step, capability = opening_step(key, node, link.next_id())
+        assert link.exchange([step])[0].status == 200
+        assert link.cancel(step.step.session_id, capability=capability).status == 204
 
 
 def test_a_first_frame_past_the_first_frame_limit_is_refused_as_it_arrives(
@@ -120,18 +129,18 @@ def test_headers_past_their_bound_or_nested_too_deep_close_the_link_unparsed(
     node: NodeProcess, key: Ed25519PrivateKey
 ) -> None:
     deep = b'{"steps":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+    with raw_link(node.endpoint, source="127.0.0.19") as websocket:
         websocket.send(struct.pack("<I", len(deep)) + deep)
         assert closed_with(websocket, timeout=10) == 1007
     # A link that showed a plan may send bigger headers, up to 1 MiB + an eighth of its frame.
     header = b'{"steps":[' + b"0," * (LINK_MAX_HEADER_BYTES // 2 + 100_000) + b"0]}"
-    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+    with raw_link(node.endpoint, source="127.0.0.20") as websocket:
         link = link_client(websocket)
         step, capability = opening_step(key, node, link.next_id())
         assert link.exchange([step])[0].status == 200
         websocket.send(struct.pack("<I", len(header)) + header)
         assert closed_with(websocket, timeout=10) == 1007
-    with raw_link(node.endpoint, source="127.0.0.13") as websocket:
+    with raw_link(node.endpoint, source="127.0.0.20") as websocket:
         assert (
             link_client(websocket).cancel(step.step.session_id, capability=capability).status == 204
         )

@@ -35,7 +35,6 @@ HEADER_BUDGET = 240 * 1024  # under a node's bound for a first frame
 def forged_frame(endpoint: str, node_id: str, layers: tuple[int, int], frame_bytes: int) -> bytes:
     """One frame of opening steps for ``node_id`` with plans signed by a stranger's key."""
     key = Ed25519PrivateKey.generate()
-    entries: list[wire.LinkStep] = []
     plans: list[str] = []
     hops = (
         PlanHop("head", "http://127.0.0.1:9", 0, layers[0] - 1),
@@ -53,21 +52,25 @@ def forged_frame(endpoint: str, node_id: str, layers: tuple[int, int], frame_byt
         plan = dataclasses.replace(plan, signature=sign_plan(key, plan.signed_fields()))
         plans.append(plan.to_header())
         header += len(plans[-1]) + 400
-    rows = max(1, frame_bytes // (len(plans) * HIDDEN * 4))
-    body = bytes(rows * HIDDEN * 4)
-    for step_id, plan_header in enumerate(plans, start=1):
-        session = f"{plan_header[:8]}.{step_id}"
-        step = wire.ForwardStep(
-            session_id=session,
-            start=layers[0],
-            end=layers[1],
-            position=0,
-            dtype="float32",
-            shape=(1, rows, HIDDEN),
-            sampling=None,
-        )
-        entries.append(wire.LinkStep(step_id, step, body, secrets.token_hex(32), plan_header))
-    return wire.encode_requests(entries)
+
+    def frame_of(rows: int) -> bytes:
+        entries = []
+        for step_id, plan_header in enumerate(plans, start=1):
+            step = wire.ForwardStep(
+                session_id=f"{plan_header[:8]}.{step_id}",
+                start=layers[0],
+                end=layers[1],
+                position=0,
+                dtype="float32",
+                shape=(1, rows, HIDDEN),
+                sampling=None,
+            )
+            body = bytes(rows * HIDDEN * 4)
+            entries.append(wire.LinkStep(step_id, step, body, secrets.token_hex(32), plan_header))
+        return wire.encode_requests(entries)
+
+    header = len(frame_of(1)) - len(plans) * HIDDEN * 4
+    return frame_of(max(1, (frame_bytes - header) // (len(plans) * HIDDEN * 4)))
 
 
 class Counts:
@@ -90,8 +93,8 @@ async def worker(url: str, source: str, frame: bytes, until: float, counts: Coun
                 # Frame after frame on the link, answers read and dropped, until it closes.
                 reader = asyncio.create_task(_drain(websocket))
                 while not reader.done() and time.monotonic() < until:
-                    await websocket.send(frame)
                     counts.frames += 1
+                    await websocket.send(frame)
                 reader.cancel()
         except InvalidStatus:
             counts.refused += 1
