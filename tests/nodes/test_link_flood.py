@@ -53,9 +53,10 @@ def chat_tokens_per_second(network: Network) -> float:
     return int(body["usage"]["completion_tokens"]) / elapsed
 
 
-def frames_sent(flood: ManagedProcess) -> int:
-    counts = re.findall(r"frames=(\d+)", flood.output())
-    return int(counts[-1]) if counts else 0
+def attempts(flood: ManagedProcess) -> int:
+    """Frames the attacker sent plus links it was refused, so far."""
+    counts = re.findall(r"frames=(\d+) refused=(\d+)", flood.output())
+    return int(counts[-1][0]) + int(counts[-1][1]) if counts else 0
 
 
 @pytest.mark.parametrize("frame_mib", ["16", "0.24"])
@@ -71,13 +72,16 @@ def test_a_node_whose_link_is_flooded_by_strangers_keeps_serving_and_nobody_is_b
     ]
     flood = ManagedProcess("flood", argv, env=process_env(), log_path=tmp_path / "flood.log")
     try:
-        wait_until(lambda: frames_sent(flood) >= 16, timeout=60, what="the flood to start")
-        before = frames_sent(flood)
+        wait_until(lambda: attempts(flood) >= 16, timeout=60, what="the flood to start")
+        before = attempts(flood)
         flooded = [chat_tokens_per_second(network) for _ in range(3)]
-        assert frames_sent(flood) > before, "the flood kept running through the chats"
+        time.sleep(1.5)  # the attacker's next report
+        assert attempts(flood) > before, "the flood kept running through the chats"
     finally:
         flood.stop()
     print(f"\nhonest chat: {quiet:.0f} tok/s quiet, {min(flooded):.0f}-{max(flooded):.0f} flooded")
+    # Lenient (the attacker shares this machine's cores): unguarded, it was 1 tok/s of 77.
+    assert min(flooded) >= quiet / 8
     statuses = network.query("SELECT status FROM nodes_app_node")
     assert {status for (status,) in statuses} == {"online"}
     routes = network.routes(TINY)
