@@ -5,8 +5,9 @@ decodes, so only a head holding a tracker-signed plan (or a session's
 capability) keeps one:
 
 - at most ``max_per_peer`` links from one peer address at once (a further one
-  is refused at the handshake, HTTP 403), and none for ``hello_seconds`` after
-  the node closed one of its links for showing nothing valid;
+  is refused at the handshake, HTTP 403), and none for ``hello_seconds`` once
+  the node closed ``max_per_peer`` of its links within ``hello_seconds`` for
+  showing nothing valid;
 - a link must show a valid plan or capability on its first frame, within
   ``hello_seconds`` of opening (a head's hello, ``wire.HelloEntry``, or any
   valid entry); until it has, frames over ``LINK_FIRST_FRAME_BYTES`` are
@@ -64,14 +65,16 @@ class PeerLinks:
     """The links open per peer address, the addresses barred for a while, and the turn
     strangers' frames are decoded in."""
 
-    # Barred addresses remembered at most (expired ones are dropped past it).
-    MAX_BARRED = 65_536
+    # Addresses remembered at most, struck or barred (what no longer counts is dropped past it).
+    MAX_REMEMBERED = 65_536
 
     def __init__(self, policy: LinkPolicy, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self._clock = clock
         self._open: dict[str, int] = {}
         self._barred: dict[str, float] = {}
+        # Per address: links closed for showing nothing valid, since when.
+        self._strikes: dict[str, tuple[int, float]] = {}
         self._strangers = asyncio.Lock()
 
     def enter(self, host: str) -> str | None:
@@ -79,7 +82,7 @@ class PeerLinks:
         until = self._barred.get(host)
         if until is not None:
             if self._clock() < until:
-                return "its last link showed no valid plan or capability"
+                return "its links keep showing no valid plan or capability"
             del self._barred[host]
         held = self._open.get(host, 0)
         if held >= self.policy.max_per_peer:
@@ -94,12 +97,29 @@ class PeerLinks:
         else:
             self._open.pop(host, None)
 
-    def bar(self, host: str) -> None:
-        """Refuse ``host``'s new links for the hello timeout: its link showed nothing valid."""
+    def strike(self, host: str) -> None:
+        """Count a link of ``host`` closed for showing nothing valid: the ``max_per_peer``-th
+        within a hello timeout bars the address for the next hello timeout."""
         now = self._clock()
-        if len(self._barred) >= self.MAX_BARRED:
-            self._barred = {peer: until for peer, until in self._barred.items() if until > now}
+        count, since = self._strikes.get(host, (0, now))
+        if now - since > self.policy.hello_seconds:
+            count, since = 0, now
+        count += 1
+        if count < self.policy.max_per_peer:
+            if len(self._strikes) >= self.MAX_REMEMBERED:
+                self._forget(now)
+            self._strikes[host] = (count, since)
+            return
+        self._strikes.pop(host, None)
+        if len(self._barred) >= self.MAX_REMEMBERED:
+            self._forget(now)
         self._barred[host] = now + self.policy.hello_seconds
+
+    def _forget(self, now: float) -> None:
+        """Drop what no longer counts (past strikes, expired bars)."""
+        horizon = now - self.policy.hello_seconds
+        self._strikes = {h: c for h, c in self._strikes.items() if c[1] > horizon}
+        self._barred = {h: until for h, until in self._barred.items() if until > now}
 
     @contextlib.asynccontextmanager
     async def stranger_turn(self) -> AsyncIterator[None]:

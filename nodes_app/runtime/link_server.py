@@ -37,7 +37,8 @@ from nodes_app.protocol.limits import (
 )
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.link_guard import Connection, LinkPolicy, PeerLinks, check_plan_shown
+from nodes_app.runtime.link_answers import Answers
+from nodes_app.runtime.link_guard import Connection, PeerLinks, check_plan_shown
 from nodes_app.runtime.sampling import Choice
 from nodes_app.runtime.service import NodeService
 
@@ -56,75 +57,6 @@ def _credentials(capability: str | None, plan: str | None = None) -> Mapping[str
     """An entry's credentials in the form ``trust`` reads them."""
     held = {CAPABILITY: capability, PLAN: plan}
     return {name: value for name, value in held.items() if value is not None}
-
-
-class _Answers:
-    """Answers ready in one event-loop tick go out as one frame, frames in order.
-
-    It also watches whether the peer reads them: ``stuck`` is set once more
-    than the send buffer waits behind the frame being written, and
-    :meth:`write_stalled` tells when no frame could be written for the write timeout.
-    """
-
-    def __init__(self, websocket: WebSocket, policy: LinkPolicy) -> None:
-        self.websocket = websocket
-        self.policy = policy
-        self.ready: list[wire.StepAnswer] = []
-        self.frames: asyncio.Queue[bytes] = asyncio.Queue()
-        self.flush_scheduled = False
-        # Frames and bytes queued or being written, and the bytes of the one being written.
-        self.waiting = 0
-        self.unsent = 0
-        self.writing = 0
-        # When a frame was last written (or the queue last became non-empty).
-        self.progress_at = time.monotonic()
-        self.stuck = asyncio.Event()
-
-    def put(self, answer: wire.StepAnswer) -> None:
-        self.ready.append(answer)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        ready, self.ready = self.ready, []
-        frame = wire.encode_answers(ready)
-        if self.waiting == 0:
-            self.progress_at = time.monotonic()
-        self.waiting += 1
-        self.unsent += len(frame)
-        self.frames.put_nowait(frame)
-        if self.unsent - self.writing > self.policy.send_buffer_bytes and self.waiting > 1:
-            self.stuck.set()
-
-    def write_stalled(self) -> bool:
-        return self.waiting > 0 and time.monotonic() - self.progress_at > self.policy.write_seconds
-
-    @property
-    def idle(self) -> bool:
-        return self.waiting == 0 and not self.ready
-
-    async def send_all(self) -> None:
-        """Send frames until the link closes (answers still running are then dropped)."""
-        try:
-            while True:
-                frame = await self.frames.get()
-                self.writing = len(frame)
-                await self.websocket.send_bytes(frame)
-                self.writing = 0
-                self.waiting -= 1
-                self.unsent -= len(frame)
-                self.progress_at = time.monotonic()
-        except (OSError, RuntimeError, WebSocketDisconnect):
-            return
-
-    async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until every answer put so far is written."""
-        deadline = time.monotonic() + timeout
-        await asyncio.sleep(0)  # the flush scheduled by the last put
-        while not self.idle and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
 
 
 async def serve_link(
@@ -175,7 +107,7 @@ class _Link:
         self.admitted = 0
         self.refused = 0
         self.running: set[asyncio.Task[None]] = set()
-        self.answers = _Answers(websocket, self.policy)
+        self.answers = Answers(websocket, self.policy)
         self.opened_at = self.active_at = time.monotonic()
 
     @property
@@ -216,7 +148,7 @@ class _Link:
                 if message["type"] == "websocket.disconnect":
                     if message.get("code") == CLOSE_TOO_LARGE:
                         if not self.trusted:
-                            self.peers.bar(self.host)
+                            self.peers.strike(self.host)
                         logger.warning(
                             "link from %s closed: a frame over %d bytes",
                             self.peer,
@@ -306,11 +238,11 @@ class _Link:
     ) -> None:
         """Close with ``code``, after the refusals answered so far when ``drain``.
 
-        A link that never showed a valid plan or capability bars its address for a while.
+        A link that never showed a valid plan or capability is a strike against its address.
         """
         logger.log(level, "link from %s closed: %s (what was on it fails)", self.peer, why)
         if not self.trusted:
-            self.peers.bar(self.host)
+            self.peers.strike(self.host)
         if drain:
             await self.answers.drain(timeout=1.0)
         try:
@@ -323,7 +255,7 @@ class _Link:
 def _admit(
     service: NodeService,
     entry: wire.LinkStep | wire.CancelEntry | wire.HelloEntry | wire.RefusedEntry,
-    answers: _Answers,
+    answers: Answers,
 ) -> tuple[asyncio.Task[None] | None, bool]:
     """Check ``entry`` before any tensor work: the task running it (None once answered),
     and whether it showed a valid plan or capability (passed its checks and ``trust``)."""
@@ -353,7 +285,7 @@ def _admit(
 
 
 async def _forward(
-    service: NodeService, entry: wire.LinkStep, capability: bytes | None, answers: _Answers
+    service: NodeService, entry: wire.LinkStep, capability: bytes | None, answers: Answers
 ) -> None:
     step = entry.step
     try:
@@ -391,7 +323,7 @@ async def _forward(
     answers.put(answer)
 
 
-def _hello(service: NodeService, entry: wire.HelloEntry, answers: _Answers) -> bool:
+def _hello(service: NodeService, entry: wire.HelloEntry, answers: Answers) -> bool:
     """Answer a link's hello: 204 when it shows its session's capability (a session this
     node holds) or a plan naming this node for it (``check_plan_shown``), else a refusal."""
     credentials = _credentials(entry.capability, entry.plan)
@@ -413,7 +345,7 @@ def _hello(service: NodeService, entry: wire.HelloEntry, answers: _Answers) -> b
     return True
 
 
-def _cancel(service: NodeService, entry: wire.CancelEntry, answers: _Answers) -> bool:
+def _cancel(service: NodeService, entry: wire.CancelEntry, answers: Answers) -> bool:
     """Free the session ``entry`` names; whether it presented that session's capability."""
     try:
         if not service.end_session(entry.session_id, _credentials(entry.capability)):

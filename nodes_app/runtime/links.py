@@ -83,6 +83,10 @@ class LinkRefused(Exception):
     """The hop refused the link's hello (its status and code)."""
 
 
+class HelloUnanswered(Exception):
+    """The hop accepted the connection and did not answer its hello in time."""
+
+
 class LinkTimeout(LinkError):
     """No answer within the step's deadline (the link stays open)."""
 
@@ -152,7 +156,7 @@ class HopLink:
         entry = entry_for(step_id)
         if isinstance(entry, wire.LinkStep) and len(entry.body) + 4096 > self.max_frame_bytes:
             raise LinkDropped(f"a step of {len(entry.body)} bytes is over the link's frame limit")
-        await self._open(entry)
+        await self._open(entry, timeout)
         answer: asyncio.Future[wire.StepAnswer] = asyncio.get_running_loop().create_future()
         self._pending[step_id] = answer
         self._queued.append(entry)
@@ -171,14 +175,21 @@ class HopLink:
         finally:
             self._pending.pop(step_id, None)
 
-    async def _open(self, first: wire.LinkStep | wire.CancelEntry) -> None:
-        """Open the link if it is not open, greeting the hop with ``first``'s credentials."""
+    async def _open(self, first: wire.LinkStep | wire.CancelEntry, timeout: float) -> None:
+        """Open the link if it is not open, greeting the hop with ``first``'s credentials.
+
+        A hop that accepts the connection but does not answer the hello within
+        ``timeout`` (the step's deadline, at most LINK_CONNECT_SECONDS) is a hung hop:
+        LinkTimeout, as for a step.
+        """
         if self.closed:
             raise LinkDropped("the link is closed")
         if self._connection is not None:
             return
         if self._opening is None:
-            self._opening = asyncio.create_task(self._connect(wire.HelloEntry.of(first)))
+            hello = wire.HelloEntry.of(first)
+            wait = min(LINK_CONNECT_SECONDS, timeout)
+            self._opening = asyncio.create_task(self._connect(hello, wait))
         try:
             await asyncio.shield(self._opening)
         except InvalidStatus as error:
@@ -191,8 +202,11 @@ class HopLink:
         except LinkRefused as error:
             self.closed = True
             raise LinkDropped(str(error)) from error
+        except HelloUnanswered as error:
+            self.closed = True
+            raise LinkTimeout(str(error)) from error
 
-    async def _connect(self, hello: wire.HelloEntry) -> ClientConnection:
+    async def _connect(self, hello: wire.HelloEntry, wait: float) -> ClientConnection:
         connection = await connect(
             link_url(self.endpoint),
             open_timeout=LINK_CONNECT_SECONDS,
@@ -204,7 +218,10 @@ class HopLink:
         )
         try:
             await connection.send(wire.encode_requests([hello]))
-            reply = await asyncio.wait_for(connection.recv(), LINK_CONNECT_SECONDS)
+            try:
+                reply = await asyncio.wait_for(connection.recv(), wait)
+            except TimeoutError:
+                raise HelloUnanswered(f"no answer to the link's hello within {wait:g} s") from None
             answers = wire.decode_answers(reply) if isinstance(reply, bytes) else []
             if [answer.status for answer in answers] != [204]:
                 code = relayable_code(answers[0].code) if answers else None
