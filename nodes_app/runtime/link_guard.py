@@ -11,9 +11,10 @@ capability) keeps one:
 - a link must show a valid plan or capability on its first frame, within
   ``hello_seconds`` of opening (a head's hello, ``wire.HelloEntry``, or any
   valid entry); until it has, frames over ``LINK_FIRST_FRAME_BYTES`` are
-  refused as they arrive (:class:`Connection`), its first refused entry
-  closes it, and its frame is decoded in turn with other strangers' frames,
-  each turn followed by a pause twice as long (:meth:`PeerLinks.stranger_turn`):
+  refused as they arrive (:class:`Connection`), its fifth refused entry
+  (``stranger_refusals`` + 1) closes it, and its frames are decoded in turn
+  with other strangers' frames, each turn followed by a pause twice as long
+  (:meth:`PeerLinks.stranger_turn`):
   strangers get at most a third of the event loop, honest links' frames never
   wait on them;
 - a link that has shown one is closed once its refused entries pass
@@ -55,6 +56,9 @@ class LinkPolicy:
     send_buffer_bytes: int = 16 * 2**20
     write_seconds: float = 15.0
     max_refusals: int = 16
+    # Refused entries a link may send before it shows anything valid (each may cost a
+    # signature check): enough for a test client's refusals, few for a flood.
+    stranger_refusals: int = 4
 
     def refusals_allowed(self, admitted: int) -> int:
         """Refused entries a link that had ``admitted`` valid ones may send before it closes."""

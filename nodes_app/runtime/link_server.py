@@ -213,8 +213,8 @@ class _Link:
                 self.active_at = time.monotonic()
                 continue
             self.refused += 1
-            if not self.trusted:
-                why = "its first frame showed no valid plan or capability"
+            if not self.trusted and self.refused > self.policy.stranger_refusals:
+                why = f"{self.refused} entries refused and no valid plan or capability"
                 await self._close(CLOSE_POLICY, why, connection, drain=True)
                 return False
             if self.refused > self.policy.refusals_allowed(self.admitted):
