@@ -14,6 +14,30 @@ import math
 # refuses a frame over its frame limit (runnode --max-frame-bytes) by closing the link.
 LINK_PATH = "/v1/link"
 LINK_MAX_FRAME_BYTES = 64 * 2**20
+# Until a link has shown a valid plan or capability, a node reads frames of at
+# most LINK_FIRST_FRAME_BYTES (a larger one is refused as it arrives, unread: a
+# head opens each link with a small hello frame). After that a frame's JSON
+# header, parsed whole on the node's event loop (~50 ms a MiB on a loaded core),
+# is bounded before it is parsed to LINK_MAX_HEADER_BYTES plus an eighth of the
+# frame's bytes. An honest header is a few hundred bytes a step, a plan (at
+# most MAX_PLAN_HEADER) on an opening step and id lists no longer than the
+# step's positions (8 bytes an id against >= 128 bytes of hidden state a
+# position); the head splits what it sends so that its headers fit.
+LINK_FIRST_FRAME_BYTES = 256 * 1024
+LINK_MAX_HEADER_BYTES = 2**20
+
+
+def link_header_limit(frame_bytes: int, *, trusted: bool) -> int:
+    """The largest header a node parses in a frame of ``frame_bytes`` bytes."""
+    if not trusted:
+        return LINK_FIRST_FRAME_BYTES
+    return LINK_MAX_HEADER_BYTES + frame_bytes // 8
+
+
+# A hop closes a link that carried no valid step for its idle timeout with this
+# code (private use, RFC 6455 4000-4999): nothing sent after it was read, so the
+# head resends what it had in flight on a new link.
+LINK_CLOSE_IDLE = 4000
 # What a session's opening step carries besides its fields: the tracker-signed
 # plan (base64url JSON, see SignedPlan.to_header) and the session's capability, a
 # secret the head chooses per hop session, carried by every step and cancel.

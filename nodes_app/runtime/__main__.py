@@ -18,6 +18,7 @@ from nodes_app.protocol.limits import (
     STEP_TIMEOUT_SECONDS,
 )
 from nodes_app.runtime.capacity import add_capacity_arguments
+from nodes_app.runtime.link_guard import add_link_arguments, link_policy_from
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
 from nodes_app.runtime.precision import add_precision_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev-open", action="store_true", help=DEV_OPEN_HELP)
     parser.add_argument("--max-request-bytes", type=int, default=GENERATE_MAX_BYTES)
     parser.add_argument("--max-frame-bytes", type=int, default=LINK_MAX_FRAME_BYTES)
+    add_link_arguments(parser)
     parser.add_argument("--max-prompt-chars", type=int, default=GENERATE_MAX_PROMPT_CHARS)
     parser.add_argument("--step-timeout", type=step_timeout_argument, default=STEP_TIMEOUT_SECONDS)
     args = parser.parse_args(argv)
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         dev_open=args.dev_open,
         max_request_bytes=args.max_request_bytes,
         max_frame_bytes=args.max_frame_bytes,
+        link_policy=link_policy_from(args),
         max_prompt_chars=args.max_prompt_chars,
         step_timeout=args.step_timeout,
     )

@@ -11,19 +11,34 @@ them as one batch when it can. Answers that are ready in the same event-loop
 tick leave as one frame. A step refused or failed fails alone; a frame that
 is not one (or is over the size limit) closes the link with a log line, and
 the head fails what was pending on it.
+
+Who may keep a link open, and for how long, is ``link_guard``'s policy: the
+cheap checks (links per peer, the frame's and its header's size) come before
+the header is parsed, and a link that has not yet shown a valid plan or
+capability gets one frame, decoded in the strangers' turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from nodes_app.protocol.limits import CAPABILITY, PLAN
+from nodes_app.protocol.limits import (
+    CAPABILITY,
+    LINK_CLOSE_IDLE,
+    LINK_FIRST_FRAME_BYTES,
+    PLAN,
+    link_header_limit,
+)
 from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.link_answers import Answers
+from nodes_app.runtime.link_guard import Connection, PeerLinks, check_plan_shown
 from nodes_app.runtime.sampling import Choice
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.trust import Grant
@@ -45,121 +60,233 @@ def _credentials(capability: str | None, plan: str | None = None) -> Mapping[str
     return {name: value for name, value in held.items() if value is not None}
 
 
-class _Answers:
-    """Answers ready in one event-loop tick go out as one frame, frames in order."""
+async def serve_link(
+    websocket: WebSocket, service: NodeService, *, max_frame_bytes: int, peers: PeerLinks
+) -> None:
+    """Serve one head's link until it closes, or until ``peers``' policy closes it."""
+    host = websocket.client.host if websocket.client else "?"
+    peer = f"{host}:{websocket.client.port}" if websocket.client else "?"
+    refused = peers.enter(host)
+    if refused is not None:
+        logger.warning("link from %s refused: %s", peer, refused)
+        await websocket.close(code=CLOSE_POLICY)  # before the handshake: HTTP 403
+        return
+    try:
+        # Made here, in the connection's own task (see Connection).
+        connection = Connection()
+        await websocket.accept()
+        link = _Link(
+            websocket, service, peers, host=host, peer=peer, max_frame_bytes=max_frame_bytes
+        )
+        await link.serve(connection)
+    finally:
+        peers.leave(host)
 
-    def __init__(self, websocket: WebSocket) -> None:
+
+class _Link:
+    """One link's state: whether it showed a valid plan or capability, and what it owes."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        service: NodeService,
+        peers: PeerLinks,
+        *,
+        host: str,
+        peer: str,
+        max_frame_bytes: int,
+    ) -> None:
         self.websocket = websocket
-        self.ready: list[wire.StepAnswer] = []
-        self.frames: asyncio.Queue[bytes] = asyncio.Queue()
-        self.flush_scheduled = False
-        # Bytes of answer frames not yet sent: what a peer that stops reading holds here.
-        self.unsent = 0
+        self.host = host
+        self.service = service
+        self.peers = peers
+        self.policy = peers.policy
+        self.peer = peer
+        self.max_frame_bytes = max_frame_bytes
+        # A dev-open node serves anyone: every link is trusted from the start.
+        self.trusted = service.gate.dev_open
+        self.admitted = 0
+        self.refused = 0
+        self.running: set[asyncio.Task[None]] = set()
+        self.answers = Answers(websocket, self.policy)
+        self.opened_at = self.active_at = time.monotonic()
 
-    def put(self, answer: wire.StepAnswer) -> None:
-        self.ready.append(answer)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+    @property
+    def frame_limit(self) -> int:
+        """The largest frame read now: a small one until the link has shown credentials."""
+        return self.max_frame_bytes if self.trusted else LINK_FIRST_FRAME_BYTES
 
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        ready, self.ready = self.ready, []
-        frame = wire.encode_answers(ready)
-        self.unsent += len(frame)
-        self.frames.put_nowait(frame)
-
-    async def send_all(self) -> None:
-        """Send frames until the link closes (answers still running are then dropped)."""
+    async def serve(self, connection: Connection) -> None:
+        connection.limit_messages(self.frame_limit)
+        writer = asyncio.create_task(self.answers.send_all())
+        stuck = asyncio.create_task(self.answers.stuck.wait())
+        receiving = asyncio.ensure_future(self.websocket.receive())
         try:
             while True:
-                frame = await self.frames.get()
-                await self.websocket.send_bytes(frame)
-                self.unsent -= len(frame)
-        except (OSError, RuntimeError, WebSocketDisconnect):
-            return
-
-
-async def serve_link(websocket: WebSocket, service: NodeService, *, max_frame_bytes: int) -> None:
-    """Serve one head's link until it closes."""
-    await websocket.accept()
-    peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
-    answers = _Answers(websocket)
-    writer = asyncio.create_task(answers.send_all())
-    running: set[asyncio.Task[None]] = set()
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                if message.get("code") == CLOSE_TOO_LARGE:
-                    logger.warning(
-                        "link from %s closed: a frame over %d bytes", peer, max_frame_bytes
-                    )
-                return
-            frame = message.get("bytes")
-            if frame is None:
-                await _close(websocket, peer, CLOSE_MALFORMED, "a text message, not a frame")
-                return
-            if len(frame) > max_frame_bytes:
-                await _close(
-                    websocket, peer, CLOSE_TOO_LARGE, f"a frame over {max_frame_bytes} bytes"
+                done, _ = await asyncio.wait(
+                    {receiving, stuck}, timeout=self._next_deadline(), return_when=FIRST_COMPLETED
                 )
-                return
-            try:
-                entries = wire.decode_requests(frame)
-            except wire.FrameError as error:
-                await _close(websocket, peer, CLOSE_MALFORMED, str(error))
-                return
-            for entry in entries:
-                task = _admit(service, entry, answers)
-                if task is not None:
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-            if writer.done():
-                return
-            if answers.unsent > max_frame_bytes or len(running) > MAX_RUNNING_STEPS:
-                # An honest head reads its answers as they come and waits for
-                # each step's answer before the next: this peer does neither.
-                await _close(websocket, peer, CLOSE_POLICY, "the peer does not read its answers")
-                return
-    finally:
-        writer.cancel()
+                if stuck.done() or self.answers.write_stalled():
+                    logger.warning(
+                        "link from %s cut off: the peer does not read its answers (%d bytes "
+                        "unsent)",
+                        self.peer,
+                        self.answers.unsent,
+                    )
+                    connection.abort()
+                    return
+                if receiving not in done:
+                    if not self.trusted:
+                        why = f"no valid plan or capability within {self.policy.hello_seconds:g} s"
+                        await self._close(CLOSE_POLICY, why, connection)
+                        return
+                    if self._idle():
+                        why = f"idle: no valid step for {self.policy.idle_seconds:g} s"
+                        await self._close(LINK_CLOSE_IDLE, why, connection, level=logging.INFO)
+                        return
+                    continue
+                message = receiving.result()
+                if message["type"] == "websocket.disconnect":
+                    if message.get("code") == CLOSE_TOO_LARGE:
+                        if not self.trusted:
+                            self.peers.strike(self.host)
+                        logger.warning(
+                            "link from %s closed: a frame over %d bytes",
+                            self.peer,
+                            self.frame_limit,
+                        )
+                    return
+                if not await self._frame(message.get("bytes"), connection) or writer.done():
+                    return
+                receiving = asyncio.ensure_future(self.websocket.receive())
+        finally:
+            for task in (writer, stuck, receiving):
+                task.cancel()
 
+    def _next_deadline(self) -> float:
+        """Seconds until the hello, idle or write deadline next needs a look."""
+        now = time.monotonic()
+        if not self.trusted:
+            due = self.opened_at + self.policy.hello_seconds
+        else:
+            due = self._active_at() + self.policy.idle_seconds
+        if self.answers.waiting:
+            due = min(due, self.answers.progress_at + self.policy.write_seconds)
+        return max(0.01, due - now + 0.001)
 
-async def _close(websocket: WebSocket, peer: str, code: int, why: str) -> None:
-    logger.warning("link from %s closed: %s (what was on it fails)", peer, why)
-    await websocket.close(code=code, reason=why[:100])
+    def _active_at(self) -> float:
+        return max(self.active_at, self.answers.progress_at)
+
+    def _idle(self) -> bool:
+        if self.running or not self.answers.idle:
+            return False
+        return time.monotonic() - self._active_at() >= self.policy.idle_seconds
+
+    async def _frame(self, frame: bytes | None, connection: Connection) -> bool:
+        """Check, decode and admit one frame; False once the link is closed."""
+        if frame is None:
+            await self._close(CLOSE_MALFORMED, "a text message, not a frame", connection)
+            return False
+        if len(frame) > self.frame_limit:
+            await self._close(CLOSE_TOO_LARGE, f"a frame over {self.frame_limit} bytes", connection)
+            return False
+        limit = link_header_limit(len(frame), trusted=self.trusted)
+        try:
+            if self.trusted:
+                entries = wire.decode_requests(frame, max_header=limit)
+            else:
+                async with self.peers.stranger_turn():
+                    entries = wire.decode_requests(frame, max_header=limit)
+        except wire.FrameError as error:
+            await self._close(CLOSE_MALFORMED, str(error), connection)
+            return False
+        for entry in entries:
+            task, valid = _admit(self.service, entry, self.answers)
+            if task is not None:
+                self.running.add(task)
+                task.add_done_callback(self.running.discard)
+            if valid:
+                if not self.trusted:
+                    self.trusted = True
+                    # Before its answer leaves: the head sends big frames only after it.
+                    connection.limit_messages(self.max_frame_bytes)
+                self.admitted += 1
+                self.active_at = time.monotonic()
+                continue
+            self.refused += 1
+            if not self.trusted and self.refused > self.policy.stranger_refusals:
+                why = f"{self.refused} entries refused and no valid plan or capability"
+                await self._close(CLOSE_POLICY, why, connection, drain=True)
+                return False
+            if self.refused > self.policy.refusals_allowed(self.admitted):
+                why = f"{self.refused} entries refused against {self.admitted} admitted"
+                await self._close(CLOSE_POLICY, why, connection, drain=True)
+                return False
+        if len(self.running) > MAX_RUNNING_STEPS:
+            # An honest head waits for each step's answer before its session's next.
+            await self._close(CLOSE_POLICY, "the peer does not wait for its answers", connection)
+            return False
+        return True
+
+    async def _close(
+        self,
+        code: int,
+        why: str,
+        connection: Connection,
+        *,
+        drain: bool = False,
+        level: int = logging.WARNING,
+    ) -> None:
+        """Close with ``code``, after the refusals answered so far when ``drain``.
+
+        A link that never showed a valid plan or capability is a strike against its address.
+        """
+        logger.log(level, "link from %s closed: %s (what was on it fails)", self.peer, why)
+        if not self.trusted:
+            self.peers.strike(self.host)
+        if drain:
+            await self.answers.drain(timeout=1.0)
+        try:
+            # A peer that reads nothing never lets the close frame out: cut it off.
+            await asyncio.wait_for(self.websocket.close(code=code, reason=why[:100]), 2.0)
+        except (TimeoutError, OSError, RuntimeError, WebSocketDisconnect):
+            connection.abort()
 
 
 def _admit(
     service: NodeService,
-    entry: wire.LinkStep | wire.CancelEntry | wire.RefusedEntry,
-    answers: _Answers,
-) -> asyncio.Task[None] | None:
-    """Check ``entry`` before any tensor work; the task running it, or None once answered."""
+    entry: wire.LinkStep | wire.CancelEntry | wire.HelloEntry | wire.RefusedEntry,
+    answers: Answers,
+) -> tuple[asyncio.Task[None] | None, bool]:
+    """Check ``entry`` before any tensor work: the task running it (None once answered),
+    and whether it showed a valid plan or capability (passed its checks and ``trust``)."""
     if isinstance(entry, wire.RefusedEntry):
         answers.put(wire.StepAnswer.refusal(entry.step_id, entry.error))
-        return None
+        return None, False
     if isinstance(entry, wire.CancelEntry):
-        return asyncio.create_task(_cancel(service, entry, answers))
+        return None, _cancel(service, entry, answers)
+    if isinstance(entry, wire.HelloEntry):
+        return None, _hello(service, entry, answers)
     step = entry.step
     try:
         service.admission.check_step(step)
         capability = service.admission.admit_step(step, _credentials(entry.capability, entry.plan))
-        expected = wire.body_length(step)
-        if len(entry.body) != expected:
-            raise RuntimeRequestError(
-                f"the step has {len(entry.body)} bytes; its shape and dtype need {expected}",
-                code="bad_length",
-            )
     except RuntimeRequestError as error:
         answers.put(wire.StepAnswer.refusal(entry.step_id, error))
-        return None
-    return asyncio.create_task(_forward(service, entry, capability, answers))
+        return None, False
+    expected = wire.body_length(step)
+    if len(entry.body) != expected:
+        wrong = RuntimeRequestError(
+            f"the step has {len(entry.body)} bytes; its shape and dtype need {expected}",
+            code="bad_length",
+        )
+        answers.put(wire.StepAnswer.refusal(entry.step_id, wrong))
+        return None, True
+    return asyncio.create_task(_forward(service, entry, capability, answers)), True
 
 
 async def _forward(
-    service: NodeService, entry: wire.LinkStep, capability: Grant, answers: _Answers
+    service: NodeService, entry: wire.LinkStep, capability: Grant, answers: Answers
 ) -> None:
     step = entry.step
     try:
@@ -197,14 +324,38 @@ async def _forward(
     answers.put(answer)
 
 
-async def _cancel(service: NodeService, entry: wire.CancelEntry, answers: _Answers) -> None:
+def _hello(service: NodeService, entry: wire.HelloEntry, answers: Answers) -> bool:
+    """Answer a link's hello: 204 when it shows its session's capability (a session this
+    node holds) or a plan naming this node for it (``check_plan_shown``), else a refusal."""
+    credentials = _credentials(entry.capability, entry.plan)
+    try:
+        session = service.store.get(entry.session_id)
+        if session is not None:
+            service.gate.check_capability(credentials, session.capability)
+        elif not service.gate.dev_open:
+            check_plan_shown(
+                service.gate,
+                credentials,
+                node_id=service.node_id,
+                session_id=entry.session_id,
+            )
+    except RuntimeRequestError as error:
+        answers.put(wire.StepAnswer.refusal(entry.step_id, error))
+        return False
+    answers.put(wire.StepAnswer(entry.step_id, status=204))
+    return True
+
+
+def _cancel(service: NodeService, entry: wire.CancelEntry, answers: Answers) -> bool:
+    """Free the session ``entry`` names; whether it presented that session's capability."""
     try:
         if not service.end_session(entry.session_id, _credentials(entry.capability)):
             raise RuntimeRequestError("no such session", code="unknown_session", status=404)
     except RuntimeRequestError as error:
         answers.put(wire.StepAnswer.refusal(entry.step_id, error))
-        return
+        return False
     answers.put(wire.StepAnswer(entry.step_id, status=204))
+    return True
 
 
 def _own_fault(message: str, code: str) -> RuntimeRequestError:

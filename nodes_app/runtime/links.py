@@ -12,7 +12,16 @@ Each step waits for its own answer, within its own deadline
 (:class:`LinkDropped`) and is forgotten: the next step opens a new one. So is
 a link on which nothing at all arrived while a step timed out: a half-open
 connection (a hop host gone without closing it) would otherwise make every
-later step wait out its deadline.
+later step wait out its deadline. A hop closes a link that was idle for its
+idle timeout with ``LINK_CLOSE_IDLE``, having read nothing after deciding so:
+what was in flight on it is sent again, once, on a new link.
+
+A link opens with a hello (``wire.HelloEntry``): the credentials of the first
+entry sent on it, alone in a small frame, and nothing else is sent until the
+hop has answered it (the hop reads only small frames until then). Frames stay
+within what the hop parses: the frame limit, and a header under
+``LINK_MAX_HEADER_BYTES`` (each entry's header bytes estimated from above:
+its fields, its plan and its id lists).
 """
 
 from __future__ import annotations
@@ -27,13 +36,32 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
+from nodes_app.protocol.errors import relayable_code
+from nodes_app.protocol.limits import (
+    LINK_CLOSE_IDLE,
+    LINK_MAX_FRAME_BYTES,
+    LINK_MAX_HEADER_BYTES,
+    LINK_PATH,
+)
 from nodes_app.runtime import wire
 
 logger = logging.getLogger("meshnet.node")
 
 # How long opening a link may take (TCP connect and websocket handshake).
 LINK_CONNECT_SECONDS = 5.0
+# Header bytes an entry takes besides its plan and id lists, at most (its fields,
+# a capability, the JSON around them), and per token id (up to 7 digits and a comma).
+_ENTRY_HEADER_BYTES = 1024
+_ID_HEADER_BYTES = 8
+
+
+def _header_bytes(entry: wire.LinkStep | wire.CancelEntry) -> int:
+    """An upper bound of the bytes ``entry`` adds to a frame's header."""
+    if isinstance(entry, wire.CancelEntry):
+        return _ENTRY_HEADER_BYTES
+    step = entry.step
+    ids = sum(len(ids or ()) for ids in (step.prompt_ids, step.generated_ids, step.token_ids))
+    return _ENTRY_HEADER_BYTES + len(entry.plan or "") + _ID_HEADER_BYTES * ids
 
 
 class LinkError(Exception):
@@ -41,7 +69,22 @@ class LinkError(Exception):
 
 
 class LinkDropped(LinkError):
-    """The link could not be opened, or closed while the step waited."""
+    """The link could not be opened, or closed while the step waited.
+
+    ``unread``: the hop closed it as idle, so it read nothing this step sent.
+    """
+
+    def __init__(self, message: str, *, unread: bool = False) -> None:
+        super().__init__(message)
+        self.unread = unread
+
+
+class LinkRefused(Exception):
+    """The hop refused the link's hello (its status and code)."""
+
+
+class HelloUnanswered(Exception):
+    """The hop accepted the connection and did not answer its hello in time."""
 
 
 class LinkTimeout(LinkError):
@@ -98,11 +141,22 @@ class HopLink:
     async def _ask(
         self, entry_for: Callable[[int], wire.LinkStep | wire.CancelEntry], timeout: float
     ) -> wire.StepAnswer:
-        await self._open()
+        try:
+            return await self._ask_once(entry_for, timeout)
+        except LinkDropped as error:
+            if not error.unread:
+                raise
+        # The hop closed the link as idle as this was sent: it never read it.
+        return await self._ask_once(entry_for, timeout)
+
+    async def _ask_once(
+        self, entry_for: Callable[[int], wire.LinkStep | wire.CancelEntry], timeout: float
+    ) -> wire.StepAnswer:
         step_id = next(self._ids)
         entry = entry_for(step_id)
         if isinstance(entry, wire.LinkStep) and len(entry.body) + 4096 > self.max_frame_bytes:
             raise LinkDropped(f"a step of {len(entry.body)} bytes is over the link's frame limit")
+        await self._open(entry, timeout)
         answer: asyncio.Future[wire.StepAnswer] = asyncio.get_running_loop().create_future()
         self._pending[step_id] = answer
         self._queued.append(entry)
@@ -121,24 +175,38 @@ class HopLink:
         finally:
             self._pending.pop(step_id, None)
 
-    async def _open(self) -> None:
+    async def _open(self, first: wire.LinkStep | wire.CancelEntry, timeout: float) -> None:
+        """Open the link if it is not open, greeting the hop with ``first``'s credentials.
+
+        A hop that accepts the connection but does not answer the hello within
+        ``timeout`` (the step's deadline, at most LINK_CONNECT_SECONDS) is a hung hop:
+        LinkTimeout, as for a step.
+        """
         if self.closed:
             raise LinkDropped("the link is closed")
         if self._connection is not None:
             return
         if self._opening is None:
-            self._opening = asyncio.create_task(self._connect())
+            hello = wire.HelloEntry.of(first)
+            wait = min(LINK_CONNECT_SECONDS, timeout)
+            self._opening = asyncio.create_task(self._connect(hello, wait))
         try:
             await asyncio.shield(self._opening)
         except InvalidStatus as error:
             self.closed = True
             status = error.response.status_code
             raise LinkDropped(f"could not open the link (HTTP {status})") from error
-        except (OSError, TimeoutError, WebSocketException) as error:
+        except (OSError, TimeoutError, WebSocketException, wire.FrameError) as error:
             self.closed = True
             raise LinkDropped(f"could not open the link ({type(error).__name__})") from error
+        except LinkRefused as error:
+            self.closed = True
+            raise LinkDropped(str(error)) from error
+        except HelloUnanswered as error:
+            self.closed = True
+            raise LinkTimeout(str(error)) from error
 
-    async def _connect(self) -> ClientConnection:
+    async def _connect(self, hello: wire.HelloEntry, wait: float) -> ClientConnection:
         connection = await connect(
             link_url(self.endpoint),
             open_timeout=LINK_CONNECT_SECONDS,
@@ -148,23 +216,42 @@ class HopLink:
             ping_interval=None,
             close_timeout=1.0,
         )
+        try:
+            await connection.send(wire.encode_requests([hello]))
+            try:
+                reply = await asyncio.wait_for(connection.recv(), wait)
+            except TimeoutError:
+                raise HelloUnanswered(f"no answer to the link's hello within {wait:g} s") from None
+            answers = wire.decode_answers(reply) if isinstance(reply, bytes) else []
+            if [answer.status for answer in answers] != [204]:
+                code = relayable_code(answers[0].code) if answers else None
+                raise LinkRefused(f"the hop refused the link ({code or 'no answer'})")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
         self._connection = connection
         self._spawn(self._read(connection))
         return connection
 
     def _flush(self) -> None:
-        """Send what was queued this tick, as few frames as the frame limit allows."""
+        """Send what was queued this tick, in as few frames as the hop's limits allow."""
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
         frame: list[wire.LinkStep | wire.CancelEntry] = []
-        size = 0
+        size = header = 0
         for entry in queued:
             length = len(entry.body) if isinstance(entry, wire.LinkStep) else 0
-            if frame and size + length + 4096 > self.max_frame_bytes:
+            entry_header = _header_bytes(entry)
+            if frame and (
+                size + length + 4096 > self.max_frame_bytes
+                or header + entry_header > LINK_MAX_HEADER_BYTES
+            ):
                 self._spawn(self._send(wire.encode_requests(frame)))
-                frame, size = [], 0
+                frame, size, header = [], 0, 0
             frame.append(entry)
             size += length + 512
+            header += entry_header
         if frame:
             self._spawn(self._send(wire.encode_requests(frame)))
 
@@ -176,7 +263,7 @@ class HopLink:
         try:
             await connection.send(frame)
         except (ConnectionClosed, OSError) as error:
-            self._drop(f"sending failed: {type(error).__name__}")
+            self._drop(f"sending failed: {type(error).__name__}", connection)
 
     async def _read(self, connection: ClientConnection) -> None:
         reason = "the hop closed the link"
@@ -195,19 +282,31 @@ class HopLink:
             reason = f"the hop sent a malformed frame: {error}"
             logger.warning("link to %s: %s", self.endpoint, reason)
         finally:
-            self._drop(reason)
+            self._drop(reason, connection)
             with contextlib.suppress(Exception):
                 await connection.close()
 
-    def _drop(self, reason: str) -> None:
-        """Forget this link and fail every step pending on it."""
-        if not self.closed:
-            logger.info("link to %s dropped: %s", self.endpoint, reason)
-        self.closed = True
+    def _drop(self, reason: str, connection: ClientConnection | None = None) -> None:
+        """Forget this link and fail every step pending on it.
+
+        A link ``connection`` the hop closed as idle is not forgotten: the steps
+        pending on it fail as unread (sent again on a new connection).
+        """
+        if connection is not None and connection is not self._connection:
+            return  # an older connection of this link, already replaced
+        unread = connection is not None and connection.close_code == LINK_CLOSE_IDLE
+        if unread:
+            logger.info("link to %s closed by the hop as idle", self.endpoint)
+            self._connection = None
+            self._opening = None
+        else:
+            if not self.closed:
+                logger.info("link to %s dropped: %s", self.endpoint, reason)
+            self.closed = True
         pending, self._pending = self._pending, {}
         for waiting in pending.values():
             if not waiting.done():
-                waiting.set_exception(LinkDropped(reason))
+                waiting.set_exception(LinkDropped(reason, unread=unread))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

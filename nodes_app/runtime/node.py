@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -33,6 +33,7 @@ from nodes_app.protocol.limits import (
 from nodes_app.runtime.benchmark import measure_decode_tps
 from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.kv import bytes_per_position
+from nodes_app.runtime.link_guard import LinkPolicy
 from nodes_app.runtime.loading import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app
 from nodes_app.runtime.service import NodeService
@@ -82,6 +83,8 @@ class NodeOptions:
     max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS
     # The largest hop-link frame this node reads (a larger one closes the link).
     max_frame_bytes: int = LINK_MAX_FRAME_BYTES
+    # Who may hold a hop link and for how long (runnode --link-* options).
+    link_policy: LinkPolicy = field(default_factory=LinkPolicy)
     # Seconds a downstream hop has to answer one step of a generation this node heads.
     step_timeout: float = STEP_TIMEOUT_SECONDS
     # TEST ONLY: noise added to every hidden state this node outputs (0: none).
@@ -248,7 +251,12 @@ async def _serve_joined(
     out: TextIO,
 ) -> int:
     config = uvicorn.Config(
-        create_app(service, identity=identity, max_frame_bytes=options.max_frame_bytes),
+        create_app(
+            service,
+            identity=identity,
+            max_frame_bytes=options.max_frame_bytes,
+            link_policy=options.link_policy,
+        ),
         host=options.host,
         port=options.port,
         log_level="warning",

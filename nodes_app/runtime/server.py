@@ -13,7 +13,8 @@ refusal on the link carries the same status, code and type in its answer.
 Generate, steps and cancels need the tracker's signed plan or the session's
 capability (``trust``), checked before anything else; a generate body is read
 to at most ``max_request_bytes`` (413), a link frame to at most
-``max_frame_bytes`` (the link closes). Both happen before a session slot is taken.
+``max_frame_bytes`` (the link closes). Both happen before a session slot is taken. A
+link is kept only by a head that shows a valid plan or capability (``link_guard``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
 from nodes_app.runtime.driver import Generation, prompt_for
 from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.link_guard import LinkPolicy, PeerLinks
 from nodes_app.runtime.link_server import serve_link
 from nodes_app.runtime.links import HopLinks
 from nodes_app.runtime.plan import HeadIdentity, check_grant, parse_generate_request
@@ -110,6 +112,7 @@ def create_app(
     reap_interval: float | None = None,
     identity: NodeIdentity | None = None,
     max_frame_bytes: int = LINK_MAX_FRAME_BYTES,
+    link_policy: LinkPolicy | None = None,
 ) -> Starlette:
     """The ASGI app serving ``service``; as a head it keeps one link per downstream hop.
 
@@ -117,8 +120,10 @@ def create_app(
     one (served without a tracker) answers it 404 ``no_wallet``.
     ``max_frame_bytes`` bounds a link frame, both ways (serve it with the same
     websocket ``max_size``, so that a larger one is never read whole).
+    ``link_policy`` says who may hold a link and for how long (``link_guard``).
     """
     state: dict[str, Any] = {}
+    peers = PeerLinks(link_policy or LinkPolicy())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -202,7 +207,7 @@ def create_app(
         return _SSEResponse(generation.stream(), media_type="text/event-stream")
 
     async def link(websocket: WebSocket) -> None:
-        await serve_link(websocket, service, max_frame_bytes=max_frame_bytes)
+        await serve_link(websocket, service, max_frame_bytes=max_frame_bytes, peers=peers)
 
     return Starlette(
         routes=[

@@ -119,17 +119,17 @@ class PlanGate:
         """Admit the plan of a ``/v1/generate`` on the head ``node_id``; 401/403 if refused.
 
         Dev-open nodes take any plan, signed or not. Otherwise the plan must
-        be sealed (:meth:`_verify`), have ``node_id`` as hop 0, and not have
+        be sealed (:meth:`verify`), have ``node_id`` as hop 0, and not have
         been used on this node before; admitting it uses it up.
         """
         if self.dev_open:
             return
-        now = self._verify(plan)
+        now = self.verify(plan)
         if plan.hops[0].node_id != node_id:
             raise _refuse(f"the plan's hop 0 is not this node ({node_id})", "plan_mismatch")
         self._use(plan, now)
 
-    def _verify(self, plan: SignedPlan) -> float:
+    def verify(self, plan: SignedPlan) -> float:
         """Check the seal: signed by the pinned key, unexpired, not valid for too long.
 
         Returns the time it was checked at.
@@ -199,7 +199,7 @@ class PlanGate:
             plan = SignedPlan.from_header(raw_plan)
         except ProtocolError as error:
             raise RuntimeRequestError.refusing(error) from None
-        now = self._verify(plan)
+        now = self.verify(plan)
         # Hop 0 is the head: it takes token ids, never a step.
         hop = next((h for h in plan.hops[1:] if h.node_id == node_id), None)
         if hop is None:

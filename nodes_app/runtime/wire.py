@@ -14,7 +14,12 @@ A step entry is ``{"id", "bytes", "step": {every ForwardStep field},
 length of its tensor (T×H little-endian values, row-major, which must equal
 its shape × dtype), ``capability`` and ``plan`` the session's credentials
 (see ``trust``; the plan only on a session's opening step). A cancel entry
-is ``{"id", "cancel": session_id, "capability"?}``. An answer is ``{"id",
+is ``{"id", "cancel": session_id, "capability"?}``. A head opens every link
+with a frame of one *hello* entry, ``{"id", "hello": session_id,
+"capability"?, "plan"?}`` (the credentials of the first step it will send),
+answered ``{"id", "status": 204}`` or refused, and sends nothing else until
+then: the hop reads small frames only until a link has shown them
+(``link_guard``). An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
 "logprob"?, "top"?, "prompt"?, "bytes"?}`` (the hop ending at the last layer:
 the chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives
@@ -62,6 +67,7 @@ __all__ = [
     "CancelEntry",
     "ForwardStep",
     "FrameError",
+    "HelloEntry",
     "LinkStep",
     "PromptTable",
     "RefusedEntry",
@@ -141,6 +147,23 @@ class CancelEntry:
     step_id: int
     session_id: str
     capability: str | None = None
+
+
+@dataclass(frozen=True)
+class HelloEntry:
+    """A link's first entry: the credentials of a session the head will step (no tensor)."""
+
+    step_id: int
+    session_id: str
+    capability: str | None = None
+    plan: str | None = None
+
+    @classmethod
+    def of(cls, entry: LinkStep | CancelEntry) -> HelloEntry:
+        """The hello that shows ``entry``'s credentials."""
+        if isinstance(entry, CancelEntry):
+            return cls(0, entry.session_id, entry.capability)
+        return cls(0, entry.step.session_id, entry.capability, entry.plan)
 
 
 @dataclass(frozen=True)
@@ -250,13 +273,20 @@ def _frame(header: dict[str, Any], bodies: Sequence[bytes]) -> bytes:
     return b"".join([_LENGTH.pack(len(raw)), raw, *bodies])
 
 
-def _unframe(frame: bytes, key: str) -> tuple[list[Any], memoryview]:
-    """The entries under ``key`` and the bytes after the header; FrameError if malformed."""
+def _unframe(frame: bytes, key: str, max_header: int | None) -> tuple[list[Any], memoryview]:
+    """The entries under ``key`` and the bytes after the header; FrameError if malformed.
+
+    Its sizes are checked before the header is parsed: a header over
+    ``max_header`` bytes is refused unread. Nesting is bounded by the parser
+    itself (past the interpreter's recursion limit it stops at once: malformed).
+    """
     if len(frame) < _LENGTH.size:
         raise FrameError("a frame shorter than its length prefix")
     (length,) = _LENGTH.unpack_from(frame)
     if _LENGTH.size + length > len(frame):
         raise FrameError("a frame shorter than its header")
+    if max_header is not None and length > max_header:
+        raise FrameError(f"a frame header of {length} bytes, over the {max_header} read")
     try:
         header = json_document(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
     except ValueError:
@@ -287,13 +317,17 @@ def _split(entries: list[Any], rest: memoryview) -> list[tuple[dict[str, Any], b
 # --- head → hop ------------------------------------------------------------------------
 
 
-def encode_requests(entries: Sequence[LinkStep | CancelEntry]) -> bytes:
-    """One frame of steps and cancels, in order."""
+def encode_requests(entries: Sequence[LinkStep | CancelEntry | HelloEntry]) -> bytes:
+    """One frame of steps, cancels and hellos, in order."""
     header: list[dict[str, Any]] = []
     bodies: list[bytes] = []
     for entry in entries:
         if isinstance(entry, CancelEntry):
             item: dict[str, Any] = {"id": entry.step_id, "cancel": entry.session_id}
+        elif isinstance(entry, HelloEntry):
+            item = {"id": entry.step_id, "hello": entry.session_id}
+            if entry.plan is not None:
+                item["plan"] = entry.plan
         else:
             item = {"id": entry.step_id, "bytes": len(entry.body), "step": step_fields(entry.step)}
             if entry.plan is not None:
@@ -305,27 +339,38 @@ def encode_requests(entries: Sequence[LinkStep | CancelEntry]) -> bytes:
     return _frame({"steps": header}, bodies)
 
 
-def decode_requests(frame: bytes) -> list[LinkStep | CancelEntry | RefusedEntry]:
-    """The entries of a head's frame; FrameError if the frame itself is malformed.
+def decode_requests(
+    frame: bytes, *, max_header: int | None = None
+) -> list[LinkStep | CancelEntry | HelloEntry | RefusedEntry]:
+    """The entries of a head's frame; FrameError if the frame itself is malformed (or its
+    header is over ``max_header`` bytes: ``protocol.limits.link_header_limit``).
 
     A step whose fields are malformed (a missing field, a bad shape, dtype or
     sampling) comes back as a :class:`RefusedEntry` with its 400, so that it
     fails alone.
     """
-    entries, rest = _unframe(frame, "steps")
-    decoded: list[LinkStep | CancelEntry | RefusedEntry] = []
+    entries, rest = _unframe(frame, "steps", max_header)
+    decoded: list[LinkStep | CancelEntry | HelloEntry | RefusedEntry] = []
     for entry, body in _split(entries, rest):
         step_id = entry["id"]
         try:
             capability = _credential(entry, "capability")
-            if "cancel" in entry:
-                session_id = entry["cancel"]
+            for kind in ("cancel", "hello"):
+                if kind not in entry:
+                    continue
+                session_id = entry[kind]
                 if not isinstance(session_id, str) or len(session_id) > MAX_SESSION_ID:
-                    raise _bad("cancel must name a session id")
-                decoded.append(CancelEntry(step_id, session_id, capability))
-                continue
-            step = step_from_fields(entry.get("step"))
-            decoded.append(LinkStep(step_id, step, body, capability, _credential(entry, "plan")))
+                    raise _bad(f"{kind} must name a session id")
+                if kind == "cancel":
+                    decoded.append(CancelEntry(step_id, session_id, capability))
+                else:
+                    plan = _credential(entry, "plan")
+                    decoded.append(HelloEntry(step_id, session_id, capability, plan))
+                break
+            else:
+                step = step_from_fields(entry.get("step"))
+                plan = _credential(entry, "plan")
+                decoded.append(LinkStep(step_id, step, body, capability, plan))
         except RuntimeRequestError as error:
             decoded.append(RefusedEntry(step_id, error))
     return decoded
@@ -372,7 +417,7 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
 
 def decode_answers(frame: bytes) -> list[StepAnswer]:
     """The answers of a hop's frame, as sent (the head checks each); FrameError if malformed."""
-    entries, rest = _unframe(frame, "answers")
+    entries, rest = _unframe(frame, "answers", None)
     answers: list[StepAnswer] = []
     for entry, body in _split(entries, rest):
         status = entry.get("status", 200)

@@ -5,7 +5,7 @@ states, an error naming someone else), so the head's checks can be watched.
 It speaks the hop link (``/v1/link``): each step of a frame gets ``answer``
 (an answer entry of ``wire``'s format without its id, written as given, so
 malformed values go out as they are), plus ``body`` as its bytes; a cancel
-gets 204.
+and the link's hello get 204.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def fake_hop(answer: dict[str, Any], body: bytes = b"") -> Iterator[str]:
             entries: list[dict[str, Any]] = []
             bodies = b""
             for entry in wire.decode_requests(message):
-                if isinstance(entry, wire.CancelEntry):
+                if isinstance(entry, wire.CancelEntry | wire.HelloEntry):
                     entries.append({"id": entry.step_id, "status": 204})
                     continue
                 entries.append(

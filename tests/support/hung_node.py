@@ -3,7 +3,8 @@
 It registers under a wallet of its own, proves its endpoint when the tracker
 challenges it, answers health checks, and then hangs on the work itself: a
 hop link (``/v1/link``) is accepted (the websocket handshake) and its frames
-are read and never answered; a ``/v1/generate`` is accepted (200, the role
+are read and never answered (its hello first: a head finds it hung there,
+within the step's deadline); a ``/v1/generate`` is accepted (200, the role
 frame) and then goes silent. It holds every such connection open until
 :meth:`HungNode.release` (or stop), which closes them unanswered. It runs in
 threads of the test process.

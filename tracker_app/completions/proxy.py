@@ -19,8 +19,9 @@ Per token (the hot path) it only counts the token ids, writes the client's
 event from a per-request template (:class:`~tracker_app.completions.answers.TextEvents`)
 and marks progress changed: no database, no channel layer. Progress reaches
 the dashboards through :class:`~tracker_app.completions.progress.ProgressThrottle`, at
-most once per :data:`~tracker_app.completions.proxy_terms.PROGRESS_INTERVAL_SECONDS`, the final count with
-``proxy complete``.
+most once per
+:data:`~tracker_app.completions.proxy_terms.PROGRESS_INTERVAL_SECONDS`, the
+final count with ``proxy complete``.
 
 Limits (ADR-0004): a request takes a lease on its API key's share of
 requests and KV tokens in flight before it is routed

@@ -17,6 +17,7 @@ from nodes_app.protocol.limits import (
     LINK_MAX_FRAME_BYTES,
 )
 from nodes_app.runtime.capacity import add_capacity_arguments
+from nodes_app.runtime.link_guard import add_link_arguments, link_policy_from
 from nodes_app.runtime.precision import add_precision_arguments
 from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
@@ -113,6 +114,7 @@ class Command(BaseCommand):
             help="largest hop-link frame read, in bytes; a larger one closes the link "
             f"(default {LINK_MAX_FRAME_BYTES})",
         )
+        add_link_arguments(parser)
         parser.add_argument(
             "--max-prompt-chars",
             type=_positive,
@@ -200,6 +202,7 @@ class Command(BaseCommand):
             dev_open=options["dev_open"],
             max_request_bytes=options["max_request_bytes"],
             max_frame_bytes=options["max_frame_bytes"],
+            link_policy=link_policy_from(options),
             max_prompt_chars=options["max_prompt_chars"],
             step_timeout=step_timeout,
             placement=placement,
