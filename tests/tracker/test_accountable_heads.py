@@ -2,8 +2,9 @@
 
 A real tracker (daphne), a real tiny ``runnode`` serving every layer, and
 for each test a fresh fake head — a real HTTP server registered under a
-wallet of its own, claiming the highest speed a tracker accepts, so the
-route choice tries it first — that lies: it refuses a prompt the tracker
+wallet of its own; the tracker scouts every request while a route is not
+proven, and once the honest route is measured again the new head's is the
+one left unproven, so it is tried first — that lies: it refuses a prompt the tracker
 counted as too long, answers busy while it serves nothing, or streams
 ``: step`` comments and never a token. Each test reproduces one such lie
 and shows the head blamed and the client served (or told the truth) in
@@ -39,10 +40,11 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
             database_url,
             tmp,
             MESHNET_RATE_LIMIT_PER_MINUTE="1000",
-            # ADR-0021's policy with no exploration: the best prior (the liar's claim)
-            # goes first, and stays first while it is not caught.
+            # ADR-0021's policy scouting whenever a route is not proven: a new head's
+            # route (never measured) goes first, and stays first while it is not caught.
+            # (A claimed speed alone no longer puts it first once a route is measured.)
             MESHNET_ROUTE_POLICY="adr0021",
-            MESHNET_ROUTE_EXPLORE_SHARE="0",
+            MESHNET_ROUTE_EXPLORE_SHARE="1",
             MESHNET_NODE_HEARTBEAT_INTERVAL="1",
             MESHNET_BUSY_DEADLINE=str(BUSY_DEADLINE),
             MESHNET_REQUEST_DEADLINE=str(REQUEST_DEADLINE),
@@ -59,6 +61,11 @@ def liar(network: Network) -> Iterator[FakeHead]:
     head = FakeHead().start()
     head.register(network.url, benchmark_tps=1e6)
     network.wait_for_route(TINY)
+    # Its arrival changed the topology: the honest route is measured again (pinned), so
+    # the one route left unproven, the one the next request scouts, is the liar's.
+    honest = network.nodes["honest"].node_id
+    warm_up = network.chat(model=TINY, messages=ONE_WORD, max_tokens=8, route=[honest])
+    assert warm_up.status_code == 200, warm_up.text
     yield head
     head.deregister(network.url)
     head.stop()
