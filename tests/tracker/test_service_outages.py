@@ -209,13 +209,16 @@ def test_with_redis_stopped_two_trackers_keep_serving_and_merge_their_stats_once
         **SETTINGS,
     ) as second:
         first = network.url
+        # Every sample so far is the first tracker's (the second has just started).
+        before = route_samples(first, network.api_key)
         for url in (first, second.url):
             served(url, network.api_key)
         merged: list[int] = []
 
         def agree() -> bool:
+            # Each holding both new samples: its own alone would look agreed too.
             merged[:] = [route_samples(url, network.api_key) for url in (first, second.url)]
-            return merged[0] == merged[1] > 0
+            return merged[0] == merged[1] == before + 2
 
         wait_until(agree, timeout=30, what="both trackers to merge their samples")
         total = merged[0]
