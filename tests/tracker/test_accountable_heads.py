@@ -22,7 +22,7 @@ import pytest
 from tests.support.fake_node import Behaviour, FakeHead
 from tests.support.network import Network, start_network
 from tests.support.sse import read_sse
-from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet import fresh_process_database, wait_until
 
 TINY = "tiny-random-llama"
 ONE_WORD = [{"role": "user", "content": "Hello"}]
@@ -64,8 +64,16 @@ def liar(network: Network) -> Iterator[FakeHead]:
     # Its arrival changed the topology: the honest route is measured again (pinned), so
     # the one route left unproven, the one the next request scouts, is the liar's.
     honest = network.nodes["honest"].node_id
-    warm_up = network.chat(model=TINY, messages=ONE_WORD, max_tokens=8, route=[honest])
-    assert warm_up.status_code == 200, warm_up.text
+
+    def liar_next() -> bool:
+        statuses = {route["hops"][0]["node_id"]: route["status"] for route in network.routes(TINY)}
+        if statuses.get(honest) != "proven":
+            warm_up = network.chat(model=TINY, messages=ONE_WORD, max_tokens=8, route=[honest])
+            assert warm_up.status_code == 200, warm_up.text
+            return False
+        return statuses.get(head.node_id) == "unsampled"
+
+    wait_until(liar_next, timeout=30, what="the honest route proven and the liar's unsampled")
     yield head
     head.deregister(network.url)
     head.stop()
