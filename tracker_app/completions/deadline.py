@@ -5,7 +5,7 @@ but a ``: step`` comment is not silence: a head that streams comments and
 never a token would hold its request, and its client, for as long as it
 likes. So every request also has a total deadline, ``MESHNET_REQUEST_DEADLINE``
 seconds from its start, that nothing a head sends extends. Past it the
-request fails (nothing billed) and the heads still streaming it are blamed:
+request fails (nothing unfinished billed) and the heads still streaming it are blamed:
 an honest route finishes any request well within it (ADR-0004, "Deadlines").
 """
 
@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 class RequestDeadlineExceeded(DomainError):
-    """The request ran past ``MESHNET_REQUEST_DEADLINE``; it is failed and not billed."""
+    """The request ran past ``MESHNET_REQUEST_DEADLINE``; it is failed, and billed only for
+    choices already sent whole (ADR-0004)."""
 
     kind = ErrorKind.UPSTREAM
     code = "request_deadline_exceeded"
@@ -72,5 +73,5 @@ class RequestDeadline:
         named = ", ".join(sorted(heads)) or "none"
         return RequestDeadlineExceeded(
             f"The request ran past the deployment's limit of {self.seconds:g} s in all "
-            f"without finishing (heads still streaming it: {named}); nothing is billed"
+            f"without finishing (heads still streaming it: {named}); nothing unfinished is billed"
         )
