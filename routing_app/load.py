@@ -54,13 +54,35 @@ class Pace(NamedTuple):
     """How far a request in flight on a route has got: ``tokens`` produced there in
     ``seconds`` since it was sent there (what its sample would be if it ended now:
     the proxy's sample is the same ratio), ``streaming`` of them since its first
-    token. Only a request that has had its first token has a pace: a busy
-    route's prefill is not a stall, and a request that yields no tokens (echo
-    with ``max_tokens`` 0) has none."""
+    token, and ``planned``, the most it may produce there (its ``max_tokens`` less
+    what it had produced on earlier routes; 0: not known). Only a request that has
+    had its first token has a pace: a busy route's prefill is not a stall, and a
+    request that yields no tokens (echo with ``max_tokens`` 0) has none."""
 
     tokens: int
     seconds: float
     streaming: float
+    planned: int = 0
+
+    def projected(self) -> float:
+        """The tokens/s its sample will show if it streams on at its rate so far to its
+        planned length (ADR-0011 §4).
+
+        Taken as if it ended now, an early pace spreads the time to its first
+        token over its first few tokens and reads slow, the more so the busier
+        the route's prefills: the routes that take most of the traffic looked
+        slower than their samples then showed. Carried on to ``planned`` the
+        wait weighs as it will in the sample. ``planned`` is a bound (answers
+        often end before it), so the projection leans fast by as much as an
+        early end would have spread the wait over fewer tokens; without one, or
+        at it, it is the pace as if it ended now.
+        """
+        tokens = max(self.tokens, 1)
+        if self.planned <= tokens or tokens < 2:
+            return tokens / self.seconds
+        per_token = self.streaming / (tokens - 1)
+        first = self.seconds - self.streaming
+        return self.planned / (first + per_token * (self.planned - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,19 +115,21 @@ NO_LOAD = LoadSnapshot()
 @dataclass(slots=True)
 class _Stream:
     """One session: the stream it counts (None: the request chosen but not
-    streaming yet), when it was sent, its last sign of life, its tokens so far
-    on the route and when the first of them came."""
+    streaming yet), when it was sent, its last sign of life, the most tokens it
+    may produce on the route (0: not known), its tokens so far there and when the
+    first of them came."""
 
     stream: object | None  # held so the key (its identity) stays unique while open
     sent: float
     touched: float
+    planned: int = 0
     tokens: int = 0
     first_at: float | None = None
 
     def pace(self, now: float) -> Pace | None:
         if self.first_at is None:
             return None
-        return Pace(self.tokens, now - self.sent, now - self.first_at)
+        return Pace(self.tokens, now - self.sent, now - self.first_at, self.planned)
 
 
 @dataclass(slots=True)
@@ -154,15 +178,16 @@ class RouteLoad:
             self._open(decision, None)
         return decision
 
-    def open(self, decision: Decided, stream: object | None = None) -> None:
-        """Count ``decision``'s request (its ``stream``, if given) as load on its route.
+    def open(self, decision: Decided, stream: object | None = None, *, planned: int = 0) -> None:
+        """Count ``decision``'s request (its ``stream``, if given, which may produce up to
+        ``planned`` tokens there; 0: not known) as load on its route.
 
         Idempotent, and it re-opens a closed session (a stream sent again on the
         same decision, e.g. after waiting for a slot). A stream's session
         replaces the decision's session from the choice.
         """
         with self._lock:
-            self._open(decision, stream)
+            self._open(decision, stream, planned)
 
     def touch(
         self, decision: Decided, stream: object | None = None, *, tokens: int | None = None
@@ -198,7 +223,7 @@ class RouteLoad:
         with self._lock:
             return self._snapshot()
 
-    def _open(self, decision: Decided, stream: object | None) -> None:
+    def _open(self, decision: Decided, stream: object | None, planned: int = 0) -> None:
         now = self.clock()
         entry = self._sessions.setdefault(id(decision), _Sessions(decision))
         if stream is None:
@@ -207,7 +232,7 @@ class RouteLoad:
         else:
             entry.live.pop(_CHOSEN, None)
             if id(stream) not in entry.live:  # sent (again after a close): a new pace
-                entry.live[id(stream)] = _Stream(stream, now, now)
+                entry.live[id(stream)] = _Stream(stream, now, now, planned)
         self._sent[decision.plan.signature] = now
 
     def _snapshot(self) -> LoadSnapshot:

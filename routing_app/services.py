@@ -119,17 +119,22 @@ def route_choose(
 
 
 def route_session_open(
-    *, decision: RouteDecision, stream: object | None = None, load: RouteLoad | None = None
+    *,
+    decision: RouteDecision,
+    stream: object | None = None,
+    planned: int = 0,
+    load: RouteLoad | None = None,
 ) -> None:
     """``stream`` (one of the request's streams, e.g. one choice's generation) is being
-    sent on ``decision``'s route: it counts as load there.
+    sent on ``decision``'s route, where it may produce up to ``planned`` tokens (0: not
+    known): it counts as load there, and its pace is read against ``planned``.
 
     Idempotent, and it re-opens a closed session: call it each time a stream
     on ``decision`` (re)starts, e.g. after waiting for a busy route's slot.
     The session ``route_choose`` opened for the request gives way to its
     first stream's, so nothing is counted twice.
     """
-    (load or route_load()).open(decision, stream)
+    (load or route_load()).open(decision, stream, planned=planned)
 
 
 def route_session_touch(

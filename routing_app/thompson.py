@@ -90,7 +90,8 @@ def belief(
 
 def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[float, float]:
     """The arm's tokens/s and mass with each request in flight on it counted as the
-    sample it would give if it ended now: their samples, taken early.
+    sample it will give if it streams on at its pace (``Pace.projected``): their
+    samples, taken early.
 
     A route's samples arrive only as requests complete, long after a node slowed
     down when requests are long (a 5x slower route takes seconds per request, and
@@ -104,7 +105,7 @@ def anticipated(arm: ArmView, paces: Sequence[Pace], min_tokens: int) -> tuple[f
     tps, mass = arm.tps, arm.weight
     for pace in paces:
         if pace.streaming * arm.tps >= 2 * min_tokens:
-            tps, mass = sample_added(tps, mass, max(pace.tokens, 1) / pace.seconds)
+            tps, mass = sample_added(tps, mass, pace.projected())
     return tps, mass
 
 

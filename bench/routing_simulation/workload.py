@@ -1,9 +1,9 @@
 """The simulated workload: requests in flight (``Session``), what is in flight now
 (``Load``, as the tracker's load book would see it) and the events of a run.
 
-Requests arrive as a Poisson stream, each generating ``TOKENS`` tokens after a
-prefill of ``PREFILL`` of its own decode steps; each request's observed speed
-carries ``NOISE_SIGMA`` log-normal noise.
+Requests arrive as a Poisson stream, each asking for up to ``MAX_TOKENS`` and
+generating ``TOKENS`` tokens after a prefill of ``PREFILL`` of its own decode
+steps; each request's observed speed carries ``NOISE_SIGMA`` log-normal noise.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from routing_app.planner import RoutePlan
 
 NOISE_SIGMA = 0.10
 TOKENS = (16, 256)
+MAX_TOKENS = TOKENS[1]  # every request's max_tokens
 # A request's prefill on a route (its time to first token), in its own decode
 # steps: a chat prompt of some hundred tokens on a batching node.
 PREFILL = (2.0, 20.0)
@@ -47,7 +48,10 @@ class Session:
         if self.first_at is None:
             return None
         produced = (self.route_tokens - self.remaining) * self.noise
-        return Pace(int(produced), now - self.started, now - self.first_at)
+        # Every request asks for up to MAX_TOKENS and ends at its own length, as a
+        # chat ends at its end of text: the tracker knows the bound, not the length.
+        planned = (MAX_TOKENS - (self.tokens - self.route_tokens)) * self.noise
+        return Pace(int(produced), now - self.started, now - self.first_at, int(planned))
 
 
 @dataclass

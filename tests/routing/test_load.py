@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from routing_app.choice import DecisionMode, RouteDecision
 from routing_app.config import RoutingConfig
@@ -160,6 +162,47 @@ def test_a_request_whose_choices_stream_together_shows_one_pace_the_first_sent()
         # pytest.approx stands in for the seconds: Pace compares field by field.
         [Pace(9, cast(float, pytest.approx(1.1)), 1.0)],
     )
+
+
+def test_a_stream_opened_with_its_planned_length_shows_it_in_its_pace():
+    """The proxy opens each stream with its ``max_tokens`` less what it produced on earlier
+    routes; the pace carries it, so the policy can read the pace against it."""
+    clock = ManualClock()
+    load = RouteLoad(clock=clock)
+    chosen, stream = decision(), object()
+    route_session_open(decision=chosen, stream=stream, planned=200, load=load)
+    clock.advance(1.0)
+    route_session_touch(decision=chosen, stream=stream, tokens=1, load=load)
+    clock.advance(1.0)
+    route_session_touch(decision=chosen, stream=stream, tokens=11, load=load)
+
+    assert list(load.snapshot().route_paces(PLANS[0])) == [Pace(11, 2.0, 1.0, planned=200)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=st.floats(min_value=0.0, max_value=30.0),
+    per_token=st.floats(min_value=1e-4, max_value=2.0),
+    planned=st.integers(min_value=2, max_value=4096),
+    share=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_a_pace_that_keeps_its_rate_projects_the_sample_its_request_will_give(
+    first, per_token, planned, share
+):
+    """Whenever it is read, a request streaming at a steady rate to its planned length
+    projects the tokens/s its sample shows at the end: its wait for the first token
+    weighs as it will, not spread over the few tokens it has so far."""
+    tokens = 2 + round(share * (planned - 2))
+    pace = Pace(tokens, first + per_token * (tokens - 1), per_token * (tokens - 1), planned)
+    ended = Pace(planned, first + per_token * (planned - 1), per_token * (planned - 1), planned)
+
+    assert pace.projected() == pytest.approx(planned / ended.seconds, rel=1e-9)
+    assert ended.projected() == pytest.approx(ended.tokens / ended.seconds, rel=1e-9)
+
+
+def test_a_pace_without_a_planned_length_is_the_sample_as_if_it_ended_now():
+    assert Pace(30, 3.0, 2.0).projected() == pytest.approx(10.0)
+    assert Pace(30, 3.0, 2.0, planned=20).projected() == pytest.approx(10.0)  # past it
 
 
 def test_a_touch_after_the_close_does_not_bring_the_session_back():

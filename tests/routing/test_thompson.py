@@ -394,6 +394,25 @@ def test_a_judged_request_counts_as_the_sample_it_would_give_if_it_ended_now():
     assert shares(prefill=0.0)[0] > 0.5 > shares(prefill=2.0)[0]
 
 
+def test_a_request_early_in_its_stream_counts_as_the_sample_it_will_give_at_its_length():
+    """A busy route's requests wait for their first token: 20 tokens 0.63 s after a 2 s
+    wait are 7.6 tok/s if they ended now, but carried on at 30 tok/s to the 256 tokens
+    asked for they are 24.5 tok/s, as their samples will be. Read as if ended now, the
+    fastest route looks slowest while it is busiest and loses the traffic it should keep."""
+    arms = [arm(0, ArmStatus.PROVEN, 30.0, weight=9.0), arm(1, ArmStatus.PROVEN, 25.0)]
+    others = [Pace(50, 2.0, 2.0)] * 3  # route 1 as loaded, at its 25 tok/s
+
+    def shares(planned: int) -> list[float]:
+        ours = [Pace(20, 2.0 + 19 / 30, 19 / 30, planned)] * 3
+        loads = LoadSnapshot(
+            routes={PLANS[0].signature: 3, PLANS[1].signature: 3},
+            paces={PLANS[0].signature: ours, PLANS[1].signature: others},
+        )
+        return CONFIG.route_policy().shares(arms, loads=loads)
+
+    assert shares(planned=0)[0] < 0.3 < 0.5 < shares(planned=256)[0]
+
+
 def test_the_bound_is_a_setting():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=100.0)]
     strict = RoutingConfig(max_unsampled_seconds=60.0)

@@ -399,7 +399,11 @@ class CompletionProxy:
         self._streaming[generation.choice] = plan.head.node_id
         served = False
         # Counted as load on the route while it streams (again after a busy wait).
-        route_session_open(decision=segment.decision, stream=generation)
+        route_session_open(
+            decision=segment.decision,
+            stream=generation,
+            planned=self.params.max_tokens - len(generation.token_ids),
+        )
         try:
             frames = head_stream(
                 client=self.client,
