@@ -8,8 +8,8 @@ it), and with transformers ``generate`` on the whole model in this process
 (one torch thread, as each node has). Nothing is pinned to a core: every
 process is left to the OS scheduler. Tokens/s counts the whole request,
 prefill included, on every side. Prints each and the ratios
-tracker / direct (target >= 0.95) and tracker / generate (target >= 0.95,
-issue 14).
+tracker / direct (target >= 0.95, issue 14) and tracker / generate (target
+>= 0.97, issue 27).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from tracker_app.localnet import LocalNetwork
 MODEL = "smollm2-135m"
 TOKENS = 64
 ROUNDS = 3
-TARGET = 0.95
+TARGET_DIRECT = 0.95  # through the tracker ÷ straight from the head (issue 14)
+TARGET_GENERATE = 0.97  # through the tracker ÷ generate in one process (issue 27)
 MESSAGES = [{"role": "user", "content": "Write a short poem about distributed computing."}]
 
 
@@ -125,8 +126,8 @@ def main() -> None:
     print(f"  generate, one process: {g:.2f} tokens/s  {[round(x, 2) for x in generate_tps]}")
     print(f"  direct from head:      {d:.2f} tokens/s  {[round(x, 2) for x in direct_tps]}")
     print(f"  through tracker:       {t:.2f} tokens/s  {[round(x, 2) for x in tracker_tps]}")
-    print(f"  ratio tracker / direct   = {t / d:.3f}  (target >= {TARGET})")
-    print(f"  ratio tracker / generate = {t / g:.3f}  (target >= {TARGET})")
+    print(f"  ratio tracker / direct   = {t / d:.3f}  (target >= {TARGET_DIRECT})")
+    print(f"  ratio tracker / generate = {t / g:.3f}  (target >= {TARGET_GENERATE})")
 
 
 if __name__ == "__main__":
