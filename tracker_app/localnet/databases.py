@@ -89,8 +89,10 @@ def query_process_database(database_url: str, sql: str, *params: Any) -> list[tu
     Returns the rows of a query, ``[]`` for a statement (writes are committed).
     """
     if database_url.startswith("sqlite:///"):
+        # Django keeps a UUIDField in SQLite as its 32 hex digits.
+        values = tuple(value.hex if isinstance(value, uuid.UUID) else value for value in params)
         with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
-            return list(conn.execute(sql.replace("%s", "?"), params))
+            return list(conn.execute(sql.replace("%s", "?"), values))
     import psycopg
 
     with psycopg.connect(database_url) as conn:
