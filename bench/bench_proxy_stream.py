@@ -14,7 +14,6 @@ tracker / direct (target >= 0.95, issue 14) and tracker / generate (target
 
 from __future__ import annotations
 
-import secrets
 import statistics
 import sys
 import time
@@ -26,9 +25,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodes_app.protocol.generate import GenerateRequest
+from bench.signed_plans import signed_direct
 from nodes_app.protocol.sse import sse_data
-from nodes_app.signing import load_or_create_wallet, sign_plan
 from tracker_app.localnet import LocalNetwork
 
 MODEL = "smollm2-135m"
@@ -51,19 +49,6 @@ def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tup
                 if usage:
                     tokens = int(usage["completion_tokens"])
     return tokens, time.perf_counter() - began
-
-
-def signed_direct(body: dict[str, Any], key_file: Path) -> dict[str, Any]:
-    """``body`` under a fresh request id, its plan signed as the tracker signs one."""
-    body = {**body, "request_id": f"bench-{time.monotonic_ns()}"}
-    now = int(time.time())
-    # What its sessions may hold: the whole context, for as long as any bench run takes.
-    bounds = {"max_positions": 1 << 16, "ends_at": now + 600, "idle_seconds": 600}
-    body["plan"] = {**body["plan"], "expires_at": now + 60, **bounds, "signature": ""}
-    body["plan"]["nonce"] = secrets.token_hex(16)
-    fields = GenerateRequest.parse(body).plan.signed_fields()
-    body["plan"]["signature"] = sign_plan(load_or_create_wallet(key_file), fields)
-    return body
 
 
 def in_process_generate() -> Callable[[], tuple[int, float]]:
