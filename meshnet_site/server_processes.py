@@ -1,11 +1,16 @@
 """Several server processes behind one listening port, and the supervisor that keeps them.
 
-``runtracker --processes N`` (ADR-0023) binds the port here, once, in the
-supervising process: one listening socket, its backlog as ``runtracker``
-sets it. Each of the N server processes inherits that socket and adopts it
-(:meth:`Listener.endpoint`, daphne's ``fd:`` endpoint), so the kernel hands
-each new connection to whichever process accepts it first: a busy process
-accepts less, and no process is ever handed connections it cannot take.
+``runtracker --processes N`` (ADR-0023) binds the port here, in the
+supervising process, before any server starts: N listening sockets on the
+one port with ``SO_REUSEPORT`` (:meth:`Listener.bind_group`), each with the
+backlog ``runtracker`` sets. Server process I inherits socket I and adopts
+it (:meth:`Listener.endpoint`, daphne's ``fd:`` endpoint). The kernel
+spreads new connections over the sockets by a hash of their addresses, so
+a burst of clients splits evenly; one socket that every process accepts
+from went mostly to whichever woke first (twisted accepts up to a hundred
+connections per wake-up). The supervisor keeps every socket open, so the
+connections that reach a process that died wait in its backlog for the
+process started in its place: none is refused.
 
 :class:`ServerProcesses` starts the N processes (command lines from its
 caller), each with a *lifeline*: one end of a socket pair, on which the
@@ -17,8 +22,7 @@ supervisor, even one killed outright). The supervisor
 - forwards SIGINT and SIGTERM to each process as SIGTERM, waits for them
   to stop (``STOP_TIMEOUT``, then SIGKILL) and exits 0;
 - starts a process that dies after it served ``RESTART_AFTER`` seconds or
-  more again (same index, same socket: connections keep being accepted by
-  the others meanwhile, none is refused); a process that dies before it
+  more again (same index, same socket, same tracker id); a process that dies before it
   serves, or sooner after it began serving, stops them all, with its exit
   status: a fault that starting again would only repeat.
 
@@ -47,25 +51,49 @@ STOP_TIMEOUT = 20.0
 
 @dataclass(frozen=True)
 class Listener:
-    """A bound, listening socket that server processes inherit and adopt."""
+    """A bound, listening socket that a server process inherits and adopts."""
 
     sock: socket.socket
 
     @classmethod
-    def bind(cls, host: str, port: int, *, backlog: int) -> Listener:
-        """Listen on ``host:port`` (the first IPv4 address it resolves to) with ``backlog``;
-        raises OSError (port in use, no IPv4 address) here, before any process starts.
+    def bind_group(cls, host: str, port: int, count: int, *, backlog: int) -> list[Listener]:
+        """``count`` sockets listening on ``host:port`` (its first IPv4 address; port 0: one
+        the system chooses) with ``backlog`` each; raises OSError (port in use, no IPv4
+        address) here, before any process starts.
 
         IPv4 only: daphne adopts an inherited socket as IPv4 (its ``fd:`` endpoint
         takes no address family).
         """
-        _, kind, proto, _, address = socket.getaddrinfo(
+        _, kind, proto, _, found = socket.getaddrinfo(
             host, port, family=socket.AF_INET, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
+        address = (str(found[0]), int(found[1]))
+        # A port already in use is refused as without SO_REUSEPORT: a group another
+        # program (or another tracker) listens with would take us in, sharing its clients.
+        with socket.socket(socket.AF_INET, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+            if port == 0:
+                address = (address[0], int(probe.getsockname()[1]))
+        group: list[Listener] = []
+        try:
+            for _ in range(count):
+                group.append(cls._listening(kind, proto, address, backlog))
+        except OSError:
+            for listener in group:
+                listener.close()
+            raise
+        return group
+
+    @classmethod
+    def _listening(
+        cls, kind: socket.SocketKind, proto: int, address: tuple[str, int], backlog: int
+    ) -> Listener:
         sock = socket.socket(socket.AF_INET, kind, proto)
         try:
             # As twisted's own TCP ports: a restarted tracker binds at once.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind(address)
             sock.listen(backlog)
         except OSError:
@@ -113,13 +141,14 @@ CommandLine = Callable[[int, int, int], Sequence[str]]
 
 @dataclass
 class ServerProcesses:
-    """Keeps ``count`` server processes on ``listener`` running; see the module docstring."""
+    """Keeps a server process on each of ``listeners`` running; see the module docstring."""
 
-    count: int
-    listener: Listener
+    listeners: list[Listener]
     command_line: CommandLine
     env: Callable[[int], Mapping[str, str]]
     say: Callable[[str], None]
+    # Called with a process's pid once it has ended (its bookkeeping, e.g. metrics).
+    on_exit: Callable[[int], None] = lambda pid: None
     restart_after: float = RESTART_AFTER
     stop_timeout: float = STOP_TIMEOUT
     processes: dict[int, ServerProcess] = field(default_factory=dict)
@@ -139,7 +168,7 @@ class ServerProcesses:
         selector = selectors.DefaultSelector()
         selector.register(wake_read, selectors.EVENT_READ)
         try:
-            for index in range(1, self.count + 1):
+            for index in range(1, len(self.listeners) + 1):
                 self._start(index, selector)
             while self._stop_signal is None:
                 for key, _ in selector.select(timeout=1.0):
@@ -157,7 +186,7 @@ class ServerProcesses:
                     self._announced = True
                     on_ready([self.processes[i].pid for i in sorted(self.processes)])
             name = signal.Signals(self._stop_signal).name
-            self.say(f"{name}: stopping the {self.count} tracker processes")
+            self.say(f"{name}: stopping the {len(self.listeners)} tracker processes")
             return 0
         finally:
             self._stop_all()
@@ -173,7 +202,7 @@ class ServerProcesses:
 
     def _start(self, index: int, selector: selectors.BaseSelector) -> ServerProcess:
         ours, theirs = socket.socketpair()
-        fds = (self.listener.fileno, theirs.fileno())
+        fds = (self.listeners[index - 1].fileno, theirs.fileno())
         try:
             popen = subprocess.Popen(
                 list(self.command_line(index, *fds)), env=dict(self.env(index)), pass_fds=fds
@@ -204,6 +233,7 @@ class ServerProcesses:
         """``process`` closed its lifeline: start it again, or the status to stop all with."""
         status = process.popen.wait()
         process.lifeline.close()
+        self.on_exit(process.pid)
         served = 0.0 if process.serving_since is None else time.monotonic() - process.serving_since
         ended = (
             f"was killed by {signal.Signals(-status).name}"

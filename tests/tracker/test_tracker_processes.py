@@ -125,6 +125,32 @@ def test_both_processes_answer_on_the_one_port(two_processes: TwoProcesses) -> N
     }
 
 
+HEALTHZ_COUNT = re.compile(
+    r'^django_http_requests_total_by_view_transport_method_total\{[^}]*view="healthz"[^}]*\} '
+    r"([0-9.]+)$",
+    re.MULTILINE,
+)
+
+
+def test_metrics_from_either_process_count_the_requests_of_both(
+    two_processes: TwoProcesses,
+) -> None:
+    net = two_processes.net
+
+    def healthz_counts() -> dict[str, int]:
+        answers = until_both_answered(lambda: httpx.get(f"{net.url}/metrics", timeout=10))
+        return {
+            served_by(answer): sum(int(float(n)) for n in HEALTHZ_COUNT.findall(answer.text))
+            for answer in answers
+        }
+
+    before = max(healthz_counts().values())
+    checks = until_both_answered(lambda: httpx.get(f"{net.url}/healthz", timeout=10))
+
+    # Each process alone saw only its share of the checks.
+    assert healthz_counts() == {"1/2": before + len(checks), "2/2": before + len(checks)}
+
+
 def test_a_chat_through_the_shared_port_is_answered_by_either_process(
     two_processes: TwoProcesses,
 ) -> None:
@@ -297,6 +323,16 @@ def test_several_processes_are_refused_without_shared_state(
 
     assert result.returncode != 0
     assert words in result.stderr
+
+
+def test_a_port_in_use_is_refused(two_processes: TwoProcesses) -> None:
+    port = two_processes.net.url.rsplit(":", 1)[1]
+    env = process_env(two_processes.database_url, REDIS_URL=two_processes.redis)
+
+    result = run_command(manage_argv("runtracker", "--port", port, "--processes", "2"), env=env)
+
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
 def test_a_process_count_below_one_is_refused() -> None:

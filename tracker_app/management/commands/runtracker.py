@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +211,15 @@ class Command(BaseCommand):
     def supervise(self, options: dict[str, Any], count: int) -> None:
         """Bind the port once, run ``count`` server processes on it until told to stop."""
         try:
-            listener = Listener.bind(options["host"], options["port"], backlog=LISTEN_BACKLOG)
+            listeners = Listener.bind_group(
+                options["host"], options["port"], count, backlog=LISTEN_BACKLOG
+            )
         except OSError as error:
             hint = " (--processes serves IPv4 addresses only)" * isinstance(error, socket.gaierror)
             raise CommandError(
                 f"cannot listen on {options['host']}:{options['port']}{hint}: {error}"
             ) from None
+        port = listeners[0].port
         base_id = settings.MESHNET_TRACKER_ID
         flags = [
             f"--{dest.replace('_', '-')}={options[dest]}"
@@ -225,23 +230,38 @@ class Command(BaseCommand):
         def command_line(index: int, serve_fd: int, lifeline_fd: int) -> list[str]:
             return [
                 sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runtracker",
-                "--host", options["host"], "--port", str(listener.port), *flags,
+                "--host", options["host"], "--port", str(port), *flags,
                 "--processes", str(count), "--process-index", str(index),
                 "--serve-fd", str(serve_fd), "--lifeline-fd", str(lifeline_fd),
             ]  # fmt: skip
 
+        # /metrics from any process counts every process's requests (prometheus_client's
+        # multiprocess mode): a directory the processes share, this run's own.
+        metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+            prefix="meshnet-metrics-"
+        )
+
         def env(index: int) -> dict[str, str]:
-            return {**os.environ, "MESHNET_TRACKER_ID": process_tracker_id(base_id, index)}
+            return {
+                **os.environ,
+                "MESHNET_TRACKER_ID": process_tracker_id(base_id, index),
+                "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+            }
+
+        def ended(pid: int) -> None:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(pid, metrics_dir)
 
         def ready(pids: list[int]) -> None:
             listed = ", ".join(str(pid) for pid in pids)
             processes = f"{count} processes, pids {listed}; "
-            self.stdout.write(self.ready_line(options["host"], listener.port, processes))
+            self.stdout.write(self.ready_line(options["host"], port, processes))
             self.stdout.flush()
 
         supervisor = ServerProcesses(
-            count=count,
-            listener=listener,
+            listeners=listeners,
+            on_exit=ended,
             command_line=command_line,
             env=env,
             say=lambda line: self.stderr.write(line),
@@ -249,7 +269,10 @@ class Command(BaseCommand):
         try:
             status = supervisor.run(ready)
         finally:
-            listener.close()
+            for listener in listeners:
+                listener.close()
+            if metrics_dir != os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                shutil.rmtree(metrics_dir, ignore_errors=True)
         if status:
             raise SystemExit(status)
 
