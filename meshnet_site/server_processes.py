@@ -179,6 +179,8 @@ class ServerProcesses:
                     if self._hear(process):
                         continue
                     selector.unregister(process.lifeline)
+                    if self._stop_signal is not None:
+                        break  # stopping (a Ctrl-C reaches every process): none is restarted
                     failure = self._ended(process, selector)
                     if failure is not None:
                         return failure
