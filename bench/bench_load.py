@@ -101,8 +101,8 @@ def cpu_per_token(before: dict[str, float], after: dict[str, float], tokens: int
     total = sum(each.values())
     cpus = os.cpu_count() or 1
     return (
-        ", ".join(f"{name} {ms:.1f}" for name, ms in each.items())
-        + f"; all {total:.1f}, so at most {cpus * 1000 / total:.0f} tokens/s on {cpus} CPUs"
+        ", ".join(f"{name} {ms:.2f}" for name, ms in each.items())
+        + f"; all {total:.2f}, so at most {cpus * 1000 / total:.0f} tokens/s on {cpus} CPUs"
     )
 
 

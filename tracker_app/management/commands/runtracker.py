@@ -1,9 +1,9 @@
 """Serve the tracker (HTTP and websockets) under daphne: one process, or N behind one port.
 
-``--processes N`` (ADR-0023) binds the port once and runs N daphne processes
-accepting on it, supervised by this one (``meshnet_site.server_processes``);
-each is started again as this command with ``--serve-fd``, the listening
-socket it inherits.
+``--processes N`` (ADR-0023) binds the port (a socket per process, with
+``SO_REUSEPORT``) and runs N daphne processes on it, supervised by this one
+(``meshnet_site.server_processes``); each is started again as this command
+with ``--serve-fd``, the listening socket it inherits.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class Command(BaseCommand):
             on_exit=ended,
             command_line=command_line,
             env=env,
-            say=lambda line: self.stderr.write(line),
+            say=lambda line: self.stderr.write(line, style_func=str),
         )
         try:
             status = supervisor.run(ready)
