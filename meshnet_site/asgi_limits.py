@@ -13,6 +13,10 @@ a 411, both in the error shape and before a byte of the body is read.
   calls the application at all, so the middleware alone would refuse only
   after the disk write; this server refuses as soon as the headers are in
   and closes the connection, never storing the body.
+
+:class:`BoundedServer` also names, when it is one of ``runtracker --processes
+N``, which process answered: every HTTP response carries
+``Meshnet-Tracker-Process: I/N`` (ADR-0023).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# The response header that names the server process of ``runtracker --processes N``.
+PROCESS_HEADER = "Meshnet-Tracker-Process"
 
 
 class RequestTooLarge(DomainError):
@@ -129,6 +137,13 @@ class _BoundedRequest(WebRequest):
             return super().process()
         return None
 
+    def handle_reply(self, message: MutableMapping[str, Any]) -> None:
+        super().handle_reply(message)
+        label = self.server.process_label
+        if label is not None and message.get("type") == "http.response.start":
+            # Headers go out with the first body bytes: there is still time.
+            self.setHeader(PROCESS_HEADER, label)
+
 
 class _BoundedHTTPFactory(HTTPFactory):
     def buildProtocol(self, addr: Any) -> Any:
@@ -138,11 +153,15 @@ class _BoundedHTTPFactory(HTTPFactory):
 
 
 class BoundedServer(Server):
-    """Daphne's server, refusing over-size and chunked bodies before they are received."""
+    """Daphne's server, refusing over-size and chunked bodies before they are received;
+    with ``process_label`` (``I/N``), naming itself in every HTTP response."""
 
-    def __init__(self, *args: Any, max_body_bytes: int, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, max_body_bytes: int, process_label: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.max_body_bytes = max_body_bytes
+        self.process_label = process_label
 
     # Server.run() builds its HTTP factory inline, with no hook to choose the
     # request class: whatever factory it assigns, this one takes its place.
