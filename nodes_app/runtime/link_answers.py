@@ -9,7 +9,7 @@ import time
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from nodes_app.runtime import wire
-from nodes_app.runtime.link_guard import LinkPolicy
+from nodes_app.runtime.link_guard import Connection, LinkPolicy
 
 
 class Answers:
@@ -18,11 +18,16 @@ class Answers:
     It also watches whether the peer reads them: ``stuck`` is set once more
     than the send buffer waits behind the frame being written, and
     :meth:`write_stalled` tells when no frame could be written for the write timeout.
+    A frame with none queued before it is written at once (``Connection.send_now``)
+    when the socket takes it; the rest queue for :meth:`send_all`.
     """
 
-    def __init__(self, websocket: WebSocket, policy: LinkPolicy) -> None:
+    def __init__(
+        self, websocket: WebSocket, policy: LinkPolicy, connection: Connection | None = None
+    ) -> None:
         self.websocket = websocket
         self.policy = policy
+        self.connection = connection
         self.ready: list[wire.StepAnswer] = []
         self.frames: asyncio.Queue[bytes] = asyncio.Queue()
         self.flush_scheduled = False
@@ -46,6 +51,8 @@ class Answers:
         frame = wire.encode_answers(ready)
         if self.waiting == 0:
             self.progress_at = time.monotonic()
+            if self.connection is not None and self.connection.send_now(frame):
+                return
         self.waiting += 1
         self.unsent += len(frame)
         self.frames.put_nowait(frame)

@@ -142,10 +142,11 @@ class Connection:
     connection's ``run_asgi``, whose protocol (its ``self``) holds the
     transport and the websockets parser. Made in that task (not in one of its
     own), this handle can abort the socket (a graceful close waits for the
-    peer to read what is queued: forever, for a peer that never reads) and
-    set the largest message the parser takes (one past it is refused as it
-    arrives, unread: 1009). Elsewhere (another server, a test client) both do
-    nothing and say so.
+    peer to read what is queued: forever, for a peer that never reads), set
+    the largest message the parser takes (one past it is refused as it
+    arrives, unread: 1009) and write an answer frame without the ASGI send's
+    coroutines. Elsewhere (another server, a test client) all do nothing
+    and say so.
     """
 
     def __init__(self) -> None:
@@ -157,12 +158,43 @@ class Connection:
         self._transport = transport if isinstance(transport, asyncio.Transport) else None
         parser = getattr(protocol, "conn", None)
         self._parser = parser if isinstance(getattr(parser, "max_size", None), int) else None
+        writable = getattr(protocol, "writable", None)
+        self._protocol = (
+            protocol
+            if self._transport is not None
+            and self._parser is not None
+            and isinstance(writable, asyncio.Event)
+            and hasattr(protocol, "close_sent")
+            and hasattr(protocol, "disconnected")
+            else None
+        )
 
     def abort(self) -> bool:
         """Drop the socket at once, its unsent bytes discarded; False if there is none."""
         if self._transport is None:
             return False
         self._transport.abort()
+        return True
+
+    def send_now(self, message: bytes) -> bool:
+        """Write ``message`` as one binary websocket message at once, as uvicorn's own
+        ``send`` would, when the socket takes it without waiting (not paused for a
+        peer that reads slowly, not closing); False, nothing written, otherwise.
+
+        The ASGI ``send`` it stands for costs a coroutine through every
+        middleware per answer frame; a hop's answers are on every token's path.
+        """
+        protocol = self._protocol
+        if (
+            protocol is None
+            or protocol.disconnected
+            or protocol.close_sent
+            or not protocol.writable.is_set()
+            or protocol.transport.is_closing()
+        ):
+            return False
+        protocol.conn.send_binary(message)
+        protocol.transport.write(b"".join(protocol.conn.data_to_send()))
         return True
 
     def limit_messages(self, max_bytes: int) -> bool:

@@ -76,7 +76,13 @@ async def serve_link(
         connection = Connection()
         await websocket.accept()
         link = _Link(
-            websocket, service, peers, host=host, peer=peer, max_frame_bytes=max_frame_bytes
+            websocket,
+            service,
+            peers,
+            host=host,
+            peer=peer,
+            max_frame_bytes=max_frame_bytes,
+            connection=connection,
         )
         await link.serve(connection)
     finally:
@@ -95,6 +101,7 @@ class _Link:
         host: str,
         peer: str,
         max_frame_bytes: int,
+        connection: Connection | None = None,
     ) -> None:
         self.websocket = websocket
         self.host = host
@@ -108,7 +115,7 @@ class _Link:
         self.admitted = 0
         self.refused = 0
         self.running: set[asyncio.Task[None]] = set()
-        self.answers = Answers(websocket, self.policy)
+        self.answers = Answers(websocket, self.policy, connection)
         self.opened_at = self.active_at = time.monotonic()
 
     @property

@@ -59,7 +59,7 @@ from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import ECHO_MAX_SCORES, MAX_SESSION_ID, TOP_LOGPROBS_MAX, echo_scores
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.sampling import Choice, TokenScore
+from nodes_app.runtime.sampling import Choice, TokenScore, all_finite
 
 __all__ = [
     "DTYPES",
@@ -564,8 +564,8 @@ def body_length(step: ForwardStep) -> int:
 
 
 def is_finite(tensor: torch.Tensor) -> bool:
-    """Whether every value is a number (no NaN, no infinity)."""
-    return bool(torch.isfinite(tensor).all())
+    """Whether every value is a number (no NaN, no infinity): ``sampling.all_finite``."""
+    return all_finite(tensor)
 
 
 def tensor_from_bytes(body: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
