@@ -12,7 +12,6 @@ prompt token given the ones before it (:func:`prompt_scores`).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 

@@ -401,7 +401,9 @@ class StepScheduler:
             self.meter.record(1, seconds)
             expected = self._decode_seconds
             self._decode_seconds = (
-                seconds if expected == float("inf") else expected + _STEP_ALPHA * (seconds - expected)
+                seconds
+                if expected == float("inf")
+                else expected + _STEP_ALPHA * (seconds - expected)
             )
         return outcomes
 
