@@ -593,10 +593,10 @@ def _decode_compact_answers(frame: bytes) -> list[StepAnswer]:
 
 def encode_requests(entries: Sequence[LinkStep | CancelEntry | HelloEntry]) -> bytes:
     """One frame of steps, cancels and hellos, in order: compact when every entry fits."""
-    compact = [_compact_step(entry) for entry in entries]
-    if all(item is not None for item in compact):
-        bodies = [entry.body for entry in entries if isinstance(entry, LinkStep)]
-        return _compact_frame(_COMPACT_STEPS, compact, bodies)  # type: ignore[arg-type]
+    compact = [item for item in map(_compact_step, entries) if item is not None]
+    if len(compact) == len(entries):
+        steps = [entry.body for entry in entries if isinstance(entry, LinkStep)]
+        return _compact_frame(_COMPACT_STEPS, compact, steps)
     header: list[dict[str, Any]] = []
     bodies: list[bytes] = []
     for entry in entries:
@@ -670,10 +670,10 @@ def _credential(entry: dict[str, Any], name: str) -> str | None:
 
 def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
     """One frame of answers, in order: compact when every answer fits."""
-    compact = [_compact_answer(answer) for answer in answers]
-    if all(item is not None for item in compact):
-        bodies = [answer.hidden for answer in answers if answer.hidden is not None]
-        return _compact_frame(_COMPACT_ANSWERS, compact, bodies)  # type: ignore[arg-type]
+    compact = [item for item in map(_compact_answer, answers) if item is not None]
+    if len(compact) == len(answers):
+        hidden = [answer.hidden for answer in answers if answer.hidden is not None]
+        return _compact_frame(_COMPACT_ANSWERS, compact, hidden)
     header: list[dict[str, Any]] = []
     bodies: list[bytes] = []
     for answer in answers:
