@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -38,6 +39,8 @@ class Answers:
         # When a frame was last written (or the queue last became non-empty).
         self.progress_at = time.monotonic()
         self.stuck = asyncio.Event()
+        # Called once stuck is set: the link's reader looks at it.
+        self.wake: Callable[[], None] | None = None
 
     def put(self, answer: wire.StepAnswer) -> None:
         self.ready.append(answer)
@@ -58,6 +61,8 @@ class Answers:
         self.frames.put_nowait(frame)
         if self.unsent - self.writing > self.policy.send_buffer_bytes and self.waiting > 1:
             self.stuck.set()
+            if self.wake is not None:
+                self.wake()
 
     def write_stalled(self) -> bool:
         return self.waiting > 0 and time.monotonic() - self.progress_at > self.policy.write_seconds

@@ -22,6 +22,8 @@ capability) keeps one:
   valid plan with a stream of forged ones each costing a signature check;
 - a link that carried no valid step (and has none running) for
   ``idle_seconds`` is closed with ``LINK_CLOSE_IDLE`` (the head resends);
+- a link that has shown one reads ahead while its unread frames hold at most
+  ``read_ahead_bytes`` (``link_inbox``), a stranger's one frame at a time;
 - a link whose peer does not read its answers (answers waiting past
   ``send_buffer_bytes`` behind the frame being written, or no frame written for
   ``write_seconds`` while some wait) is aborted.
@@ -43,6 +45,7 @@ from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import CAPABILITY, PLAN
 from nodes_app.protocol.signed_plan import SignedPlan
 from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.link_inbox import Inbox
 from nodes_app.runtime.trust import PlanGate
 
 
@@ -59,6 +62,9 @@ class LinkPolicy:
     # Refused entries a link may send before it shows anything valid (each may cost a
     # signature check): enough for a test client's refusals, few for a flood.
     stranger_refusals: int = 4
+    # Bytes of frames a link that has shown one may have waiting unread while its socket
+    # keeps reading (``link_inbox``); a stranger's link reads one frame at a time.
+    read_ahead_bytes: int = 2**20
 
     def refusals_allowed(self, admitted: int) -> int:
         """Refused entries a link that had ``admitted`` valid ones may send before it closes."""
@@ -168,6 +174,19 @@ class Connection:
             and hasattr(protocol, "disconnected")
             else None
         )
+
+    def inbox(self) -> Inbox | None:
+        """Take over the connection's receive queue (:class:`link_inbox.Inbox`, reading
+        one frame at a time until its ``read_ahead`` is raised); None if it cannot."""
+        protocol = self._protocol
+        queue = getattr(protocol, "queue", None)
+        if protocol is None or not isinstance(queue, asyncio.Queue):
+            return None
+        inbox = Inbox(protocol.transport, protocol)
+        while not queue.empty():
+            inbox.put_nowait(queue.get_nowait())
+        protocol.queue = inbox
+        return inbox
 
     def abort(self) -> bool:
         """Drop the socket at once, its unsent bytes discarded; False if there is none."""
