@@ -35,7 +35,8 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.protocol import State
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event, State
 
 from nodes_app.protocol.errors import relayable_code
 from nodes_app.protocol.limits import (
@@ -97,6 +98,27 @@ def link_url(endpoint: str) -> str:
     scheme, sep, rest = endpoint.partition("://")
     ws = {"http": "ws", "https": "wss"}.get(scheme.lower(), scheme)
     return f"{ws}{sep}{rest}{LINK_PATH}"
+
+
+class _LinkConnection(ClientConnection):
+    """A link's websocket whose whole binary messages go straight to ``on_frame`` as they
+    are parsed (set once the hello is answered): no message queue, no reading task woken
+    per answer frame. Anything else (a text message, a fragmented one) is received as by
+    any connection."""
+
+    on_frame: Callable[[bytes], None] | None = None
+
+    def process_event(self, event: Event) -> None:
+        on_frame = self.on_frame
+        if (
+            on_frame is not None
+            and isinstance(event, Frame)
+            and event.opcode is Opcode.BINARY
+            and event.fin
+        ):
+            on_frame(bytes(event.data))
+            return
+        super().process_event(event)
 
 
 class HopLink:
@@ -222,6 +244,7 @@ class HopLink:
             # A hung hop is found by each step's deadline, not by pings.
             ping_interval=None,
             close_timeout=1.0,
+            create_connection=_LinkConnection,
         )
         try:
             await connection.send(wire.encode_requests([hello]))
@@ -238,8 +261,28 @@ class HopLink:
                 await connection.close()
             raise
         self._connection = connection
+        if isinstance(connection, _LinkConnection):
+            connection.on_frame = lambda frame: self._answer(connection, frame)
         self._spawn(self._read(connection))
         return connection
+
+    def _answer(self, connection: _LinkConnection, frame: bytes) -> None:
+        """Hand each answer of ``frame`` to the step waiting for it; a malformed frame
+        closes the link (and fails what is pending on it)."""
+        self._received += 1
+        try:
+            answers = wire.decode_answers(frame)
+        except wire.FrameError as error:
+            connection.on_frame = _ignore
+            reason = f"the hop sent a malformed frame: {error}"
+            logger.warning("link to %s: %s", self.endpoint, reason)
+            self._drop(reason, connection)
+            self._spawn(_close(connection))
+            return
+        for answer in answers:
+            waiting = self._pending.get(answer.step_id)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(answer)
 
     def _flush(self) -> None:
         """Send what was queued this tick, in as few frames as the hop's limits allow."""
@@ -340,6 +383,15 @@ class HopLink:
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 await self._connection.close()
+
+
+def _ignore(frame: bytes) -> None:
+    """What a link does with frames after a malformed one: nothing (it is closing)."""
+
+
+async def _close(connection: ClientConnection) -> None:
+    with contextlib.suppress(Exception):
+        await connection.close()
 
 
 class _Expired(Exception):
