@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from nodes_app.runtime import wire
-from nodes_app.runtime.link_guard import LinkPolicy
+from nodes_app.runtime.link_guard import Connection, LinkPolicy
 
 
 class Answers:
@@ -18,11 +19,16 @@ class Answers:
     It also watches whether the peer reads them: ``stuck`` is set once more
     than the send buffer waits behind the frame being written, and
     :meth:`write_stalled` tells when no frame could be written for the write timeout.
+    A frame with none queued before it is written at once (``Connection.send_now``)
+    when the socket takes it; the rest queue for :meth:`send_all`.
     """
 
-    def __init__(self, websocket: WebSocket, policy: LinkPolicy) -> None:
+    def __init__(
+        self, websocket: WebSocket, policy: LinkPolicy, connection: Connection | None = None
+    ) -> None:
         self.websocket = websocket
         self.policy = policy
+        self.connection = connection
         self.ready: list[wire.StepAnswer] = []
         self.frames: asyncio.Queue[bytes] = asyncio.Queue()
         self.flush_scheduled = False
@@ -33,6 +39,8 @@ class Answers:
         # When a frame was last written (or the queue last became non-empty).
         self.progress_at = time.monotonic()
         self.stuck = asyncio.Event()
+        # Called once stuck is set: the link's reader looks at it.
+        self.wake: Callable[[], None] | None = None
 
     def put(self, answer: wire.StepAnswer) -> None:
         self.ready.append(answer)
@@ -46,11 +54,15 @@ class Answers:
         frame = wire.encode_answers(ready)
         if self.waiting == 0:
             self.progress_at = time.monotonic()
+            if self.connection is not None and self.connection.send_now(frame):
+                return
         self.waiting += 1
         self.unsent += len(frame)
         self.frames.put_nowait(frame)
         if self.unsent - self.writing > self.policy.send_buffer_bytes and self.waiting > 1:
             self.stuck.set()
+            if self.wake is not None:
+                self.wake()
 
     def write_stalled(self) -> bool:
         return self.waiting > 0 and time.monotonic() - self.progress_at > self.policy.write_seconds

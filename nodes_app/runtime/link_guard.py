@@ -22,6 +22,8 @@ capability) keeps one:
   valid plan with a stream of forged ones each costing a signature check;
 - a link that carried no valid step (and has none running) for
   ``idle_seconds`` is closed with ``LINK_CLOSE_IDLE`` (the head resends);
+- a link that has shown one reads ahead while its unread frames hold at most
+  ``read_ahead_bytes`` (``link_inbox``), a stranger's one frame at a time;
 - a link whose peer does not read its answers (answers waiting past
   ``send_buffer_bytes`` behind the frame being written, or no frame written for
   ``write_seconds`` while some wait) is aborted.
@@ -43,6 +45,7 @@ from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import CAPABILITY, PLAN
 from nodes_app.protocol.signed_plan import SignedPlan
 from nodes_app.runtime.errors import RuntimeRequestError
+from nodes_app.runtime.link_inbox import Inbox
 from nodes_app.runtime.trust import PlanGate
 
 
@@ -59,6 +62,9 @@ class LinkPolicy:
     # Refused entries a link may send before it shows anything valid (each may cost a
     # signature check): enough for a test client's refusals, few for a flood.
     stranger_refusals: int = 4
+    # Bytes of frames a link that has shown one may have waiting unread while its socket
+    # keeps reading (``link_inbox``); a stranger's link reads one frame at a time.
+    read_ahead_bytes: int = 2**20
 
     def refusals_allowed(self, admitted: int) -> int:
         """Refused entries a link that had ``admitted`` valid ones may send before it closes."""
@@ -142,10 +148,11 @@ class Connection:
     connection's ``run_asgi``, whose protocol (its ``self``) holds the
     transport and the websockets parser. Made in that task (not in one of its
     own), this handle can abort the socket (a graceful close waits for the
-    peer to read what is queued: forever, for a peer that never reads) and
-    set the largest message the parser takes (one past it is refused as it
-    arrives, unread: 1009). Elsewhere (another server, a test client) both do
-    nothing and say so.
+    peer to read what is queued: forever, for a peer that never reads), set
+    the largest message the parser takes (one past it is refused as it
+    arrives, unread: 1009) and write an answer frame without the ASGI send's
+    coroutines. Elsewhere (another server, a test client) all do nothing
+    and say so.
     """
 
     def __init__(self) -> None:
@@ -157,12 +164,56 @@ class Connection:
         self._transport = transport if isinstance(transport, asyncio.Transport) else None
         parser = getattr(protocol, "conn", None)
         self._parser = parser if isinstance(getattr(parser, "max_size", None), int) else None
+        writable = getattr(protocol, "writable", None)
+        self._protocol = (
+            protocol
+            if self._transport is not None
+            and self._parser is not None
+            and isinstance(writable, asyncio.Event)
+            and hasattr(protocol, "close_sent")
+            and hasattr(protocol, "disconnected")
+            else None
+        )
+
+    def inbox(self) -> Inbox | None:
+        """Take over the connection's receive queue (:class:`link_inbox.Inbox`, reading
+        one frame at a time until its ``read_ahead`` is raised); None if it cannot."""
+        protocol = self._protocol
+        queue = getattr(protocol, "queue", None)
+        if protocol is None or not isinstance(queue, asyncio.Queue):
+            return None
+        inbox = Inbox(protocol.transport, protocol)
+        while not queue.empty():
+            inbox.put_nowait(queue.get_nowait())
+        protocol.queue = inbox
+        return inbox
 
     def abort(self) -> bool:
         """Drop the socket at once, its unsent bytes discarded; False if there is none."""
         if self._transport is None:
             return False
         self._transport.abort()
+        return True
+
+    def send_now(self, message: bytes) -> bool:
+        """Write ``message`` as one binary websocket message at once, as uvicorn's own
+        ``send`` would, when the socket takes it without waiting (not paused for a
+        peer that reads slowly, not closing); False, nothing written, otherwise.
+
+        The ASGI ``send`` it stands for costs a coroutine through every
+        middleware per answer frame; a hop's answers are on every token's path.
+        """
+        protocol = self._protocol
+        if (
+            protocol is None
+            or protocol.disconnected
+            or protocol.close_sent
+            or not protocol.writable.is_set()
+            or protocol.transport.is_closing()
+        ):
+            return False
+        protocol.conn.send_binary(message)
+        protocol.transport.write(b"".join(protocol.conn.data_to_send()))
         return True
 
     def limit_messages(self, max_bytes: int) -> bool:

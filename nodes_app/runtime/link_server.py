@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from asyncio import FIRST_COMPLETED
 from collections.abc import Mapping
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -39,6 +38,7 @@ from nodes_app.runtime import wire
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.link_answers import Answers
 from nodes_app.runtime.link_guard import Connection, PeerLinks, check_plan_shown
+from nodes_app.runtime.link_inbox import Inbox
 from nodes_app.runtime.sampling import Choice
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.trust import Grant
@@ -76,7 +76,13 @@ async def serve_link(
         connection = Connection()
         await websocket.accept()
         link = _Link(
-            websocket, service, peers, host=host, peer=peer, max_frame_bytes=max_frame_bytes
+            websocket,
+            service,
+            peers,
+            host=host,
+            peer=peer,
+            max_frame_bytes=max_frame_bytes,
+            connection=connection,
         )
         await link.serve(connection)
     finally:
@@ -95,6 +101,7 @@ class _Link:
         host: str,
         peer: str,
         max_frame_bytes: int,
+        connection: Connection | None = None,
     ) -> None:
         self.websocket = websocket
         self.host = host
@@ -108,7 +115,8 @@ class _Link:
         self.admitted = 0
         self.refused = 0
         self.running: set[asyncio.Task[None]] = set()
-        self.answers = Answers(websocket, self.policy)
+        self.answers = Answers(websocket, self.policy, connection)
+        self.inbox = Inbox()
         self.opened_at = self.active_at = time.monotonic()
 
     @property
@@ -118,15 +126,20 @@ class _Link:
 
     async def serve(self, connection: Connection) -> None:
         connection.limit_messages(self.frame_limit)
+        # Frames straight from the connection's own queue, else pumped from the ASGI receive.
+        inbox = connection.inbox() or Inbox.pumping(self.websocket.receive)
+        self.inbox = inbox
+        if self.trusted:
+            inbox.read_ahead = self.policy.read_ahead_bytes
+        self.answers.wake = inbox.wake
         writer = asyncio.create_task(self.answers.send_all())
-        stuck = asyncio.create_task(self.answers.stuck.wait())
-        receiving = asyncio.ensure_future(self.websocket.receive())
         try:
             while True:
-                done, _ = await asyncio.wait(
-                    {receiving, stuck}, timeout=self._next_deadline(), return_when=FIRST_COMPLETED
-                )
-                if stuck.done() or self.answers.write_stalled():
+                message = inbox.take()
+                if message is None:
+                    await inbox.wait(self._next_deadline())
+                    message = inbox.take()
+                if self.answers.stuck.is_set() or self.answers.write_stalled():
                     logger.warning(
                         "link from %s cut off: the peer does not read its answers (%d bytes "
                         "unsent)",
@@ -135,17 +148,16 @@ class _Link:
                     )
                     connection.abort()
                     return
-                if receiving not in done:
-                    if not self.trusted:
+                if message is None:
+                    if not self.trusted and self._hello_due():
                         why = f"no valid plan or capability within {self.policy.hello_seconds:g} s"
                         await self._close(CLOSE_POLICY, why, connection)
                         return
-                    if self._idle():
+                    if self.trusted and self._idle():
                         why = f"idle: no valid step for {self.policy.idle_seconds:g} s"
                         await self._close(LINK_CLOSE_IDLE, why, connection, level=logging.INFO)
                         return
                     continue
-                message = receiving.result()
                 if message["type"] == "websocket.disconnect":
                     if message.get("code") == CLOSE_TOO_LARGE:
                         if not self.trusted:
@@ -158,10 +170,12 @@ class _Link:
                     return
                 if not await self._frame(message.get("bytes"), connection) or writer.done():
                     return
-                receiving = asyncio.ensure_future(self.websocket.receive())
         finally:
-            for task in (writer, stuck, receiving):
-                task.cancel()
+            writer.cancel()
+            inbox.close()
+
+    def _hello_due(self) -> bool:
+        return time.monotonic() >= self.opened_at + self.policy.hello_seconds
 
     def _next_deadline(self) -> float:
         """Seconds until the hello, idle or write deadline next needs a look."""
@@ -210,6 +224,7 @@ class _Link:
                     self.trusted = True
                     # Before its answer leaves: the head sends big frames only after it.
                     connection.limit_messages(self.max_frame_bytes)
+                    self.inbox.read_ahead = self.policy.read_ahead_bytes
                 self.admitted += 1
                 self.active_at = time.monotonic()
                 continue

@@ -35,6 +35,8 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event, State
 
 from nodes_app.protocol.errors import relayable_code
 from nodes_app.protocol.limits import (
@@ -98,6 +100,27 @@ def link_url(endpoint: str) -> str:
     return f"{ws}{sep}{rest}{LINK_PATH}"
 
 
+class _LinkConnection(ClientConnection):
+    """A link's websocket whose whole binary messages go straight to ``on_frame`` as they
+    are parsed (set once the hello is answered): no message queue, no reading task woken
+    per answer frame. Anything else (a text message, a fragmented one) is received as by
+    any connection."""
+
+    on_frame: Callable[[bytes], None] | None = None
+
+    def process_event(self, event: Event) -> None:
+        on_frame = self.on_frame
+        if (
+            on_frame is not None
+            and isinstance(event, Frame)
+            and event.opcode is Opcode.BINARY
+            and event.fin
+        ):
+            on_frame(bytes(event.data))
+            return
+        super().process_event(event)
+
+
 class HopLink:
     """One open websocket to one hop; many sessions' steps share it."""
 
@@ -110,6 +133,8 @@ class HopLink:
         self._pending: dict[int, asyncio.Future[wire.StepAnswer]] = {}
         self._queued: list[wire.LinkStep | wire.CancelEntry] = []
         self._flush_scheduled = False
+        # Frames handed to a send task and not yet written (a later one must wait its turn).
+        self._sending = 0
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         # Answer frames received so far: a step that times out while none came
@@ -157,22 +182,26 @@ class HopLink:
         if isinstance(entry, wire.LinkStep) and len(entry.body) + 4096 > self.max_frame_bytes:
             raise LinkDropped(f"a step of {len(entry.body)} bytes is over the link's frame limit")
         await self._open(entry, timeout)
-        answer: asyncio.Future[wire.StepAnswer] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[wire.StepAnswer] = loop.create_future()
         self._pending[step_id] = answer
         self._queued.append(entry)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
         received = self._received
+        # One timer handle, not asyncio.wait_for's task and waiter: this is every step's path.
+        deadline = loop.call_later(timeout, _expire, answer)
         try:
-            return await asyncio.wait_for(answer, timeout)
-        except TimeoutError:
+            return await answer
+        except _Expired:
             if self._received == received:
                 # Nothing at all came back meanwhile (a half-open connection, a
                 # hop that died without closing it): later steps get a new link.
                 self._drop(f"nothing received within {timeout:g} s")
             raise LinkTimeout(f"no answer within {timeout:g} s") from None
         finally:
+            deadline.cancel()
             self._pending.pop(step_id, None)
 
     async def _open(self, first: wire.LinkStep | wire.CancelEntry, timeout: float) -> None:
@@ -215,6 +244,7 @@ class HopLink:
             # A hung hop is found by each step's deadline, not by pings.
             ping_interval=None,
             close_timeout=1.0,
+            create_connection=_LinkConnection,
         )
         try:
             await connection.send(wire.encode_requests([hello]))
@@ -231,8 +261,28 @@ class HopLink:
                 await connection.close()
             raise
         self._connection = connection
+        if isinstance(connection, _LinkConnection):
+            connection.on_frame = lambda frame: self._answer(connection, frame)
         self._spawn(self._read(connection))
         return connection
+
+    def _answer(self, connection: _LinkConnection, frame: bytes) -> None:
+        """Hand each answer of ``frame`` to the step waiting for it; a malformed frame
+        closes the link (and fails what is pending on it)."""
+        self._received += 1
+        try:
+            answers = wire.decode_answers(frame)
+        except wire.FrameError as error:
+            connection.on_frame = _ignore
+            reason = f"the hop sent a malformed frame: {error}"
+            logger.warning("link to %s: %s", self.endpoint, reason)
+            self._drop(reason, connection)
+            self._spawn(_close(connection))
+            return
+        for answer in answers:
+            waiting = self._pending.get(answer.step_id)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(answer)
 
     def _flush(self) -> None:
         """Send what was queued this tick, in as few frames as the hop's limits allow."""
@@ -247,23 +297,38 @@ class HopLink:
                 size + length + 4096 > self.max_frame_bytes
                 or header + entry_header > LINK_MAX_HEADER_BYTES
             ):
-                self._spawn(self._send(wire.encode_requests(frame)))
+                self._write(wire.encode_requests(frame))
                 frame, size, header = [], 0, 0
             frame.append(entry)
             size += length + 512
             header += entry_header
         if frame:
-            self._spawn(self._send(wire.encode_requests(frame)))
+            self._write(wire.encode_requests(frame))
 
-    async def _send(self, frame: bytes) -> None:
+    def _write(self, frame: bytes) -> None:
+        """Send ``frame``: at once when the socket takes it and no send waits before it
+        (no task, no send context: this is every step's path), else by a task, in order."""
         connection = self._connection
         if connection is None:
             self._drop("the link is closed")
             return
+        if self._sending == 0 and _writable_now(connection):
+            try:
+                connection.protocol.send_binary(frame)
+                connection.send_data()
+            except OSError as error:
+                self._drop(f"sending failed: {type(error).__name__}", connection)
+            return
+        self._sending += 1
+        self._spawn(self._send(connection, frame))
+
+    async def _send(self, connection: ClientConnection, frame: bytes) -> None:
         try:
             await connection.send(frame)
         except (ConnectionClosed, OSError) as error:
             self._drop(f"sending failed: {type(error).__name__}", connection)
+        finally:
+            self._sending -= 1
 
     async def _read(self, connection: ClientConnection) -> None:
         reason = "the hop closed the link"
@@ -318,6 +383,35 @@ class HopLink:
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 await self._connection.close()
+
+
+def _ignore(frame: bytes) -> None:
+    """What a link does with frames after a malformed one: nothing (it is closing)."""
+
+
+async def _close(connection: ClientConnection) -> None:
+    with contextlib.suppress(Exception):
+        await connection.close()
+
+
+class _Expired(Exception):
+    """A step's deadline passed before its answer came."""
+
+
+def _expire(answer: asyncio.Future[wire.StepAnswer]) -> None:
+    if not answer.done():
+        answer.set_exception(_Expired())
+
+
+def _writable_now(connection: ClientConnection) -> bool:
+    """Whether a frame written to ``connection`` now goes out without waiting: open, not
+    paused for a hop that reads slowly, no fragmented message being sent."""
+    return (
+        connection.protocol.state is State.OPEN
+        and not connection.paused
+        and connection.fragmented_send_waiter is None
+        and not connection.transport.is_closing()
+    )
 
 
 class HopLinks:

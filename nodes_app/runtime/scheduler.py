@@ -28,8 +28,15 @@ Policy (ADR-0010):
 - **A batch ends in one event-loop callback.** Every future of a batch is
   resolved by one ``loop.call_soon_threadsafe``, so the head's generations
   continue in the same loop tick and their next-hop messages go out together.
+- **A short decode batch runs on the event loop.** Handing a step to the
+  torch thread and back costs two thread wake-ups and a self-pipe write
+  (~0.1 ms of CPU, more of wall clock): a decode batch that the node's own
+  recent batches say takes under ``INLINE_STEP_SECONDS`` (a tiny model, or
+  a fast accelerator at small batch) runs where it was queued, so the loop
+  is held no longer than that. Prefills and longer batches always run on
+  the torch thread.
 
-All torch work runs on the node's one torch thread (the ``worker`` given);
+Other torch work runs on the node's one torch thread (the ``worker`` given);
 the queue and the policy live on the event loop.
 """
 
@@ -60,6 +67,11 @@ RECENT_SECONDS = 0.5
 # Prompt positions an echo scores at once: its memory is a few rows × vocab float32
 # (128 × 152k × 4 B ≈ 78 MB each), not the prefill chunk's (4096 rows: ~7 GB in all).
 ECHO_SCORE_ROWS = 128
+# A decode batch expected to take less than this runs on the event loop (see above):
+# a health check or link read then waits at most about this long.
+INLINE_STEP_SECONDS = 0.002
+# Weight of the newest decode batch in the expected duration of the next one.
+_STEP_ALPHA = 0.2
 
 
 class ThroughputMeter:
@@ -163,6 +175,8 @@ class StepScheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._recent: dict[str, float] = {}
         self._free_since = clock()
+        # Expected seconds of the next decode batch (EWMA of those run; inf: none yet).
+        self._decode_seconds = float("inf")
 
     @property
     def depth(self) -> int:
@@ -217,7 +231,7 @@ class StepScheduler:
             return
         if self._prefills and (not self._decodes or self._prefill_turn):
             forwards = self._take_prefills()
-            self._prefill_turn = False
+            self._prefill_turn = decoding = False
         else:
             wait = self._wait_left()
             if wait > 0:
@@ -225,10 +239,13 @@ class StepScheduler:
                     self._timer = loop.call_later(wait, self._on_timer, loop)
                 return
             forwards = [self._take_decodes()]
-            self._prefill_turn = True
+            self._prefill_turn = decoding = True
         self._cancel_timer()
         self._running = sum(len(batch) for batch in forwards)
-        self.worker.submit(self._run, forwards, loop)
+        if decoding and self._decode_seconds < INLINE_STEP_SECONDS:
+            self._finish(forwards, self._outcomes(forwards), loop)
+        else:
+            self.worker.submit(self._run, forwards, loop)
 
     @staticmethod
     def _settle_abandoned(job: StepJob) -> bool:
@@ -312,14 +329,19 @@ class StepScheduler:
 
     def _run(self, forwards: list[list[StepJob]], loop: asyncio.AbstractEventLoop) -> None:
         """On the torch thread: run each forward, then hand every outcome back in one callback."""
+        outcomes = self._outcomes(forwards)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the node stopped
+            loop.call_soon_threadsafe(self._finish, forwards, outcomes, loop)
+
+    def _outcomes(self, forwards: list[list[StepJob]]) -> list[list[Outcome]]:
+        """Run each forward: every job's outcome, batch by batch."""
         outcomes: list[list[Outcome]] = []
         for batch in forwards:
             try:
                 outcomes.append(self._compute(batch))
             except Exception as error:  # one failed forward fails its batch, not the node
                 outcomes.append([error] * len(batch))
-        with contextlib.suppress(RuntimeError):  # the loop closed while the node stopped
-            loop.call_soon_threadsafe(self._finish, forwards, outcomes, loop)
+        return outcomes
 
     @torch.inference_mode()
     def _compute(self, batch: list[StepJob]) -> list[Outcome]:
@@ -375,7 +397,14 @@ class StepScheduler:
             except NonFiniteOutput as error:
                 outcomes.append(error)
         if length == 1:
-            self.meter.record(1, time.perf_counter() - began)
+            seconds = time.perf_counter() - began
+            self.meter.record(1, seconds)
+            expected = self._decode_seconds
+            self._decode_seconds = (
+                seconds
+                if expected == float("inf")
+                else expected + _STEP_ALPHA * (seconds - expected)
+            )
         return outcomes
 
     def _score_prompt(self, job: StepJob, out: torch.Tensor, length: int) -> None:

@@ -2,7 +2,8 @@
 
 Every forward step goes through the :class:`~nodes_app.runtime.scheduler.StepScheduler`,
 which batches decode steps across sessions and runs them on the node's one
-torch thread; other torch-side work (tokenising) runs on the same thread via
+torch thread (a decode batch shorter than ``scheduler.INLINE_STEP_SECONDS`` on
+the event loop itself); other torch-side work (tokenising) runs on the thread via
 :meth:`NodeService.compute`. So the event loop stays responsive (health
 checks, cancels) while a step runs, and torch sees one caller. Session
 bookkeeping (admission against the KV budget, positions, capabilities)

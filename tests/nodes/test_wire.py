@@ -151,3 +151,134 @@ def test_bad_step_fields_are_refused_with_their_code(changes: dict[str, Any], co
 def test_a_frame_that_is_not_one_is_refused_whole(frame: bytes) -> None:
     with pytest.raises(wire.FrameError):
         wire.decode_requests(frame)
+
+
+# --- the compact form: a decode step's frame and a last hop's tokens -------------------
+
+STEADY = dataclasses.replace(
+    STEP,
+    shape=(1, 1, 8),
+    position=9,
+    sampling=None,
+    reserve=None,
+    logprobs=None,
+    prompt_ids=None,
+    generated_ids=None,
+    token_ids=None,
+)
+
+
+def test_steady_steps_and_token_answers_travel_compact_and_arrive_whole() -> None:
+    steps = [
+        wire.LinkStep(1, STEADY, b"a" * 32, capability="c" * 64),
+        wire.LinkStep(2, dataclasses.replace(STEADY, sender=None, logprobs=2), b"b" * 32),
+    ]
+    answers = [
+        wire.StepAnswer(1, token_id=42),
+        wire.StepAnswer(2, hidden=b"h" * 16, dtype="bfloat16", shape=(1, 1, 8)),
+    ]
+
+    step_frame, answer_frame = wire.encode_requests(steps), wire.encode_answers(answers)
+
+    assert step_frame.startswith(b"\0\0\0\0") and answer_frame.startswith(b"\0\0\0\0")
+    assert wire.decode_requests(step_frame) == steps
+    assert wire.decode_answers(answer_frame) == answers
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [wire.LinkStep(1, STEP, b"a" * 96, capability="c" * 64, plan="signed-plan")],
+        [wire.LinkStep(1, STEADY, b"a" * 32), wire.CancelEntry(2, "s-3")],
+        [wire.LinkStep(1, dataclasses.replace(STEADY, reserve=64), b"a" * 32)],
+        [wire.LinkStep(1, dataclasses.replace(STEADY, session_id="é" * 128), b"a" * 32)],
+    ],
+)
+def test_an_opening_a_cancel_or_a_field_the_compact_form_lacks_goes_as_json(
+    entries: list[wire.LinkStep | wire.CancelEntry],
+) -> None:
+    frame = wire.encode_requests(entries)
+
+    assert not frame.startswith(b"\0\0\0\0")
+    assert wire.decode_requests(frame) == entries
+
+
+def test_answers_with_scores_or_refusals_go_as_json() -> None:
+    scored = wire.StepAnswer(1, token_id=3, logprob=-0.5, top=[[3, -0.5]])
+    refusal = wire.StepAnswer.refusal(2, RuntimeRequestError("no", code="bad_field"))
+
+    for answer in (scored, refusal):
+        frame = wire.encode_answers([answer])
+        assert not frame.startswith(b"\0\0\0\0")
+        assert wire.decode_answers(frame) == [answer]
+
+
+def compact_step(
+    *, dtype: int = 1, rows: int = 1, flags: int = 0, logprobs: int = 0, session: bytes = b"s-1"
+) -> bytes:
+    """A compact step frame written by hand (one entry of 4 body bytes)."""
+    entry = struct.pack("<IIIIIIIBBB", 7, 4, 0, 1, 5, rows, 1, dtype, flags, logprobs)
+    entry += bytes((len(session),)) + session
+    header = struct.pack("<BH", 1, 1) + entry
+    return struct.pack("<II", 0, len(header)) + header + b"abcd"
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (compact_step(dtype=9), "bad_dtype"),
+        (compact_step(rows=0), "bad_shape"),
+        (compact_step(flags=4, logprobs=21), "bad_field"),
+        (compact_step(session=b""), "missing_field"),
+        (compact_step(session=b"s" * (MAX_SESSION_ID + 1)), "bad_field"),
+    ],
+)
+def test_a_compact_step_with_a_bad_field_is_refused_alone_with_its_code(
+    frame: bytes, code: str
+) -> None:
+    [entry] = wire.decode_requests(frame)
+
+    assert isinstance(entry, wire.RefusedEntry)
+    assert (entry.step_id, entry.error.code) == (7, code)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\0\0\0\0",
+        struct.pack("<II", 0, 99) + b"\x01\x01\x00",
+        compact_step()[:-1],  # a body short
+        compact_step() + b"e",  # bytes no entry declares
+        compact_step(flags=1),  # a sender the header does not hold
+        compact_step(session=b"\xff\xfe"),  # not UTF-8
+        # a header with bytes past its entries
+        struct.pack("<II", 0, 4) + struct.pack("<BH", 1, 0) + b"x",
+        # answers where steps belong
+        wire.encode_answers([wire.StepAnswer(1, token_id=2)]),
+        struct.pack("<IIBH", 0, 3, 1, wire.MAX_FRAME_ENTRIES + 1),
+    ],
+)
+def test_a_compact_frame_that_is_not_one_is_refused_whole(frame: bytes) -> None:
+    with pytest.raises(wire.FrameError):
+        wire.decode_requests(frame)
+
+
+def test_a_compact_header_over_the_bound_is_refused_before_it_is_read() -> None:
+    frame = compact_step()
+
+    with pytest.raises(wire.FrameError, match="over the"):
+        wire.decode_requests(frame, max_header=8)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack("<IIBH", 0, 3, 2, 1),  # an entry the header does not hold
+        struct.pack("<IIBH", 0, 21, 2, 1) + struct.pack("<BIIBII", 9, 1, 0, 0, 0, 0),
+        struct.pack("<IIBH", 0, 21, 2, 1) + struct.pack("<BIIBII", 2, 1, 8, 1, 1, 2),
+        wire.encode_requests([wire.LinkStep(1, STEADY, b"a" * 32)]),
+    ],
+)
+def test_a_compact_answer_frame_that_is_not_one_is_refused_whole(frame: bytes) -> None:
+    with pytest.raises(wire.FrameError):
+        wire.decode_answers(frame)
