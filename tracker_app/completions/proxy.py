@@ -40,6 +40,7 @@ hung; and no request runs past ``MESHNET_REQUEST_DEADLINE`` in all
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -68,7 +69,12 @@ from tracker_app.completions.head_queue import HEAD_QUEUES
 from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
-from tracker_app.completions.prompt_tokens import echo_check, grammar_check, prompt_tokens_count
+from tracker_app.completions.prompt_tokens import (
+    PromptCount,
+    echo_check,
+    grammar_check,
+    prompt_tokens_count,
+)
 from tracker_app.completions.proxy_terms import (
     CompletionRequest,
     CompletionResult,
@@ -139,6 +145,8 @@ class CompletionProxy:
         # and whether its client left meanwhile (nobody awaits it then).
         self._completion: asyncio.Future[Completion | None] | None = None
         self._left_while_completing = False
+        # The route chosen for a request its client left while it was being admitted.
+        self._admitted_route: RouteDecision | None = None
 
     def _meshnet(self) -> MeshnetRoute:
         """The ``meshnet`` extension field: the route serving the (first) choice now."""
@@ -147,16 +155,65 @@ class CompletionProxy:
         return cast(MeshnetRoute, route)  # RouteDecision.to_dict gives this shape
 
     async def start(self) -> None:
-        """Count the prompts, choose the route of every choice and open the request record.
+        """Count the prompts, take the key's share, choose the route of every choice and
+        open the request's record (with that route), in one call on a database thread:
+        one pooled connection, one hop off the event loop (:meth:`_admit`).
 
-        Raises a ``DomainError`` (a prompt the model refuses, no route, bad
-        pinned route) before anything is streamed, so the client gets a plain
-        error response.
+        Raises a ``DomainError`` (a prompt the model refuses, the key's share used
+        up, no route, bad pinned route) before anything is streamed, so the client
+        gets a plain error response. A request torn down meanwhile (its client
+        left) lets the call end first, so that :meth:`fail` finds, and gives
+        back, what it took.
+        """
+        # Held from the start: a request cancelled while its lease is written still
+        # deletes it on release (deleting a row never written is harmless).
+        self.share.claim()
+        admission = asyncio.ensure_future(database_call(self._admit)())
+        try:
+            counts, decision = await asyncio.shield(admission)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                _, decision = await admission
+                self._adopt(decision, [])
+            raise
+        except BaseException:
+            await asyncio.shield(self.share.release())
+            raise
+        self.share.held()
+        self._started = self.settings.clock()
+        self._adopt(decision, counts)
+        await self._use(decision, self.generations, recorded=True)
+
+    def _adopt(self, decision: RouteDecision, counts: Sequence[PromptCount]) -> None:
+        """The request's choices, each served by ``decision``'s route from now on (with no
+        ``counts``: none, only the route's load, to be closed by :meth:`fail`)."""
+        if not counts:
+            self._admitted_route = decision
+            return
+        self.generations = [
+            Generation(
+                choice=choice,
+                prompt=self.params.prompt_of(choice),
+                prompt_count=counts[choice // self.params.n],
+                sampling=self.params.sampling(choice),
+            )
+            for choice in range(self.params.choices)
+        ]
+        for generation in self.generations:
+            generation.segments.append(
+                Segment(decision=decision, replayed=0, started=self.settings.clock())
+            )
+
+    def _admit(self) -> tuple[list[PromptCount], RouteDecision]:
+        """What :meth:`start` does, on a database thread: the prompts' counts (the
+        tokenizer, off the event loop) and the route chosen; the key's lease and the
+        request's record are written. Whatever fails gives back what was taken before it.
+
+        The key's share is taken before any route is chosen: a request past it is
+        refused now, not after the busy deadline on a route its own key filled.
         """
         counts = [
-            # Tokenising takes a fraction of a millisecond to a few; never on the event loop.
-            await asyncio.to_thread(
-                prompt_tokens_count,
+            prompt_tokens_count(
                 weight_source=self.model.weight_source,
                 prompt=prompt,
                 max_tokens=self.params.max_tokens,
@@ -167,38 +224,25 @@ class CompletionProxy:
         if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
-        await asyncio.to_thread(
-            grammar_check,
+        grammar_check(
             weight_source=self.model.weight_source,
             grammar=self.params.grammar,
             param="tools" if self.params.tool_use is not None else "response_format",
         )
-        # The key's share, before any route is chosen: a request past it is refused now,
-        # not after the busy deadline on a route its own key filled.
-        await self.share.take(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
+        self.share.take_here(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
         try:
-            decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
+            decision = route_choose(model=self.model, pinned=self.params.route)
         except BaseException:
-            await asyncio.shield(self.share.release())
+            self.share.release_here()
             raise
         try:
-            await self.record.open(stream=self.params.stream)
-            self._started = self.settings.clock()
-            self.generations = [
-                Generation(
-                    choice=choice,
-                    prompt=self.params.prompt_of(choice),
-                    prompt_count=counts[choice // self.params.n],
-                    sampling=self.params.sampling(choice),
-                )
-                for choice in range(self.params.choices)
-            ]
-            await self._use(decision, self.generations)
+            self.record.open_here(stream=self.params.stream, decision=decision)
         except BaseException:
             # Never streamed: the route's load must not count it, nor the key's share.
             route_session_close(decision=decision)
-            await asyncio.shield(self.share.release())
+            self.share.release_here()
             raise
+        return counts, decision
 
     def _kv_reservation(self, prompt_tokens: Sequence[int]) -> int:
         """What the request's choices reserve on the nodes: (prompt + max_tokens) each."""
@@ -219,6 +263,7 @@ class CompletionProxy:
         for event in self.answer.opening(self._meshnet()):
             await send(event)
         unfinished, last = len(self.generations), None
+        generated = False  # every choice to its end: the key's share goes with the record
         try:
             # Nothing a head streams extends the deadline (``: step`` comments included).
             async with self.deadline.enforced(self._streaming, request_id=self.request_id):
@@ -236,6 +281,7 @@ class CompletionProxy:
                         self._sent(generation)
                     else:
                         last = piece  # ends the answer with usage, once it is billed
+            generated = True
         except DomainError as error:
             await self._network_failed(error.message)
             await send(sse_event(http_error(error).body))
@@ -244,7 +290,8 @@ class CompletionProxy:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
             self._release_routes()
-            await asyncio.shield(self.share.release())
+            if not generated:
+                await asyncio.shield(self.share.release())
         completion = await self._finish_completed()
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
@@ -327,6 +374,8 @@ class CompletionProxy:
     def _release_routes(self) -> None:
         """However the request ended, none of its streams is load on a route now
         (idempotent)."""
+        if self._admitted_route is not None:  # chosen for a request torn down meanwhile
+            route_session_close(decision=self._admitted_route)
         for generation in self.generations:
             if generation.segments:
                 route_session_close(decision=generation.segments[-1].decision)
@@ -358,17 +407,21 @@ class CompletionProxy:
                 await self._use(await self.failover.reroute(generation, failure), [generation])
         yield Piece(generation.choice, finish_reason=generation.finish_reason)
 
-    async def _use(self, decision: RouteDecision, generations: Sequence[Generation]) -> None:
-        """Serve ``generations`` on ``decision``'s route from now on."""
-        for generation in generations:
-            generation.segments.append(
-                Segment(
-                    decision=decision,
-                    replayed=len(generation.token_ids),
-                    started=self.settings.clock(),
+    async def _use(
+        self, decision: RouteDecision, generations: Sequence[Generation], *, recorded: bool = False
+    ) -> None:
+        """Serve ``generations`` on ``decision``'s route from now on (``recorded``: they
+        already are, and the request's record names it: the first route)."""
+        if not recorded:
+            for generation in generations:
+                generation.segments.append(
+                    Segment(
+                        decision=decision,
+                        replayed=len(generation.token_ids),
+                        started=self.settings.clock(),
+                    )
                 )
-            )
-        await self.record.route(decision)
+            await self.record.route(decision)
         await self.emit(
             console.ROUTE_SELECTED,
             self.request_id,
@@ -489,7 +542,12 @@ class CompletionProxy:
         await self._progress.close()
         now = self.settings.clock()
         completion = self._completion_of(self.generations)
-        await self.record.complete(completion, generations=self.generations, now=now)
+        try:
+            await self.record.complete(
+                completion, generations=self.generations, now=now, share=self.share
+            )
+        finally:
+            await asyncio.shield(self.share.release())  # nothing left once it went with it
         tps = completion.tokens_per_second
         await self.emit(
             console.COMPLETE,
