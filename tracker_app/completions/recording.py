@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from meshnet_site.database import database_call, through_outage
-from nodes_app.models import LanguageModel, Node
+from nodes_app.models import LanguageModel
 from routing_app.bans import node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.services import route_sample_record
@@ -290,11 +290,12 @@ def chat_request_complete(
             charge=bill.charge,
             network_fee=bill.network_fee,
         )
-        nodes = Node.objects.in_bulk([share.work.node_id for share in bill.shares])
+        # By id: a node that served the request cannot have been deleted (the key
+        # constraint is checked at the commit either way).
         WorkUnit.objects.bulk_create(
             WorkUnit(
                 billing=record,
-                node=nodes[share.work.node_id],
+                node_id=share.work.node_id,
                 start_layer=share.work.start_layer,
                 end_layer=share.work.end_layer,
                 tokens=share.work.tokens,
