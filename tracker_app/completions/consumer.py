@@ -53,6 +53,7 @@ from tracker_app.completions.proxy import CompletionProxy
 from tracker_app.completions.proxy_terms import CompletionRequest
 from tracker_app.completions.text_answer import TextCompletionAnswer
 from tracker_app.completions.text_request import text_completion_params_parse
+from tracker_app.completions.upstream import upstream_transport
 from tracker_app.models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def upstream_client() -> httpx.AsyncClient:
         limits = httpx.Limits(
             max_keepalive_connections=64, keepalive_expiry=UPSTREAM_KEEPALIVE_SECONDS
         )
-        _upstream = httpx.AsyncClient(limits=limits)
+        _upstream = httpx.AsyncClient(transport=upstream_transport(limits))
     return _upstream
 
 
