@@ -177,9 +177,9 @@ async def head_stream(
             if on_connected is not None:
                 await on_connected()
             # The body's lines split here: httpx's line reader (aiter_lines) costs a
-            # relayed token more than the split, in its layers of decoders and chunkers.
+            # relayed token more than the split, in its text decoder and line splitter.
             rest = b""
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():
                 if finished:
                     continue  # read on to the end, so the connection is kept alive
                 *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
