@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 
 import httpx
 from rest_framework import status
@@ -128,7 +129,31 @@ async def head_stream(
     on_connected: Callable[[], Awaitable[None]] | None = None,
     prompt_checked: bool = False,
 ) -> AsyncGenerator[ChunkFrame, None]:
-    """The head's frames for ``request``, up to and including the one that finishes it.
+    """:func:`head_batches`'s frames one by one."""
+    batches = head_batches(
+        client=client,
+        request=request,
+        silence=silence,
+        on_connected=on_connected,
+        prompt_checked=prompt_checked,
+    )
+    async with aclosing(batches):
+        async for frames in batches:
+            for frame in frames:
+                yield frame
+
+
+async def head_batches(
+    *,
+    client: httpx.AsyncClient,
+    request: GenerateRequest,
+    silence: float,
+    on_connected: Callable[[], Awaitable[None]] | None = None,
+    prompt_checked: bool = False,
+) -> AsyncGenerator[list[ChunkFrame], None]:
+    """The head's frames for ``request``, up to and including the one that finishes it,
+    in batches: the frames of one read of the head's connection (several when the
+    tracker fell behind the head), so that they can reach the client in one write.
 
     ``silence``: the seconds the head may send nothing (its answer, then
     between frames; see :func:`silence_limit`) before it is taken for hung.
@@ -183,16 +208,19 @@ async def head_stream(
                 if finished:
                     continue  # read on to the end, so the connection is kept alive
                 *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
-                for line in lines:
-                    frame = reader.frame(line)
-                    if frame is not None:
-                        finished = frame.finish_reason is not None
-                        yield frame
-                        if finished:
-                            break
-            if rest and not finished and (frame := reader.frame(rest)) is not None:
-                finished = frame.finish_reason is not None
-                yield frame
+                frames, ending = reader.frames(lines)
+                finished = reader.finished
+                if frames:
+                    yield frames  # those before a line that ends the stream go first
+                if ending is not None:
+                    raise ending
+            if rest and not finished:
+                frames, ending = reader.frames([rest])
+                finished = reader.finished
+                if frames:
+                    yield frames
+                if ending is not None:
+                    raise ending
     except httpx.ReadTimeout as error:
         if finished:
             return
@@ -220,6 +248,23 @@ class _FrameReader:
         # Each ``: step`` comment stands for one token produced whose text is held back:
         # a head may send at most as many as it may produce tokens.
         self.comments_left = request.max_tokens - self.tokens
+        self.finished = False  # a frame with a finish_reason came: the rest is not read
+
+    def frames(self, lines: list[bytes]) -> tuple[list[ChunkFrame], HopFailure | RouteBusy | None]:
+        """The chunk frames of ``lines``, up to the one that finishes the stream, and what
+        ends the stream at a line if one does (the frames before it stand)."""
+        frames: list[ChunkFrame] = []
+        for line in lines:
+            try:
+                frame = self.frame(line)
+            except (HopFailure, RouteBusy) as ending:
+                return frames, ending
+            if frame is not None:
+                frames.append(frame)
+                if frame.finish_reason is not None:
+                    self.finished = True
+                    break
+        return frames, None
 
     def frame(self, raw: bytes) -> ChunkFrame | None:
         """The chunk frame ``raw`` (one line, its end cut) holds; None for a line that holds

@@ -66,7 +66,7 @@ from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
-from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
+from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_batches, silence_limit
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
 from tracker_app.completions.prompt_tokens import (
@@ -267,20 +267,29 @@ class CompletionProxy:
         try:
             # Nothing a head streams extends the deadline (``: step`` comments included).
             async with self.deadline.enforced(self._streaming, request_id=self.request_id):
-                async for piece in interleaved([self._generate(g) for g in self.generations]):
-                    generation = self.generations[piece.choice]
-                    if piece.finish_reason is None:
-                        event = self.answer.piece(piece)
-                        if event:  # nothing while a tool call is held back
-                            await send(event)
+                async for pieces in interleaved([self._generate(g) for g in self.generations]):
+                    # The events of one batch (one read of a head) go in one write.
+                    events: list[bytes] = []
+                    sent: list[Generation] = []
+                    for piece in pieces:
+                        if piece.finish_reason is None:
+                            event = self.answer.piece(piece)
+                            if event:  # nothing while a tool call is held back
+                                events.append(event)
+                                sent.append(self.generations[piece.choice])
+                            continue
+                        unfinished -= 1
+                        if unfinished:
+                            events.append(
+                                self.answer.finish(piece.choice, piece.finish_reason, None)
+                            )
+                            sent.append(self.generations[piece.choice])
+                        else:
+                            last = piece  # ends the answer with usage, once it is billed
+                    if events:
+                        await send(events[0] if len(events) == 1 else b"".join(events))
+                        for generation in sent:
                             self._sent(generation)
-                        continue
-                    unfinished -= 1
-                    if unfinished:
-                        await send(self.answer.finish(piece.choice, piece.finish_reason, None))
-                        self._sent(generation)
-                    else:
-                        last = piece  # ends the answer with usage, once it is billed
             generated = True
         except DomainError as error:
             await self._network_failed(error.message)
@@ -380,8 +389,9 @@ class CompletionProxy:
             if generation.segments:
                 route_session_close(decision=generation.segments[-1].decision)
 
-    async def _generate(self, generation: Generation) -> AsyncGenerator[Piece, None]:
-        """One choice's pieces, its end last, over as many routes as it takes."""
+    async def _generate(self, generation: Generation) -> AsyncGenerator[list[Piece], None]:
+        """One choice's pieces, its end last, over as many routes as it takes; in batches,
+        each the pieces of one read of a head."""
         wait = SlotWait(
             deadline=self.settings.busy_deadline,
             clock=self.settings.clock,
@@ -390,8 +400,8 @@ class CompletionProxy:
         )
         while True:
             try:
-                async for piece in self._segment(generation, wait):
-                    yield piece
+                async for pieces in self._segment(generation, wait):
+                    yield pieces
                 break
             except RouteBusy as busy:
                 failure = await busy_claim_judged(
@@ -405,7 +415,7 @@ class CompletionProxy:
             except HopFailure as failure:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
-        yield Piece(generation.choice, finish_reason=generation.finish_reason)
+        yield [Piece(generation.choice, finish_reason=generation.finish_reason)]
 
     async def _use(
         self, decision: RouteDecision, generations: Sequence[Generation], *, recorded: bool = False
@@ -431,9 +441,9 @@ class CompletionProxy:
             hops=decision.plan.to_dict(),
         )
 
-    async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[Piece]:
-        """Stream the current route's pieces of one choice; raise HopFailure if one of
-        its nodes fails."""
+    async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[list[Piece]]:
+        """Stream the current route's pieces of one choice, a batch per read of the head;
+        raise HopFailure if one of its nodes fails."""
         segment = generation.segments[-1]
         plan = segment.decision.plan
         request = replay_request(
@@ -454,7 +464,7 @@ class CompletionProxy:
         # Counted as load on the route while it streams (again after a busy wait).
         route_session_open(decision=segment.decision, stream=generation)
         try:
-            frames = head_stream(
+            batches = head_batches(
                 client=self.client,
                 request=request,
                 silence=silence_limit(
@@ -466,27 +476,35 @@ class CompletionProxy:
                 on_connected=connected,
                 prompt_checked=generation.prompt_count.exact,
             )
-            async with aclosing(frames):
-                async for frame in frames:
-                    if frame.token_ids:  # the whole route took the step: a slot at last
-                        wait.over()
-                        self._progress.changed()
-                        if not served:  # whatever busy its nodes answered is behind them
-                            served = True
-                            BUSY_CLAIMS.served(nodes)
-                    if self.params.echo and not generation.echoed:
-                        yield generation.echo(frame)
-                    piece = generation.absorb(frame, request_id=self.request_id)
-                    if frame.token_ids:  # the route's pace so far is load information
+            async with aclosing(batches):
+                async for frames in batches:
+                    pieces: list[Piece] = []
+                    stepped = False  # some frame of the batch carried tokens
+                    for frame in frames:
+                        if frame.token_ids:  # the whole route took the step: a slot at last
+                            stepped = True
+                            wait.over()
+                            self._progress.changed()
+                            if not served:  # whatever busy its nodes answered is behind them
+                                served = True
+                                BUSY_CLAIMS.served(nodes)
+                        if self.params.echo and not generation.echoed:
+                            pieces.append(generation.echo(frame))
+                        piece = generation.absorb(frame, request_id=self.request_id)
+                        if piece is not None:
+                            pieces.append(piece)
+                            if self._first_token_at is None:
+                                self._first_token_at = self.settings.clock()
+                        if generation.overrun is not None:
+                            break  # the head ran past the client's limits: read no more
+                    if stepped:  # the route's pace so far is load information
                         route_session_touch(
                             decision=segment.decision, stream=generation, tokens=segment.produced
                         )
-                    if piece is not None:
-                        if self._first_token_at is None:
-                            self._first_token_at = self.settings.clock()
-                        yield piece
+                    if pieces:
+                        yield pieces
                     if generation.overrun is not None:
-                        break  # the head ran past the client's limits: read no more of it
+                        break
         finally:
             HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
             if self.deadline.left() > 0:  # past it, the deadline's blame still needs it
