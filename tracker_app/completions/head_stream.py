@@ -41,8 +41,9 @@ for operators.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 from contextlib import aclosing
+from typing import cast
 
 import httpx
 from rest_framework import status
@@ -201,10 +202,8 @@ async def head_batches(
                 )
             if on_connected is not None:
                 await on_connected()
-            # The body's lines split here: httpx's line reader (aiter_lines) costs a
-            # relayed token more than the split, in its text decoder and line splitter.
             rest = b""
-            async for chunk in response.aiter_bytes():
+            async for chunk in _body(response):
                 if finished:
                     continue  # read on to the end, so the connection is kept alive
                 *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
@@ -235,6 +234,19 @@ async def head_batches(
         raise HopFailure(head.node_id, type(error).__name__) from error
     if not finished:
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
+
+
+def _body(response: httpx.Response) -> AsyncIterable[bytes]:
+    """``response``'s body as it is read, in the chunks read.
+
+    The lines are split by the caller: httpx's line reader (``aiter_lines``) and
+    the layers under it (text decoder, chunkers, the byte counter) cost a
+    relayed token more than the split. A body that is not encoded (the head is
+    asked for ``identity``) is read from the response's stream itself.
+    """
+    if response.headers.get("content-encoding", "identity") != "identity":
+        return response.aiter_bytes()
+    return cast(AsyncIterable[bytes], response.stream)
 
 
 class _FrameReader:
