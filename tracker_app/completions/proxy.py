@@ -266,8 +266,11 @@ class CompletionProxy:
         generated = False  # every choice to its end: the key's share goes with the record
         try:
             # Nothing a head streams extends the deadline (``: step`` comments included).
-            async with self.deadline.enforced(self._streaming, request_id=self.request_id):
-                async for pieces in interleaved([self._generate(g) for g in self.generations]):
+            async with (
+                self.deadline.enforced(self._streaming, request_id=self.request_id),
+                aclosing(interleaved([self._generate(g) for g in self.generations])) as batches,
+            ):
+                async for pieces in batches:
                     # The events of one batch (one read of a head) go in one write.
                     events: list[bytes] = []
                     sent: list[Generation] = []
