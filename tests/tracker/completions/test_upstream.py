@@ -4,6 +4,7 @@ a real socket server: streamed bodies read whole, timeouts and failures as httpx
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -88,6 +89,32 @@ def test_a_head_silent_past_the_read_timeout_is_a_read_timeout_even_after_longer
             return loop.time() - started
 
     assert asyncio.run(scenario()) < 5.0
+
+
+def test_a_head_that_keeps_its_connection_alive_answers_every_request_on_one() -> None:
+    connections = 0
+
+    async def head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            while True:
+                await request_head(reader)
+                writer.write(OK_HEAD + chunk(b"data: 1\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+
+    async def scenario() -> list[bytes]:
+        server, url = await serving(head)
+        bodies = []
+        async with server, client() as http:
+            for _ in range(3):
+                response = await http.post(url, json={})
+                bodies.append(response.content)
+                await asyncio.sleep(0.05)
+        return bodies
+
+    assert asyncio.run(scenario()) == [b"data: 1\n\n"] * 3
+    assert connections == 1
 
 
 def test_a_kept_alive_connection_the_head_closed_is_not_used_again() -> None:
