@@ -103,7 +103,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, model: str, chat: Cha
                 answer.error = (await response.aread()).decode(errors="replace")[:300]
                 return answer
             async for line in response.aiter_lines():
-                _take(answer, sse_data(line), began)
+                answer_take(answer, sse_data(line), began)
     except httpx.HTTPError as error:
         answer.error = f"{type(error).__name__}: {error}"
     finally:
@@ -111,7 +111,8 @@ async def stream_chat(client: httpx.AsyncClient, url: str, model: str, chat: Cha
     return answer
 
 
-def _take(answer: Answer, frame: Any, began: float) -> None:
+def answer_take(answer: Answer, frame: Any, began: float) -> None:
+    """Add one server-sent event's ``frame`` of a chat's stream to what its client saw."""
     if frame == "[DONE]":
         answer.done = True
         return

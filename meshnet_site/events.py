@@ -19,7 +19,8 @@ import logging
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,39 @@ EVENT_TYPE = "dashboard.event"
 # Publishes scheduled from sync code running on an event loop's thread: kept
 # here until done, because the loop holds only weak references to tasks.
 _scheduled: set[asyncio.Task[None]] = set()
+
+
+async def dashboards_watching() -> bool:
+    """Whether any dashboard of any tracker sharing the channel layer is subscribed now.
+
+    For updates that cost work to build (a record read back, a table): a
+    dashboard that subscribes later takes its own snapshot, so an update
+    nobody receives need not be built. The in-memory layer knows its group;
+    Redis says how many subscribers the group's channel has (``PUBSUB
+    NUMSUB``: one round trip). When that cannot be asked, the answer is yes.
+    """
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    try:
+        if isinstance(layer, InMemoryChannelLayer):
+            return bool(layer.groups.get(DASHBOARD_GROUP))
+        if isinstance(layer, RedisPubSubChannelLayer):
+            return await _redis_subscribers(layer) > 0
+    except Exception:  # best effort: build the update, as if watched
+        logger.debug("could not ask whether dashboards watch", exc_info=True)
+    return True
+
+
+async def _redis_subscribers(layer: RedisPubSubChannelLayer) -> int:
+    """Subscribers of the dashboard group's pub/sub channel (channels_redis's own names)."""
+    loop_layer = layer._get_layer()
+    channel = loop_layer._get_group_channel_name(DASHBOARD_GROUP)
+    shard = loop_layer._get_shard(channel)
+    async with shard._lock:
+        shard._ensure_redis()
+        counts = await shard._redis.pubsub_numsub(channel)
+    return int(sum(count for _, count in counts))
 
 
 async def publish_async(kind: str, payload: dict[str, Any]) -> None:

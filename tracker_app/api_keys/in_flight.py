@@ -194,11 +194,21 @@ class KeyShare:
 
     async def take(self, *, kv_tokens: int) -> None:
         """Take the lease (raises :class:`KeyBusy` or :class:`RequestOverKeyShare`)."""
-        # Held from the start: a request cancelled while the row is written still
-        # deletes it on release (deleting a row never written is harmless).
+        self.claim()
+        await database_call(self.take_here)(kv_tokens=kv_tokens)
+        self.held()
+
+    def claim(self) -> None:
+        """The lease counts as held from now on, before it is written: a request cancelled
+        while the row is written still deletes it on release (deleting a row never
+        written is harmless)."""
         self._held = True
+
+    def take_here(self, *, kv_tokens: int) -> None:
+        """Write the lease, on this (database) thread, after :meth:`claim`; a refusal
+        (:class:`KeyBusy`, :class:`RequestOverKeyShare`) wrote nothing and holds nothing."""
         try:
-            await database_call(key_lease_take)(
+            key_lease_take(
                 api_key=self.api_key,
                 request_id=self.request_id,
                 kv_tokens=kv_tokens,
@@ -206,22 +216,42 @@ class KeyShare:
                 seconds=self.seconds,
             )
         except DomainError:
-            self._held = False  # refused: no row was written
+            self._held = False
             raise
-        self._renewal = asyncio.create_task(self._renew())
+
+    def held(self) -> None:
+        """The lease is written: renew it in the background while it is held (on the
+        event loop)."""
+        if self._held and self._renewal is None:
+            self._renewal = asyncio.create_task(self._renew())
 
     async def release(self) -> None:
         if not self._held:
             return
-        self._held = False
-        if self._renewal is not None:
-            self._renewal.cancel()
+        self._let_go()
         try:
             await database_call(key_lease_release)(request_id=self.request_id)
         except Exception:  # the lease expires on its own within its seconds
             logger.warning(
                 "request %s: its key's lease could not be released", self.request_id, exc_info=True
             )
+
+    def release_here(self) -> None:
+        """:meth:`release` on this (database) thread, where a failure raises."""
+        if self._held:
+            key_lease_release(request_id=self.request_id)
+            self._held = False
+
+    def released(self) -> None:
+        """A database call (:meth:`release_here`'s) deleted the lease: stop renewing it
+        (on the event loop)."""
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._held = False
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
 
     async def _renew(self) -> None:
         while True:

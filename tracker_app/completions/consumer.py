@@ -53,6 +53,7 @@ from tracker_app.completions.proxy import CompletionProxy
 from tracker_app.completions.proxy_terms import CompletionRequest
 from tracker_app.completions.text_answer import TextCompletionAnswer
 from tracker_app.completions.text_request import text_completion_params_parse
+from tracker_app.completions.upstream import upstream_transport
 from tracker_app.models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def upstream_client() -> httpx.AsyncClient:
         limits = httpx.Limits(
             max_keepalive_connections=64, keepalive_expiry=UPSTREAM_KEEPALIVE_SECONDS
         )
-        _upstream = httpx.AsyncClient(limits=limits)
+        _upstream = httpx.AsyncClient(transport=upstream_transport(limits))
     return _upstream
 
 
@@ -164,14 +165,14 @@ class CompletionsConsumer(AsyncHttpConsumer):
         try:
             if self.scope["method"] != "POST":
                 raise MethodNotAllowed("Use POST")
-            api_key = await self._authenticate()
-            params = self.parse(body, max_choices=settings.MESHNET_MAX_CHOICES)
-            model = await database_call(language_model_get)(key=params.model)
-            params = await asyncio.to_thread(self.for_model, params, model)
-            await database_call(rate_limit_check)(
-                key_hash=api_key.key_hash,
-                limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE,
-                now=time.time(),
+            try:
+                parsed: GenerationParams | DomainError = self.parse(
+                    body, max_choices=settings.MESHNET_MAX_CHOICES
+                )
+            except DomainError as error:  # told only once the key is known good
+                parsed = error
+            api_key, model, params = await database_call(self._admitted)(
+                key=self._bearer(), parsed=parsed, now=time.time()
             )
             self.proxy = CompletionProxy(
                 CompletionRequest(params=params, api_key=api_key, model=model, answer=self.answer),
@@ -186,11 +187,37 @@ class CompletionsConsumer(AsyncHttpConsumer):
         else:
             await self._reply(self.proxy)
 
+    def _admitted(
+        self, *, key: str | None, parsed: GenerationParams | DomainError, now: float
+    ) -> tuple[ApiKey, LanguageModel, GenerationParams]:
+        """The request's key, model and parameters as the model takes them, its request
+        counted against the key's rate limit; raises the first thing that refuses it, in
+        this order: the key, the body, the model, the parameters for the model, the rate.
+
+        One call on a database thread (the reads, the tokenizer's checks and the count),
+        so the request takes one pooled connection for all of them.
+        """
+        if key is not None:
+            api_key = api_key_lookup(plain=key)
+        else:
+            # No key: the dashboard chats as its logged-in staff user.
+            api_key = dashboard_chat_api_key(scope=self.scope)
+        if api_key is None:
+            raise InvalidApiKey("Missing or invalid API key: send 'Authorization: Bearer <key>'")
+        if isinstance(parsed, DomainError):
+            raise parsed
+        model = language_model_get(key=parsed.model)
+        params = self.for_model(parsed, model)
+        rate_limit_check(
+            key_hash=api_key.key_hash, limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE, now=now
+        )
+        return api_key, model, params
+
     def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
         raise NotImplementedError
 
     def for_model(self, params: GenerationParams, model: LanguageModel) -> GenerationParams:
-        """``params`` as ``model`` takes them (run off the event loop)."""
+        """``params`` as ``model`` takes them (run on a database thread, off the event loop)."""
         return params
 
     async def disconnect(self) -> None:
@@ -224,18 +251,10 @@ class CompletionsConsumer(AsyncHttpConsumer):
             200, _json(result.reply), headers=[(b"Content-Type", b"application/json")]
         )
 
-    async def _authenticate(self) -> ApiKey:
+    def _bearer(self) -> str | None:
+        """The API key the request's ``Authorization`` header bears, if any."""
         headers = dict(self.scope.get("headers", []))
-        key = bearer_token(headers.get(b"authorization", b"").decode(errors="replace"))
-        api_key = None
-        if key is not None:
-            api_key = await database_call(api_key_lookup)(plain=key)
-        else:
-            # No key: the dashboard chats as its logged-in staff user.
-            api_key = await database_call(dashboard_chat_api_key)(scope=self.scope)
-        if api_key is None:
-            raise InvalidApiKey("Missing or invalid API key: send 'Authorization: Bearer <key>'")
-        return api_key
+        return bearer_token(headers.get(b"authorization", b"").decode(errors="replace"))
 
     async def _send_error(self, error: DomainError) -> None:
         answer = http_error(error)

@@ -41,7 +41,9 @@ for operators.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
+from contextlib import aclosing
+from typing import cast
 
 import httpx
 from rest_framework import status
@@ -73,6 +75,8 @@ SIZE_REFUSALS = frozenset({"request_too_large"})
 # same rule before sending it: the head's fault, whether or not the prompt was counted
 # (but for a logit_bias: the tracker has no vocabulary to check its token ids against).
 TRACKER_CHECKED = frozenset({"bad_sampling"})
+# The head's body is read as sent: never compressed.
+IDENTITY = {"Accept-Encoding": "identity"}
 # At most this much of a head's error answer is read.
 MAX_REFUSAL_BYTES = 64 * 1024
 
@@ -126,7 +130,31 @@ async def head_stream(
     on_connected: Callable[[], Awaitable[None]] | None = None,
     prompt_checked: bool = False,
 ) -> AsyncGenerator[ChunkFrame, None]:
-    """The head's frames for ``request``, up to and including the one that finishes it.
+    """:func:`head_batches`'s frames one by one."""
+    batches = head_batches(
+        client=client,
+        request=request,
+        silence=silence,
+        on_connected=on_connected,
+        prompt_checked=prompt_checked,
+    )
+    async with aclosing(batches):
+        async for frames in batches:
+            for frame in frames:
+                yield frame
+
+
+async def head_batches(
+    *,
+    client: httpx.AsyncClient,
+    request: GenerateRequest,
+    silence: float,
+    on_connected: Callable[[], Awaitable[None]] | None = None,
+    prompt_checked: bool = False,
+) -> AsyncGenerator[list[ChunkFrame], None]:
+    """The head's frames for ``request``, up to and including the one that finishes it,
+    in batches: the frames of one read of the head's connection (several when the
+    tracker fell behind the head), so that they can reach the client in one write.
 
     ``silence``: the seconds the head may send nothing (its answer, then
     between frames; see :func:`silence_limit`) before it is taken for hung.
@@ -139,17 +167,14 @@ async def head_stream(
     plan, is itself the one that failed.
     """
     head = request.hops[0]
-    route = {hop.node_id for hop in request.hops}
-    tokens = len(request.resume_token_ids)
-    # Each ``: step`` comment stands for one token produced whose text is held back:
-    # a head may send at most as many as it may produce tokens.
-    comments_left = request.max_tokens - tokens
+    reader = _FrameReader(request)
     finished = False
     try:
         async with client.stream(
             "POST",
             f"{head.endpoint}/v1/generate",
             json=request.to_json(),
+            headers=IDENTITY,
             timeout=httpx.Timeout(
                 silence,
                 connect=UPSTREAM_CONNECT_SECONDS,
@@ -177,43 +202,24 @@ async def head_stream(
                 )
             if on_connected is not None:
                 await on_connected()
-            async for line in response.aiter_lines():
+            rest = b""
+            async for chunk in _body(response):
                 if finished:
                     continue  # read on to the end, so the connection is kept alive
-                if line.startswith(":"):
-                    comments_left -= 1
-                    if comments_left < 0:
-                        raise HopFailure(
-                            head.node_id,
-                            "malformed stream: more step comments than the "
-                            f"{request.max_tokens} tokens asked",
-                        )
-                    continue
-                try:
-                    payload = sse_data(line)
-                    if payload is None or payload == SSE_DONE:
-                        continue
-                    frame = parse_frame(payload)
-                except ProtocolError as error:
-                    _log_detail(head.node_id, "sent a malformed frame", str(error))
-                    raise HopFailure(head.node_id, "malformed frame") from error
-                if isinstance(frame, ErrorFrame):
-                    if frame.busy:
-                        raise RouteBusy(frame.node_id if frame.node_id in route else head.node_id)
-                    # The head may only blame a node of this route; otherwise it is at fault.
-                    blamed = frame.node_id if frame.node_id in route else head.node_id
-                    _log_detail(head.node_id, f"reported node {blamed} failed", frame.message)
-                    code = relayable_code(frame.code) or "hop_failed"
-                    raise HopFailure(blamed, f"node {blamed} failed ({code})")
-                tokens += len(frame.token_ids)
-                if tokens > request.max_tokens:
-                    raise HopFailure(
-                        head.node_id,
-                        f"malformed frame: the head sent more than the {request.max_tokens} "
-                        "tokens asked",
-                    )
-                finished = frame.finish_reason is not None
-                yield frame
+                *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+                frames, ending = reader.frames(lines)
+                finished = reader.finished
+                if frames:
+                    yield frames  # those before a line that ends the stream go first
+                if ending is not None:
+                    raise ending
+            if rest and not finished:
+                frames, ending = reader.frames([rest])
+                finished = reader.finished
+                if frames:
+                    yield frames
+                if ending is not None:
+                    raise ending
     except httpx.ReadTimeout as error:
         if finished:
             return
@@ -228,6 +234,88 @@ async def head_stream(
         raise HopFailure(head.node_id, type(error).__name__) from error
     if not finished:
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
+
+
+def _body(response: httpx.Response) -> AsyncIterable[bytes]:
+    """``response``'s body as it is read, in the chunks read.
+
+    The lines are split by the caller: httpx's line reader (``aiter_lines``) and
+    the layers under it (text decoder, chunkers, the byte counter) cost a
+    relayed token more than the split. A body that is not encoded (the head is
+    asked for ``identity``) is read from the response's stream itself.
+    """
+    if response.headers.get("content-encoding", "identity") != "identity":
+        return response.aiter_bytes()
+    return cast(AsyncIterable[bytes], response.stream)
+
+
+class _FrameReader:
+    """The frames of one head's stream, line by line, each checked against its request."""
+
+    def __init__(self, request: GenerateRequest) -> None:
+        self.request = request
+        self.head = request.hops[0].node_id
+        self.route = {hop.node_id for hop in request.hops}
+        self.tokens = len(request.resume_token_ids)
+        # Each ``: step`` comment stands for one token produced whose text is held back:
+        # a head may send at most as many as it may produce tokens.
+        self.comments_left = request.max_tokens - self.tokens
+        self.finished = False  # a frame with a finish_reason came: the rest is not read
+
+    def frames(self, lines: list[bytes]) -> tuple[list[ChunkFrame], HopFailure | RouteBusy | None]:
+        """The chunk frames of ``lines``, up to the one that finishes the stream, and what
+        ends the stream at a line if one does (the frames before it stand)."""
+        frames: list[ChunkFrame] = []
+        for line in lines:
+            try:
+                frame = self.frame(line)
+            except (HopFailure, RouteBusy) as ending:
+                return frames, ending
+            if frame is not None:
+                frames.append(frame)
+                if frame.finish_reason is not None:
+                    self.finished = True
+                    break
+        return frames, None
+
+    def frame(self, raw: bytes) -> ChunkFrame | None:
+        """The chunk frame ``raw`` (one line, its end cut) holds; None for a line that holds
+        none (a blank line, a comment, ``[DONE]``). Raises :class:`RouteBusy` or
+        :class:`HopFailure` for a line that ends the stream."""
+        line = raw.removesuffix(b"\r").decode(errors="replace")
+        if line.startswith(":"):
+            self.comments_left -= 1
+            if self.comments_left < 0:
+                raise HopFailure(
+                    self.head,
+                    "malformed stream: more step comments than the "
+                    f"{self.request.max_tokens} tokens asked",
+                )
+            return None
+        try:
+            payload = sse_data(line)
+            if payload is None or payload == SSE_DONE:
+                return None
+            frame = parse_frame(payload)
+        except ProtocolError as error:
+            _log_detail(self.head, "sent a malformed frame", str(error))
+            raise HopFailure(self.head, "malformed frame") from error
+        if isinstance(frame, ErrorFrame):
+            if frame.busy:
+                raise RouteBusy(frame.node_id if frame.node_id in self.route else self.head)
+            # The head may only blame a node of this route; otherwise it is at fault.
+            blamed = frame.node_id if frame.node_id in self.route else self.head
+            _log_detail(self.head, f"reported node {blamed} failed", frame.message)
+            code = relayable_code(frame.code) or "hop_failed"
+            raise HopFailure(blamed, f"node {blamed} failed ({code})")
+        self.tokens += len(frame.token_ids)
+        if self.tokens > self.request.max_tokens:
+            raise HopFailure(
+                self.head,
+                f"malformed frame: the head sent more than the {self.request.max_tokens} "
+                "tokens asked",
+            )
+        return frame
 
 
 def _clients_fault(

@@ -9,25 +9,26 @@ disconnect needs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Sequence
 from typing import TypeVar, cast
 
 _T = TypeVar("_T")
 
 
-async def interleaved(streams: Sequence[AsyncGenerator[_T, None]]) -> AsyncIterator[_T]:
+def interleaved(streams: Sequence[AsyncGenerator[_T, None]]) -> AsyncGenerator[_T, None]:
     """The items of every stream as each comes, the streams running at once.
 
     The first stream to raise ends it all with its exception; the others are
     cancelled (closing their heads' streams), as they are when this iterator
-    is closed or cancelled. One stream is iterated directly.
+    is closed or cancelled. One stream is that stream itself (no layer an item
+    passes through). The caller closes what it gets (``aclosing``).
     """
     if len(streams) == 1:
-        async with aclosing(streams[0]) as only:
-            async for item in only:
-                yield item
-        return
+        return streams[0]
+    return _merged(streams)
+
+
+async def _merged(streams: Sequence[AsyncGenerator[_T, None]]) -> AsyncGenerator[_T, None]:
     queue: asyncio.Queue[tuple[_T | None, BaseException | None, bool]] = asyncio.Queue()
 
     async def pump(stream: AsyncGenerator[_T, None]) -> None:

@@ -40,6 +40,7 @@ hung; and no request runs past ``MESHNET_REQUEST_DEADLINE`` in all
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -65,10 +66,15 @@ from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
-from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_stream, silence_limit
+from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_batches, silence_limit
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
-from tracker_app.completions.prompt_tokens import echo_check, grammar_check, prompt_tokens_count
+from tracker_app.completions.prompt_tokens import (
+    PromptCount,
+    echo_check,
+    grammar_check,
+    prompt_tokens_count,
+)
 from tracker_app.completions.proxy_terms import (
     CompletionRequest,
     CompletionResult,
@@ -139,6 +145,8 @@ class CompletionProxy:
         # and whether its client left meanwhile (nobody awaits it then).
         self._completion: asyncio.Future[Completion | None] | None = None
         self._left_while_completing = False
+        # The route chosen for a request its client left while it was being admitted.
+        self._admitted_route: RouteDecision | None = None
 
     def _meshnet(self) -> MeshnetRoute:
         """The ``meshnet`` extension field: the route serving the (first) choice now."""
@@ -147,16 +155,65 @@ class CompletionProxy:
         return cast(MeshnetRoute, route)  # RouteDecision.to_dict gives this shape
 
     async def start(self) -> None:
-        """Count the prompts, choose the route of every choice and open the request record.
+        """Count the prompts, take the key's share, choose the route of every choice and
+        open the request's record (with that route), in one call on a database thread:
+        one pooled connection, one hop off the event loop (:meth:`_admit`).
 
-        Raises a ``DomainError`` (a prompt the model refuses, no route, bad
-        pinned route) before anything is streamed, so the client gets a plain
-        error response.
+        Raises a ``DomainError`` (a prompt the model refuses, the key's share used
+        up, no route, bad pinned route) before anything is streamed, so the client
+        gets a plain error response. A request torn down meanwhile (its client
+        left) lets the call end first, so that :meth:`fail` finds, and gives
+        back, what it took.
+        """
+        # Held from the start: a request cancelled while its lease is written still
+        # deletes it on release (deleting a row never written is harmless).
+        self.share.claim()
+        admission = asyncio.ensure_future(database_call(self._admit)())
+        try:
+            counts, decision = await asyncio.shield(admission)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                _, decision = await admission
+                self._adopt(decision, [])
+            raise
+        except BaseException:
+            await asyncio.shield(self.share.release())
+            raise
+        self.share.held()
+        self._started = self.settings.clock()
+        self._adopt(decision, counts)
+        await self._use(decision, self.generations, recorded=True)
+
+    def _adopt(self, decision: RouteDecision, counts: Sequence[PromptCount]) -> None:
+        """The request's choices, each served by ``decision``'s route from now on (with no
+        ``counts``: none, only the route's load, to be closed by :meth:`fail`)."""
+        if not counts:
+            self._admitted_route = decision
+            return
+        self.generations = [
+            Generation(
+                choice=choice,
+                prompt=self.params.prompt_of(choice),
+                prompt_count=counts[choice // self.params.n],
+                sampling=self.params.sampling(choice),
+            )
+            for choice in range(self.params.choices)
+        ]
+        for generation in self.generations:
+            generation.segments.append(
+                Segment(decision=decision, replayed=0, started=self.settings.clock())
+            )
+
+    def _admit(self) -> tuple[list[PromptCount], RouteDecision]:
+        """What :meth:`start` does, on a database thread: the prompts' counts (the
+        tokenizer, off the event loop) and the route chosen; the key's lease and the
+        request's record are written. Whatever fails gives back what was taken before it.
+
+        The key's share is taken before any route is chosen: a request past it is
+        refused now, not after the busy deadline on a route its own key filled.
         """
         counts = [
-            # Tokenising takes a fraction of a millisecond to a few; never on the event loop.
-            await asyncio.to_thread(
-                prompt_tokens_count,
+            prompt_tokens_count(
                 weight_source=self.model.weight_source,
                 prompt=prompt,
                 max_tokens=self.params.max_tokens,
@@ -167,38 +224,25 @@ class CompletionProxy:
         if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
-        await asyncio.to_thread(
-            grammar_check,
+        grammar_check(
             weight_source=self.model.weight_source,
             grammar=self.params.grammar,
             param="tools" if self.params.tool_use is not None else "response_format",
         )
-        # The key's share, before any route is chosen: a request past it is refused now,
-        # not after the busy deadline on a route its own key filled.
-        await self.share.take(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
+        self.share.take_here(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
         try:
-            decision = await database_call(route_choose)(model=self.model, pinned=self.params.route)
+            decision = route_choose(model=self.model, pinned=self.params.route)
         except BaseException:
-            await asyncio.shield(self.share.release())
+            self.share.release_here()
             raise
         try:
-            await self.record.open(stream=self.params.stream)
-            self._started = self.settings.clock()
-            self.generations = [
-                Generation(
-                    choice=choice,
-                    prompt=self.params.prompt_of(choice),
-                    prompt_count=counts[choice // self.params.n],
-                    sampling=self.params.sampling(choice),
-                )
-                for choice in range(self.params.choices)
-            ]
-            await self._use(decision, self.generations)
+            self.record.open_here(stream=self.params.stream, decision=decision)
         except BaseException:
             # Never streamed: the route's load must not count it, nor the key's share.
             route_session_close(decision=decision)
-            await asyncio.shield(self.share.release())
+            self.share.release_here()
             raise
+        return counts, decision
 
     def _kv_reservation(self, prompt_tokens: Sequence[int]) -> int:
         """What the request's choices reserve on the nodes: (prompt + max_tokens) each."""
@@ -219,23 +263,37 @@ class CompletionProxy:
         for event in self.answer.opening(self._meshnet()):
             await send(event)
         unfinished, last = len(self.generations), None
+        generated = False  # every choice to its end: the key's share goes with the record
         try:
             # Nothing a head streams extends the deadline (``: step`` comments included).
-            async with self.deadline.enforced(self._streaming, request_id=self.request_id):
-                async for piece in interleaved([self._generate(g) for g in self.generations]):
-                    generation = self.generations[piece.choice]
-                    if piece.finish_reason is None:
-                        event = self.answer.piece(piece)
-                        if event:  # nothing while a tool call is held back
-                            await send(event)
+            async with (
+                self.deadline.enforced(self._streaming, request_id=self.request_id),
+                aclosing(interleaved([self._generate(g) for g in self.generations])) as batches,
+            ):
+                async for pieces in batches:
+                    # The events of one batch (one read of a head) go in one write.
+                    events: list[bytes] = []
+                    sent: list[Generation] = []
+                    for piece in pieces:
+                        if piece.finish_reason is None:
+                            event = self.answer.piece(piece)
+                            if event:  # nothing while a tool call is held back
+                                events.append(event)
+                                sent.append(self.generations[piece.choice])
+                            continue
+                        unfinished -= 1
+                        if unfinished:
+                            events.append(
+                                self.answer.finish(piece.choice, piece.finish_reason, None)
+                            )
+                            sent.append(self.generations[piece.choice])
+                        else:
+                            last = piece  # ends the answer with usage, once it is billed
+                    if events:
+                        await send(events[0] if len(events) == 1 else b"".join(events))
+                        for generation in sent:
                             self._sent(generation)
-                        continue
-                    unfinished -= 1
-                    if unfinished:
-                        await send(self.answer.finish(piece.choice, piece.finish_reason, None))
-                        self._sent(generation)
-                    else:
-                        last = piece  # ends the answer with usage, once it is billed
+            generated = True
         except DomainError as error:
             await self._network_failed(error.message)
             await send(sse_event(http_error(error).body))
@@ -244,7 +302,8 @@ class CompletionProxy:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
             self._release_routes()
-            await asyncio.shield(self.share.release())
+            if not generated:
+                await asyncio.shield(self.share.release())
         completion = await self._finish_completed()
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
@@ -327,12 +386,15 @@ class CompletionProxy:
     def _release_routes(self) -> None:
         """However the request ended, none of its streams is load on a route now
         (idempotent)."""
+        if self._admitted_route is not None:  # chosen for a request torn down meanwhile
+            route_session_close(decision=self._admitted_route)
         for generation in self.generations:
             if generation.segments:
                 route_session_close(decision=generation.segments[-1].decision)
 
-    async def _generate(self, generation: Generation) -> AsyncGenerator[Piece, None]:
-        """One choice's pieces, its end last, over as many routes as it takes."""
+    async def _generate(self, generation: Generation) -> AsyncGenerator[list[Piece], None]:
+        """One choice's pieces, its end last, over as many routes as it takes; in batches,
+        each the pieces of one read of a head."""
         wait = SlotWait(
             deadline=self.settings.busy_deadline,
             clock=self.settings.clock,
@@ -341,8 +403,8 @@ class CompletionProxy:
         )
         while True:
             try:
-                async for piece in self._segment(generation, wait):
-                    yield piece
+                async for pieces in self._segment(generation, wait):
+                    yield pieces
                 break
             except RouteBusy as busy:
                 failure = await busy_claim_judged(
@@ -356,19 +418,23 @@ class CompletionProxy:
             except HopFailure as failure:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
-        yield Piece(generation.choice, finish_reason=generation.finish_reason)
+        yield [Piece(generation.choice, finish_reason=generation.finish_reason)]
 
-    async def _use(self, decision: RouteDecision, generations: Sequence[Generation]) -> None:
-        """Serve ``generations`` on ``decision``'s route from now on."""
-        for generation in generations:
-            generation.segments.append(
-                Segment(
-                    decision=decision,
-                    replayed=len(generation.token_ids),
-                    started=self.settings.clock(),
+    async def _use(
+        self, decision: RouteDecision, generations: Sequence[Generation], *, recorded: bool = False
+    ) -> None:
+        """Serve ``generations`` on ``decision``'s route from now on (``recorded``: they
+        already are, and the request's record names it: the first route)."""
+        if not recorded:
+            for generation in generations:
+                generation.segments.append(
+                    Segment(
+                        decision=decision,
+                        replayed=len(generation.token_ids),
+                        started=self.settings.clock(),
+                    )
                 )
-            )
-        await self.record.route(decision)
+            await self.record.route(decision)
         await self.emit(
             console.ROUTE_SELECTED,
             self.request_id,
@@ -378,9 +444,9 @@ class CompletionProxy:
             hops=decision.plan.to_dict(),
         )
 
-    async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[Piece]:
-        """Stream the current route's pieces of one choice; raise HopFailure if one of
-        its nodes fails."""
+    async def _segment(self, generation: Generation, wait: SlotWait) -> AsyncIterator[list[Piece]]:
+        """Stream the current route's pieces of one choice, a batch per read of the head;
+        raise HopFailure if one of its nodes fails."""
         segment = generation.segments[-1]
         plan = segment.decision.plan
         request = replay_request(
@@ -405,7 +471,7 @@ class CompletionProxy:
             planned=self.params.max_tokens - len(generation.token_ids),
         )
         try:
-            frames = head_stream(
+            batches = head_batches(
                 client=self.client,
                 request=request,
                 silence=silence_limit(
@@ -417,27 +483,35 @@ class CompletionProxy:
                 on_connected=connected,
                 prompt_checked=generation.prompt_count.exact,
             )
-            async with aclosing(frames):
-                async for frame in frames:
-                    if frame.token_ids:  # the whole route took the step: a slot at last
-                        wait.over()
-                        self._progress.changed()
-                        if not served:  # whatever busy its nodes answered is behind them
-                            served = True
-                            BUSY_CLAIMS.served(nodes)
-                    if self.params.echo and not generation.echoed:
-                        yield generation.echo(frame)
-                    piece = generation.absorb(frame, request_id=self.request_id)
-                    if frame.token_ids:  # the route's pace so far is load information
+            async with aclosing(batches):
+                async for frames in batches:
+                    pieces: list[Piece] = []
+                    stepped = False  # some frame of the batch carried tokens
+                    for frame in frames:
+                        if frame.token_ids:  # the whole route took the step: a slot at last
+                            stepped = True
+                            wait.over()
+                            self._progress.changed()
+                            if not served:  # whatever busy its nodes answered is behind them
+                                served = True
+                                BUSY_CLAIMS.served(nodes)
+                        if self.params.echo and not generation.echoed:
+                            pieces.append(generation.echo(frame))
+                        piece = generation.absorb(frame, request_id=self.request_id)
+                        if piece is not None:
+                            pieces.append(piece)
+                            if self._first_token_at is None:
+                                self._first_token_at = self.settings.clock()
+                        if generation.overrun is not None:
+                            break  # the head ran past the client's limits: read no more
+                    if stepped:  # the route's pace so far is load information
                         route_session_touch(
                             decision=segment.decision, stream=generation, tokens=segment.produced
                         )
-                    if piece is not None:
-                        if self._first_token_at is None:
-                            self._first_token_at = self.settings.clock()
-                        yield piece
+                    if pieces:
+                        yield pieces
                     if generation.overrun is not None:
-                        break  # the head ran past the client's limits: read no more of it
+                        break
         finally:
             HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
             if self.deadline.left() > 0:  # past it, the deadline's blame still needs it
@@ -493,7 +567,12 @@ class CompletionProxy:
         await self._progress.close()
         now = self.settings.clock()
         completion = self._completion_of(self.generations)
-        await self.record.complete(completion, generations=self.generations, now=now)
+        try:
+            await self.record.complete(
+                completion, generations=self.generations, now=now, share=self.share
+            )
+        finally:
+            await asyncio.shield(self.share.release())  # nothing left once it went with it
         tps = completion.tokens_per_second
         await self.emit(
             console.COMPLETE,

@@ -25,10 +25,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from meshnet_site.database import database_call, through_outage
-from nodes_app.models import LanguageModel, Node
+from nodes_app.models import LanguageModel
 from routing_app.bans import node_bans_clear
 from routing_app.choice import RouteDecision
 from routing_app.services import route_sample_record
+from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.billing.pricing import HopWork, invoice, work_merged
 from tracker_app.completions.generation import Generation
 from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
@@ -98,13 +99,16 @@ class RequestRecord:
         self.request_id = uuid.uuid4()
         self.api_key, self.model, self.fee_share, self.sleep = api_key, model, fee_share, sleep
 
-    async def open(self, *, stream: bool) -> None:
-        await database_call(chat_request_open)(
+    def open_here(self, *, stream: bool, decision: RouteDecision) -> None:
+        """Open the record, naming the route chosen to serve it, on this (database) thread."""
+        chat_request_open(
             request_id=self.request_id,
             api_key=self.api_key,
             model=self.model,
             stream=stream,
             now=timezone.now(),
+            signature=decision.plan.signature,
+            mode=str(decision.mode),
         )
 
     async def route(self, decision: RouteDecision) -> None:
@@ -116,17 +120,35 @@ class RequestRecord:
         )
 
     async def complete(
-        self, completion: Completion, *, generations: Sequence[Generation], now: float
+        self,
+        completion: Completion,
+        *,
+        generations: Sequence[Generation],
+        now: float,
+        share: KeyShare | None = None,
     ) -> None:
-        """Record the request completed and billed, teach the router the speed of the
-        first choice's last route (one sample a request, as routing counts them) and
-        clear the bans of every node that served it. ``now``: the proxy's clock."""
+        """Record the request completed and billed, keep it for the probe, give back the
+        key's ``share`` (all in one call on a database thread), teach the router the
+        speed of the first choice's last route (one sample a request, as routing counts
+        them) and clear the bans of every node that served it. ``now``: the proxy's clock."""
+        kept = False
+
+        def bill_and_keep() -> None:
+            nonlocal kept
+            self._bill_here(completion)
+            if not kept:
+                kept = True
+                served_request_keep(
+                    model_key=self.model.key, request_id=self.request_id, generations=generations
+                )
+            if share is not None:
+                share.release_here()
+
         # A database blip now would leave a generated answer unbilled; the write is
         # conditional (only a request still processing), so a retry never bills twice.
-        await through_outage(lambda: self._bill(completion), sleep=self.sleep)
-        await database_call(served_request_keep)(
-            model_key=self.model.key, request_id=self.request_id, generations=generations
-        )
+        await through_outage(lambda: database_call(bill_and_keep)(), sleep=self.sleep)
+        if share is not None:
+            share.released()
         last = generations[0].segments[-1]
         route_sample_record(
             decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
@@ -155,7 +177,17 @@ class RequestRecord:
         error: str = "",
     ) -> BillingRecord | None:
         """Record the request ``ended`` and billed for ``completion``."""
-        return await database_call(chat_request_complete)(
+        return await database_call(self._bill_here)(completion, ended=ended, error=error)
+
+    def _bill_here(
+        self,
+        completion: Completion,
+        *,
+        ended: RequestStatus = RequestStatus.COMPLETED,
+        error: str = "",
+    ) -> BillingRecord | None:
+        """:meth:`_bill` on this (database) thread."""
+        return chat_request_complete(
             request_id=self.request_id,
             model=self.model,
             prompt_tokens=completion.prompt_tokens,
@@ -187,9 +219,19 @@ def chat_request_open(
     model: LanguageModel,
     stream: bool,
     now: datetime,
+    signature: str = "",
+    mode: str = "",
 ) -> ChatRequest:
+    """Open a request's record, processing (with the route serving it when known: its
+    ``signature`` and ``mode``)."""
     return ChatRequest.objects.create(
-        id=request_id, api_key=api_key, model=model, stream=stream, started_at=now
+        id=request_id,
+        api_key=api_key,
+        model=model,
+        stream=stream,
+        started_at=now,
+        route_signature=signature,
+        mode=mode,
     )
 
 
@@ -248,11 +290,12 @@ def chat_request_complete(
             charge=bill.charge,
             network_fee=bill.network_fee,
         )
-        nodes = Node.objects.in_bulk([share.work.node_id for share in bill.shares])
+        # By id: a node that served the request cannot have been deleted (the key
+        # constraint is checked at the commit either way).
         WorkUnit.objects.bulk_create(
             WorkUnit(
                 billing=record,
-                node=nodes[share.work.node_id],
+                node_id=share.work.node_id,
                 start_layer=share.work.start_layer,
                 end_layer=share.work.end_layer,
                 tokens=share.work.tokens,

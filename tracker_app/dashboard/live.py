@@ -4,7 +4,8 @@ When a request finishes (``console.call_finished``) its record is read back
 and pushed as a ``call`` message with the authoritative state (cancelled
 included) and the cost; the model's routing table is pushed as a
 ``routing`` message, and after a completion the billing summary as a
-``billing`` message.
+``billing`` message. None of this is built while no dashboard of any tracker
+watches (``meshnet_site.events.dashboards_watching``).
 
 Tables are throttled per key: at most one push per ``interval`` seconds,
 and always a trailing one, built when it is sent, so the latest state
@@ -23,7 +24,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.dispatch import receiver
 
-from meshnet_site.events import publish_async
+from meshnet_site.events import dashboards_watching, publish_async
 from tracker_app.completions import console
 from tracker_app.dashboard import snapshot as dashboard
 
@@ -117,10 +118,20 @@ _record_pushes: set[asyncio.Task[None]] = set()
 @receiver(console.call_finished)
 async def on_call_finished(sender: Any, *, call: dict[str, Any], **kwargs: Any) -> None:
     """Schedule the pushes a finished request causes; returns at once."""
-    task = asyncio.get_running_loop().create_task(_push_call_record(call["request_id"]))
+    task = asyncio.get_running_loop().create_task(_after_finished(call))
     _record_pushes.add(task)
     task.add_done_callback(_record_pushes.discard)
+
+
+async def _after_finished(call: dict[str, Any]) -> None:
+    """The request's record, the model's routing table and the billing summary, pushed
+    only while some dashboard watches: one that connects later takes its own snapshot,
+    and building them (database reads that grow with the ledger) is most of what a
+    request would otherwise cost the tracker after its answer."""
+    if not await dashboards_watching():
+        return
     if call.get("model"):
         routing_refresh(call["model"])
     if call["state"] == console.COMPLETED:
         billing_pushes.request("all")
+    await _push_call_record(call["request_id"])
