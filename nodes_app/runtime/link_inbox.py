@@ -48,7 +48,12 @@ class Inbox:
 
     async def _feed(self, receive: Callable[[], Awaitable[Message]]) -> None:
         while True:
-            message = await receive()
+            try:
+                message = await receive()
+            except Exception:
+                # The ASGI side broke off: the link ends as on an abnormal close.
+                self.put_nowait({"type": "websocket.disconnect", "code": 1006})
+                return
             self.put_nowait(message)
             if message.get("type") == "websocket.disconnect":
                 return

@@ -15,7 +15,9 @@ the head fails what was pending on it.
 Who may keep a link open, and for how long, is ``link_guard``'s policy: the
 cheap checks (links per peer, the frame's and its header's size) come before
 the header is parsed, and a link that has not yet shown a valid plan or
-capability gets one frame, decoded in the strangers' turn.
+capability gets one frame, decoded in the strangers' turn. Frames are taken
+from the connection's own receive queue (``link_inbox``): a link that has
+shown one reads ahead within a bound, a stranger's one frame at a time.
 """
 
 from __future__ import annotations

@@ -106,3 +106,15 @@ def test_a_pumped_inbox_receives_in_order_one_message_ahead() -> None:
         return taken
 
     assert asyncio.run(scenario()) == [frame(1), frame(2), {"type": "websocket.disconnect"}]
+
+
+def test_a_pumped_inbox_whose_receive_fails_ends_the_link() -> None:
+    async def scenario() -> object:
+        async def receive() -> dict[str, object]:
+            raise RuntimeError("the connection is gone")
+
+        inbox = Inbox.pumping(receive)
+        await asyncio.wait_for(inbox.wait(5.0), 5.0)
+        return inbox.take()
+
+    assert asyncio.run(scenario()) == {"type": "websocket.disconnect", "code": 1006}
