@@ -37,9 +37,12 @@ from httpcore import AsyncNetworkBackend, AsyncNetworkStream
 READ_HIGH_WATER = 256 * 1024
 
 
-def upstream_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    """httpx's transport with ``limits``, its connections on :class:`AsyncioBackend`."""
-    transport = httpx.AsyncHTTPTransport(limits=limits)
+def upstream_transport(
+    limits: httpx.Limits, *, verify: ssl.SSLContext | bool = True
+) -> httpx.AsyncHTTPTransport:
+    """httpx's transport with ``limits`` (and ``verify``, as httpx takes it), its
+    connections on :class:`AsyncioBackend`."""
+    transport = httpx.AsyncHTTPTransport(limits=limits, verify=verify)
     # The pool httpx would build, on this backend (httpx has no argument for it).
     transport._pool = httpcore.AsyncConnectionPool(
         ssl_context=transport._pool._ssl_context,

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tracker_app.completions.upstream import upstream_transport
 
@@ -170,3 +177,61 @@ def test_an_endpoint_nobody_listens_on_is_a_connect_error() -> None:
 
     with pytest.raises(httpx.ConnectError):
         asyncio.run(scenario())
+
+
+def self_signed(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context for ``localhost`` and a client context that trusts only it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert_path, key_path)
+    return server, ssl.create_default_context(cafile=str(cert_path))
+
+
+def test_a_head_behind_tls_is_read_over_tls_on_a_kept_alive_connection(tmp_path: Path) -> None:
+    server_context, client_context = self_signed(tmp_path)
+    connections = 0
+
+    async def head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await request_head(reader)
+                writer.write(OK_HEAD + chunk(b"data: 1\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+
+    async def scenario() -> list[bytes]:
+        server = await asyncio.start_server(head, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        limits = httpx.Limits(max_keepalive_connections=4, keepalive_expiry=5.0)
+        transport = upstream_transport(limits, verify=client_context)
+        async with server, httpx.AsyncClient(transport=transport) as http:
+            return [
+                (await http.post(f"https://localhost:{port}/", json={})).content for _ in range(2)
+            ]
+
+    assert asyncio.run(scenario()) == [b"data: 1\n\n"] * 2
+    assert connections == 1
