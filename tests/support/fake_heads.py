@@ -68,6 +68,10 @@ def answer(max_tokens: int) -> str:
 # --- the fake head ------------------------------------------------------------
 
 
+# The start of a line a fake head never ends (``Behaviour(then="endless")``).
+ENDLESS = b"data: "
+
+
 class EventStream(httpx.AsyncByteStream):
     """SSE bytes, then optionally a connection error, as a dying head would send."""
 
@@ -89,6 +93,9 @@ class EventStream(httpx.AsyncByteStream):
             yield event
         if self.error is not None:
             raise self.error
+        if self.events[-1] == ENDLESS:
+            while True:  # a line that never ends, as fast as it is read
+                yield b"x" * 65536
         if not self.events[-1].startswith(sse_event(SSE_DONE)):
             await asyncio.Event().wait()  # a head still generating, as long as it takes
 
@@ -102,7 +109,9 @@ class Behaviour:
 
     status: int = 200
     tokens: int | None = None  # stop after this many new tokens…
-    then: str = "done"  # …and then: "die", "blame:<node>", "busy", "garbage", "hang"
+    # …and then: "die", "blame:<node>", "busy", "garbage", "hang", "endless" (a line
+    # without end)
+    then: str = "done"
     connect_error: bool = False
     body: dict[str, Any] | None = None
     message: str = "failed"  # an error frame's message
@@ -175,6 +184,8 @@ class FakeHeads:
             events.append(sse_event(ErrorFrame("full", code="hop_busy", node_id="x").to_json()))
         elif behaviour.then == "garbage":
             events.append(b"data: {not json\n\n")
+        elif behaviour.then == "endless":
+            return [*events, ENDLESS], None
         if behaviour.then == "die":
             return events, httpx.ReadError("peer closed the connection")
         if behaviour.then == "hang":

@@ -79,6 +79,11 @@ TRACKER_CHECKED = frozenset({"bad_sampling"})
 IDENTITY = {"Accept-Encoding": "identity"}
 # At most this much of a head's error answer is read.
 MAX_REFUSAL_BYTES = 64 * 1024
+# The longest line of a head's stream read before it ends: no honest frame comes
+# near it (the largest, an echo's first, holds at most ECHO_MAX_SCORES logprobs; a
+# hop link's frames are held to the same 64 MiB). A longer one is the head's fault,
+# so a head cannot make the tracker hold a line without end.
+MAX_LINE_BYTES = 64 * 2**20
 
 
 class HopFailure(Exception):
@@ -202,18 +207,20 @@ async def head_batches(
                 )
             if on_connected is not None:
                 await on_connected()
-            rest = b""
+            split = _LineSplitter(head.node_id)
             async for chunk in _body(response):
                 if finished:
                     continue  # read on to the end, so the connection is kept alive
-                *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+                lines = split.lines(chunk)
+                if not lines:
+                    continue
                 frames, ending = reader.frames(lines)
                 finished = reader.finished
                 if frames:
                     yield frames  # those before a line that ends the stream go first
                 if ending is not None:
                     raise ending
-            if rest and not finished:
+            if (rest := split.rest()) and not finished:
                 frames, ending = reader.frames([rest])
                 finished = reader.finished
                 if frames:
@@ -234,6 +241,36 @@ async def head_batches(
         raise HopFailure(head.node_id, type(error).__name__) from error
     if not finished:
         raise HopFailure(head.node_id, "the head's stream ended before the last token")
+
+
+class _LineSplitter:
+    """A head's body, as read, cut into whole lines; the line not ended yet is kept in
+    pieces (joined once, when it ends) and bounded by :data:`MAX_LINE_BYTES`."""
+
+    def __init__(self, head: str) -> None:
+        self.head = head
+        self.pieces: list[bytes] = []
+        self.size = 0
+
+    def lines(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` ends (none if it ends none). Raises :class:`HopFailure`
+        once the line being read is longer than the bound."""
+        if b"\n" not in chunk:
+            self.pieces.append(chunk)
+            self.size += len(chunk)
+            if self.size > MAX_LINE_BYTES:
+                raise HopFailure(self.head, f"sent a line over {MAX_LINE_BYTES} bytes")
+            return []
+        lines = chunk.split(b"\n")
+        if self.pieces:
+            lines[0] = b"".join([*self.pieces, lines[0]])
+        tail = lines.pop()
+        self.pieces, self.size = ([tail], len(tail)) if tail else ([], 0)
+        return lines
+
+    def rest(self) -> bytes:
+        """What came after the last line's end."""
+        return b"".join(self.pieces)
 
 
 def _body(response: httpx.Response) -> AsyncIterable[bytes]:

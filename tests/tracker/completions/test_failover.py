@@ -95,6 +95,21 @@ def test_a_malformed_frame_is_the_heads_failure(net: Net) -> None:
     assert net.heads.heads_asked() == ["garbled", "sound"]
 
 
+def test_a_head_whose_line_never_ends_is_cut_off_as_the_heads_failure(net: Net) -> None:
+    """A line is read only up to the bound on a head's line: the tracker does not hold
+    what a head sends without end, and fails over as for any malformed frame."""
+    net.node("endless", 0, 3, tps=300)
+    net.node("sound", 0, 3, tps=100)
+    net.heads.plan("endless", Behaviour(tokens=2, then="endless"))
+    proxy = net.proxy()
+
+    chunks = serve(proxy)
+
+    assert text(chunks) == answer(12)
+    assert net.banned() == {"endless"}
+    assert net.heads.heads_asked() == ["endless", "sound"]
+
+
 def test_when_failovers_run_out_the_stream_ends_with_an_error_and_nothing_is_charged(
     net: Net,
 ) -> None:
