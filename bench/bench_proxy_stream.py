@@ -5,15 +5,18 @@ the same greedy request in alternating rounds through ``/v1/chat/completions``
 (route pinned to those two nodes), directly from the head's ``/v1/generate``
 (with a plan signed by the network's tracker key, as the tracker would sign
 it), and with transformers ``generate`` on the whole model in this process
-(one torch thread, as each node has). Nothing is pinned to a core: every
-process is left to the OS scheduler. Tokens/s counts the whole request,
+(one torch thread, as each node has). Tokens/s counts the whole request,
 prefill included, on every side. Prints each and the ratios
 tracker / direct (target >= 0.95, issue 14) and tracker / generate (target
->= 0.97, issue 27).
+>= 0.97, issue 27), in two layouts run one after the other: every process
+left to the OS scheduler (the target's figure), and both nodes and
+``generate`` on one CPU with the tracker and the client on the other (what
+the route costs without the scheduler moving a waking process between CPUs).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -75,9 +78,26 @@ def in_process_generate() -> Callable[[], tuple[int, float]]:
     return run
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Move every thread of process ``pid`` and of its children onto ``cpus`` (Linux)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
+        for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split():
+            pin(int(child), cpus)
+
+
 def main() -> None:
     # One machine, so the embedded mode; no rate limit on the benchmark's key.
     settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
+    all_cpus = set(os.sched_getaffinity(0))
+    model_cpus = {min(all_cpus)}
+    layouts = {
+        "unpinned (OS scheduler)": (all_cpus, all_cpus),
+        "nodes and generate on one CPU, tracker and client on the rest": (
+            model_cpus,
+            all_cpus - model_cpus or model_cpus,
+        ),
+    }
     with LocalNetwork.throwaway(env=settings) as net:
         net.start_tracker()
         key = net.create_api_key("bench")
@@ -93,26 +113,43 @@ def main() -> None:
         generate = in_process_generate()
         timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)  # warm
         generate()
-        tracker_tps, direct_tps, generate_tps = [], [], []
-        for _ in range(ROUNDS):
-            body = signed_direct({**common, **direct}, net.tracker_key_file)
-            n, s = timed_stream(f"{hops[0]['endpoint']}/v1/generate", body, {})
-            direct_tps.append(n / s)
-            n, s = timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)
-            tracker_tps.append(n / s)
-            n, s = generate()
-            generate_tps.append(n / s)
-    t, d = statistics.median(tracker_tps), statistics.median(direct_tps)
-    g = statistics.median(generate_tps)
-    print(
-        f"SmolLM2 two nodes (0-14, 15-29), {TOKENS} tokens greedy, {ROUNDS} alternating rounds "
-        "each, one torch thread per process, no pinning (OS scheduler)"
-    )
-    print(f"  generate, one process: {g:.2f} tokens/s  {[round(x, 2) for x in generate_tps]}")
-    print(f"  direct from head:      {d:.2f} tokens/s  {[round(x, 2) for x in direct_tps]}")
-    print(f"  through tracker:       {t:.2f} tokens/s  {[round(x, 2) for x in tracker_tps]}")
-    print(f"  ratio tracker / direct   = {t / d:.3f}  (target >= {TARGET_DIRECT})")
-    print(f"  ratio tracker / generate = {t / g:.3f}  (target >= {TARGET_GENERATE})")
+        print(
+            f"SmolLM2 two nodes (0-14, 15-29), {TOKENS} tokens greedy, {ROUNDS} alternating "
+            "rounds each, one torch thread per process"
+        )
+        headline: tuple[float, float] | None = None
+        for name, (node_cpus, other_cpus) in layouts.items():
+            for node in (head, tail):
+                pin(node.process.pid, node_cpus)
+            pin(net.tracker.process.pid, other_cpus)
+            tracker_tps, direct_tps, generate_tps = [], [], []
+            for _ in range(ROUNDS):
+                pin(os.getpid(), other_cpus)
+                body = signed_direct({**common, **direct}, net.tracker_key_file)
+                n, s = timed_stream(f"{hops[0]['endpoint']}/v1/generate", body, {})
+                direct_tps.append(n / s)
+                n, s = timed_stream(
+                    f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth
+                )
+                tracker_tps.append(n / s)
+                pin(os.getpid(), node_cpus)
+                n, s = generate()
+                generate_tps.append(n / s)
+            t, d = statistics.median(tracker_tps), statistics.median(direct_tps)
+            g = statistics.median(generate_tps)
+            headline = headline or (t / d, t / g)
+            print(f"[{name}]")
+            print(
+                f"  generate, one process: {g:.2f} tokens/s  {[round(x, 2) for x in generate_tps]}"
+            )
+            print(f"  direct from head:      {d:.2f} tokens/s  {[round(x, 2) for x in direct_tps]}")
+            print(
+                f"  through tracker:       {t:.2f} tokens/s  {[round(x, 2) for x in tracker_tps]}"
+            )
+            print(f"  tracker / direct = {t / d:.3f}, tracker / generate = {t / g:.3f}")
+    assert headline is not None
+    print(f"ratio tracker / direct   = {headline[0]:.3f}  (target >= {TARGET_DIRECT}, unpinned)")
+    print(f"ratio tracker / generate = {headline[1]:.3f}  (target >= {TARGET_GENERATE}, unpinned)")
 
 
 if __name__ == "__main__":

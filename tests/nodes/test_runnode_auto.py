@@ -57,7 +57,7 @@ def test_a_node_without_layers_takes_the_uncovered_tail_and_a_chat_runs_through_
             assert " holds 4 of 4 layers (" in ready.group(0)
 
             net.wait_for_route(TINY)
-            response = net.chat(model=TINY, messages=PROMPT, max_tokens=8)
+            response = net.chat(model=TINY, messages=PROMPT, max_tokens=8, temperature=0)
             assert response.status_code == 200, response.text
             answer = response.json()
             assert answer["usage"]["completion_tokens"] == 8
