@@ -18,7 +18,6 @@ which other load on the machine does not inflate.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import cpu_seconds
 from bench.signed_plans import signed_direct
 from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import LocalNetwork, NodeProcess
@@ -37,12 +37,6 @@ RUNS = 5
 TARGET_DIRECT = 0.85  # 2 nodes ÷ 1 node straight from the head (issue 27)
 TARGET_TRACKER = 0.8  # ... through the tracker (issue 27)
 MESSAGES = [{"role": "user", "content": "Tell me about meshes."}]
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time the process has used so far, all threads (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Routes:

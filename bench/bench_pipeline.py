@@ -20,6 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import pin
 from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import NodeProcess, process_env, start_node
 
@@ -63,12 +64,6 @@ def pipeline_run(head: str, tail: str, max_tokens: int) -> tuple[list[int], floa
                     raise RuntimeError(chunk["error"])
                 ids.extend(chunk.get("meshnet_token_ids", []))
     return ids, time.perf_counter() - began
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Move every thread of process ``pid`` onto ``cpus`` (Linux)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(tid), cpus)
 
 
 def main() -> int:

@@ -28,13 +28,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import cpu_seconds, pin
 from bench.signed_plans import signed_direct
 from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import LocalNetwork
 
 MODEL = "smollm2-135m"
 TOKENS = 64
-ROUNDS = 3
+ROUNDS = 5
 TARGET_DIRECT = 0.95  # through the tracker ÷ straight from the head (issue 14)
 TARGET_GENERATE = 0.97  # through the tracker ÷ generate in one process (issue 27)
 MESSAGES = [{"role": "user", "content": "Write a short poem about distributed computing."}]
@@ -54,8 +55,8 @@ def timed_stream(url: str, body: dict[str, Any], headers: dict[str, str]) -> tup
     return tokens, time.perf_counter() - began
 
 
-def in_process_generate() -> Callable[[], tuple[int, float]]:
-    """``generate`` on the whole model in this process: (new tokens, seconds) per call."""
+def in_process_generate() -> Callable[[], tuple[int, float, float]]:
+    """``generate`` on the whole model in this process: (new tokens, seconds, CPU seconds)."""
     import torch
 
     from nodes_app.prompting import prompt_token_ids
@@ -67,23 +68,16 @@ def in_process_generate() -> Callable[[], tuple[int, float]]:
     model: Any = load_causal_lm(source)  # transformers' generate(), unknown to nn.Module
     prompt = torch.tensor([prompt_token_ids(load_tokenizer(source), MESSAGES)])
 
-    def run() -> tuple[int, float]:
-        began = time.perf_counter()
+    def run() -> tuple[int, float, float]:
+        began, cpu = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             out = model.generate(
                 prompt, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False
             )
-        return out.shape[1] - prompt.shape[1], time.perf_counter() - began
+        new = out.shape[1] - prompt.shape[1]
+        return new, time.perf_counter() - began, time.process_time() - cpu
 
     return run
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Move every thread of process ``pid`` and of its children onto ``cpus`` (Linux)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(tid), cpus)
-        for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split():
-            pin(int(child), cpus)
 
 
 def main() -> None:
@@ -108,7 +102,7 @@ def main() -> None:
         common = {"messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0}
         via_tracker = {"model": MODEL, "stream": True, "route": [h["node_id"] for h in hops]}
         direct = {"plan": {"model": MODEL, "hops": hops}}
-        assert net.tracker_key_file is not None
+        assert net.tracker_key_file is not None and net.tracker is not None
         auth = {"Authorization": f"Bearer {key}"}
         generate = in_process_generate()
         timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)  # warm
@@ -123,18 +117,27 @@ def main() -> None:
                 pin(node.process.pid, node_cpus)
             pin(net.tracker.process.pid, other_cpus)
             tracker_tps, direct_tps, generate_tps = [], [], []
+            # CPU ms per token: generate's; the head's and the tail's straight from the
+            # head; the tracker's through it (the CPU figures do not blur with load).
+            cpu: dict[str, list[float]] = {"generate": [], "head": [], "tail": [], "tracker": []}
             for _ in range(ROUNDS):
                 pin(os.getpid(), other_cpus)
                 body = signed_direct({**common, **direct}, net.tracker_key_file)
+                before = [cpu_seconds(node.process.pid) for node in (head, tail)]
                 n, s = timed_stream(f"{hops[0]['endpoint']}/v1/generate", body, {})
                 direct_tps.append(n / s)
+                for node, began in zip((head, tail), before, strict=True):
+                    cpu[node.name].append(1000 * (cpu_seconds(node.process.pid) - began) / n)
+                began = cpu_seconds(net.tracker.process.pid)
                 n, s = timed_stream(
                     f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth
                 )
                 tracker_tps.append(n / s)
+                cpu["tracker"].append(1000 * (cpu_seconds(net.tracker.process.pid) - began) / n)
                 pin(os.getpid(), node_cpus)
-                n, s = generate()
+                n, s, used = generate()
                 generate_tps.append(n / s)
+                cpu["generate"].append(1000 * used / n)
             t, d = statistics.median(tracker_tps), statistics.median(direct_tps)
             g = statistics.median(generate_tps)
             headline = headline or (t / d, t / g)
@@ -147,6 +150,13 @@ def main() -> None:
                 f"  through tracker:       {t:.2f} tokens/s  {[round(x, 2) for x in tracker_tps]}"
             )
             print(f"  tracker / direct = {t / d:.3f}, tracker / generate = {t / g:.3f}")
+            ms = {name: statistics.median(values) for name, values in cpu.items()}
+            nodes = ms["head"] + ms["tail"]
+            print(
+                f"  CPU per token: generate {ms['generate']:.1f} ms; straight from the head, "
+                f"head {ms['head']:.1f} + tail {ms['tail']:.1f} = {nodes:.1f} ms "
+                f"({nodes - ms['generate']:+.1f}); the tracker {ms['tracker']:.2f} ms"
+            )
     assert headline is not None
     print(f"ratio tracker / direct   = {headline[0]:.3f}  (target >= {TARGET_DIRECT}, unpinned)")
     print(f"ratio tracker / generate = {headline[1]:.3f}  (target >= {TARGET_GENERATE}, unpinned)")
