@@ -4,14 +4,17 @@ Starts a tracker and two SmolLM2 nodes (layers 0-14 and 15-29), then streams
 the same greedy request in alternating rounds through ``/v1/chat/completions``
 (route pinned to those two nodes), directly from the head's ``/v1/generate``
 (with a plan signed by the network's tracker key, as the tracker would sign
-it), and with transformers ``generate`` on the whole model in this process
-(one torch thread, as each node has). Tokens/s counts the whole request,
-prefill included, on every side. Prints each and the ratios
+it), with transformers ``generate`` on the whole model in this process, and
+with the nodes' two shard runners one after the other in this process (one
+torch thread each time, as each node has). Tokens/s counts the whole
+request, prefill included, on every side; beside them, the CPU each spends
+per token (``/proc`` for the processes). Prints each and the ratios
 tracker / direct (target >= 0.95, issue 14) and tracker / generate (target
 >= 0.97, issue 27), in two layouts run one after the other: every process
-left to the OS scheduler (the target's figure), and both nodes and
-``generate`` on one CPU with the tracker and the client on the other (what
-the route costs without the scheduler moving a waking process between CPUs).
+left to the OS scheduler (the target's figure), and both nodes and this
+process's model work on one CPU with the tracker and the client on the
+other (what the route costs without the scheduler moving a waking process
+between CPUs).
 """
 
 from __future__ import annotations
@@ -80,6 +83,45 @@ def in_process_generate() -> Callable[[], tuple[int, float, float]]:
     return run
 
 
+def in_process_shards() -> Callable[[], tuple[int, float, float]]:
+    """The nodes' two shard runners (0-14, 15-29) in this process, one after the other per
+    token, greedy, no transport: (new tokens, seconds, CPU seconds) per call."""
+    import torch
+
+    from nodes_app.prompting import prompt_token_ids
+    from nodes_app.runtime.loading import load_shard, load_tokenizer
+    from nodes_app.runtime.runner import ShardRunner
+    from nodes_app.runtime.sources import resolve_source
+
+    torch.set_num_threads(1)
+    source = resolve_source(MODEL)
+    halves = [
+        (
+            ShardRunner(load_shard(model_key=MODEL, source=source, start=a, end=b, progress=False)),
+            a,
+            b,
+        )
+        for a, b in ((0, 14), (15, 29))
+    ]
+    prompt = prompt_token_ids(load_tokenizer(source), MESSAGES)
+
+    def run() -> tuple[int, float, float]:
+        began, cpu = time.perf_counter(), time.process_time()
+        caches = [runner.new_cache() for runner, _, _ in halves]
+        ids, position = list(prompt), 0
+        for _ in range(TOKENS):
+            hidden = halves[0][0].embed(ids)
+            for (runner, start, end), cache in zip(halves, caches, strict=True):
+                hidden = runner.run_layers(
+                    hidden, cache=cache, start=start, end=end, position=position
+                )
+            position += len(ids)
+            ids = [int(halves[-1][0].last_logits(hidden).argmax())]
+        return TOKENS, time.perf_counter() - began, time.process_time() - cpu
+
+    return run
+
+
 def main() -> None:
     # One machine, so the embedded mode; no rate limit on the benchmark's key.
     settings = {"MESHNET_RATE_LIMIT_PER_MINUTE": "100000", "REDIS_URL": None}
@@ -104,9 +146,10 @@ def main() -> None:
         direct = {"plan": {"model": MODEL, "hops": hops}}
         assert net.tracker_key_file is not None and net.tracker is not None
         auth = {"Authorization": f"Bearer {key}"}
-        generate = in_process_generate()
+        generate, shards = in_process_generate(), in_process_shards()
         timed_stream(f"{net.url}/v1/chat/completions", {**common, **via_tracker}, auth)  # warm
         generate()
+        shards()
         print(
             f"SmolLM2 two nodes (0-14, 15-29), {TOKENS} tokens greedy, {ROUNDS} alternating "
             "rounds each, one torch thread per process"
@@ -116,10 +159,16 @@ def main() -> None:
             for node in (head, tail):
                 pin(node.process.pid, node_cpus)
             pin(net.tracker.process.pid, other_cpus)
-            tracker_tps, direct_tps, generate_tps = [], [], []
+            tracker_tps, direct_tps, generate_tps, shards_tps = [], [], [], []
             # CPU ms per token: generate's; the head's and the tail's straight from the
             # head; the tracker's through it (the CPU figures do not blur with load).
-            cpu: dict[str, list[float]] = {"generate": [], "head": [], "tail": [], "tracker": []}
+            cpu: dict[str, list[float]] = {
+                "generate": [],
+                "shards": [],
+                "head": [],
+                "tail": [],
+                "tracker": [],
+            }
             for _ in range(ROUNDS):
                 pin(os.getpid(), other_cpus)
                 body = signed_direct({**common, **direct}, net.tracker_key_file)
@@ -138,22 +187,30 @@ def main() -> None:
                 n, s, used = generate()
                 generate_tps.append(n / s)
                 cpu["generate"].append(1000 * used / n)
+                n, s, used = shards()
+                shards_tps.append(n / s)
+                cpu["shards"].append(1000 * used / n)
             t, d = statistics.median(tracker_tps), statistics.median(direct_tps)
-            g = statistics.median(generate_tps)
+            g, r = statistics.median(generate_tps), statistics.median(shards_tps)
             headline = headline or (t / d, t / g)
             print(f"[{name}]")
             print(
                 f"  generate, one process: {g:.2f} tokens/s  {[round(x, 2) for x in generate_tps]}"
             )
+            print(f"  shards, one process:   {r:.2f} tokens/s  {[round(x, 2) for x in shards_tps]}")
             print(f"  direct from head:      {d:.2f} tokens/s  {[round(x, 2) for x in direct_tps]}")
             print(
                 f"  through tracker:       {t:.2f} tokens/s  {[round(x, 2) for x in tracker_tps]}"
             )
-            print(f"  tracker / direct = {t / d:.3f}, tracker / generate = {t / g:.3f}")
-            ms = {name: statistics.median(values) for name, values in cpu.items()}
+            print(
+                f"  tracker / direct = {t / d:.3f}, tracker / generate = {t / g:.3f}, "
+                f"shards in one process / generate = {r / g:.3f}"
+            )
+            ms = {part: statistics.median(values) for part, values in cpu.items()}
             nodes = ms["head"] + ms["tail"]
             print(
-                f"  CPU per token: generate {ms['generate']:.1f} ms; straight from the head, "
+                f"  CPU per token: generate {ms['generate']:.1f} ms; shards in one process "
+                f"{ms['shards']:.1f} ms; straight from the head, "
                 f"head {ms['head']:.1f} + tail {ms['tail']:.1f} = {nodes:.1f} ms "
                 f"({nodes - ms['generate']:+.1f}); the tracker {ms['tracker']:.2f} ms"
             )
