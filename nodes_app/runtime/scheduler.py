@@ -33,8 +33,19 @@ Policy (ADR-0010):
   (~0.1 ms of CPU, more of wall clock): a decode batch that the node's own
   recent batches say takes under ``INLINE_STEP_SECONDS`` (a tiny model, or
   a fast accelerator at small batch) runs where it was queued, so the loop
-  is held no longer than that. Prefills and longer batches always run on
-  the torch thread.
+  is held no longer than that.
+- **So does a lone session's decode step.** With no other session active,
+  the loop has nothing to do beside the step but wait for it, and the
+  hand-off is all cost: on a real model more than on the tiny one, because
+  the Python around it runs after the step has streamed the weights through
+  the CPU's caches (~2.5 % of a SmolLM2 token on two nodes,
+  bench/bench_proxy_stream.py). A decode batch of one session, with nothing
+  else queued and no other session active in the last ``RECENT_SECONDS``,
+  runs on the loop when expected under ``LONE_INLINE_STEP_SECONDS``: a
+  health check, a heartbeat or a newcomer's first frame then waits at most
+  about that long. Prefills, batches of several sessions (whose loop work
+  overlaps the step on the thread) and longer steps run on the torch
+  thread.
 
 Other torch work runs on the node's one torch thread (the ``worker`` given);
 the queue and the policy live on the event loop.
@@ -70,6 +81,8 @@ ECHO_SCORE_ROWS = 128
 # A decode batch expected to take less than this runs on the event loop (see above):
 # a health check or link read then waits at most about this long.
 INLINE_STEP_SECONDS = 0.002
+# A lone session's decode step expected to take less than this runs on the event loop.
+LONE_INLINE_STEP_SECONDS = 0.25
 # Weight of the newest decode batch in the expected duration of the next one.
 _STEP_ALPHA = 0.2
 
@@ -242,10 +255,20 @@ class StepScheduler:
             self._prefill_turn = decoding = True
         self._cancel_timer()
         self._running = sum(len(batch) for batch in forwards)
-        if decoding and self._decode_seconds < INLINE_STEP_SECONDS:
+        if decoding and self._runs_inline(forwards[0]):
             self._finish(forwards, self._outcomes(forwards), loop)
         else:
             self.worker.submit(self._run, forwards, loop)
+
+    def _runs_inline(self, batch: list[StepJob]) -> bool:
+        """Whether a decode batch runs on the event loop rather than the torch thread (above)."""
+        expected = self._decode_seconds
+        if expected < INLINE_STEP_SECONDS:
+            return True
+        if len(batch) > 1 or self._decodes or self._prefills:
+            return False
+        alone = self._recent.keys() <= {batch[0].session.session_id}
+        return alone and expected < LONE_INLINE_STEP_SECONDS
 
     @staticmethod
     def _settle_abandoned(job: StepJob) -> bool:

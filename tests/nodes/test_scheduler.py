@@ -9,6 +9,8 @@ sizes of the batches it ran) on a clock the test controls, never wall time.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -20,7 +22,12 @@ from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 from nodes_app.runtime.kv import bytes_per_position
 from nodes_app.runtime.loading import load_shard
 from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
-from nodes_app.runtime.scheduler import ECHO_SCORE_ROWS, RECENT_SECONDS
+from nodes_app.runtime.scheduler import (
+    ECHO_SCORE_ROWS,
+    INLINE_STEP_SECONDS,
+    LONE_INLINE_STEP_SECONDS,
+    RECENT_SECONDS,
+)
 from nodes_app.runtime.service import NodeService
 from nodes_app.runtime.sessions import Session
 from nodes_app.runtime.sources import resolve_source
@@ -205,6 +212,42 @@ def test_a_lone_step_runs_at_once_whatever_the_wait_bound() -> None:
             service.close()
 
     assert asyncio.run(run()) == (False, 0)
+
+
+def test_a_lone_sessions_slower_step_runs_on_the_event_loop_and_a_shared_one_on_the_torch_thread(
+    alone_outputs: list[list[int]],
+) -> None:
+    # Every step takes ~5 ms: past the short-batch bound, within the lone-session one.
+    pause = 5 * INLINE_STEP_SECONDS / 2
+    assert INLINE_STEP_SECONDS < pause < LONE_INLINE_STEP_SECONDS
+    on_loop: list[bool] = []
+
+    def slow(hidden: torch.Tensor) -> torch.Tensor:
+        time.sleep(pause)
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return hidden
+
+    async def run() -> tuple[list[int], list[bool], list[list[int]], list[bool]]:
+        # Sessions active together wait for each other: their steps run as batches of two.
+        service = tiny_service(batch_wait=3600.0)
+        service.scheduler.transform = slow
+        try:
+            lone = await decode(service, "lone", PROMPTS[0])
+            lone_steps = on_loop[:]
+            on_loop.clear()
+            shared = await asyncio.gather(
+                decode(service, "a", PROMPTS[1]), decode(service, "b", PROMPTS[2])
+            )
+            return lone, lone_steps, list(shared), on_loop[:]
+        finally:
+            service.close()
+
+    lone, lone_steps, shared, shared_steps = asyncio.run(run())
+
+    assert lone == alone_outputs[0] and shared == alone_outputs[1:3]
+    # The prompt and the first decode step (nothing measured yet) on the thread, then the loop.
+    assert lone_steps == [False, False] + [True] * (NEW_TOKENS - 2)
+    assert not any(shared_steps)
 
 
 def test_a_step_waits_for_a_recently_active_session_then_runs_with_it_as_one_batch() -> None:
