@@ -38,7 +38,7 @@ Policy (ADR-0010):
   the loop has nothing to do beside the step but wait for it, and the
   hand-off is all cost: on a real model more than on the tiny one, because
   the Python around it runs after the step has streamed the weights through
-  the CPU's caches (~2.5 % of a SmolLM2 token on two nodes,
+  the CPU's caches (1-3 % of a SmolLM2 token on two nodes,
   bench/bench_proxy_stream.py). A decode batch of one session, with nothing
   else queued and no other session active in the last ``RECENT_SECONDS``,
   runs on the loop when expected under ``LONE_INLINE_STEP_SECONDS``: a
