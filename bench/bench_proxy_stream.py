@@ -129,7 +129,7 @@ def main() -> None:
     model_cpus = {min(all_cpus)}
     layouts = {
         "unpinned (OS scheduler)": (all_cpus, all_cpus),
-        "nodes and generate on one CPU, tracker and client on the rest": (
+        "nodes and this process's model work on one CPU, tracker and client on the rest": (
             model_cpus,
             all_cpus - model_cpus or model_cpus,
         ),
