@@ -41,6 +41,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chat_load import (
+    UNLIMITED_KEY,
     Answer,
     LoadFigures,
     LoadRun,
@@ -209,15 +210,8 @@ def run_one(args: argparse.Namespace, processes: int) -> Outcome:
     cap = ("--max-sessions", str(args.max_sessions))
     with fresh_process_database() as database_url:
         tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
-        # No rate limit on the benchmark's key.
-        settings = {
-            # One key stands for every client: no per-key share in flight.
-            "MESHNET_RATE_LIMIT_PER_MINUTE": "1000000",
-            "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
-            "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
-        }
         with LocalNetwork.throwaway(
-            workdir=tmp, database_url=database_url, env=settings
+            workdir=tmp, database_url=database_url, env=UNLIMITED_KEY
         ) as network:
             network.start_tracker(flags=("--processes", str(processes)))
             key = network.create_api_key("bench")

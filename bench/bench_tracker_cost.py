@@ -52,8 +52,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_proxy_stream import signed_direct
 from bench.chat_load import (
+    UNLIMITED_KEY,
     Answer,
     Chat,
     answer_take,
@@ -62,6 +62,7 @@ from bench.chat_load import (
     load_problems,
     run_load,
 )
+from bench.signed_plans import signed_direct
 from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import LocalNetwork, fresh_process_database
 
@@ -328,15 +329,9 @@ def main() -> int:
     args = parser.parse_args()
     with fresh_process_database() as database_url:
         tmp = Path(tempfile.mkdtemp(prefix="bench-tracker-cost-"))
-        settings = {
-            # One key stands for every client: no rate limit, no per-key share in flight.
-            "MESHNET_RATE_LIMIT_PER_MINUTE": "1000000",
-            "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
-            "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
-        }
         cap = ("--max-sessions", "256")
         with LocalNetwork.throwaway(
-            workdir=tmp, database_url=database_url, env=settings
+            workdir=tmp, database_url=database_url, env=UNLIMITED_KEY
         ) as network:
             network.start_tracker()
             key = network.create_api_key("bench")

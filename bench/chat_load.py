@@ -31,6 +31,12 @@ from nodes_app.protocol.sse import sse_data
 from tracker_app.localnet import query_process_database
 
 MIB = 2**20
+# A load bench's one key stands for every client: no rate limit, no per-key share in flight.
+UNLIMITED_KEY = {
+    "MESHNET_RATE_LIMIT_PER_MINUTE": "1000000",
+    "MESHNET_KEY_MAX_REQUESTS_IN_FLIGHT": "100000",
+    "MESHNET_KEY_MAX_KV_TOKENS_IN_FLIGHT": "2000000000",
+}
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,19 @@ async def serving(handler: Handler) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{port}"
 
 
+async def three_posts(handler: Handler) -> list[bytes]:
+    """The bodies of three requests to a head served by ``handler``, 50 ms apart, on one client
+    (the pause lets a close the head sent reach the idle connection)."""
+    server, url = await serving(handler)
+    bodies = []
+    async with server, client() as http:
+        for _ in range(3):
+            response = await http.post(url, json={})
+            bodies.append(response.content)
+            await asyncio.sleep(0.05)
+    return bodies
+
+
 def test_a_stream_sent_in_pieces_is_read_whole_and_in_order() -> None:
     pieces = [b"data: %d\n\n" % i for i in range(50)]
 
@@ -110,17 +123,7 @@ def test_a_head_that_keeps_its_connection_alive_answers_every_request_on_one() -
                 writer.write(OK_HEAD + chunk(b"data: 1\n\n") + b"0\r\n\r\n")
                 await writer.drain()
 
-    async def scenario() -> list[bytes]:
-        server, url = await serving(head)
-        bodies = []
-        async with server, client() as http:
-            for _ in range(3):
-                response = await http.post(url, json={})
-                bodies.append(response.content)
-                await asyncio.sleep(0.05)
-        return bodies
-
-    assert asyncio.run(scenario()) == [b"data: 1\n\n"] * 3
+    assert asyncio.run(three_posts(head)) == [b"data: 1\n\n"] * 3
     assert connections == 1
 
 
@@ -135,17 +138,7 @@ def test_a_kept_alive_connection_the_head_closed_is_not_used_again() -> None:
         await writer.drain()
         writer.close()  # after one answer, as a node past its keep-alive does
 
-    async def scenario() -> list[bytes]:
-        server, url = await serving(head)
-        bodies = []
-        async with server, client() as http:
-            for _ in range(3):
-                response = await http.post(url, json={})
-                bodies.append(response.content)
-                await asyncio.sleep(0.05)  # the close reaches the idle connection
-        return bodies
-
-    assert asyncio.run(scenario()) == [b"data: 1\n\n"] * 3
+    assert asyncio.run(three_posts(head)) == [b"data: 1\n\n"] * 3
     assert connections == 3
 
 
