@@ -36,10 +36,11 @@ from datetime import datetime, timedelta
 import httpx
 from django.conf import settings
 
-from nodes_app.models import LanguageModel
+from nodes_app.models import LanguageModel, Node
 from nodes_app.plans import plan_sign
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.logprobs import TokenLogprob
+from nodes_app.protocol.registration import DEFAULT_PRECISION
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.selectors import topology_epoch_current
@@ -258,11 +259,20 @@ def served_answers_check(
         )
         if plan.signature not in quarantined
     ]
+    rounding = _rounding_nodes(model)
+
+    def rounds(plan: RoutePlan) -> bool:
+        return not rounding.isdisjoint(plan.node_ids)
+
     summaries = []
     for sample in samples:
         if sample.plan.signature in quarantined:
             continue
-        reruns = [(plan, send(sample, plan)) for plan in rerun_routes(sample.plan, candidates)]
+        sample = replace(sample, answer=replace(sample.answer, rounded=rounds(sample.plan)))
+        reruns = [
+            (plan, replace(send(sample, plan), rounded=rounds(plan)))
+            for plan in rerun_routes(sample.plan, candidates)
+        ]
         verdicts = _served_judged(sample, reruns, send)
         summary = probe_results_record(
             model_key=model.key,
@@ -279,6 +289,12 @@ def served_answers_check(
     return summaries
 
 
+def _rounding_nodes(model: LanguageModel) -> set[str]:
+    """The model's nodes that compute below float32 (another dtype, or quantised weights)."""
+    nodes = Node.objects.filter(model=model).exclude(precision=DEFAULT_PRECISION)
+    return {str(node_id) for node_id in nodes.values_list("id", flat=True)}
+
+
 def _served_judged(
     sample: ServedSample, reruns: list[tuple[RoutePlan, ProbeAnswer]], send: RerunSender
 ) -> list[Verdict]:
@@ -293,14 +309,15 @@ def _served_judged(
     """
     # A sampled answer re-runs with its seed, but rounding (a route of mixed precision)
     # can move a draw across a token boundary where the two tokens are not near-tied:
-    # there the routes may part anywhere both list each other's token.
+    # there the routes may part anywhere, wherever each lists the other's token or
+    # one rounds (ADR-0015).
     margin = PROBE_TIE_MARGIN if sample.greedy else math.inf
     served = (sample.plan, sample.answer)
     verdicts = served_verdicts(served, reruns, margin=margin)
     unscored = verdicts[0].outcome is ProbeOutcome.DISAGREED and not sample.answer.logprobs
     if not (unscored or self_rerun_needed(verdicts, margin=margin)):
         return verdicts
-    own = send(sample, sample.plan)
+    own = replace(send(sample, sample.plan), rounded=sample.answer.rounded)
     if own.token_ids == sample.answer.token_ids and len(own.logprobs) == len(own.token_ids):
         served = (sample.plan, replace(sample.answer, logprobs=own.logprobs))
     return served_verdicts(served, reruns, self_rerun=own, margin=margin)

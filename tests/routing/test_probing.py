@@ -6,6 +6,9 @@ they first part (ADR-0015).
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,12 +103,43 @@ def test_a_route_that_parts_where_the_other_was_sure_disagrees():
     assert comparison.tie_gap == pytest.approx(3.3 + 3.15)
 
 
-def test_a_token_missing_from_the_other_routes_alternatives_is_a_disagreement():
+def test_a_token_missing_from_alternatives_far_below_the_routes_choice_is_a_disagreement():
     unlisted = answer(SURE, {10 + n: -0.5 - n / 100 for n in range(TOP)} | {7: -0.6})
 
     comparison = probe_answers_compare(FLOAT32, unlisted)
 
+    # FLOAT32 lists 7, 8, 9 there: 10 lies at -4.0 or below, 3.3 under its choice.
     assert (comparison.agree, comparison.tie_gap) == (False, None)
+
+
+# A flat position, as a tiny random model's: six tokens within 0.1 nats.
+FLAT = {20 + n: -5.0 - n / 50 for n in range(TOP + 1)}
+
+
+def flat_parting(*, sampled_from: int) -> tuple[ProbeAnswer, ProbeAnswer]:
+    """A float32 answer and another that parts from it at a flat position, where its
+    token (``sampled_from``) is not among the float32 route's five alternatives."""
+    other = FLAT | {sampled_from: -4.98}
+    return answer(SURE, FLAT, SURE), answer(SURE, other, SURE)
+
+
+def test_greedy_answers_parting_where_a_token_went_unlisted_within_the_margin_agree():
+    float32, rounded = flat_parting(sampled_from=20 + TOP)
+
+    comparison = probe_answers_compare(float32, rounded)
+
+    # 25 is no likelier than the float32 route's fifth (-5.08): the gaps sum to at
+    # least 0.08 + 0.02, and nothing shows more than rounding makes.
+    assert (comparison.agree, comparison.first_difference, comparison.tie_gap) == (True, 1, None)
+
+
+def test_a_sampled_answer_parting_at_an_unlisted_token_agrees_only_where_a_route_rounds():
+    float32, other = flat_parting(sampled_from=20 + TOP)
+    rounded = replace(other, rounded=True)
+
+    assert not probe_answers_compare(float32, other, margin=math.inf).agree
+    assert probe_answers_compare(float32, rounded, margin=math.inf).agree
+    assert probe_answers_compare(rounded, float32, margin=math.inf).agree
 
 
 def test_answers_without_logprobs_agree_only_token_for_token():
