@@ -126,7 +126,7 @@ class NodeProcess:
 
     def health(self) -> dict[str, Any]:
         """The node's ``/v1/health`` document."""
-        return dict(httpx.get(f"{self.endpoint}/v1/health", timeout=10).json())
+        return dict(httpx.get(f"{self.endpoint}/v1/health", timeout=30).json())
 
     def hop(self, start: int | None = None, end: int | None = None) -> dict[str, Any]:
         """This node as a plan hop, over its own layers unless told others."""

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 STOP_TIMEOUT = 20.0
@@ -273,11 +275,23 @@ def wait_until(
 ) -> None:
     """Return once ``condition()`` is true; raises TimeoutError after ``timeout`` seconds.
 
-    With ``process``, raises ProcessExited (with its output) as soon as that
-    process ends, instead of waiting out the timeout.
+    A poll that times out (``httpx.TimeoutException``: what it asks is too
+    busy to answer yet, as a node mid-step on a slow machine) counts as
+    false until the deadline. With ``process``, raises ProcessExited (with
+    its output) as soon as that process ends, instead of waiting out the
+    timeout.
     """
     deadline = time.monotonic() + timeout
-    while not condition():
+
+    def met() -> bool:
+        try:
+            return condition()
+        except httpx.TimeoutException:
+            if time.monotonic() > deadline:
+                raise
+            return False
+
+    while not met():
         if process is not None and not process.alive():
             raise ProcessExited(
                 f"{process.name} exited with status {process.returncode} while waiting for "

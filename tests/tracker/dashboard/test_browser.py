@@ -195,7 +195,7 @@ def test_stop_keeps_the_partial_answer_and_frees_the_nodes_sessions(
     assert "stopped" in page.locator(".bubble-meta").last.inner_text()
     wait_until(
         lambda: [n.health()["cached_sessions"] for n in network.nodes.values()] == [0, 0],
-        timeout=20,
+        timeout=60,
         what="every node to free the stopped answer's session",
         interval=0.2,
     )
