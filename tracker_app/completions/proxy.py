@@ -66,7 +66,13 @@ from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
-from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_batches, silence_limit
+from tracker_app.completions.head_stream import (
+    GrammarNotFollowed,
+    HopFailure,
+    RouteBusy,
+    head_batches,
+    silence_limit,
+)
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
 from tracker_app.completions.prompt_tokens import (
@@ -416,6 +422,11 @@ class CompletionProxy:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
             except HopFailure as failure:
+                if failure.grammar_unfollowed:
+                    raise GrammarNotFollowed(
+                        f"Node {failure.node_id} could not follow the request's grammar "
+                        "(bad_grammar); nobody was blamed"
+                    ) from None
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
         yield [Piece(generation.choice, finish_reason=generation.finish_reason)]
