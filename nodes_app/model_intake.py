@@ -28,7 +28,6 @@ from nodes_app.runtime.errors import ModelSourceError
 from nodes_app.runtime.sources import ModelSource, parse_source
 from nodes_app.tokenization import model_text_of, read_gguf_metadata
 
-
 # A checkpoint is input, not trusted code: the shape its config declares is held to
 # bounds above the largest published model of every served family (2026-12: layers
 # 126, Llama 3.1 405B; hidden size 16,384, the same; vocabulary 262,144, Gemma 3;
