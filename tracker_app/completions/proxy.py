@@ -52,6 +52,7 @@ import httpx
 from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, http_error, is_database_outage
 from nodes_app.protocol.sse import sse_event
+from nodes_app.services import language_model_template_fault
 from routing_app.choice import RouteDecision
 from routing_app.services import (
     route_choose,
@@ -76,6 +77,7 @@ from tracker_app.completions.head_stream import (
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
 from tracker_app.completions.prompt_tokens import (
+    ChatTemplateOverBudget,
     PromptCount,
     echo_check,
     grammar_check,
@@ -218,15 +220,19 @@ class CompletionProxy:
         The key's share is taken before any route is chosen: a request past it is
         refused now, not after the busy deadline on a route its own key filled.
         """
-        counts = [
-            prompt_tokens_count(
-                weight_source=self.model.weight_source,
-                prompt=prompt,
-                max_tokens=self.params.max_tokens,
-                tools=self.params.template_tools,
-            )
-            for prompt in self.params.prompts
-        ]
+        try:
+            counts = [
+                prompt_tokens_count(
+                    weight_source=self.model.weight_source,
+                    prompt=prompt,
+                    max_tokens=self.params.max_tokens,
+                    tools=self.params.template_tools,
+                )
+                for prompt in self.params.prompts
+            ]
+        except ChatTemplateOverBudget as error:
+            language_model_template_fault(model=self.model, fault=error.message)
+            raise
         if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
