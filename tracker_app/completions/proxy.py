@@ -475,10 +475,14 @@ class CompletionProxy:
             # token: a downstream hop may still answer busy (hop_busy) after the
             # head's 200 and its prefill, and the back-off must keep growing then.
             segment.started = self.settings.clock()
+            # The head answered 200: it holds a session for this stream now.
+            HEAD_QUEUES.sessions_opened([plan.head.node_id])
+            holding.append(plan.head.node_id)
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
         nodes = plan.node_ids
-        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id, nodes)
+        holding: list[str] = []  # the nodes this stream holds a session on
+        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id)
         self._streaming[generation.choice] = plan.head.node_id
         served = False
         # Counted as load on the route while it streams (again after a busy wait).
@@ -512,6 +516,9 @@ class CompletionProxy:
                             if not served:  # whatever busy its nodes answered is behind them
                                 served = True
                                 BUSY_CLAIMS.served(nodes)
+                                downstream = [n for n in nodes if n not in holding]
+                                HEAD_QUEUES.sessions_opened(downstream)
+                                holding.extend(downstream)
                         if self.params.echo and not generation.echoed:
                             pieces.append(generation.echo(frame))
                         piece = generation.absorb(frame, request_id=self.request_id)
@@ -530,7 +537,8 @@ class CompletionProxy:
                     if generation.overrun is not None:
                         break
         finally:
-            HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
+            HEAD_QUEUES.left(plan.head.endpoint, self.request_id)
+            HEAD_QUEUES.sessions_closed(holding)
             if self.deadline.left() > 0:  # past it, the deadline's blame still needs it
                 self._streaming.pop(generation.choice, None)
             # However the stream ended, it is no longer load on the route.
