@@ -119,6 +119,7 @@ class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
         "weight_source",
         "prompt_price_per_1k",
         "completion_price_per_1k",
+        "chat_template_fault",
     ]
     search_fields = ["key", "display_name", "weight_source"]
     readonly_fields = ["num_layers", "context_length"]

@@ -3,8 +3,9 @@
 :func:`model_weights_read` reads what the tracker must know of a checkpoint
 (its family, layer count and context length) from the weights themselves —
 ``config.json`` of a Hugging Face directory, or a GGUF file's metadata — and
-checks that the runtime serves its family (``nodes_app.families``) and that
-its tokenizer loads. :func:`language_model_add` then creates the catalogue
+checks that the runtime serves its family (``nodes_app.families``), that its
+shape is one a real model has (:data:`SHAPE_BOUNDS`) and that its tokenizer
+loads. :func:`language_model_add` then creates the catalogue
 row. Whatever cannot be served raises :class:`ModelRefused` with the reason.
 Nothing here imports torch: the tracker runs it.
 """
@@ -26,6 +27,18 @@ from nodes_app.models import LanguageModel, TopologyEpoch
 from nodes_app.runtime.errors import ModelSourceError
 from nodes_app.runtime.sources import ModelSource, parse_source
 from nodes_app.tokenization import model_text_of, read_gguf_metadata
+
+# A checkpoint is input, not trusted code: the shape its config declares is held to
+# bounds above the largest published model of every served family (2026-12: layers
+# 126, Llama 3.1 405B; hidden size 16,384, the same; vocabulary 262,144, Gemma 3;
+# context 10,485,760 tokens, Llama 4 Scout). A shape past one is refused, the bound
+# in the reason: the tracker sizes nothing by it, and nodes could never serve it.
+SHAPE_BOUNDS: dict[str, int] = {
+    "layers": 256,
+    "hidden size": 65_536,
+    "vocabulary": 1_048_576,
+    "context length": 16_777_216,
+}
 
 
 class ModelRefused(DomainError):
@@ -154,6 +167,20 @@ def _directory_weights(directory: Path) -> ModelWeights:
     model_type = str(config.get("model_type", ""))
     if not model_type:
         raise ModelRefused(f"{config_file} names no model_type")
+    text = config.get("text_config")
+    text_config = text if isinstance(text, dict) else config
+    _check_shape(
+        config_file,
+        {
+            "layers": ("num_hidden_layers", config.get("num_hidden_layers")),
+            "hidden size": ("hidden_size", text_config.get("hidden_size")),
+            "vocabulary": ("vocab_size", text_config.get("vocab_size")),
+            "context length": (
+                "max_position_embeddings",
+                config.get("max_position_embeddings"),
+            ),
+        },
+    )
     return ModelWeights(
         weight_source=str(directory.resolve()),
         model_type=_served(model_type, config),
@@ -175,6 +202,18 @@ def _gguf_weights(path: Path, spec: str) -> ModelWeights:
             f"GGUF architecture {architecture!r} is not served "
             f"(served GGUF architectures: {served})"
         )
+    _check_shape(
+        path,
+        {
+            what: (key, metadata.get(f"{architecture}.{key}"))
+            for what, key in (
+                ("layers", "block_count"),
+                ("hidden size", "embedding_length"),
+                ("vocabulary", "vocab_size"),
+                ("context length", "context_length"),
+            )
+        },
+    )
     # The settings family_refusal looks at, under transformers' names.
     config = {"num_kv_shared_layers": metadata.get(f"{architecture}.attention.shared_kv_layers")}
     scheme = spec.partition(":")[0]
@@ -191,6 +230,18 @@ def _served(model_type: str, config: dict[str, Any]) -> str:
     if refusal is not None:
         raise ModelRefused(refusal)
     return model_type
+
+
+def _check_shape(where: Path, shape: dict[str, tuple[str, object]]) -> None:
+    """Refuse a declared shape (``what``: (its key, its value)) past :data:`SHAPE_BOUNDS`;
+    values that are absent or not integers are left to the other checks."""
+    for what, (key, value) in shape.items():
+        bound = SHAPE_BOUNDS[what]
+        if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+            raise ModelRefused(
+                f"{where} declares {key} = {value}: past the {bound} ({what}) of any "
+                "published model of a served family; a checkpoint this size is not served"
+            )
 
 
 def _layer_count(value: object, where: Path) -> int:

@@ -35,6 +35,12 @@ class LanguageModel(models.Model):
     completion_price_per_1k = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
     )
+    chat_template_fault = models.CharField(
+        max_length=300,
+        blank=True,
+        help_text="Set by the tracker when the model's chat template ran past its render "
+        "budget (chats to it fail): fix the template, then clear this",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -18,12 +18,29 @@ tokenised as is. Tools and earlier tool calls, which a template may render
 itself, are marked the same way; their keys, which the marking does not
 reach, may not hold a control token at all. The encoding is a pure function
 of the tokenizer, so threads may share one (the tracker does).
+
+A chat template is a checkpoint's code, and a checkpoint is input: transformers
+renders it in jinja's sandbox (no attribute tricks, ``range`` capped at 100,000),
+which bounds neither loops nested in loops nor time. Every render here runs
+under :class:`RenderBudget`: at most :data:`TEMPLATE_RENDER_SECONDS` and
+:data:`TEMPLATE_RENDER_LINES` lines of template code, past which it is stopped
+(:class:`TemplateOverBudget`) and the thread is free again. An honest template
+renders a conversation in well under a millisecond.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Mapping, Sequence
+from types import FrameType
 from typing import Any
+
+# The most a chat template may cost one render: seconds, and lines of template code.
+TEMPLATE_RENDER_SECONDS = 2.0
+TEMPLATE_RENDER_LINES = 5_000_000
+# jinja's name for the code it compiles from a template string.
+TEMPLATE_CODE = "<template>"
 
 
 class TemplateRefused(Exception):
@@ -32,6 +49,56 @@ class TemplateRefused(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class TemplateOverBudget(TemplateRefused):
+    """The model's chat template ran past :class:`RenderBudget`: the model's fault (its
+    operator's to fix), not the messages'."""
+
+
+class RenderBudget:
+    """A bound on one render of a chat template on the calling thread (a context manager).
+
+    Traces only the frames of template code (jinja compiles a template into Python
+    code named :data:`TEMPLATE_CODE`), counting their lines; past ``lines`` of them,
+    or ``seconds``, the next line raises :class:`TemplateOverBudget` inside the
+    template, which unwinds the render. Whatever traced the thread before (a
+    coverage tool) is given back afterwards.
+    """
+
+    def __init__(
+        self, *, seconds: float = TEMPLATE_RENDER_SECONDS, lines: int = TEMPLATE_RENDER_LINES
+    ) -> None:
+        self.seconds, self.lines = seconds, lines
+        self._count = 0
+        self._deadline = 0.0
+        self._previous: Any = None
+
+    def __enter__(self) -> RenderBudget:
+        self._count = 0
+        self._deadline = time.monotonic() + self.seconds
+        self._previous = sys.gettrace()
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sys.settrace(self._previous)
+
+    def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
+        return self._line if frame.f_code.co_filename == TEMPLATE_CODE else None
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        self._count += 1
+        if self._count > self.lines:
+            raise TemplateOverBudget(
+                f"the model's chat template ran past {self.lines} lines of template code "
+                "for one prompt"
+            )
+        if self._count % 1024 == 0 and time.monotonic() > self._deadline:
+            raise TemplateOverBudget(
+                f"the model's chat template took more than {self.seconds:g} s to render one prompt"
+            )
+        return self._line
 
 
 def prompt_token_ids(
@@ -46,7 +113,8 @@ def prompt_token_ids(
     No control token (role marker, end of turn, …) comes from message
     content. Raises :class:`TemplateRefused` when the template rejects the
     messages (its own rules, e.g. role order) or cannot keep their content
-    text.
+    text, :class:`TemplateOverBudget` (a kind of it) when it runs past its
+    :class:`RenderBudget`.
     """
     forged = _control_token_in_keys(tokenizer, [tools, [m.get("tool_calls") for m in messages]])
     if forged is not None:
@@ -54,13 +122,16 @@ def prompt_token_ids(
             f"a property name in tools or tool_calls holds the model's control token {forged!r}"
         )
     try:
-        encoded = tokenizer.apply_chat_template(
-            [dict(message) for message in messages],
-            tools=[dict(tool) for tool in tools] or None,
-            add_generation_prompt=True,
-            tokenize=True,
-            sanitize_control_tokens=True,
-        )
+        with RenderBudget():
+            encoded = tokenizer.apply_chat_template(
+                [dict(message) for message in messages],
+                tools=[dict(tool) for tool in tools] or None,
+                add_generation_prompt=True,
+                tokenize=True,
+                sanitize_control_tokens=True,
+            )
+    except TemplateOverBudget:
+        raise
     except Exception as error:  # the template's own complaint (jinja raise_exception, …)
         raise TemplateRefused(f"the model's chat template refused the messages: {error}") from error
     return [int(token_id) for token_id in encoded["input_ids"]]

@@ -88,6 +88,15 @@ def topology_epoch_bump(*, model: LanguageModel, reason: str) -> int:
     return epoch.number
 
 
+def language_model_template_fault(*, model: LanguageModel, fault: str) -> None:
+    """Flag ``model`` for its operator: its chat template ran past its render budget
+    (``fault`` says how; the admin lists it). Idempotent; written only when it changes."""
+    fault = fault[:300]
+    LanguageModel.objects.filter(pk=model.pk).exclude(chat_template_fault=fault).update(
+        chat_template_fault=fault
+    )
+
+
 def node_id_for(*, wallet: str, model_key: str, shard_start: int, shard_end: int) -> str:
     """Stable id from wallet and shard: the same shard keeps its id across restarts."""
     digest = hashlib.sha256(f"{wallet}|{model_key}|{shard_start}-{shard_end}".encode())

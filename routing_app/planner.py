@@ -649,17 +649,20 @@ def plan_pinned_route(
 
 
 def uncovered_layers(nodes: Sequence[NodeRecord], num_layers: int) -> list[tuple[int, int]]:
-    """The layer ranges no node serves, as inclusive (first, last) pairs, in order."""
-    covered = [False] * num_layers
-    for node in nodes:
-        for layer in range(max(0, node.shard_start), min(num_layers, node.shard_end + 1)):
-            covered[layer] = True
+    """The layer ranges no node serves, as inclusive (first, last) pairs, in order.
+
+    Works on the nodes' shards, never layer by layer: its cost is O(n log n) for
+    n nodes whatever ``num_layers`` a catalogue row says (a checkpoint's config
+    is input, not a size to allocate by).
+    """
     gaps: list[tuple[int, int]] = []
-    for layer, served in enumerate(covered):
-        if served:
-            continue
-        if gaps and gaps[-1][1] == layer - 1:
-            gaps[-1] = (gaps[-1][0], layer)
-        else:
-            gaps.append((layer, layer))
+    reached = 0  # every layer below is served
+    for start, end in sorted((n.shard_start, n.shard_end) for n in nodes):
+        if reached >= num_layers:
+            break
+        if start > reached:
+            gaps.append((reached, min(start, num_layers) - 1))
+        reached = max(reached, end + 1)
+    if reached < num_layers:
+        gaps.append((reached, num_layers - 1))
     return gaps

@@ -11,6 +11,10 @@ HOP_FAILED = "hop_failed"
 HOP_BUSY = "hop_busy"
 # A hop that did not answer a step within its step timeout (a kind of hop_failed).
 HOP_TIMED_OUT = "hop_timeout"
+# A node that could not follow the request's grammar. The tracker judged the grammar
+# as the last hop uses it before routing, and a node may run another llguidance: the
+# request fails, and nobody is blamed (a node saying it is banned for nothing).
+BAD_GRAMMAR = "bad_grammar"
 
 # Matched whole (``fullmatch``: ``$`` would let a trailing newline through).
 _ERROR_CODE = re.compile(r"[a-z_]{1,40}")

@@ -29,7 +29,13 @@ from collections.abc import AsyncIterator
 
 from nodes_app.grammar import grammar_problem
 from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
-from nodes_app.protocol.errors import HOP_BUSY, HOP_FAILED, HOP_TIMED_OUT, relayable_code
+from nodes_app.protocol.errors import (
+    BAD_GRAMMAR,
+    HOP_BUSY,
+    HOP_FAILED,
+    HOP_TIMED_OUT,
+    relayable_code,
+)
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores, step_time_limit
 from nodes_app.protocol.signed_plan import PlanHop
@@ -284,6 +290,7 @@ class Generation:
                     blamed,
                     f"{_status_of(hop, answer, code)} from {hop.node_id}",
                     busy=answer.status == 503,
+                    code=BAD_GRAMMAR if code == BAD_GRAMMAR else None,
                 )
             if last:
                 if tail.prompt_ids:  # an echo's answer: up to ECHO_MAX_SCORES values to check

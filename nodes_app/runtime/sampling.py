@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLTokenizer
 
 # The JSON/header form of the parameters is the protocol's; only the torch
 # side of sampling lives here.
-from nodes_app.grammar import first_line
+from nodes_app.grammar import grammar_matcher, matcher_problem
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
 
@@ -107,7 +107,7 @@ class Constraint:
     """
 
     def __init__(self, tokenizer: LLTokenizer, grammar: str, generated_ids: Sequence[int] = ()):
-        self._matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        self._matcher = grammar_matcher(tokenizer, grammar)
         self._vocab = tokenizer.vocab_size
         if generated_ids:
             self._matcher.consume_tokens(list(generated_ids))
@@ -131,8 +131,9 @@ class Constraint:
 
 
 def _refused(reason: str) -> RuntimeRequestError:
-    why = first_line(reason) or "unknown error"
-    return RuntimeRequestError(f"the grammar cannot be followed: {why}", code="bad_grammar")
+    return RuntimeRequestError(
+        f"the grammar cannot be followed: {matcher_problem(reason)}", code="bad_grammar"
+    )
 
 
 def all_finite(values: torch.Tensor) -> bool:

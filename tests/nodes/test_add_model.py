@@ -110,6 +110,33 @@ def test_a_directory_without_weights_or_tokenizer_is_refused(
         add_model("no-weights", "--weights", str(directory))
 
 
+def poisoned(checkpoint: Path, tmp_path: Path, **config: int) -> Path:
+    """A copy of ``checkpoint`` whose config.json declares ``config`` over its own."""
+    directory = Path(shutil.copytree(checkpoint, tmp_path / "poisoned"))
+    declared = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**declared, **config}))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("setting", "bound"),
+    [
+        ("num_hidden_layers", 256),
+        ("hidden_size", 65_536),
+        ("vocab_size", 1_048_576),
+        ("max_position_embeddings", 16_777_216),
+    ],
+)
+def test_a_checkpoint_of_an_absurd_shape_is_refused_naming_the_bound(
+    qwen3_moe: Path, tmp_path: Path, setting: str, bound: int
+) -> None:
+    weights = poisoned(qwen3_moe, tmp_path, **{setting: 2**31 - 1})
+
+    with pytest.raises(CommandError, match=f"{setting} = 2147483647: past the {bound} "):
+        add_model("poisoned", "--weights", str(weights))
+    assert not LanguageModel.objects.filter(key="poisoned").exists()
+
+
 def test_a_negative_price_is_refused(qwen3_moe: Path) -> None:
     with pytest.raises(CommandError, match="prompt price must be a number of at least 0"):
         add_model("tiny-qwen3-moe", "--weights", str(qwen3_moe), "--prompt-price", "-1")
@@ -150,6 +177,17 @@ def test_the_admin_form_refuses_an_unknown_architecture_naming_it(
 
     assert "model type &#x27;gpt2&#x27; is not served" in page
     assert not LanguageModel.objects.filter(key="gpt2-small").exists()
+
+
+def test_the_admin_form_refuses_a_checkpoint_of_two_billion_layers(
+    staff_client: Client, qwen3_moe: Path, tmp_path: Path
+) -> None:
+    page = admin_add(
+        staff_client, "poisoned", poisoned(qwen3_moe, tmp_path, num_hidden_layers=2**31 - 1)
+    )
+
+    assert "num_hidden_layers = 2147483647: past the 256 (layers)" in page
+    assert not LanguageModel.objects.filter(key="poisoned").exists()
 
 
 def test_the_admin_form_refuses_a_missing_path(staff_client: Client, tmp_path: Path) -> None:

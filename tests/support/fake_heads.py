@@ -115,6 +115,7 @@ class Behaviour:
     connect_error: bool = False
     body: dict[str, Any] | None = None
     message: str = "failed"  # an error frame's message
+    code: str = "hop_failed"  # an error frame's code
     gap: float = 0.0  # seconds between two frames
     texts: tuple[str, ...] = ()  # the first tokens' text, instead of the fake model's
 
@@ -178,7 +179,9 @@ class FakeHeads:
             )
         if behaviour.then.startswith("blame:"):
             blamed = behaviour.then.removeprefix("blame:")
-            frame = ErrorFrame(f"hop {blamed} {behaviour.message}", node_id=blamed)
+            frame = ErrorFrame(
+                f"hop {blamed} {behaviour.message}", code=behaviour.code, node_id=blamed
+            )
             events.append(sse_event(frame.to_json()))
         elif behaviour.then == "busy":
             events.append(sse_event(ErrorFrame("full", code="hop_busy", node_id="x").to_json()))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -117,6 +118,25 @@ def test_a_head_answering_busy_while_idle_is_banned_in_seconds_not_after_the_bus
     assert served_by(response) == [network.nodes["honest"].node_id]
     assert took < BUSY_DEADLINE / 3, took  # two heartbeat intervals, and the back-off
     assert liar.generate_calls >= 2  # it was given the benefit of the doubt first
+    assert route_status(network, liar) == "quarantined"
+
+
+def test_concurrent_chats_retrying_on_a_head_answering_busy_do_not_explain_each_other(
+    network: Network, liar: FakeHead
+) -> None:
+    liar.behaviour = Behaviour(busy=True)
+    started = time.monotonic()
+
+    with ThreadPoolExecutor(12) as pool:
+        chats = [
+            pool.submit(network.chat, model=TINY, messages=ONE_WORD, max_tokens=8, temperature=0)
+            for _ in range(12)
+        ]
+        answers = [chat.result() for chat in chats]
+
+    took = time.monotonic() - started
+    assert [a.status_code for a in answers] == [200] * 12, [a.text for a in answers]
+    assert took < BUSY_DEADLINE / 2, took
     assert route_status(network, liar) == "quarantined"
 
 

@@ -5,8 +5,9 @@ of the route) is waited for, not banned (ADR-0004, "Deadlines"). Taken on
 its word, a node that always answers busy stalls every client that draws
 its route for the whole busy deadline, and its route is never sampled, so
 the choice keeps drawing it. So each claim is checked against what the
-tracker knows of the node: the streams this tracker has in flight on it
-(:data:`~tracker_app.completions.head_queue.HEAD_QUEUES`), and the sessions
+tracker knows of the node: the sessions this tracker's own streams hold on
+it (:data:`~tracker_app.completions.head_queue.HEAD_QUEUES`: streams the node
+answered, never ones only queued on it), and the sessions
 the node itself reported in its last heartbeat (which counts other
 trackers' sessions too). A claim with neither behind it is unexplained; a
 node whose busy answers have stayed unexplained for longer than ``grace``
@@ -75,7 +76,7 @@ async def busy_claim_judged(busy: RouteBusy, *, now: float, grace: float) -> Hop
     (``false_busy``) once nothing the tracker knows has explained its busy answers for
     ``grace`` seconds."""
     node = busy.node_id
-    explained = HEAD_QUEUES.node_streams(node) > 0
+    explained = HEAD_QUEUES.node_sessions(node) > 0
     if not explained:
         explained = await database_call(node_reported_sessions)(node_id=node) > 0
     if not BUSY_CLAIMS.claim(node, explained=explained, now=now, grace=grace):

@@ -165,14 +165,8 @@ class CompletionsConsumer(AsyncHttpConsumer):
         try:
             if self.scope["method"] != "POST":
                 raise MethodNotAllowed("Use POST")
-            try:
-                parsed: GenerationParams | DomainError = self.parse(
-                    body, max_choices=settings.MESHNET_MAX_CHOICES
-                )
-            except DomainError as error:  # told only once the key is known good
-                parsed = error
             api_key, model, params = await database_call(self._admitted)(
-                key=self._bearer(), parsed=parsed, now=time.time()
+                key=self._bearer(), body=body, now=time.time()
             )
             self.proxy = CompletionProxy(
                 CompletionRequest(params=params, api_key=api_key, model=model, answer=self.answer),
@@ -188,14 +182,17 @@ class CompletionsConsumer(AsyncHttpConsumer):
             await self._reply(self.proxy)
 
     def _admitted(
-        self, *, key: str | None, parsed: GenerationParams | DomainError, now: float
+        self, *, key: str | None, body: bytes, now: float
     ) -> tuple[ApiKey, LanguageModel, GenerationParams]:
         """The request's key, model and parameters as the model takes them, its request
         counted against the key's rate limit; raises the first thing that refuses it, in
-        this order: the key, the body, the model, the parameters for the model, the rate.
+        this order: the key, the rate, the body, the model, the parameters for the model.
 
-        One call on a database thread (the reads, the tokenizer's checks and the count),
-        so the request takes one pooled connection for all of them.
+        Nothing of the body is read before the key is known good and its request
+        counted: a ``response_format`` or ``tools`` compiles into a grammar, which costs
+        CPU that an anonymous or over-limit client must not spend. One call on a
+        database thread (the reads, the parsing, the tokenizer's checks and the count),
+        so the request takes one pooled connection and no time of the event loop.
         """
         if key is not None:
             api_key = api_key_lookup(plain=key)
@@ -204,14 +201,12 @@ class CompletionsConsumer(AsyncHttpConsumer):
             api_key = dashboard_chat_api_key(scope=self.scope)
         if api_key is None:
             raise InvalidApiKey("Missing or invalid API key: send 'Authorization: Bearer <key>'")
-        if isinstance(parsed, DomainError):
-            raise parsed
-        model = language_model_get(key=parsed.model)
-        params = self.for_model(parsed, model)
         rate_limit_check(
             key_hash=api_key.key_hash, limit=settings.MESHNET_RATE_LIMIT_PER_MINUTE, now=now
         )
-        return api_key, model, params
+        parsed = self.parse(body, max_choices=settings.MESHNET_MAX_CHOICES)
+        model = language_model_get(key=parsed.model)
+        return api_key, model, self.for_model(parsed, model)
 
     def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
         raise NotImplementedError

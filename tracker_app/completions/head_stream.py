@@ -50,7 +50,7 @@ from rest_framework import status
 
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.protocol.decoding import json_document
-from nodes_app.protocol.errors import HOP_TIMED_OUT, ProtocolError, relayable_code
+from nodes_app.protocol.errors import BAD_GRAMMAR, HOP_TIMED_OUT, ProtocolError, relayable_code
 from nodes_app.protocol.frames import ChunkFrame, ErrorFrame, parse_frame
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.limits import GENERATE_MAX_PROMPT_CHARS, step_time_limit
@@ -92,10 +92,17 @@ class HopFailure(Exception):
     ``message`` is safe to show a client: it holds no text a node wrote.
     """
 
-    def __init__(self, node_id: str, message: str) -> None:
+    def __init__(self, node_id: str, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.node_id = node_id
         self.message = message
+        self.code = code
+
+    @property
+    def grammar_unfollowed(self) -> bool:
+        """The node could not follow the request's grammar (``bad_grammar``): the
+        request fails, and nobody is banned for it."""
+        return self.code == BAD_GRAMMAR
 
 
 class RouteBusy(Exception):
@@ -118,6 +125,14 @@ def silence_limit(*, step_timeout: float, hops: int, positions: int, echo: bool 
     """
     each = step_time_limit(step_timeout, positions)
     return hops * each + step_time_limit(step_timeout, positions, echo=echo)
+
+
+class GrammarNotFollowed(DomainError):
+    """A node of the route could not follow a grammar the tracker judged followable:
+    the request fails (400, unbilled) and the node keeps its standing."""
+
+    kind = ErrorKind.INVALID
+    code = BAD_GRAMMAR
 
 
 class HeadRefused(DomainError):
@@ -344,7 +359,7 @@ class _FrameReader:
             blamed = frame.node_id if frame.node_id in self.route else self.head
             _log_detail(self.head, f"reported node {blamed} failed", frame.message)
             code = relayable_code(frame.code) or "hop_failed"
-            raise HopFailure(blamed, f"node {blamed} failed ({code})")
+            raise HopFailure(blamed, f"node {blamed} failed ({code})", code=code)
         self.tokens += len(frame.token_ids)
         if self.tokens > self.request.max_tokens:
             raise HopFailure(
@@ -365,13 +380,17 @@ def _clients_fault(
     ``bad_sampling`` refuses what the tracker already checked with the very same
     rule (``SamplingParams.from_mapping``): the head's, unless the sampling holds
     what only a node can check (``sampling_checked`` false: a logit_bias's token
-    ids). Any other 400, ``prompt_too_long`` included, is the client's unless
-    the tracker counted the prompt and found it fitting (``prompt_checked``).
+    ids). A 400 ``bad_grammar`` is the client's: the tracker judged the grammar as
+    the last hop uses it, and a node's library may judge otherwise. Any other 400,
+    ``prompt_too_long`` included, is the client's unless the tracker counted the
+    prompt and found it fitting (``prompt_checked``).
     """
     kind = CLIENT_FAULTS.get(status_code)
     if kind is None:
         return None
     if status_code == status.HTTP_413_REQUEST_ENTITY_TOO_LARGE or code in SIZE_REFUSALS:
+        return kind
+    if code == BAD_GRAMMAR:  # a grammar the tracker judged followable: nobody's fault
         return kind
     if code in TRACKER_CHECKED:
         return None if sampling_checked else kind

@@ -31,7 +31,12 @@ from llguidance import LLTokenizer
 
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.grammar import grammar_problem, grammar_words
-from nodes_app.prompting import TemplateRefused, prompt_token_ids, text_token_ids
+from nodes_app.prompting import (
+    TemplateOverBudget,
+    TemplateRefused,
+    prompt_token_ids,
+    text_token_ids,
+)
 from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores
 from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
 from tracker_app.completions.parameters import InvalidRequest, Prompt
@@ -49,6 +54,14 @@ class ContextLengthExceeded(DomainError):
 
     kind = ErrorKind.INVALID
     code = "context_length_exceeded"
+
+
+class ChatTemplateOverBudget(DomainError):
+    """The model's chat template ran past its render budget (``nodes_app.prompting``):
+    the model's fault, not the client's; the request fails unbilled."""
+
+    kind = ErrorKind.INTERNAL
+    code = "chat_template_over_budget"
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,10 @@ def prompt_tokens_count(
     else:
         try:
             ids = prompt_token_ids(text.tokenizer, prompt, tools)
+        except TemplateOverBudget as error:
+            raise ChatTemplateOverBudget(
+                f"{error.message}: the model's template is at fault (its operator is told)"
+            ) from error
         except TemplateRefused as error:
             raise InvalidRequest(error.message) from error
     if text.context_length is not None and len(ids) + max_tokens > text.context_length:

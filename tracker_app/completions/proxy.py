@@ -52,6 +52,7 @@ import httpx
 from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, http_error, is_database_outage
 from nodes_app.protocol.sse import sse_event
+from nodes_app.services import language_model_template_fault
 from routing_app.choice import RouteDecision
 from routing_app.services import (
     route_choose,
@@ -66,10 +67,17 @@ from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
-from tracker_app.completions.head_stream import HopFailure, RouteBusy, head_batches, silence_limit
+from tracker_app.completions.head_stream import (
+    GrammarNotFollowed,
+    HopFailure,
+    RouteBusy,
+    head_batches,
+    silence_limit,
+)
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
 from tracker_app.completions.prompt_tokens import (
+    ChatTemplateOverBudget,
     PromptCount,
     echo_check,
     grammar_check,
@@ -212,15 +220,19 @@ class CompletionProxy:
         The key's share is taken before any route is chosen: a request past it is
         refused now, not after the busy deadline on a route its own key filled.
         """
-        counts = [
-            prompt_tokens_count(
-                weight_source=self.model.weight_source,
-                prompt=prompt,
-                max_tokens=self.params.max_tokens,
-                tools=self.params.template_tools,
-            )
-            for prompt in self.params.prompts
-        ]
+        try:
+            counts = [
+                prompt_tokens_count(
+                    weight_source=self.model.weight_source,
+                    prompt=prompt,
+                    max_tokens=self.params.max_tokens,
+                    tools=self.params.template_tools,
+                )
+                for prompt in self.params.prompts
+            ]
+        except ChatTemplateOverBudget as error:
+            language_model_template_fault(model=self.model, fault=error.message)
+            raise
         if self.params.prompt_scored:
             for count in counts:
                 echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
@@ -416,6 +428,11 @@ class CompletionProxy:
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
             except HopFailure as failure:
+                if failure.grammar_unfollowed:
+                    raise GrammarNotFollowed(
+                        f"Node {failure.node_id} could not follow the request's grammar "
+                        "(bad_grammar); nobody was blamed"
+                    ) from None
                 wait.over()
                 await self._use(await self.failover.reroute(generation, failure), [generation])
         yield [Piece(generation.choice, finish_reason=generation.finish_reason)]
@@ -458,10 +475,14 @@ class CompletionProxy:
             # token: a downstream hop may still answer busy (hop_busy) after the
             # head's 200 and its prefill, and the back-off must keep growing then.
             segment.started = self.settings.clock()
+            # The head answered 200: it holds a session for this stream now.
+            HEAD_QUEUES.sessions_opened([plan.head.node_id])
+            holding.append(plan.head.node_id)
             await self.emit(console.CONNECTED, self.request_id, endpoint=plan.head.endpoint)
 
         nodes = plan.node_ids
-        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id, nodes)
+        holding: list[str] = []  # the nodes this stream holds a session on
+        HEAD_QUEUES.joined(plan.head.endpoint, self.request_id)
         self._streaming[generation.choice] = plan.head.node_id
         served = False
         # Counted as load on the route while it streams (again after a busy wait).
@@ -495,6 +516,9 @@ class CompletionProxy:
                             if not served:  # whatever busy its nodes answered is behind them
                                 served = True
                                 BUSY_CLAIMS.served(nodes)
+                                downstream = [n for n in nodes if n not in holding]
+                                HEAD_QUEUES.sessions_opened(downstream)
+                                holding.extend(downstream)
                         if self.params.echo and not generation.echoed:
                             pieces.append(generation.echo(frame))
                         piece = generation.absorb(frame, request_id=self.request_id)
@@ -513,7 +537,8 @@ class CompletionProxy:
                     if generation.overrun is not None:
                         break
         finally:
-            HEAD_QUEUES.left(plan.head.endpoint, self.request_id, nodes)
+            HEAD_QUEUES.left(plan.head.endpoint, self.request_id)
+            HEAD_QUEUES.sessions_closed(holding)
             if self.deadline.left() > 0:  # past it, the deadline's blame still needs it
                 self._streaming.pop(generation.choice, None)
             # However the stream ended, it is no longer load on the route.

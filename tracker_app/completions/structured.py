@@ -77,11 +77,72 @@ def response_format_grammar(value: Any) -> str | None:
 
 
 def _compiled(schema: dict[str, Any]) -> str:
+    loop = ref_loop(schema)
+    if loop is not None:
+        raise UnfollowableFormat(
+            f"the schema cannot be followed: $ref {loop!r} refers only to itself "
+            "(no value can match it)"
+        )
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as error:
         raise UnfollowableFormat(f"the schema cannot be followed: {first_line(error)}") from None
     return grammar_bounded(grammar, what="the schema")
+
+
+def ref_loop(schema: Mapping[str, Any]) -> str | None:
+    """The first local ``$ref`` of ``schema`` that leads, through schemas that are only a
+    ``$ref``, back to itself (no value matches it: the last hop's matcher could never
+    start); None when there is none. The schema's size is bounded by the request's."""
+    for ref in _local_refs(schema):
+        seen: set[str] = set()
+        target: str | None = ref
+        while target is not None and target not in seen:
+            seen.add(target)
+            target = _only_ref(_resolved(schema, target))
+        if target is not None:
+            return target
+    return None
+
+
+def _local_refs(value: Any) -> list[str]:
+    refs: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                refs.append(ref)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return refs
+
+
+def _resolved(schema: Mapping[str, Any], ref: str) -> Any:
+    """What the JSON pointer ``ref`` (``#/a/b``) names in ``schema``; None if nothing."""
+    node: Any = schema
+    for part in ref.removeprefix("#").split("/")[1:]:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping):
+            node = node.get(key)
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
+
+
+def _only_ref(node: Any) -> str | None:
+    """The local ``$ref`` a schema is and nothing more (annotations aside)."""
+    if not isinstance(node, Mapping):
+        return None
+    ref = node.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    constraining = set(node) - {"$ref", "$defs", "definitions", "title", "description", "$comment"}
+    return None if constraining else ref
 
 
 def grammar_bounded(grammar: str, *, what: str) -> str:

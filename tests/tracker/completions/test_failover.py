@@ -60,6 +60,29 @@ def test_a_head_that_dies_mid_stream_is_banned_and_another_route_resumes_without
     assert net.event_kinds().count(console.ROUTE_SELECTED) == 2
 
 
+@pytest.mark.parametrize("code", ["bad_grammar", None], ids=["tail", "head"])
+def test_a_node_that_cannot_follow_the_grammar_fails_the_request_and_keeps_its_standing(
+    net: Net, code: str | None
+) -> None:
+    net.node("head", 0, 1, tps=300)
+    net.node("tail", 2, 3, tps=300)
+    net.node("whole", 0, 3, tps=50)
+    if code is None:  # the head refuses the grammar itself
+        refusal = {"error": {"message": "no", "code": "bad_grammar"}}
+        net.heads.plan("head", Behaviour(status=400, body=refusal))
+    else:  # the head reports that its last hop did
+        net.heads.plan("head", Behaviour(tokens=2, then="blame:tail", code=code))
+    proxy = net.proxy(response_format={"type": "json_object"})
+
+    chunks = serve(proxy)
+
+    assert chunks[-1]["error"]["code"] == "bad_grammar"
+    assert net.banned() == set()
+    assert net.heads.heads_asked() == ["head"]  # no failover: another route would refuse too
+    assert record(proxy).status == RequestStatus.FAILED
+    assert not BillingRecord.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("blamed", "banned"),
     [("tail", "tail"), ("someone-else", "head")],

@@ -8,6 +8,7 @@ schema is the constraint's doing.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -201,6 +202,31 @@ def test_a_format_that_cannot_be_followed_is_a_400_naming_the_construct(
 
     assert (refused.value.code, refused.value.param) == ("invalid_request", "response_format")
     assert named in refused.value.message
+
+
+SELF_REFERENCE = {"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [SELF_REFERENCE, {"$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}]}}, "$ref": "#/$defs/A"}],
+    ids=["only-a-ref", "through-allof"],
+)
+def test_a_schema_no_answer_can_start_is_a_400_and_bans_no_honest_node(
+    network: Network, schema: Any
+) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for _ in range(3):  # before, each one banned the honest tail for longer
+        refused = network.chat(model=TINY, messages=PROMPT, response_format=fmt, max_tokens=4)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "response_format"
+        assert "$ref" in error["message"] or "no answer can start" in error["message"]
+
+    started = time.monotonic()
+    honest = network.chat(model=TINY, messages=PROMPT, max_tokens=4)
+    assert honest.status_code == 200, honest.text
+    assert time.monotonic() - started < 10
 
 
 # --- tools ----------------------------------------------------------------------------
