@@ -21,10 +21,13 @@ from rest_framework.views import APIView
 
 from meshnet_site.api_schema import error_responses
 from nodes_app.models import LanguageModel
-from nodes_app.selectors import language_model_get
+from nodes_app.selectors import language_model_get, topology_epoch_current
 from routing_app.api import ClientOrStaff
+from routing_app.arms import ArmView
 from routing_app.placement import Offer, PlacementPlan, PlacementRule, place, placement_plan
 from routing_app.selectors import routing_nodes
+from routing_app.services import route_candidates
+from routing_app.tracker_store import route_stats_store
 
 # The most layers a node may say it holds (a bound for the query, not a model's size).
 MAX_HELD_LAYERS = 100_000
@@ -33,8 +36,15 @@ PLACEMENT_RULES = [str(rule) for rule in PlacementRule]
 
 
 def model_placement(model: LanguageModel) -> PlacementPlan:
-    """The model's stages as its online nodes cover them now."""
-    return placement_plan(routing_nodes(model=model), model.num_layers)
+    """The model's stages as its online nodes cover them now, their claimed speeds floored
+    by the routes this tracker measured (as routing floors them: SECURITY §9)."""
+    nodes = routing_nodes(model=model)
+    arms: list[ArmView] = []
+    if nodes:
+        store = route_stats_store()
+        plans = route_candidates(model=model, store=store)
+        arms = store.views(plans=plans, epoch=topology_epoch_current(model=model))
+    return placement_plan(nodes, model.num_layers, arms)
 
 
 class PlacementQuery(serializers.Serializer[dict[str, Any]]):
@@ -66,7 +76,8 @@ class StageOutput(serializers.Serializer[dict[str, Any]]):
     node_ids = serializers.ListField(child=serializers.CharField())
     node_count = serializers.IntegerField()
     capacity_tps = serializers.FloatField(
-        help_text="Sum of the stage's online nodes' tokens/s (benchmark capped by measured)"
+        help_text="Sum of the stage's online nodes' tokens/s (benchmark capped by measured; "
+        "no node faster than the fastest measured route runs a layer)"
     )
 
 
