@@ -265,6 +265,8 @@ MESHNET_RATE_LIMIT_PER_MINUTE = env_.env_int(ENV, "MESHNET_RATE_LIMIT_PER_MINUTE
 MESHNET_REGISTRATION_RATE_LIMIT = env_.env_int(
     ENV, "MESHNET_REGISTRATION_RATE_LIMIT", 30, minimum=1
 )
+# Anonymous placement queries (GET /api/nodes/placement) per client address per minute.
+MESHNET_PLACEMENT_RATE_LIMIT = env_.env_int(ENV, "MESHNET_PLACEMENT_RATE_LIMIT", 60, minimum=1)
 
 # /metrics: a Bearer token it requires when set; unset, only a direct loopback client
 # gets it (no forwarding header, not MESHNET_BEHIND_PROXY): meshnet_site.metrics_access.

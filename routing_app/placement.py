@@ -5,7 +5,13 @@ boundaries of its online nodes, each served by the same set of nodes. A
 stage's capacity is the sum of its nodes' unloaded tokens/s (the benchmark,
 capped by the measured speed once there is one: ``NodeRecord.effective_tps``
 before its load discount), since each node can carry a token through every
-layer of its shard. A new node that holds ``max_layers`` decoder layers is
+layer of its shard. Those numbers are the node's own claims, so they are
+floored as routing floors them (SECURITY §9, ``priors.NodeModel.floor``):
+once any route of the model is measured, no node is counted faster than the
+fastest measured route runs a layer; and a node on no measured route counts
+nothing, so a node that only answered the registration challenge and claims
+10⁶ tok/s moves no other node (until a request through it is timed). With
+nothing measured the claims are all there is. A new node that holds ``max_layers`` decoder layers is
 offered:
 
 1. the first range no node serves (``uncovered_layers``), else
@@ -25,7 +31,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from meshnet_site.errors import DomainError, ErrorKind
+from routing_app.arms import ArmView
 from routing_app.planner import NodeRecord, uncovered_layers
+from routing_app.priors import TIMED, NodeModel
 
 
 class NodeTooSmall(DomainError):
@@ -76,15 +84,32 @@ class PlacementPlan:
     uncovered: tuple[tuple[int, int], ...]
 
 
-def node_capacity_tps(node: NodeRecord) -> float:
-    """What the node can carry when idle: its effective tokens/s without the load discount."""
-    return dataclasses.replace(node, queue_depth=0, active_sessions=0).effective_tps
+def node_capacity_tps(node: NodeRecord, layer_seconds_floor: float = 0.0) -> float:
+    """What the node can carry when idle: its effective tokens/s without the load discount,
+    taking at least ``layer_seconds_floor`` seconds per layer of its shard (0: no floor)."""
+    tps = dataclasses.replace(node, queue_depth=0, active_sessions=0).effective_tps
+    if layer_seconds_floor > 0:
+        layers = node.shard_end - node.shard_start + 1
+        tps = min(tps, 1.0 / (layer_seconds_floor * layers))
+    return tps
 
 
-def placement_plan(nodes: Sequence[NodeRecord], num_layers: int) -> PlacementPlan:
-    """The stages of a model of ``num_layers`` layers served by ``nodes`` (online ones)."""
+def placement_plan(
+    nodes: Sequence[NodeRecord], num_layers: int, arms: Sequence[ArmView] = ()
+) -> PlacementPlan:
+    """The stages of a model of ``num_layers`` layers served by ``nodes`` (online ones),
+    each node's claimed speed floored by the measured routes among ``arms`` as routing
+    floors it (``NodeModel.floor``) and a node on none of them counting nothing (no
+    measured route: the claims as they are)."""
     if num_layers < 1:
         raise ValueError("a model has at least one layer")
+    floor = NodeModel(arms).floor if arms else 0.0
+    timed = {
+        node_id
+        for arm in arms
+        if arm.status in TIMED and arm.tps and arm.tps > 0
+        for node_id in arm.plan.node_ids
+    }
     inside = [
         (node, max(0, node.shard_start), min(num_layers - 1, node.shard_end))
         for node in nodes
@@ -103,7 +128,11 @@ def placement_plan(nodes: Sequence[NodeRecord], num_layers: int) -> PlacementPla
                     start_layer=first,
                     end_layer=after - 1,
                     node_ids=tuple(sorted(node.node_id for node in serving)),
-                    capacity_tps=sum(node_capacity_tps(node) for node in serving),
+                    capacity_tps=sum(
+                        node_capacity_tps(node, floor)
+                        for node in serving
+                        if floor == 0 or node.node_id in timed
+                    ),
                 )
             )
     return PlacementPlan(

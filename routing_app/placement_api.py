@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -20,11 +22,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from meshnet_site.api_schema import error_responses
+from meshnet_site.errors import DomainError, ErrorKind
+from meshnet_site.guards.services import count_hit, window_retry_after
 from nodes_app.models import LanguageModel
-from nodes_app.selectors import language_model_get
+from nodes_app.registration_limit import WINDOW_SECONDS, client_network
+from nodes_app.selectors import language_model_get, topology_epoch_current
 from routing_app.api import ClientOrStaff
+from routing_app.arms import ArmView
 from routing_app.placement import Offer, PlacementPlan, PlacementRule, place, placement_plan
 from routing_app.selectors import routing_nodes
+from routing_app.services import route_candidates
+from routing_app.tracker_store import route_stats_store
 
 # The most layers a node may say it holds (a bound for the query, not a model's size).
 MAX_HELD_LAYERS = 100_000
@@ -32,9 +40,41 @@ MAX_HELD_LAYERS = 100_000
 PLACEMENT_RULES = [str(rule) for rule in PlacementRule]
 
 
+class PlacementRateLimited(DomainError):
+    """This address asked for placements too often this minute; ``retry_after`` says when
+    the next window opens."""
+
+    kind = ErrorKind.RATE_LIMITED
+    code = "placement_rate_limited"
+
+
+def placement_rate_limit_check(*, client_address: str) -> None:
+    """Count one anonymous placement query from ``client_address`` (counted as
+    registrations are); ``PlacementRateLimited`` past ``MESHNET_PLACEMENT_RATE_LIMIT`` in
+    the current minute."""
+    now = timezone.now()
+    network = client_network(client_address)
+    limit = settings.MESHNET_PLACEMENT_RATE_LIMIT
+    count = count_hit(f"placement:{network}", window_seconds=WINDOW_SECONDS, now=now)
+    if count > limit:
+        retry_after = window_retry_after(window_seconds=WINDOW_SECONDS, now=now)
+        raise PlacementRateLimited(
+            f"Too many placement queries from {network}: at most {limit} per minute; "
+            f"retry in {retry_after} s",
+            retry_after=retry_after,
+        )
+
+
 def model_placement(model: LanguageModel) -> PlacementPlan:
-    """The model's stages as its online nodes cover them now."""
-    return placement_plan(routing_nodes(model=model), model.num_layers)
+    """The model's stages as its online nodes cover them now, their claimed speeds floored
+    by the routes this tracker measured (as routing floors them: SECURITY §9)."""
+    nodes = routing_nodes(model=model)
+    arms: list[ArmView] = []
+    if nodes:
+        store = route_stats_store()
+        plans = route_candidates(model=model, store=store)
+        arms = store.views(plans=plans, epoch=topology_epoch_current(model=model))
+    return placement_plan(nodes, model.num_layers, arms)
 
 
 class PlacementQuery(serializers.Serializer[dict[str, Any]]):
@@ -66,7 +106,8 @@ class StageOutput(serializers.Serializer[dict[str, Any]]):
     node_ids = serializers.ListField(child=serializers.CharField())
     node_count = serializers.IntegerField()
     capacity_tps = serializers.FloatField(
-        help_text="Sum of the stage's online nodes' tokens/s (benchmark capped by measured)"
+        help_text="Sum of the stage's online nodes' tokens/s (benchmark capped by measured; "
+        "no node faster than the fastest measured route runs a layer)"
     )
 
 
@@ -158,9 +199,14 @@ class NodePlacementApi(APIView):
         "(GET /v1/placement has the whole plan).",
         auth=[],
         parameters=[PlacementQuery],
-        responses={200: Output, **ERRORS},
+        responses={
+            200: Output,
+            **ERRORS,
+            **error_responses(e429="placement_rate_limited (per client address, per minute)"),
+        },
     )
     def get(self, request: Request) -> Response:
+        placement_rate_limit_check(client_address=request.META.get("REMOTE_ADDR", ""))
         query = PlacementQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
         model = language_model_get(key=query.validated_data["model"])

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from routing_app.arms import ArmStatus, ArmView
 from routing_app.placement import (
     NodeTooSmall,
+    Offer,
     PlacementRule,
     Stage,
     node_capacity_tps,
     place,
     placement_plan,
 )
-from routing_app.planner import NodeRecord
+from routing_app.planner import NodeRecord, enumerate_routes
 
 
 def node(
@@ -96,3 +98,36 @@ def test_shards_past_the_models_layers_are_clipped() -> None:
     plan = placement_plan([node("odd", 2, 9)], 4)
     assert plan.stages == (Stage(2, 3, ("odd",), 10.0),)
     assert plan.uncovered == ((0, 1),)
+
+
+def test_a_nodes_claims_alone_move_no_other_node_once_routes_are_measured() -> None:
+    head, tail = node("head", 0, 1, tps=10.0), node("tail", 2, 3, tps=30.0)
+    claimant = node("claimant", 0, 1, tps=1e6, measured=1e6)  # answered the challenge, no more
+    nodes = [head, tail, claimant]
+    arms = [
+        ArmView(route, ArmStatus.PROVEN, 7.0, 5.0, 5, 1.0)  # head -> tail, timed at 7 tok/s
+        if route.node_ids == ("head", "tail")
+        else ArmView(route, ArmStatus.UNSAMPLED, None, 0.0, 0, 0.0)
+        for route in enumerate_routes(model_key="m", num_layers=4, nodes=nodes)
+    ]
+    plan = placement_plan(nodes, 4, arms)
+    head_stage, tail_stage = plan.stages
+    assert head_stage.node_ids == ("claimant", "head")
+    assert head_stage.capacity_tps == 10.0  # the claimant counts nothing
+    # The tail's 30 tok/s is floored: no layer runs faster than the timed route's do.
+    assert 10.0 < tail_stage.capacity_tps < 11.0
+    assert _range(place(plan)) == _range(place(placement_plan([head, tail], 4))) == (0, 1)
+    # Once a route through it is timed, the claimant counts, at most at that floor.
+    timed = [
+        ArmView(arm.plan, ArmStatus.PROVEN, 7.0, 5.0, 5, 1.0)
+        if arm.plan.node_ids == ("claimant", "tail")
+        else arm
+        for arm in arms
+    ]
+    assert 10.0 < placement_plan(nodes, 4, timed).stages[0].capacity_tps < 25.0
+    # With no route measured the claims are all there is.
+    assert place(placement_plan(nodes, 4)).start_layer == 2
+
+
+def _range(offer: Offer) -> tuple[int, int]:
+    return offer.start_layer, offer.end_layer

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import override_settings
 from rest_framework import status
 from rest_framework.test import APIClient
 
@@ -153,3 +154,22 @@ def test_both_endpoints_are_in_the_openapi_schema() -> None:
 
     assert set(paths["/v1/placement"]["get"]["responses"]) >= {"200", "400", "401", "403", "404"}
     assert "security" not in paths["/api/nodes/placement"]["get"]  # no credential
+
+
+@override_settings(MESHNET_PLACEMENT_RATE_LIMIT=3)
+def test_an_address_past_its_anonymous_placement_limit_gets_429_with_retry_after() -> None:
+    model = make_model(num_layers=4)
+    client = APIClient()
+    for _ in range(3):
+        ok = client.get("/api/nodes/placement", {"model": model.key}, REMOTE_ADDR="203.0.113.7")
+        assert ok.status_code == status.HTTP_200_OK
+
+    refused = client.get("/api/nodes/placement", {"model": model.key}, REMOTE_ADDR="203.0.113.7")
+
+    assert refused.status_code == status.HTTP_429_TOO_MANY_REQUESTS
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("placement_rate_limited", "rate_limit_error")
+    assert "at most 3 per minute" in error["message"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    other = client.get("/api/nodes/placement", {"model": model.key}, REMOTE_ADDR="198.51.100.9")
+    assert other.status_code == status.HTTP_200_OK
