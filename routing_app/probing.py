@@ -58,8 +58,7 @@ class ProbeComparison:
 
     ``tie_gap`` is the two routes' own gaps at the first difference, summed
     (None when a route did not list the other's token among its
-    alternatives, or gave no logprobs there; then ``tie_gap`` is not known,
-    only bounded from below).
+    alternatives, or gave no logprobs there).
     """
 
     agree: bool
@@ -76,18 +75,16 @@ def probe_answers_compare(
     chosen token's logprob minus the logprob it gave the other answer's token
     (found among its alternatives by written form and bytes; never below
     0, so one route cannot cancel the other's gap). The answers agree when
-    their sum is at most ``margin``. After that position the routes continue
-    from different text, so nothing later is compared. Symmetric in ``a``
-    and ``b``. An answer that ends where the other goes on disagrees, and so
-    does one without logprobs where they part.
+    both gaps are known and their sum is at most ``margin``. After that
+    position the routes continue from different text, so nothing later is
+    compared. Symmetric in ``a`` and ``b``. An answer that ends where the
+    other goes on disagrees.
 
-    A token a route did not list is no more likely than its least listed
-    alternative, so its gap is known from below: the answers disagree when
-    that bound is over ``margin``. Under it, where rounding may still have
-    parted them, a greedy answer agrees; a sampled one (``margin`` infinite:
-    a seeded draw parts wherever rounding moves the race between two tokens,
-    near-tied or not) agrees only when a route rounds (``ProbeAnswer.rounded``),
-    since float32 routes repeat each other's draws.
+    A sampled answer (``margin`` infinite) parts wherever rounding moves the
+    seeded draw's race between two tokens, near-tied or not, and in a flat
+    distribution that may be at a token the other route did not list: there
+    it agrees when a route rounds (``ProbeAnswer.rounded``), since only float32
+    routes repeat each other's draws (ADR-0015).
     """
     if a.token_ids == b.token_ids:
         return ProbeComparison(agree=True)
@@ -97,37 +94,22 @@ def probe_answers_compare(
     entry_a, entry_b = a.logprobs[index], b.logprobs[index]
     gap_a, gap_b = _gap(entry_a, entry_b), _gap(entry_b, entry_a)
     if gap_a is None or gap_b is None:
-        return ProbeComparison(agree=False, first_difference=index)
-    tie_gap = gap_a.nats + gap_b.nats
-    if gap_a.listed and gap_b.listed:
-        return ProbeComparison(tie_gap <= margin, index, tie_gap)
-    if tie_gap > margin:
-        return ProbeComparison(agree=False, first_difference=index)
-    sampled = math.isinf(margin)
-    return ProbeComparison(not sampled or a.rounded or b.rounded, index)
+        unlisted = entry_a.logprob is not None and entry_b.logprob is not None
+        sampled = math.isinf(margin)
+        return ProbeComparison(unlisted and sampled and (a.rounded or b.rounded), index)
+    tie_gap = gap_a + gap_b
+    return ProbeComparison(tie_gap <= margin, index, tie_gap)
 
 
-@dataclass(frozen=True)
-class _Gap:
-    """How far below its own choice a route put the other's token (at least, if unlisted)."""
-
-    nats: float
-    listed: bool
-
-
-def _gap(own: TokenLogprob, other: TokenLogprob) -> _Gap | None:
-    """``own``'s gap to ``other``'s token; None without logprobs to tell it."""
-    if own.logprob is None or not own.top_logprobs:
+def _gap(own: TokenLogprob, other: TokenLogprob) -> float | None:
+    """How far below its own choice ``own``'s route put ``other``'s token; None if unlisted."""
+    if own.logprob is None:
         return None
     for alternative in own.top_logprobs:
         if (alternative.token, alternative.utf8) == (other.token, other.utf8):
-            return _finite_gap(own.logprob - alternative.logprob, listed=True)
-    least = min(alternative.logprob for alternative in own.top_logprobs)
-    return _finite_gap(own.logprob - least, listed=False)
-
-
-def _finite_gap(nats: float, *, listed: bool) -> _Gap | None:
-    return _Gap(max(nats, 0.0), listed) if math.isfinite(nats) else None
+            gap = own.logprob - alternative.logprob
+            return max(gap, 0.0) if math.isfinite(gap) else None
+    return None
 
 
 @dataclass(frozen=True)
