@@ -9,8 +9,9 @@ holds back a choice's text from its first character on when that opens calls
 (always, unless ``tool_choice`` is ``"auto"``, where text never starts as
 calls do), and ends the choice with its ``tool_calls`` as OpenAI streams
 them (per call a delta naming it, then one with its arguments) and
-``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens``
-come as the text they are, with ``"length"``.
+``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens`` (or a stop
+sequence) end with the calls completed before the cut and the finish reason
+that says so (``"length"``); the unfinished call is never given as text.
 """
 
 from __future__ import annotations
@@ -177,16 +178,14 @@ class ChatAnswer:
         before = b""
         if held is not None:
             assert self.tool_use is not None
-            text = "".join(held)
-            calls = calls_of(text, self.tool_use) if finish_reason == "stop" else None
-            if calls is None:  # cut short: the text as it is
-                before = self._text[choice].event(text)
-            else:
-                before = b"".join(
-                    sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=[delta])))
-                    for index, call in enumerate(calls)
-                    for delta in _call_deltas(index, call)
-                )
+            made = calls_of("".join(held), self.tool_use)
+            assert made is not None  # held: it opened as calls do
+            before = b"".join(
+                sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=[delta])))
+                for index, call in enumerate(made.calls)
+                for delta in _call_deltas(index, call)
+            )
+            if made.whole:
                 finish_reason = "tool_calls"
         return before + sse_event(
             self._chunk(
@@ -198,15 +197,18 @@ class ChatAnswer:
         )
 
     def _message(self, generation: Generation) -> tuple[AssistantMessage, ChatFinishReason]:
-        """A whole choice's message and finish reason: its text, or its tool calls."""
+        """A whole choice's message and finish reason: its text, or its tool calls (those
+        completed before a cut, with the reason that cut it)."""
         reason = cast(FinishReason, generation.finish_reason)
-        calls = None
-        if self.tool_use is not None and reason == "stop":
-            calls = calls_of(generation.content, self.tool_use)
-        if calls is None:
+        made = None
+        if self.tool_use is not None:
+            made = calls_of(generation.content, self.tool_use)
+        if made is None:
             return AssistantMessage(role="assistant", content=generation.content), reason
-        message = AssistantMessage(role="assistant", content=None, tool_calls=calls)
-        return message, "tool_calls"
+        message = AssistantMessage(role="assistant", content=None)
+        if made.calls:
+            message["tool_calls"] = list(made.calls)
+        return message, "tool_calls" if made.whole else reason
 
     def _choice(self, generation: Generation) -> ChatChoice:
         message, finish_reason = self._message(generation)
