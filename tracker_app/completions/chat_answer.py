@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any, cast
 
+from meshnet_site.errors import DomainError
 from nodes_app.protocol.logprobs import TokenLogprob as TokenLogprobEntry
 from nodes_app.protocol.sse import sse_event
-from tracker_app.completions.answers import TextEvents
+from tracker_app.completions.answers import HeldCalls, TextEvents, openai_failed
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.shapes import (
@@ -43,7 +44,6 @@ from tracker_app.completions.shapes import (
     TopLogprob,
     Usage,
 )
-from tracker_app.completions.tools import ToolUse, calls_of
 
 
 def choice_chunk(
@@ -112,6 +112,7 @@ class ChatAnswer:
     """The chat endpoint's answer: ``chat.completion.chunk`` events, each choice opening
     with its role, or one ``chat.completion``."""
 
+    api = "chat.completions"
     id_prefix = "chatcmpl-"
 
     def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
@@ -121,25 +122,7 @@ class ChatAnswer:
         self._text = [
             TextEvents.around(partial(self._text_chunk, choice)) for choice in range(self.choices)
         ]
-        self.tool_use: ToolUse | None = params.tool_use
-        # With tools: the choices whose answer is not yet known to be text or calls, and
-        # the text held back of those that are calls.
-        self._undecided = set(range(self.choices)) if self.tool_use is not None else set()
-        self._held: dict[int, list[str]] = {}
-
-    def _holds(self, choice: int, text: str) -> bool:
-        """Whether ``text`` of ``choice`` is held back as part of its calls object."""
-        if choice in self._held:
-            self._held[choice].append(text)
-            return True
-        if choice not in self._undecided or not text:
-            return False
-        self._undecided.discard(choice)
-        assert self.tool_use is not None
-        if self.tool_use.mode == "auto" and not text.startswith(self.tool_use.calls_open):
-            return False
-        self._held[choice] = [text]
-        return True
+        self._calls = HeldCalls(params.tool_use, self.choices)
 
     def _text_chunk(self, choice: int, text: str) -> ChatCompletionChunk:
         return self._chunk(choice, delta=ChatDelta(content=text))
@@ -166,20 +149,19 @@ class ChatAnswer:
         ]
 
     def piece(self, piece: Piece) -> bytes:
-        if self._holds(piece.choice, piece.text):
+        if self._calls.holds(piece.choice, piece.text):
             return b""
         if not piece.logprobs:
             return self._text[piece.choice].event(piece.text)
         content: ChoiceLogprobs = {"content": [token_logprob(entry) for entry in piece.logprobs]}
         return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
 
-    def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
-        held = self._held.pop(choice, None)
+    def finish(
+        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+    ) -> bytes:
+        made = self._calls.release(choice)
         before = b""
-        if held is not None:
-            assert self.tool_use is not None
-            made = calls_of("".join(held), self.tool_use)
-            assert made is not None  # held: it opened as calls do
+        if made is not None:
             before = b"".join(
                 sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=[delta])))
                 for index, call in enumerate(made.calls)
@@ -196,13 +178,14 @@ class ChatAnswer:
             )
         )
 
+    def failed(self, error: DomainError) -> bytes:
+        return openai_failed(error)
+
     def _message(self, generation: Generation) -> tuple[AssistantMessage, ChatFinishReason]:
         """A whole choice's message and finish reason: its text, or its tool calls (those
         completed before a cut, with the reason that cut it)."""
         reason = cast(FinishReason, generation.finish_reason)
-        made = None
-        if self.tool_use is not None:
-            made = calls_of(generation.content, self.tool_use)
+        made = self._calls.of(generation.content)
         if made is None:
             return AssistantMessage(role="assistant", content=generation.content), reason
         message = AssistantMessage(role="assistant", content=None)

@@ -50,8 +50,7 @@ from typing import Any, cast
 import httpx
 
 from meshnet_site.database import database_call
-from meshnet_site.errors import DomainError, http_error, is_database_outage
-from nodes_app.protocol.sse import sse_event
+from meshnet_site.errors import DomainError, is_database_outage
 from routing_app.choice import RouteDecision
 from routing_app.services import (
     route_choose,
@@ -73,6 +72,7 @@ from tracker_app.completions.prompt_tokens import (
     PromptCount,
     echo_check,
     grammar_check,
+    model_text,
     prompt_tokens_count,
 )
 from tracker_app.completions.proxy_terms import (
@@ -282,9 +282,10 @@ class CompletionProxy:
                                 sent.append(self.generations[piece.choice])
                             continue
                         unfinished -= 1
+                        stop = self._stop_of(self.generations[piece.choice])
                         if unfinished:
                             events.append(
-                                self.answer.finish(piece.choice, piece.finish_reason, None)
+                                self.answer.finish(piece.choice, piece.finish_reason, None, stop)
                             )
                             sent.append(self.generations[piece.choice])
                         else:
@@ -296,7 +297,7 @@ class CompletionProxy:
             generated = True
         except DomainError as error:
             await self._network_failed(error.message)
-            await send(sse_event(http_error(error).body))
+            await send(self.answer.failed(error))
             return CompletionResult(error=error)
         finally:
             # Torn down by its client (cancelled): no progress outlives the request.
@@ -307,10 +308,20 @@ class CompletionProxy:
         completion = await self._finish_completed()
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
-        await send(self.answer.finish(last.choice, last.finish_reason, usage))
+        stop = self.generations[last.choice].stop_sequence
+        await send(self.answer.finish(last.choice, last.finish_reason, usage, stop))
         if self.params.stream:
             return CompletionResult()
         return CompletionResult(reply=self.answer.reply(self.generations, usage, self._meshnet()))
+
+    def _stop_of(self, generation: Generation) -> str | None:
+        """The client's stop sequence that ended ``generation``, kept on it; None when
+        none did or the request has none (the tokenizer is loaded once it has)."""
+        if self.params.stop:
+            text = model_text(self.model.weight_source)
+            tokenizer = text.tokenizer if text is not None else None
+            generation.stop_sequence = generation.stopped_by(self.params.stop, tokenizer)
+        return generation.stop_sequence
 
     def _sent(self, generation: Generation) -> None:
         """The client now holds all ``generation`` produced (a stream's client; a whole
