@@ -56,6 +56,8 @@ from tracker_app.completions.messages_request import messages_params_parse
 from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.proxy import CompletionProxy
 from tracker_app.completions.proxy_terms import CompletionRequest
+from tracker_app.completions.responses_answer import ResponsesAnswer
+from tracker_app.completions.responses_request import responses_params_parse
 from tracker_app.completions.text_answer import TextCompletionAnswer
 from tracker_app.completions.text_request import text_completion_params_parse
 from tracker_app.completions.upstream import upstream_transport
@@ -316,3 +318,16 @@ class MessagesConsumer(CompletionsConsumer):
 
     def error_answer(self, error: DomainError) -> HttpError:
         return anthropic_http_error(error)
+
+
+class ResponsesConsumer(CompletionsConsumer):
+    """``POST /v1/responses``: OpenAI's Responses API, stateless (ADR-0024)."""
+
+    answer = ResponsesAnswer
+    stream_end = b""  # the stream ends with response.completed (or .incomplete)
+
+    def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
+        return responses_params_parse(body)
+
+    def for_model(self, params: GenerationParams, model: LanguageModel) -> GenerationParams:
+        return chat_params_for_model(params, weight_source=model.weight_source)

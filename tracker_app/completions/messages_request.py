@@ -359,6 +359,7 @@ def messages_params_parse(body: bytes) -> GenerationParams:
         stop=v.get("stop_sequences") or [],
         route=v.get("route"),
         grammar=use.grammar if use is not None else v.get("output_config"),
+        format_param="output_config",
         tool_use=use,
         messages=tuple(chat),
     )

@@ -227,7 +227,7 @@ class CompletionProxy:
         grammar_check(
             weight_source=self.model.weight_source,
             grammar=self.params.grammar,
-            param="tools" if self.params.tool_use is not None else "response_format",
+            param="tools" if self.params.tool_use is not None else self.params.format_param,
         )
         self.share.take_here(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
         try:
