@@ -111,6 +111,7 @@ class CompletionProxy:
             model=request.model,
             fee_share=self.settings.fee_share,
             sleep=self.settings.sleep,
+            api=request.answer.api,
         )
         self.request_id = str(self.record.request_id)
         self.answer = request.answer(

@@ -86,6 +86,7 @@ function recentRow(call) {
     { dataset: { requestId: call.request_id, state: call.state } },
     h("td", { class: "num" }, clock(finishedAt(call))),
     h("td", {}, h("code", { title: call.request_id }, shortId(call.request_id))),
+    h("td", { dataset: { field: "api" } }, call.api || "—"),
     routeCell(call),
     modeCell(call),
     state,

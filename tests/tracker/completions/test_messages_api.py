@@ -272,3 +272,17 @@ def test_an_output_config_schema_is_followed(client: anthropic.Anthropic) -> Non
     [block] = message.content
     assert isinstance(block, TextBlock) and message.stop_reason == "end_turn"
     jsonschema.validate(json.loads(block.text), schema)
+
+
+def test_its_requests_are_recorded_and_billed_as_coming_through_this_api(
+    network: Network,
+) -> None:
+    rows = network.query(
+        "SELECT r.status, b.id FROM tracker_app_chatrequest r "
+        "LEFT JOIN tracker_app_billingrecord b ON b.request_id = r.id WHERE r.api = %s",
+        "messages",
+    )
+
+    assert rows and all(status == "completed" and bill is not None for status, bill in rows)
+    others = "SELECT COUNT(*) FROM tracker_app_chatrequest WHERE api != %s"
+    assert network.query(others, "messages") == [(0,)]

@@ -213,3 +213,17 @@ def test_a_bad_key_is_a_401(network: Network) -> None:
 
     with pytest.raises(openai.AuthenticationError):
         stranger.responses.create(model=TINY, input=ASK, max_output_tokens=2)
+
+
+def test_its_requests_are_recorded_and_billed_as_coming_through_this_api(
+    network: Network,
+) -> None:
+    rows = network.query(
+        "SELECT r.status, b.id FROM tracker_app_chatrequest r "
+        "LEFT JOIN tracker_app_billingrecord b ON b.request_id = r.id WHERE r.api = %s",
+        "responses",
+    )
+
+    assert rows and all(status == "completed" and bill is not None for status, bill in rows)
+    others = "SELECT COUNT(*) FROM tracker_app_chatrequest WHERE api != %s"
+    assert network.query(others, "responses") == [(0,)]
