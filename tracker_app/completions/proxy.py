@@ -451,6 +451,7 @@ class CompletionProxy:
             console.ROUTE_SELECTED,
             self.request_id,
             model=self.model.key,
+            api=self.record.api,
             mode=str(decision.mode),
             signature=decision.plan.signature,
             hops=decision.plan.to_dict(),

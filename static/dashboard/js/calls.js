@@ -70,6 +70,7 @@ function inFlightRow(state, call, elapsed) {
     { dataset: { requestId: call.request_id, state: call.state } },
     h("td", {}, h("code", { title: call.request_id }, shortId(call.request_id))),
     h("td", {}, call.model || "—"),
+    h("td", { dataset: { field: "api" } }, call.api || "—"),
     routeCell(call),
     modeCell(call),
     h("td", { class: "num", dataset: { field: "tokens" } }, int(call.tokens)),
