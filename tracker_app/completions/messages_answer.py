@@ -100,8 +100,8 @@ class MessagesAnswer:
         self.message_id, self.model = completion_id, params.model
         self._calls = HeldCalls(params.tool_use, 1)
         self._blocks = 0  # content blocks opened so far
-        self._text_open = False
-        self._text = TextEvents.around(self._text_delta, event=self._named)
+        # The open text block's delta events (None: no text block open).
+        self._text: TextEvents | None = None
 
     def _named(self, payload: Any) -> bytes:
         return sse_named(payload["type"], payload)
@@ -143,9 +143,8 @@ class MessagesAnswer:
         if not piece.text or self._calls.holds(piece.choice, piece.text):
             return b""
         before = b""
-        if not self._text_open:
-            self._text_open, self._blocks = True, self._blocks + 1
-            # The delta template's index is the block's: built again for the new block.
+        if self._text is None:
+            self._blocks += 1
             self._text = TextEvents.around(self._text_delta, event=self._named)
             before = self._named(
                 {
@@ -160,9 +159,9 @@ class MessagesAnswer:
         self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
     ) -> bytes:
         events = []
-        if self._text_open:
+        if self._text is not None:
             events.append(self._named({"type": "content_block_stop", "index": self._blocks - 1}))
-            self._text_open = False
+            self._text = None
         made = self._calls.release(choice)
         for call in made.calls if made is not None else ():
             index, self._blocks = self._blocks, self._blocks + 1
