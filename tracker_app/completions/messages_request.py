@@ -194,7 +194,7 @@ def _block_check(block: Any, where: str, *, allowed: tuple[str, ...]) -> None:
         raise serializers.ValidationError(f"{where} must be a content block object")
     kind = block.get("type")
     if kind not in allowed:
-        if kind in _BLOCK_FIELDS or not isinstance(kind, str):
+        if not isinstance(kind, str) or kind in _BLOCK_FIELDS:
             raise serializers.ValidationError(f"{where}: type must be one of {list(allowed)}")
         raise UnsupportedParameter(
             f"{where}: Meshnet does not support {kind!r} content blocks (text, tool_use and "
@@ -325,7 +325,7 @@ def _openai_tools(tools: Any, choice: Any) -> tuple[Any, Any, bool | None]:
         named = {"type": "function", "function": {"name": choice.get("name")}}
         return functions, named, parallel
     modes = {"auto": "auto", "any": "required", "none": "none"}
-    if kind not in modes:
+    if not isinstance(kind, str) or kind not in modes:
         raise serializers.ValidationError(
             {"tool_choice": "type must be 'auto', 'any', 'tool' or 'none'"}
         )

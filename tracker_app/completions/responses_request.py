@@ -130,7 +130,7 @@ class ResponsesRequest(serializers.Serializer[dict[str, Any]]):
         output = value.get("format")
         if output is None:
             return None
-        if not isinstance(output, Mapping) or output.get("type") not in _FORMATS:
+        if not isinstance(output, Mapping) or str(output.get("type")) not in _FORMATS:
             raise serializers.ValidationError(f"format.type must be one of {sorted(_FORMATS)}")
         spec = {key: output[key] for key in ("name", "schema", "strict") if key in output}
         asked: dict[str, Any] = {"type": output["type"]}
