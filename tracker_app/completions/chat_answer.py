@@ -6,12 +6,13 @@ each choice's chunks indexed by choice, the first opening with its role.
 
 A request with tools the model may call (:mod:`~tracker_app.completions.tools`)
 holds back a choice's text from its first character on when that opens calls
-(always, unless ``tool_choice`` is ``"auto"``, where text never starts as
-calls do), and ends the choice with its ``tool_calls`` as OpenAI streams
-them (per call a delta naming it, then one with its arguments) and
-``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens`` (or a stop
-sequence) end with the calls completed before the cut and the finish reason
-that says so (``"length"``); the unfinished call is never given as text.
+(:class:`~tracker_app.completions.answers.HeldCalls`: always, unless
+``tool_choice`` is ``"auto"``, where text never starts as calls do), and
+ends the choice with its ``tool_calls`` as OpenAI streams them (per call a
+delta naming it, then one with its arguments) and ``finish_reason:
+"tool_calls"``. Calls cut short by ``max_tokens`` (or a stop sequence) end
+with the calls completed before the cut and the finish reason that says so
+(``"length"``); the unfinished call is never given as text.
 """
 
 from __future__ import annotations
