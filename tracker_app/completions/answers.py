@@ -37,8 +37,9 @@ from tracker_app.completions.tools import AnswerCalls, ToolUse, calls_of
 class Answer(Protocol):
     """One request's answer in its endpoint's shape."""
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
-        """The events before any text: the first carries ``meshnet``, the route."""
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
+        """The events before any text: the first carries ``meshnet``, the route;
+        ``prompt_tokens``: the prompt's billed tokens when already known."""
         ...
 
     def piece(self, piece: Piece) -> bytes:

@@ -137,7 +137,7 @@ class ChatAnswer:
             **fields,
         )
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
         return [
             sse_event(
                 self._chunk(

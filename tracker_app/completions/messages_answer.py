@@ -133,10 +133,10 @@ class MessagesAnswer:
             meshnet=meshnet,
         )
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
-        start = self._message(
-            [], None, None, MessageUsage(input_tokens=0, output_tokens=0), meshnet
-        )
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
+        # Anthropic counts the input in message_start; message_delta says it again.
+        usage = MessageUsage(input_tokens=prompt_tokens or 0, output_tokens=0)
+        start = self._message([], None, None, usage, meshnet)
         return [self._named({"type": "message_start", "message": start})]
 
     def piece(self, piece: Piece) -> bytes:

@@ -261,7 +261,10 @@ class CompletionProxy:
         one and the result with the error; the request is then recorded failed
         and not charged.
         """
-        for event in self.answer.opening(self._meshnet()):
+        first = self.generations[0].prompt_count
+        # Billed as counted when the count is exact (one prompt: the new APIs' case).
+        known = first.tokens if first.exact and len(self.params.prompts) == 1 else None
+        for event in self.answer.opening(self._meshnet(), known):
             await send(event)
         unfinished, last = len(self.generations), None
         generated = False  # every choice to its end: the key's share goes with the record

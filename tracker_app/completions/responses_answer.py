@@ -180,7 +180,7 @@ class ResponsesAnswer:
             type="message", id=self._message_id, status=status, role="assistant", content=[part]
         )
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
         self._meshnet = meshnet
         response = self._response("in_progress", [], None, meshnet)
         return [

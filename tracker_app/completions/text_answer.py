@@ -159,7 +159,7 @@ class TextCompletionAnswer:
     def _text_chunk(self, choice: int, text: str) -> TextCompletionChunk:
         return self._chunk(choice, text)
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
         return [sse_event(self._chunk(0, "", meshnet=meshnet))]
 
     def piece(self, piece: Piece) -> bytes:

@@ -9,6 +9,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, ParsedMessage, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from routing_app.choice import NoRouteAvailable
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.messages_answer import MessagesAnswer
 from tracker_app.completions.messages_request import messages_params_parse
@@ -88,3 +89,24 @@ def test_whole_calls_end_with_tool_use() -> None:
 
     same(streamed, whole)
     assert whole["stop_reason"] == "tool_use" and whole["content"][0]["id"].startswith("toolu_")
+
+
+def test_a_stream_the_network_failed_ends_with_anthropics_error_event() -> None:
+    params = messages_params_parse(
+        json.dumps(
+            {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+    )
+    answer = MessagesAnswer(completion_id="msg_1", created=1, params=params)
+
+    event = answer.failed(NoRouteAvailable("m", "every hop is down"))
+
+    name, data = event.strip().split(b"\n")
+    assert name == b"event: error"
+    assert json.loads(data.removeprefix(b"data: ")) == {
+        "type": "error",
+        "error": {
+            "type": "overloaded_error",
+            "message": "No route can serve m right now: every hop is down",
+        },
+    }

@@ -82,10 +82,14 @@ def test_a_streamed_message_is_the_whole_message_event_by_event(
     whole = client.messages.create(**asked)
 
     with client.messages.stream(**asked) as stream:
-        kinds = [event.type for event in stream]
+        events = list(stream)
         streamed = stream.get_final_message()
 
+    kinds = [event.type for event in events]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    start = events[0]
+    assert start.type == "message_start"
+    assert start.message.usage.input_tokens == whole.usage.input_tokens
     assert "message_delta" in kinds
     assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in whole.content]
     assert (streamed.stop_reason, streamed.usage.output_tokens) == (
