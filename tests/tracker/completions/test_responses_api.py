@@ -160,6 +160,19 @@ def test_a_required_function_call_is_a_function_call_item(
         assert arguments == call.arguments
 
 
+def test_auto_answers_with_a_message_or_valid_function_calls(client: openai.OpenAI) -> None:
+    for text in ("Oslo?", "Rome?"):
+        response = client.responses.create(
+            model=TINY, input=text, tools=TOOLS, temperature=0, max_output_tokens=40
+        )
+
+        kinds = {item.type for item in response.output}
+        assert kinds <= {"message"} or kinds == {"function_call"}
+        for item in response.output:
+            if isinstance(item, ResponseFunctionToolCall):
+                jsonschema.validate(json.loads(item.arguments), WEATHER_ARGUMENTS)
+
+
 def test_a_function_call_output_is_taken_in_the_next_request(client: openai.OpenAI) -> None:
     first = client.responses.create(
         model=TINY,
