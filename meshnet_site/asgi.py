@@ -23,6 +23,8 @@ from meshnet_site.asgi_guards import AllowedHostsGuard  # noqa: E402
 from meshnet_site.asgi_limits import BoundedBodies  # noqa: E402
 from tracker_app.completions.consumer import (  # noqa: E402
     ChatCompletionsConsumer,
+    MessagesConsumer,
+    ResponsesConsumer,
     TextCompletionsConsumer,
 )
 from tracker_app.dashboard.websocket_urls import websocket_urlpatterns  # noqa: E402
@@ -34,6 +36,8 @@ router = ProtocolTypeRouter(
             [
                 path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
                 path("v1/completions", TextCompletionsConsumer.as_asgi()),
+                path("v1/messages", MessagesConsumer.as_asgi()),
+                path("v1/responses", ResponsesConsumer.as_asgi()),
                 re_path(r"", django_asgi_app),  # type: ignore[arg-type]  # an ASGI app, as URLRouter allows
             ]
         ),

@@ -6,7 +6,9 @@ subclasses: a message for people, a machine-readable ``code`` and a
 HTTP. :func:`http_error` maps a kind to its status and OpenAI error ``type``,
 so every error, from any app and any entry point (DRF views, the chat
 consumer), reaches the client as
-``{"error": {"message": ..., "type": ..., "code": ...}}``.
+``{"error": {"message": ..., "type": ..., "code": ...}}``; the Anthropic
+Messages endpoint's clients get the same status in Anthropic's shape
+(:func:`anthropic_http_error`).
 
 A database that cannot be reached (down, restarting, a connection cut) is no
 bug of the request's: :func:`database_unavailable` turns it into a 503 in that
@@ -60,6 +62,23 @@ HTTP_STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INTERNAL: (status.HTTP_500_INTERNAL_SERVER_ERROR, "server_error"),
     ErrorKind.UPSTREAM: (status.HTTP_502_BAD_GATEWAY, "upstream_error"),
     ErrorKind.UNAVAILABLE: (status.HTTP_503_SERVICE_UNAVAILABLE, "server_error"),
+}
+
+
+# kind → Anthropic's error ``type`` (the Messages API's shape; the status is the same).
+ANTHROPIC_ERROR_TYPE: dict[ErrorKind, str] = {
+    ErrorKind.INVALID: "invalid_request_error",
+    ErrorKind.UNAUTHENTICATED: "authentication_error",
+    ErrorKind.FORBIDDEN: "permission_error",
+    ErrorKind.NOT_FOUND: "not_found_error",
+    ErrorKind.NOT_ALLOWED: "invalid_request_error",
+    ErrorKind.CONFLICT: "invalid_request_error",
+    ErrorKind.TOO_LARGE: "request_too_large",
+    ErrorKind.LENGTH_REQUIRED: "invalid_request_error",
+    ErrorKind.RATE_LIMITED: "rate_limit_error",
+    ErrorKind.INTERNAL: "api_error",
+    ErrorKind.UPSTREAM: "api_error",
+    ErrorKind.UNAVAILABLE: "overloaded_error",
 }
 
 
@@ -151,6 +170,22 @@ def http_error(error: DomainError) -> HttpError:
     headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
     body = error_body(error.message, code=error.code, error_type=error_type, param=error.param)
     return HttpError(status_code, body, headers)
+
+
+def anthropic_http_error(error: DomainError) -> HttpError:
+    """``error`` as the Anthropic Messages API answers one:
+    ``{"type": "error", "error": {"type", "message"}}``, with the same status."""
+    status_code, _ = HTTP_STATUS[error.kind]
+    headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
+    return HttpError(status_code, anthropic_error_body(error), headers)
+
+
+def anthropic_error_body(error: DomainError) -> dict[str, Any]:
+    """Anthropic's error body (its stream's ``error`` event carries the same)."""
+    return {
+        "type": "error",
+        "error": {"type": ANTHROPIC_ERROR_TYPE[error.kind], "message": error.message},
+    }
 
 
 def error_body(

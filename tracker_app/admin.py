@@ -89,6 +89,7 @@ class ChatRequestAdmin(admin.ModelAdmin[ChatRequest]):
         "time_to_first_token_ms",
         "tokens_per_second",
         "finish_reason",
+        "api",
         "api_key",
     ]
     list_filter = ["status", "mode", "model", "stream", "flags__reason", "billing__refund__reason"]

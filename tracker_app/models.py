@@ -66,8 +66,18 @@ class RequestStatus(models.TextChoices):
     PARTIAL = "partial"
 
 
+class RequestApi(models.TextChoices):
+    """The API a request came through (its endpoint's answer says which)."""
+
+    CHAT_COMPLETIONS = "chat.completions", "Chat Completions"
+    COMPLETIONS = "completions", "Completions (legacy)"
+    MESSAGES = "messages", "Anthropic Messages"
+    RESPONSES = "responses", "OpenAI Responses"
+
+
 class ChatRequest(models.Model):
-    """One client chat request as the tracker served it."""
+    """One client completion request as the tracker served it, whichever API it came
+    through (``api``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="requests")
@@ -82,6 +92,13 @@ class ChatRequest(models.Model):
     finish_reason = models.CharField(max_length=16, blank=True)
     error = models.TextField(blank=True)
     stream = models.BooleanField(default=False)
+    # Blank: recorded before the API was.
+    api = models.CharField(
+        max_length=24,
+        choices=RequestApi.choices,
+        blank=True,
+        help_text="The API the request came through",
+    )
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     time_to_first_token_ms = models.FloatField(null=True, blank=True)

@@ -6,11 +6,13 @@ each choice's chunks indexed by choice, the first opening with its role.
 
 A request with tools the model may call (:mod:`~tracker_app.completions.tools`)
 holds back a choice's text from its first character on when that opens calls
-(always, unless ``tool_choice`` is ``"auto"``, where text never starts as
-calls do), and ends the choice with its ``tool_calls`` as OpenAI streams
-them (per call a delta naming it, then one with its arguments) and
-``finish_reason: "tool_calls"``. Calls cut short by ``max_tokens``
-come as the text they are, with ``"length"``.
+(:class:`~tracker_app.completions.answers.HeldCalls`: always, unless
+``tool_choice`` is ``"auto"``, where text never starts as calls do), and
+ends the choice with its ``tool_calls`` as OpenAI streams them (per call a
+delta naming it, then one with its arguments) and ``finish_reason:
+"tool_calls"``. Calls cut short by ``max_tokens`` (or a stop sequence) end
+with the calls completed before the cut and the finish reason that says so
+(``"length"``); the unfinished call is never given as text.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any, cast
 
+from meshnet_site.errors import DomainError
 from nodes_app.protocol.logprobs import TokenLogprob as TokenLogprobEntry
 from nodes_app.protocol.sse import sse_event
-from tracker_app.completions.answers import TextEvents
+from tracker_app.completions.answers import HeldCalls, TextEvents, openai_failed
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.shapes import (
@@ -42,7 +45,6 @@ from tracker_app.completions.shapes import (
     TopLogprob,
     Usage,
 )
-from tracker_app.completions.tools import ToolUse, calls_of
 
 
 def choice_chunk(
@@ -111,6 +113,7 @@ class ChatAnswer:
     """The chat endpoint's answer: ``chat.completion.chunk`` events, each choice opening
     with its role, or one ``chat.completion``."""
 
+    api = "chat.completions"
     id_prefix = "chatcmpl-"
 
     def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
@@ -120,25 +123,7 @@ class ChatAnswer:
         self._text = [
             TextEvents.around(partial(self._text_chunk, choice)) for choice in range(self.choices)
         ]
-        self.tool_use: ToolUse | None = params.tool_use
-        # With tools: the choices whose answer is not yet known to be text or calls, and
-        # the text held back of those that are calls.
-        self._undecided = set(range(self.choices)) if self.tool_use is not None else set()
-        self._held: dict[int, list[str]] = {}
-
-    def _holds(self, choice: int, text: str) -> bool:
-        """Whether ``text`` of ``choice`` is held back as part of its calls object."""
-        if choice in self._held:
-            self._held[choice].append(text)
-            return True
-        if choice not in self._undecided or not text:
-            return False
-        self._undecided.discard(choice)
-        assert self.tool_use is not None
-        if self.tool_use.mode == "auto" and not text.startswith(self.tool_use.calls_open):
-            return False
-        self._held[choice] = [text]
-        return True
+        self._calls = HeldCalls(params.tool_use, self.choices)
 
     def _text_chunk(self, choice: int, text: str) -> ChatCompletionChunk:
         return self._chunk(choice, delta=ChatDelta(content=text))
@@ -152,7 +137,7 @@ class ChatAnswer:
             **fields,
         )
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
         return [
             sse_event(
                 self._chunk(
@@ -165,28 +150,25 @@ class ChatAnswer:
         ]
 
     def piece(self, piece: Piece) -> bytes:
-        if self._holds(piece.choice, piece.text):
+        if self._calls.holds(piece.choice, piece.text):
             return b""
         if not piece.logprobs:
             return self._text[piece.choice].event(piece.text)
         content: ChoiceLogprobs = {"content": [token_logprob(entry) for entry in piece.logprobs]}
         return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
 
-    def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
-        held = self._held.pop(choice, None)
+    def finish(
+        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+    ) -> bytes:
+        made = self._calls.release(choice)
         before = b""
-        if held is not None:
-            assert self.tool_use is not None
-            text = "".join(held)
-            calls = calls_of(text, self.tool_use) if finish_reason == "stop" else None
-            if calls is None:  # cut short: the text as it is
-                before = self._text[choice].event(text)
-            else:
-                before = b"".join(
-                    sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=[delta])))
-                    for index, call in enumerate(calls)
-                    for delta in _call_deltas(index, call)
-                )
+        if made is not None:
+            before = b"".join(
+                sse_event(self._chunk(choice, delta=ChatDelta(tool_calls=[delta])))
+                for index, call in enumerate(made.calls)
+                for delta in _call_deltas(index, call)
+            )
+            if made.whole:
                 finish_reason = "tool_calls"
         return before + sse_event(
             self._chunk(
@@ -197,16 +179,20 @@ class ChatAnswer:
             )
         )
 
+    def failed(self, error: DomainError) -> bytes:
+        return openai_failed(error)
+
     def _message(self, generation: Generation) -> tuple[AssistantMessage, ChatFinishReason]:
-        """A whole choice's message and finish reason: its text, or its tool calls."""
+        """A whole choice's message and finish reason: its text, or its tool calls (those
+        completed before a cut, with the reason that cut it)."""
         reason = cast(FinishReason, generation.finish_reason)
-        calls = None
-        if self.tool_use is not None and reason == "stop":
-            calls = calls_of(generation.content, self.tool_use)
-        if calls is None:
+        made = self._calls.of(generation.content)
+        if made is None:
             return AssistantMessage(role="assistant", content=generation.content), reason
-        message = AssistantMessage(role="assistant", content=None, tool_calls=calls)
-        return message, "tool_calls"
+        message = AssistantMessage(role="assistant", content=None)
+        if made.calls:
+            message["tool_calls"] = list(made.calls)
+        return message, "tool_calls" if made.whole else reason
 
     def _choice(self, generation: Generation) -> ChatChoice:
         message, finish_reason = self._message(generation)

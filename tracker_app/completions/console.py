@@ -97,7 +97,7 @@ class CallBook:
     """One summary per request, folded from its events as they arrive.
 
     A summary holds ``request_id``, ``state`` (processing, completed,
-    failed), ``model``, ``route``, ``mode``, ``tokens``,
+    failed), ``model``, ``api`` (the API it came through), ``route``, ``mode``, ``tokens``,
     ``tokens_per_second``, ``queue``, ``started_at``, ``updated_at`` and,
     once finished, ``finished_at`` with ``finish_reason`` or ``error``. A
     finished request never goes back to processing. At most ``size``
@@ -120,6 +120,7 @@ class CallBook:
                     "model": None,
                     "route": None,
                     "mode": None,
+                    "api": None,
                     "tokens": 0,
                     "tokens_per_second": None,
                     "queue": None,
@@ -157,7 +158,12 @@ def _fold(call: dict[str, Any], event: ConsoleEvent) -> None:
     finished = call["state"] != PROCESSING
     call["updated_at"] = event.at
     if event.kind == ROUTE_SELECTED and not finished:
-        call.update(model=data.get("model"), route=data.get("signature"), mode=data.get("mode"))
+        call.update(
+            model=data.get("model"),
+            route=data.get("signature"),
+            mode=data.get("mode"),
+            api=data.get("api"),
+        )
     elif event.kind == PROGRESS and not finished:
         call.update(
             tokens=data.get("tokens", call["tokens"]),

@@ -1,11 +1,12 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions`` served through Channels,
-streaming with no buffering.
+"""The completion endpoints served through Channels, streaming with no buffering:
+``POST /v1/chat/completions``, ``POST /v1/completions``, and the adapters
+``POST /v1/messages`` (Anthropic) and ``POST /v1/responses`` (OpenAI Responses).
 
-One consumer serves both (:class:`CompletionsConsumer`); each endpoint's
-subclass names its parser and its answer shape, everything else (key, rate
-limit, the proxy, streaming, errors) is the same. The consumer only reads
-the request, hands it to :class:`~tracker_app.completions.proxy.CompletionProxy`
-and renders what ``run()`` ends in (a
+One consumer serves them all (:class:`CompletionsConsumer`); each endpoint's
+subclass names its parser and its answer shape (and where its key and errors
+differ, how), everything else (key, rate limit, the proxy, streaming) is the
+same. The consumer only reads the request, hands it to
+:class:`~tracker_app.completions.proxy.CompletionProxy` and renders what ``run()`` ends in (a
 :class:`~tracker_app.completions.proxy.CompletionResult`).
 
 The whole request is handled in a task of its own, so that the consumer keeps
@@ -34,6 +35,8 @@ from meshnet_site.database import database_call
 from meshnet_site.errors import (
     DomainError,
     ErrorKind,
+    HttpError,
+    anthropic_http_error,
     database_unavailable,
     http_error,
     is_database_outage,
@@ -48,9 +51,13 @@ from tracker_app.api_keys.services import api_key_lookup
 from tracker_app.completions.answers import AnswerKind
 from tracker_app.completions.chat_answer import ChatAnswer
 from tracker_app.completions.chat_request import chat_params_for_model, chat_params_parse
+from tracker_app.completions.messages_answer import MessagesAnswer
+from tracker_app.completions.messages_request import messages_params_parse
 from tracker_app.completions.parameters import GenerationParams
 from tracker_app.completions.proxy import CompletionProxy
 from tracker_app.completions.proxy_terms import CompletionRequest
+from tracker_app.completions.responses_answer import ResponsesAnswer
+from tracker_app.completions.responses_request import responses_params_parse
 from tracker_app.completions.text_answer import TextCompletionAnswer
 from tracker_app.completions.text_request import text_completion_params_parse
 from tracker_app.completions.upstream import upstream_transport
@@ -97,9 +104,11 @@ class TrackerFailed(DomainError):
 
 
 class CompletionsConsumer(AsyncHttpConsumer):
-    """A completion endpoint: ``parse`` reads its body, ``answer`` shapes its answer."""
+    """A completion endpoint: ``parse`` reads its body, ``answer`` shapes its answer,
+    ``error_answer`` its errors, ``stream_end`` ends its streams."""
 
     answer: AnswerKind
+    stream_end: bytes = sse_event(SSE_DONE)
     # No channel layer: a chat request receives nothing from other processes, and
     # joining the layer would cost every request a Redis round trip and fail it
     # while Redis is away (an alias that is not configured gives no layer).
@@ -156,8 +165,8 @@ class CompletionsConsumer(AsyncHttpConsumer):
 
     async def _end_with(self, error: DomainError) -> None:
         """End the request with ``error``: an error event once streaming, else a response."""
-        if self._streaming:
-            await self.send_body(sse_event(http_error(error).body) + sse_event(SSE_DONE))
+        if self._streaming and self.proxy is not None:
+            await self.send_body(self.proxy.answer.failed(error) + self.stream_end)
         else:
             await self._send_error(error)
 
@@ -166,7 +175,7 @@ class CompletionsConsumer(AsyncHttpConsumer):
             if self.scope["method"] != "POST":
                 raise MethodNotAllowed("Use POST")
             api_key, model, params = await database_call(self._admitted)(
-                key=self._bearer(), body=body, now=time.time()
+                key=self.api_key(), body=body, now=time.time()
             )
             self.proxy = CompletionProxy(
                 CompletionRequest(params=params, api_key=api_key, model=model, answer=self.answer),
@@ -231,7 +240,7 @@ class CompletionsConsumer(AsyncHttpConsumer):
             ],
         )
         await proxy.run(self._send_event)
-        await self.send_body(sse_event(SSE_DONE), more_body=False)
+        await self.send_body(self.stream_end, more_body=False)
 
     async def _send_event(self, event: bytes) -> None:
         await self.send_body(event, more_body=True)
@@ -246,13 +255,20 @@ class CompletionsConsumer(AsyncHttpConsumer):
             200, _json(result.reply), headers=[(b"Content-Type", b"application/json")]
         )
 
-    def _bearer(self) -> str | None:
-        """The API key the request's ``Authorization`` header bears, if any."""
+    def _header(self, name: bytes) -> str:
         headers = dict(self.scope.get("headers", []))
-        return bearer_token(headers.get(b"authorization", b"").decode(errors="replace"))
+        return headers.get(name, b"").decode(errors="replace")
+
+    def api_key(self) -> str | None:
+        """The API key the request's ``Authorization`` header bears, if any."""
+        return bearer_token(self._header(b"authorization"))
+
+    def error_answer(self, error: DomainError) -> HttpError:
+        """``error`` as this endpoint's clients read errors (OpenAI's shape)."""
+        return http_error(error)
 
     async def _send_error(self, error: DomainError) -> None:
-        answer = http_error(error)
+        answer = self.error_answer(error)
         headers = [(b"Content-Type", b"application/json")]
         headers += [(k.encode(), v.encode()) for k, v in answer.headers.items()]
         await self.send_response(answer.status, _json(answer.body), headers=headers)
@@ -277,3 +293,36 @@ class TextCompletionsConsumer(CompletionsConsumer):
 
     def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
         return text_completion_params_parse(body, max_choices=max_choices)
+
+
+class MessagesConsumer(CompletionsConsumer):
+    """``POST /v1/messages``: the Anthropic Messages API (ADR-0024), its key in
+    ``x-api-key`` or ``Authorization: Bearer``, its errors in Anthropic's shape."""
+
+    answer = MessagesAnswer
+    stream_end = b""  # Anthropic's stream ends with its message_stop event
+
+    def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
+        return messages_params_parse(body)
+
+    def for_model(self, params: GenerationParams, model: LanguageModel) -> GenerationParams:
+        return chat_params_for_model(params, weight_source=model.weight_source)
+
+    def api_key(self) -> str | None:
+        return self._header(b"x-api-key").strip() or super().api_key()
+
+    def error_answer(self, error: DomainError) -> HttpError:
+        return anthropic_http_error(error)
+
+
+class ResponsesConsumer(CompletionsConsumer):
+    """``POST /v1/responses``: OpenAI's Responses API, stateless (ADR-0024)."""
+
+    answer = ResponsesAnswer
+    stream_end = b""  # the stream ends with response.completed (or .incomplete)
+
+    def parse(self, body: bytes, *, max_choices: int) -> GenerationParams:
+        return responses_params_parse(body)
+
+    def for_model(self, params: GenerationParams, model: LanguageModel) -> GenerationParams:
+        return chat_params_for_model(params, weight_source=model.weight_source)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from nodes_app.protocol.frames import ChunkFrame
 from nodes_app.protocol.generate import GenerateRequest
@@ -103,6 +105,7 @@ class Generation:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when asked
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token, with echo
     finish_reason: str = ""
+    stop_sequence: str | None = None  # the client's stop sequence that ended it, if one did
     prompt_tokens: int = 0  # billed: the tracker's count (at most the head's if inexact)
     segments: list[Segment] = field(default_factory=list)
     failovers: int = 0
@@ -132,6 +135,22 @@ class Generation:
     def delivered_whole(self) -> bool:
         """Finished, and every token of it sent to the client."""
         return self.finished and self.delivered == len(self.token_ids)
+
+    def stopped_by(self, stops: Sequence[str], tokenizer: Any) -> str | None:
+        """Which of ``stops`` ended this finished choice, if one did (else the model's
+        end of text or ``max_tokens`` did). The head holds a stop sequence's text back,
+        so it is read from the tokens: what they spell past the text sent."""
+        if self.finish_reason != "stop" or not stops or tokenizer is None:
+            return None
+        spelled = tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        content = self.content
+        tail = (
+            spelled[len(content) :]
+            if spelled.startswith(content)
+            else spelled[-MAX_STOP_LENGTH * 2 :]
+        )
+        found = [(tail.find(stop), stop) for stop in stops if stop in tail]
+        return min(found)[1] if found else None
 
     def mark_delivered(self) -> None:
         """The client has been sent everything this choice produced so far."""

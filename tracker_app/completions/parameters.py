@@ -316,10 +316,14 @@ class GenerationParams:
     # tool calls' ``tools.ToolUse.grammar``), and the tools the answer may call.
     grammar: str | None = None
     tool_use: ToolUse | None = None
+    # The request field that asks for the output's format (errors name it).
+    format_param: str = "response_format"
     # A chat's messages as the client sent them, and the tools the head's chat template
     # renders when it renders tool calls itself (``chat_request.chat_params_for_model``).
     messages: tuple[Mapping[str, Any], ...] = ()
     template_tools: tuple[Mapping[str, Any], ...] = ()
+    # What the answer repeats of the request (the Responses API's ``instructions``, …).
+    echoed: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def choices(self) -> int:

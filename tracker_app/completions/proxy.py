@@ -50,8 +50,7 @@ from typing import Any, cast
 import httpx
 
 from meshnet_site.database import database_call
-from meshnet_site.errors import DomainError, http_error, is_database_outage
-from nodes_app.protocol.sse import sse_event
+from meshnet_site.errors import DomainError, is_database_outage
 from nodes_app.services import language_model_template_fault
 from routing_app.choice import RouteDecision
 from routing_app.services import (
@@ -81,6 +80,7 @@ from tracker_app.completions.prompt_tokens import (
     PromptCount,
     echo_check,
     grammar_check,
+    model_text,
     prompt_tokens_count,
 )
 from tracker_app.completions.proxy_terms import (
@@ -119,6 +119,7 @@ class CompletionProxy:
             model=request.model,
             fee_share=self.settings.fee_share,
             sleep=self.settings.sleep,
+            api=request.answer.api,
         )
         self.request_id = str(self.record.request_id)
         self.answer = request.answer(
@@ -239,7 +240,7 @@ class CompletionProxy:
         grammar_check(
             weight_source=self.model.weight_source,
             grammar=self.params.grammar,
-            param="tools" if self.params.tool_use is not None else "response_format",
+            param="tools" if self.params.tool_use is not None else self.params.format_param,
         )
         self.share.take_here(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
         try:
@@ -272,7 +273,10 @@ class CompletionProxy:
         one and the result with the error; the request is then recorded failed
         and not charged.
         """
-        for event in self.answer.opening(self._meshnet()):
+        first = self.generations[0].prompt_count
+        # Billed as counted when the count is exact (one prompt: the new APIs' case).
+        known = first.tokens if first.exact and len(self.params.prompts) == 1 else None
+        for event in self.answer.opening(self._meshnet(), known):
             await send(event)
         unfinished, last = len(self.generations), None
         generated = False  # every choice to its end: the key's share goes with the record
@@ -294,9 +298,10 @@ class CompletionProxy:
                                 sent.append(self.generations[piece.choice])
                             continue
                         unfinished -= 1
+                        stop = self._stop_of(self.generations[piece.choice])
                         if unfinished:
                             events.append(
-                                self.answer.finish(piece.choice, piece.finish_reason, None)
+                                self.answer.finish(piece.choice, piece.finish_reason, None, stop)
                             )
                             sent.append(self.generations[piece.choice])
                         else:
@@ -308,7 +313,7 @@ class CompletionProxy:
             generated = True
         except DomainError as error:
             await self._network_failed(error.message)
-            await send(sse_event(http_error(error).body))
+            await send(self.answer.failed(error))
             return CompletionResult(error=error)
         finally:
             # Torn down by its client (cancelled): no progress outlives the request.
@@ -319,10 +324,20 @@ class CompletionProxy:
         completion = await self._finish_completed()
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
-        await send(self.answer.finish(last.choice, last.finish_reason, usage))
+        stop = self.generations[last.choice].stop_sequence
+        await send(self.answer.finish(last.choice, last.finish_reason, usage, stop))
         if self.params.stream:
             return CompletionResult()
         return CompletionResult(reply=self.answer.reply(self.generations, usage, self._meshnet()))
+
+    def _stop_of(self, generation: Generation) -> str | None:
+        """The client's stop sequence that ended ``generation``, kept on it; None when
+        none did or the request has none (the tokenizer is loaded once it has)."""
+        if self.params.stop:
+            text = model_text(self.model.weight_source)
+            tokenizer = text.tokenizer if text is not None else None
+            generation.stop_sequence = generation.stopped_by(self.params.stop, tokenizer)
+        return generation.stop_sequence
 
     def _sent(self, generation: Generation) -> None:
         """The client now holds all ``generation`` produced (a stream's client; a whole
@@ -456,6 +471,7 @@ class CompletionProxy:
             console.ROUTE_SELECTED,
             self.request_id,
             model=self.model.key,
+            api=self.record.api,
             mode=str(decision.mode),
             signature=decision.plan.signature,
             hops=decision.plan.to_dict(),

@@ -32,7 +32,14 @@ from routing_app.services import route_sample_record
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.billing.pricing import HopWork, invoice, work_merged
 from tracker_app.completions.generation import Generation
-from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
+from tracker_app.models import (
+    ApiKey,
+    BillingRecord,
+    ChatRequest,
+    RequestApi,
+    RequestStatus,
+    WorkUnit,
+)
 from tracker_app.served_answers import served_request_keep
 
 
@@ -94,9 +101,12 @@ class RequestRecord:
         model: LanguageModel,
         fee_share: Decimal,
         sleep: Callable[[float], Awaitable[None]],
+        api: str = RequestApi.CHAT_COMPLETIONS,
     ) -> None:
-        """``sleep``: the pause between tries of a completion the database refused."""
+        """``sleep``: the pause between tries of a completion the database refused;
+        ``api``: the API the request came through."""
         self.request_id = uuid.uuid4()
+        self.api = api
         self.api_key, self.model, self.fee_share, self.sleep = api_key, model, fee_share, sleep
 
     def open_here(self, *, stream: bool, decision: RouteDecision) -> None:
@@ -109,6 +119,7 @@ class RequestRecord:
             now=timezone.now(),
             signature=decision.plan.signature,
             mode=str(decision.mode),
+            api=self.api,
         )
 
     async def route(self, decision: RouteDecision) -> None:
@@ -221,14 +232,16 @@ def chat_request_open(
     now: datetime,
     signature: str = "",
     mode: str = "",
+    api: str = RequestApi.CHAT_COMPLETIONS,
 ) -> ChatRequest:
     """Open a request's record, processing (with the route serving it when known: its
-    ``signature`` and ``mode``)."""
+    ``signature`` and ``mode``); ``api``: the API it came through."""
     return ChatRequest.objects.create(
         id=request_id,
         api_key=api_key,
         model=model,
         stream=stream,
+        api=api,
         started_at=now,
         route_signature=signature,
         mode=mode,

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
 
+from meshnet_site.errors import DomainError
 from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sse import sse_event
-from tracker_app.completions.answers import TextEvents
+from tracker_app.completions.answers import TextEvents, openai_failed
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams, Prompt
 from tracker_app.completions.shapes import (
@@ -108,6 +109,7 @@ class TextCompletionAnswer:
     """The legacy endpoint's answer: ``text_completion`` chunks (the first carries the
     route, each choice ends with its ``finish_reason``), or one ``text_completion``."""
 
+    api = "completions"
     id_prefix = "cmpl-"
 
     def __init__(self, *, completion_id: str, created: int, params: GenerationParams) -> None:
@@ -157,7 +159,7 @@ class TextCompletionAnswer:
     def _text_chunk(self, choice: int, text: str) -> TextCompletionChunk:
         return self._chunk(choice, text)
 
-    def opening(self, meshnet: MeshnetRoute) -> list[bytes]:
+    def opening(self, meshnet: MeshnetRoute, prompt_tokens: int | None = None) -> list[bytes]:
         return [sse_event(self._chunk(0, "", meshnet=meshnet))]
 
     def piece(self, piece: Piece) -> bytes:
@@ -168,8 +170,13 @@ class TextCompletionAnswer:
         )
         return sse_event(self._chunk(piece.choice, piece.text, logprobs=logprobs))
 
-    def finish(self, choice: int, finish_reason: str, usage: Usage | None) -> bytes:
+    def finish(
+        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+    ) -> bytes:
         return sse_event(self._chunk(choice, "", cast(FinishReason, finish_reason), usage=usage))
+
+    def failed(self, error: DomainError) -> bytes:
+        return openai_failed(error)
 
     def reply(
         self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute

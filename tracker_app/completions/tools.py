@@ -22,9 +22,10 @@ Either way a grammar the last hop follows constrains the answer: with
 ``"auto"`` either calls or text that does not start as calls do (``<`` or
 ``{``); each ``arguments`` valid for its function's JSON schema, at most one
 call when ``parallel_tool_calls`` is false. :func:`calls_of` reads the calls
-back into OpenAI's ``tool_calls``. With the generic prompt earlier turns are
-written in the same words: an assistant's calls as the object it wrote, a
-``role: "tool"`` result as a user turn naming the call it answers.
+back into OpenAI's ``tool_calls``, of an answer cut short those it completed.
+With the generic prompt earlier turns are written in the same words: an
+assistant's calls as the object it wrote, a ``role: "tool"`` result as a user
+turn naming the call it answers.
 """
 
 from __future__ import annotations
@@ -304,19 +305,24 @@ def native_conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
     return turns
 
 
-def calls_of(text: str, use: ToolUse) -> list[ToolCall] | None:
-    """The calls an answer makes, as OpenAI's ``tool_calls`` (each with a fresh id), or
-    None when it is text. The grammar makes finished calls well formed."""
+@dataclass(frozen=True)
+class AnswerCalls:
+    """The calls an answer makes, each with a fresh id: all of them when ``whole``, else
+    (an answer cut by ``max_tokens`` or a stop sequence) those it completed before the
+    cut, perhaps none."""
+
+    calls: tuple[ToolCall, ...]
+    whole: bool
+
+
+def calls_of(text: str, use: ToolUse) -> AnswerCalls | None:
+    """The calls an answer makes (:class:`AnswerCalls`), or None when it is text (it does
+    not open as calls do). The grammar makes the calls well formed up to where the
+    answer ends, so every call whose object was closed is complete."""
     if not text.startswith(use.calls_open):
         return None
-    try:
-        if use.native:
-            calls = [json_document(written) for written in WRITTEN_CALL.findall(text)]
-        else:
-            calls = json_document(text)["tool_calls"]
-    except ValueError:
-        return None
-    return [
+    made, whole = _native_calls(text) if use.native else _generic_calls(text)
+    calls = tuple(
         ToolCall(
             id=f"call_{secrets.token_hex(12)}",
             type="function",
@@ -325,8 +331,49 @@ def calls_of(text: str, use: ToolUse) -> list[ToolCall] | None:
                 arguments=json.dumps(call["arguments"], separators=(",", ":")),
             ),
         )
-        for call in calls
-    ] or None
+        for call in made
+        if isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call
+    )
+    return AnswerCalls(calls, whole and bool(calls))
+
+
+def _native_calls(text: str) -> tuple[list[Any], bool]:
+    """The complete ``<tool_call>`` blocks' calls, and whether the text is nothing else."""
+    written = WRITTEN_CALL.findall(text)
+    calls = []
+    for block in written:
+        try:
+            calls.append(json_document(block))
+        except ValueError:
+            return calls, False
+    whole = text == "\n".join(CALL_OPEN + block + CALL_CLOSE for block in written)
+    return calls, whole
+
+
+_CALLS_OPENING = re.compile(r'\{\s*"tool_calls"\s*:\s*\[\s*')
+_NEXT_CALL = re.compile(r"\s*,\s*")
+_DECODER = json.JSONDecoder()
+
+
+def _generic_calls(text: str) -> tuple[list[Any], bool]:
+    """The calls object's calls, and whether it is whole; of a cut one, the calls whose
+    objects were closed before the cut."""
+    try:
+        return list(json_document(text)["tool_calls"]), True
+    except (ValueError, KeyError, TypeError):
+        pass
+    opening = _CALLS_OPENING.match(text)
+    calls: list[Any] = []
+    at = opening.end() if opening is not None else None
+    while at is not None:
+        try:
+            call, end = _DECODER.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            break
+        calls.append(call)
+        following = _NEXT_CALL.match(text, end)
+        at = following.end() if following is not None else None
+    return calls, False
 
 
 def conversation(

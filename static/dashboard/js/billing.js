@@ -45,6 +45,7 @@ export function mountBilling(state) {
           {},
           h("td", { class: "num" }, clock(record.created_at)),
           h("td", {}, h("code", { title: record.request_id }, shortId(record.request_id))),
+          h("td", { dataset: { field: "api" } }, record.api || "—"),
           h("td", {}, record.api_key),
           h("td", { class: "num" }, `${int(record.prompt_tokens)} / ${int(record.completion_tokens)}`),
           h("td", { class: "num" }, money(record.charge)),

@@ -37,7 +37,16 @@ def test_progress_is_updated_in_place_and_the_ring_stays_bounded() -> None:
 
 def test_the_call_wall_shows_in_flight_requests_live_and_the_finished_ones() -> None:
     book = CallBook()
-    book.apply(event(console.ROUTE_SELECTED, "busy", 1, mode="exploit", signature="m | a[0-3]"))
+    book.apply(
+        event(
+            console.ROUTE_SELECTED,
+            "busy",
+            1,
+            mode="exploit",
+            signature="m | a[0-3]",
+            api="messages",
+        )
+    )
     book.apply(event(console.CONNECTED, "busy", 2))
     book.apply(event(console.PROGRESS, "busy", 3, tokens=12, tokens_per_second=15.0, queue=0))
     book.apply(event(console.ROUTE_SELECTED, "done", 4, mode="scout", signature="m | b[0-3]"))
@@ -50,6 +59,7 @@ def test_the_call_wall_shows_in_flight_requests_live_and_the_finished_ones() -> 
     [busy] = wall["in_flight"]
     assert busy["request_id"] == "busy" and busy["state"] == "processing"
     assert (busy["tokens"], busy["tokens_per_second"], busy["mode"]) == (12, 15.0, "exploit")
+    assert busy["api"] == "messages"
     assert [c["request_id"] for c in wall["recent"]] == ["broken", "done"]
     assert (wall["recent"][0]["state"], wall["recent"][0]["error"]) == ("failed", "hop c failed")
     assert (wall["recent"][1]["state"], wall["recent"][1]["tokens"]) == ("completed", 30)

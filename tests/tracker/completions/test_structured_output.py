@@ -397,6 +397,49 @@ def test_a_tool_result_is_taken_in_the_next_request(client: openai.OpenAI) -> No
     assert answer.usage.prompt_tokens > alone.usage.prompt_tokens + written
 
 
+PING: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "ping",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    }
+]
+# One token per byte: the calls object opens in 15 tokens, and each ping call
+# (``{"name":"ping","arguments":{}}``) takes 30 and a comma; 90 tokens cut the third.
+CLOSE_BRACKET = ord("]")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_cut_after_two_complete_calls_returns_those_calls_as_length(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    # ``]`` barred: the list of calls never closes, so max_tokens cuts it.
+    fields: dict[str, Any] = {"tools": PING, "tool_choice": "required", "max_tokens": 90}
+    fields |= {"temperature": 0, "logit_bias": {str(CLOSE_BRACKET): -100}}
+
+    if stream:
+        chunks = list(
+            client.chat.completions.create(model=TINY, messages=ASK, stream=True, **fields)
+        )
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+        names = [d.function.name for d in deltas if d.function and d.function.name]
+        arguments = [d.function.arguments for d in deltas if d.function and d.function.arguments]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        choice = client.chat.completions.create(model=TINY, messages=ASK, **fields).choices[0]
+        content, finish = choice.message.content or "", choice.finish_reason
+        calls = choice.message.tool_calls or []
+        assert all(isinstance(call, ChatCompletionMessageFunctionToolCall) for call in calls)
+        names = [call.function.name for call in calls]
+        arguments = [call.function.arguments for call in calls]
+
+    assert (content, finish) == ("", "length")
+    assert names == ["ping", "ping"] and arguments == ["{}", "{}"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "named"),
     [

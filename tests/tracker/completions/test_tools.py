@@ -15,6 +15,7 @@ from llguidance import LLMatcher
 from nodes_app.grammar import grammar_words
 from nodes_app.tokenization import tiny_tokenizer
 from tracker_app.completions.tools import (
+    AnswerCalls,
     ToolUse,
     UnusableTools,
     calls_of,
@@ -124,12 +125,39 @@ def test_an_answer_is_read_back_as_openai_tool_calls_or_left_as_text() -> None:
     generic = use()
     answer = '{"tool_calls":[{"name":"weather","arguments":{"city":"Oslo"}}]}'
 
-    [call] = calls_of(answer, generic) or []
+    made = calls_of(answer, generic)
 
+    assert made is not None and made.whole
+    [call] = made.calls
     assert call["function"] == {"name": "weather", "arguments": '{"city":"Oslo"}'}
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert calls_of("It rains.", generic) is None
-    assert calls_of('{"tool_calls":[{"name":"wea', generic) is None  # cut short
+
+
+@pytest.mark.parametrize(
+    ("answer", "complete"),
+    [
+        ('{"tool_calls":[{"name":"wea', []),
+        ('{"tool_c', []),
+        ('{"tool_calls":[{"name":"time","arguments":{"zone":1}}', [("time", '{"zone":1}')]),
+        (
+            '{"tool_calls":[{"name":"time","arguments":{"zone":1}},'
+            '{"name":"weather","arguments":{"city":"Oslo"}},{"name":"weather","argu',
+            [("time", '{"zone":1}'), ("weather", '{"city":"Oslo"}')],
+        ),
+        (
+            '{"tool_calls":[{"name":"time","arguments":{"note":"a \\"}, quoted"}},{"na',
+            [("time", '{"note":"a \\"}, quoted"}')],
+        ),
+    ],
+)
+def test_an_answer_cut_short_keeps_the_calls_it_completed(
+    answer: str, complete: list[tuple[str, str]]
+) -> None:
+    made = calls_of(answer, use())
+
+    assert made is not None and not made.whole
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in made.calls] == complete
 
 
 def native(**fields: Any) -> ToolUse:
@@ -142,14 +170,17 @@ def test_a_native_answer_is_read_back_from_its_tool_call_blocks() -> None:
         '<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>'
     )
 
-    calls = calls_of(answer, native()) or []
+    made = calls_of(answer, native())
 
-    assert [c["function"] for c in calls] == [
+    assert made is not None and made.whole
+    assert [c["function"] for c in made.calls] == [
         {"name": "weather", "arguments": '{"city":"Oslo"}'},
         {"name": "time", "arguments": "{}"},
     ]
     assert calls_of("It rains.", native()) is None
-    assert calls_of('<tool_call>\n{"name":"wea', native()) is None  # cut short
+    cut = calls_of(answer + '\n<tool_call>\n{"name":"wea', native())
+    assert cut is not None and not cut.whole and len(cut.calls) == 2
+    assert calls_of('<tool_call>\n{"name":"wea', native()) == AnswerCalls((), whole=False)
 
 
 def follows(grammar: str, text: str) -> bool:

@@ -245,6 +245,7 @@ def test_the_recent_calls_come_from_the_request_records_with_their_cost() -> Non
         "scout",
     )
     assert (finished["tokens"], finished["cost"]) == (500, "0.020000")
+    assert finished["api"] == "chat.completions"
     stopped = calls[str(cancelled.pk)]
     assert (stopped["state"], stopped["cost"], stopped["error"]) == (
         "cancelled",
@@ -307,6 +308,7 @@ def test_billing_shows_charges_per_key_earnings_per_wallet_and_the_work_units() 
     earned = {w["wallet"]: w["earned"] for w in billing["wallets"]}
     assert earned == {"aa" * 32: "0.023750", "bb" * 32: "0.023750"}
     newest = billing["records"][0]
+    assert newest["api"] == "chat.completions"
     assert [(u["node_id"], u["units"]) for u in newest["work_units"]] == [
         ("head", 750 * 2),
         ("tail", 750 * 2),
