@@ -82,7 +82,7 @@ def main() -> None:
     import torch
 
     if args.kernels == "avx2":
-        torch.backends.mkldnn.enabled = False
+        torch.backends.mkldnn.set_flags(False)
 
     from nodes_app.runtime.loading import load_causal_lm, load_tokenizer
     from nodes_app.runtime.sources import resolve_source

@@ -34,7 +34,7 @@ def answers(seeds: int) -> dict[str, list[dict[str, Any]]]:
     import torch
 
     if os.environ.get("MESHNET_TEST_NO_ONEDNN"):
-        torch.backends.mkldnn.enabled = False
+        torch.backends.mkldnn.set_flags(False)
     torch.set_num_threads(1)
     from nodes_app.protocol.sampling import SamplingParams
     from nodes_app.runtime.loading import load_shard
