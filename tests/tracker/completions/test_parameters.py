@@ -425,7 +425,8 @@ LOGPROBS = {"chat": True, "text": 3}
 
 def readme_table() -> dict[str, dict[str, str]]:
     """The README's parameter table: endpoint → parameter → its first word there."""
-    section = README.read_text().split("### OpenAI API parity", 1)[1].split("\n## ", 1)[0]
+    parity = README.read_text().split("### OpenAI API parity", 1)[1]
+    section = re.split(r"\n##+ ", parity, maxsplit=1)[0]
     table: dict[str, dict[str, str]] = {"chat": {}, "text": {}}
     for line in section.splitlines():
         if not line.startswith("| `"):
