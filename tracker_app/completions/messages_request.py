@@ -41,9 +41,9 @@ from tracker_app.completions.parameters import (
     InvalidRequest,
     Refused,
     UnsupportedParameter,
+    fields_refuse,
     fields_validate,
     request_fields,
-    unsupported_refuse,
 )
 from tracker_app.completions.structured import UnfollowableFormat, response_format_grammar
 from tracker_app.completions.tools import UnusableTools, conversation, tool_use_parse
@@ -100,14 +100,7 @@ class MessagesRequest(serializers.Serializer[dict[str, Any]]):
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, Mapping):
-            unsupported_refuse(data, MESSAGES_REFUSED)
-            refused = {r.name for r in MESSAGES_REFUSED}
-            unknown = sorted(set(data) - set(self.fields) - refused)
-            if unknown:
-                names = ", ".join(f"'{name}'" for name in unknown)
-                raise UnsupportedParameter(
-                    f"Meshnet's Messages API does not support {names}", param=unknown[0]
-                )
+            fields_refuse(data, api="Messages", known=self.fields, refused=MESSAGES_REFUSED)
         return super().to_internal_value(data)
 
     def validate_system(self, value: Any) -> str:

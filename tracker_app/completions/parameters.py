@@ -19,7 +19,7 @@ OpenAI does not define stay accepted: clients send extras.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,20 @@ def unsupported_refuse(body: Mapping[str, Any], refused: Sequence[Refused]) -> N
         raise UnsupportedParameter(
             f"Meshnet does not support {names} ({reasons}); leave it out or null",
             param=asked[0].name,
+        )
+
+
+def fields_refuse(
+    body: Mapping[str, Any], *, api: str, known: Iterable[str], refused: Sequence[Refused]
+) -> None:
+    """Raise :class:`UnsupportedParameter` for a parameter of ``refused`` that ``body`` asks
+    for, else for the first field ``body`` sets that ``api`` neither knows nor refuses."""
+    unsupported_refuse(body, refused)
+    unknown = sorted(set(body) - set(known) - {r.name for r in refused})
+    if unknown:
+        names = ", ".join(f"'{name}'" for name in unknown)
+        raise UnsupportedParameter(
+            f"Meshnet's {api} API does not support {names}", param=unknown[0]
         )
 
 

@@ -38,9 +38,9 @@ from tracker_app.completions.parameters import (
     GenerationParams,
     Refused,
     UnsupportedParameter,
+    fields_refuse,
     fields_validate,
     request_fields,
-    unsupported_refuse,
 )
 from tracker_app.completions.structured import UnfollowableFormat, response_format_grammar
 from tracker_app.completions.tools import UnusableTools, conversation, tool_use_parse
@@ -97,14 +97,7 @@ class ResponsesRequest(serializers.Serializer[dict[str, Any]]):
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, Mapping):
-            unsupported_refuse(data, RESPONSES_REFUSED)
-            refused = {r.name for r in RESPONSES_REFUSED}
-            unknown = sorted(set(data) - set(self.fields) - refused)
-            if unknown:
-                names = ", ".join(f"'{name}'" for name in unknown)
-                raise UnsupportedParameter(
-                    f"Meshnet's Responses API does not support {names}", param=unknown[0]
-                )
+            fields_refuse(data, api="Responses", known=self.fields, refused=RESPONSES_REFUSED)
         return super().to_internal_value(data)
 
     def validate_input(self, value: Any) -> list[dict[str, Any]]:
