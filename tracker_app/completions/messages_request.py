@@ -91,7 +91,7 @@ class MessagesRequest(serializers.Serializer[dict[str, Any]]):
     output_config = serializers.JSONField(required=False, allow_null=True)
     # ``user_id`` only identifies the end user to the operator: nothing to honour.
     metadata = serializers.DictField(required=False, allow_null=True)
-    # A prompt-caching breakpoint: the nodes reuse prefixes by themselves.
+    # A prompt-caching breakpoint: Meshnet keeps no prompt cache yet, so nothing to mark.
     cache_control = serializers.JSONField(required=False, allow_null=True)
     # Meshnet's extension: the node ids of a pinned route.
     route = serializers.ListField(
