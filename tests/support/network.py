@@ -22,6 +22,7 @@ from tracker_app.localnet import (
     process_env,
     query_process_database,
     start_tracker,
+    wait_until,
 )
 from tracker_app.localnet import start_worker as start_localnet_worker
 
@@ -160,3 +161,21 @@ def head_tail_answer(network: LocalNetwork, messages: list[dict[str, Any]], max_
         max_tokens=max_tokens,
         temperature=0.0,
     )
+
+
+def billed_request(network: Network, answer_id: str) -> tuple[str, str]:
+    """The API and status recorded for the request whose answer id (``msg_…``, ``resp_…``,
+    ``chatcmpl-…``: a prefix and the request's id in hex) is ``answer_id``, once it is billed.
+
+    The request is recorded as its answer ends and billed just after, so this waits.
+    """
+    request_id = answer_id[-32:]
+    query = (
+        "SELECT r.api, r.status, b.id FROM tracker_app_chatrequest r "
+        "JOIN tracker_app_billingrecord b ON b.request_id = r.id WHERE r.id = %s"
+    )
+    wait_until(
+        lambda: bool(network.query(query, request_id)), timeout=30, what=f"{answer_id} billed"
+    )
+    [(api, status, _)] = network.query(query, request_id)
+    return str(api), str(status)

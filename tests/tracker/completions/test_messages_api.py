@@ -9,7 +9,6 @@ decoding wherever an answer is compared or counted.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -17,9 +16,8 @@ import jsonschema
 import pytest
 from anthropic.types import TextBlock, ToolUseBlock
 
-from tests.support.network import Network, start_network
+from tests.support.network import Network, billed_request
 from tests.support.nodes import TINY
-from tracker_app.localnet import fresh_process_database
 
 # The client takes sampling fields as extra body fields (its types no longer list them).
 GREEDY = {"temperature": 0}
@@ -37,14 +35,8 @@ TOOLS: list[Any] = [
 
 
 @pytest.fixture(scope="module")
-def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    with fresh_process_database() as database_url:
-        tmp = tmp_path_factory.mktemp("messages")
-        for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="10000"):
-            network.add_node("head", TINY, (0, 1))
-            network.add_node("tail", TINY, (2, 3))
-            network.wait_for_route(TINY)
-            yield network
+def network(tiny_split: Network) -> Network:
+    return tiny_split
 
 
 @pytest.fixture(scope="module")
@@ -279,14 +271,13 @@ def test_an_output_config_schema_is_followed(client: anthropic.Anthropic) -> Non
 
 
 def test_its_requests_are_recorded_and_billed_as_coming_through_this_api(
-    network: Network,
+    client: anthropic.Anthropic, network: Network
 ) -> None:
-    rows = network.query(
-        "SELECT r.status, b.id FROM tracker_app_chatrequest r "
-        "LEFT JOIN tracker_app_billingrecord b ON b.request_id = r.id WHERE r.api = %s",
-        "messages",
-    )
+    whole = client.messages.create(model=TINY, messages=ASK, max_tokens=4, extra_body=GREEDY)
+    with client.messages.stream(
+        model=TINY, messages=ASK, max_tokens=4, extra_body=GREEDY
+    ) as stream:
+        streamed = stream.get_final_message()
 
-    assert rows and all(status == "completed" and bill is not None for status, bill in rows)
-    others = "SELECT COUNT(*) FROM tracker_app_chatrequest WHERE api != %s"
-    assert network.query(others, "messages") == [(0,)]
+    for message in (whole, streamed):
+        assert billed_request(network, message.id) == ("messages", "completed")

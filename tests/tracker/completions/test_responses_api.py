@@ -9,7 +9,6 @@ the shape the client reads, and for JSON and calls the grammar's doing
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import jsonschema
@@ -18,9 +17,8 @@ import pytest
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 from pydantic import BaseModel, Field
 
-from tests.support.network import Network, start_network
+from tests.support.network import Network, billed_request
 from tests.support.nodes import TINY
-from tracker_app.localnet import fresh_process_database
 
 ASK = "What is the weather in Oslo?"
 WEATHER_ARGUMENTS = {
@@ -47,14 +45,8 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    with fresh_process_database() as database_url:
-        tmp = tmp_path_factory.mktemp("responses")
-        for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="10000"):
-            network.add_node("head", TINY, (0, 1))
-            network.add_node("tail", TINY, (2, 3))
-            network.wait_for_route(TINY)
-            yield network
+def network(tiny_split: Network) -> Network:
+    return tiny_split
 
 
 @pytest.fixture(scope="module")
@@ -229,14 +221,13 @@ def test_a_bad_key_is_a_401(network: Network) -> None:
 
 
 def test_its_requests_are_recorded_and_billed_as_coming_through_this_api(
-    network: Network,
+    client: openai.OpenAI, network: Network
 ) -> None:
-    rows = network.query(
-        "SELECT r.status, b.id FROM tracker_app_chatrequest r "
-        "LEFT JOIN tracker_app_billingrecord b ON b.request_id = r.id WHERE r.api = %s",
-        "responses",
+    whole = client.responses.create(model=TINY, input=ASK, max_output_tokens=4, temperature=0)
+    events = client.responses.create(
+        model=TINY, input=ASK, max_output_tokens=4, temperature=0, stream=True
     )
+    [streamed] = [event.response for event in events if event.type == "response.created"]
 
-    assert rows and all(status == "completed" and bill is not None for status, bill in rows)
-    others = "SELECT COUNT(*) FROM tracker_app_chatrequest WHERE api != %s"
-    assert network.query(others, "responses") == [(0,)]
+    for response in (whole, streamed):
+        assert billed_request(network, response.id) == ("responses", "completed")

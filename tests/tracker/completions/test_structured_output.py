@@ -19,11 +19,10 @@ import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from pydantic import BaseModel, Field
 
-from tests.support.network import Network, head_generate, redundant_tiny_network, start_network
+from tests.support.network import Network, head_generate, redundant_tiny_network
 from tests.support.nodes import TINY
 from tests.support.sse import chunks_of, text_of
 from tracker_app.completions.structured import response_format_grammar
-from tracker_app.localnet import fresh_process_database
 
 PROMPT: list[Any] = [{"role": "user", "content": "Describe a person as JSON."}]
 
@@ -35,14 +34,8 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    with fresh_process_database() as database_url:
-        tmp = tmp_path_factory.mktemp("structured")
-        for network in start_network(database_url, tmp, MESHNET_RATE_LIMIT_PER_MINUTE="10000"):
-            network.add_node("head", TINY, (0, 1))
-            network.add_node("tail", TINY, (2, 3))
-            network.wait_for_route(TINY)
-            yield network
+def network(tiny_split: Network) -> Network:
+    return tiny_split
 
 
 @pytest.fixture(scope="module")
