@@ -11,8 +11,9 @@ once any route of the model is measured, no node is counted faster than the
 fastest measured route runs a layer; and a node on no measured route counts
 nothing, so a node that only answered the registration challenge and claims
 10⁶ tok/s moves no other node (until a request through it is timed). With
-nothing measured the claims are all there is. A new node that holds ``max_layers`` decoder layers is
-offered:
+nothing measured the claims are all there is.
+
+A new node that holds ``max_layers`` decoder layers is offered:
 
 1. the first range no node serves (``uncovered_layers``), else
 2. the stage with the least capacity (ties: fewer nodes, then the earlier stage),
