@@ -57,8 +57,11 @@ class Command(BaseCommand):
         say = self.stdout.write
         # The parts run in process groups of their own: a terminal's Ctrl-C
         # reaches only this command, and a SIGTERM (a service manager's stop)
-        # must stop them as Ctrl-C does, not orphan them.
-        signal.signal(signal.SIGTERM, _interrupt)
+        # must stop them as Ctrl-C does, not orphan them. SIGINT is handled
+        # explicitly too: a command started in the background by a script
+        # inherits it ignored, and Python then leaves it ignored.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _interrupt)
         try:
             with demo.demo_lock(var_dir):
                 demo.check_ports_free(topology)
