@@ -101,8 +101,7 @@ def main() -> None:
         text=True,
     ).stdout
     ids = tokenizer(text, return_tensors="pt")["input_ids"][:, : args.positions]
-    logprobs = rounding_table(torch, model, ids, f"{MODEL}, layers 0-14", 15)
-    reference = logprobs(lambda _i, hidden: hidden)
+    logprobs, reference = rounding_table(torch, model, ids, MODEL, head_layers=15)
 
     print(
         f"\nnoise into layer {NOISE_INTO_LAYER}    flips    "
@@ -132,16 +131,16 @@ def main() -> None:
     tiny.eval()
     tiny_ids = tiny_tokenizer()(text, return_tensors="pt")["input_ids"][:, : args.positions]
     print()
-    rounding_table(torch, tiny, tiny_ids, "tiny-random-llama, layers 0-1", 2)
+    rounding_table(torch, tiny, tiny_ids, "tiny-random-llama", head_layers=2)
     tiny_probe(args.seeds)
 
 
 def rounding_table(
-    torch: Any, model: Any, ids: Any, label: str, head_layers: int
-) -> Callable[[Callable[[int, Any], Any]], Any]:
+    torch: Any, model: Any, ids: Any, name: str, *, head_layers: int
+) -> tuple[Callable[[Callable[[int, Any], Any]], Any], Any]:
     """Print how far each precision's route moves the gaps against float32's; returns the
     reader of ``ids`` through ``model`` (log-softmax at every position, ``entry(i, hidden)``
-    applied as layer i's input)."""
+    applied as layer i's input) and float32's read."""
     layers = model.model.layers
 
     def logprobs(entry: Callable[[int, Any], Any]) -> Any:
@@ -173,14 +172,14 @@ def rounding_table(
     reference = logprobs(lambda _i, hidden: hidden)
     top2 = reference.topk(2, -1).indices
     print(
-        f"{label.split(',')[0]}, {ids.shape[1]} positions teacher-forced, one torch thread, "
+        f"{name}, {ids.shape[1]} positions teacher-forced, one torch thread, "
         f"{torch.backends.cpu.get_cpu_capability()} kernels\n"
     )
     print(
         f"{'route':38} {'gap err max':>11} {'p99.5':>7} {'any pair':>8} {'flips':>7}"
         f" {'flip gap max':>12}"
     )
-    head = label.split(", ")[1]
+    head = f"layers 0-{head_layers - 1}"
     for name, dtype, rounded_layers in (
         ("every layer bfloat16", torch.bfloat16, len(layers)),
         (f"bfloat16 {head}, float32 after", torch.bfloat16, head_layers),
@@ -209,7 +208,7 @@ def rounding_table(
             f" {_any_pair_error(torch, reference, other):8.3f}"
             f" {len(gaps):3d}/{len(error):3d} {max(gaps or [0.0]):12.3f}"
         )
-    return logprobs
+    return logprobs, reference
 
 
 def tiny_probe(seeds: int) -> None:
