@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from routing_app.load import RouteLoad, route_load_install
-from routing_app.stats import RouteStatsStore
-from routing_app.tracker_store import route_stats_store_install
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.tracker_store import route_stats_store_install
+from routing_app.policies.load import RouteLoad, route_load_install
 from tests.support.routing import ManualClock
 
 

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from routing_app.choice import DecisionMode
-from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.planner import enumerate_routes
+from routing_app.planning.search import enumerate_routes
+from routing_app.policies.choice import DecisionMode
+from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
 from tests.support.routing import learn, record
 
 NODES = [
@@ -20,7 +20,7 @@ NODES = [
 ]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
 FAST, SLOW, THIRD = PLANS
-DEFAULT = RoutingConfig(policy=POLICY_ADR0021)
+DEFAULT = RoutePolicyConfig(policy=POLICY_ADR0021)
 
 
 def draw(store, *, plans=PLANS, config=DEFAULT, n=4000, seed=7, epoch=1):
@@ -50,7 +50,7 @@ def test_it_splits_traffic_in_proportion_to_speed_at_alpha_one(store):
 def test_it_shifts_traffic_toward_the_winner_as_alpha_grows(store):
     learn(store, FAST, 60.0)
     learn(store, SLOW, 40.0)
-    config = RoutingConfig(policy=POLICY_ADR0021, weight_alpha=2.0)
+    config = RoutePolicyConfig(policy=POLICY_ADR0021, weight_alpha=2.0)
 
     counts = Counter(d.arm.plan.signature for d in draw(store, plans=[FAST, SLOW], config=config))
 
@@ -71,7 +71,9 @@ def test_it_scouts_at_the_explore_share(store):
 def test_it_never_scouts_at_an_explore_share_of_zero(store):
     learn(store, FAST, 60.0)
 
-    decisions = draw(store, config=RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0), n=500)
+    decisions = draw(
+        store, config=RoutePolicyConfig(policy=POLICY_ADR0021, explore_share=0.0), n=500
+    )
 
     assert {d.mode for d in decisions} == {DecisionMode.EXPLOIT}
 
@@ -157,7 +159,7 @@ def test_it_chooses_nothing_among_no_candidates(store):
 def test_a_very_large_alpha_sends_all_exploit_traffic_to_the_fastest_route(store):
     learn(store, FAST, 600.0)
     learn(store, SLOW, 400.0)
-    config = RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0, weight_alpha=400.0)
+    config = RoutePolicyConfig(policy=POLICY_ADR0021, explore_share=0.0, weight_alpha=400.0)
 
     shares = config.route_policy().shares(store.views(plans=[FAST, SLOW], epoch=1))
     decisions = draw(store, plans=[FAST, SLOW], config=config, n=50)

@@ -7,17 +7,17 @@ import random
 
 import pytest
 
-from routing_app.arms import (
+from routing_app.learning.arms import (
     DEFAULT_SAMPLE_SPREAD,
     SAMPLE_SPREAD_BOUNDS,
     SPREAD_MIN_RESIDUALS,
     ArmState,
     ArmStatus,
 )
-from routing_app.config import RoutingConfig
-from routing_app.planner import Hop, RoutePlan
-from routing_app.stats import RouteStatsStore
-from routing_app.sync import StatsSync
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.sync import StatsSync
+from routing_app.planning.route_plan import Hop, RoutePlan
+from routing_app.policies.config import RoutePolicyConfig
 from tests.support.routing import ManualClock
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
@@ -137,7 +137,7 @@ def test_it_rejects_speeds_that_are_not_positive_numbers(store, tps):
 
 
 def test_it_takes_the_minimum_sample_size_from_the_config(clock):
-    store = RouteStatsStore.from_config(RoutingConfig(min_sample_tokens=20), clock=clock)
+    store = RouteStatsStore.from_config(RoutePolicyConfig(min_sample_tokens=20), clock=clock)
 
     assert not sample(store, 30.0, tokens=19)
     assert sample(store, 30.0, tokens=20)

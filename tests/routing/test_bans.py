@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from routing_app.bans import BAN_BASE_SECONDS, BAN_MAX_SECONDS, NodeBans, node_ban, node_bans_clear
-from routing_app.stats import RouteStatsStore
+from routing_app.exclusions.bans import (
+    BAN_BASE_SECONDS,
+    BAN_MAX_SECONDS,
+    NodeBans,
+    node_ban,
+    node_bans_clear,
+)
+from routing_app.learning.stats import RouteStatsStore
 
 
 def test_each_consecutive_failure_doubles_the_ban_up_to_the_cap() -> None:

@@ -1,4 +1,4 @@
-"""RoutingConfig: the default policy and its knobs, read from the settings at call time,
+"""RoutePolicyConfig: the default policy and its knobs, read from the settings at call time,
 ranges enforced, and the policy object its name builds."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from routing_app.adr0021 import Adr0021Policy
-from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.thompson import ThompsonLoadPolicy
+from routing_app.policies.adr0021 import Adr0021Policy
+from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
+from routing_app.policies.thompson import ThompsonLoadPolicy
 
 
 def test_it_defaults_to_the_thompson_load_policy_with_the_adr_values():
-    assert RoutingConfig().to_dict() == {
+    assert RoutePolicyConfig().to_dict() == {
         "policy": "thompson-load",
         "explore_share": 0.3,
         "weight_alpha": 1.0,
@@ -34,9 +34,9 @@ def test_it_reads_the_settings_as_they_are_when_called():
         MESHNET_ROUTE_MAX_UNSAMPLED=30.0,
         MESHNET_ROUTE_LOAD_EXPONENT=1.5,
     ):
-        config = RoutingConfig.from_settings()
+        config = RoutePolicyConfig.from_settings()
 
-    assert config == RoutingConfig(
+    assert config == RoutePolicyConfig(
         policy="adr0021",
         explore_share=0.1,
         weight_alpha=2.0,
@@ -62,7 +62,7 @@ def test_it_reads_the_settings_as_they_are_when_called():
 )
 def test_it_refuses_an_out_of_range_value_naming_the_setting(field, value, message):
     with pytest.raises(ImproperlyConfigured, match=message):
-        RoutingConfig(**{field: value})
+        RoutePolicyConfig(**{field: value})
 
 
 def test_it_refuses_an_invalid_setting_when_read():
@@ -70,12 +70,12 @@ def test_it_refuses_an_invalid_setting_when_read():
         override_settings(MESHNET_ROUTE_EXPLORE_SHARE=2.0),
         pytest.raises(ImproperlyConfigured, match="EXPLORE_SHARE"),
     ):
-        RoutingConfig.from_settings()
+        RoutePolicyConfig.from_settings()
 
 
 def test_it_builds_the_policy_its_name_says_with_that_policys_knobs():
-    thompson = RoutingConfig(max_unsampled_seconds=120.0, load_exponent=1.5).route_policy()
-    adr0021 = RoutingConfig(
+    thompson = RoutePolicyConfig(max_unsampled_seconds=120.0, load_exponent=1.5).route_policy()
+    adr0021 = RoutePolicyConfig(
         policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0
     ).route_policy()
 

@@ -7,13 +7,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from routing_app.arms import ArmStatus
-from routing_app.durable import DatabaseArmArchive
+from routing_app.learning.arms import ArmStatus
+from routing_app.learning.durable import DatabaseArmArchive
+from routing_app.learning.pruning import route_arms_prune
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.sync import StatsSync
 from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot, RouteQuarantine
-from routing_app.planner import Hop, RoutePlan
-from routing_app.pruning import route_arms_prune
-from routing_app.stats import RouteStatsStore
-from routing_app.sync import StatsSync
+from routing_app.planning.route_plan import Hop, RoutePlan
 from routing_app.tasks import prune_arms
 from tests.support.routing import ManualClock, arm_status, learn
 

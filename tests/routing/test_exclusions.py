@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from routing_app.arms import ArmStatus
-from routing_app.planner import Hop, RoutePlan
-from routing_app.stats import RouteStatsStore
-from routing_app.sync import StatsSync
+from routing_app.learning.arms import ArmStatus
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.sync import StatsSync
+from routing_app.planning.route_plan import Hop, RoutePlan
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
 SPLIT = RoutePlan("m", 29, (Hop("a", "http://a", 0, 14), Hop("b", "http://b", 15, 29)))

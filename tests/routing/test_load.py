@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.choice import DecisionMode, RouteDecision
-from routing_app.config import RoutingConfig
-from routing_app.load import Pace, RouteLoad
-from routing_app.planner import enumerate_routes
+from routing_app.planning.search import enumerate_routes
+from routing_app.policies.choice import DecisionMode, RouteDecision
+from routing_app.policies.config import RoutePolicyConfig
+from routing_app.policies.load import Pace, RouteLoad
 from routing_app.services import route_session_close, route_session_open, route_session_touch
 from tests.support.routing import ManualClock, choose_counted, learn, record
 
 NODES = [record("fast", 0, 29, tps=100.0), record("new", 0, 29, tps=90.0)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
-CONFIG = RoutingConfig()  # thompson-load
+CONFIG = RoutePolicyConfig()  # thompson-load
 
 
 def decision(index: int = 0) -> RouteDecision:

@@ -1,11 +1,12 @@
-"""Where a new node is placed (routing_app.placement): uncovered first, then the weakest stage."""
+"""Where a new node is placed (routing_app.planning.placement): uncovered first, then the
+weakest stage."""
 
 from __future__ import annotations
 
 import pytest
 
-from routing_app.arms import ArmStatus, ArmView
-from routing_app.placement import (
+from routing_app.learning.arms import ArmStatus, ArmView
+from routing_app.planning.placement import (
     NodeTooSmall,
     Offer,
     PlacementRule,
@@ -14,7 +15,8 @@ from routing_app.placement import (
     place,
     placement_plan,
 )
-from routing_app.planner import NodeRecord, enumerate_routes
+from routing_app.planning.route_plan import NodeRecord
+from routing_app.planning.search import enumerate_routes
 
 
 def node(

@@ -10,19 +10,13 @@ from rest_framework import status
 
 from meshnet_site.errors import http_error
 from nodes_app.models import NodeStatus
-from routing_app.choice import DecisionMode, NoRouteAvailable
-from routing_app.planner import (
-    MAX_CANDIDATES,
-    CandidateCache,
-    Hop,
-    InvalidPinnedRoute,
-    PinnedNodeUnavailable,
-    RoutePlan,
-    enumerate_routes,
-    plan_pinned_route,
-)
-from routing_app.selectors import routing_nodes
-from routing_app.services import route_candidates, route_choose
+from routing_app.planning.cache import CandidateCache
+from routing_app.planning.pinned import InvalidPinnedRoute, PinnedNodeUnavailable, plan_pinned_route
+from routing_app.planning.route_plan import Hop, RoutePlan
+from routing_app.planning.search import MAX_CANDIDATES, enumerate_routes
+from routing_app.policies.choice import DecisionMode, NoRouteAvailable
+from routing_app.selectors import route_candidates, routing_nodes
+from routing_app.services import route_choose
 from tests.support.routing import ManualClock, make_model, make_node, record
 
 MIXED = [record("gpu-abc", 0, 21, tps=11164.0), record("cpu-def", 0, 39, tps=425.0)]

@@ -18,7 +18,11 @@ from typing import Any
 import pytest
 
 from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
-from routing_app.probing import PROBE_TIE_MARGIN, ProbeAnswer, probe_answers_compare
+from routing_app.exclusions.probe_verdicts import (
+    PROBE_TIE_MARGIN,
+    ProbeAnswer,
+    probe_answers_compare,
+)
 from tests.support.rounded_routes import AVX2_KERNELS, ROUTES
 
 SEEDS = 40

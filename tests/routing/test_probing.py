@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.probing import (
+from routing_app.exclusions.probe_verdicts import (
     PROBE_TIE_MARGIN,
     ProbeAnswer,
     probe_answers_compare,

@@ -10,15 +10,15 @@ from django.utils import timezone
 
 from meshnet_site.outbox.models import OutboxMessage
 from nodes_app.models import Node
-from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
-from routing_app.probing import probe_verdicts, served_verdicts
-from routing_app.quarantines import (
+from routing_app.exclusions.probe_verdicts import probe_verdicts, served_verdicts
+from routing_app.exclusions.quarantines import (
     ROUTE_QUARANTINED,
     ROUTE_RELEASED,
     probe_results_record,
     quarantines_due,
     reprobe_delay,
 )
+from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
 from tests.support.probe_answers import FLOAT32, MIXED, RIGHT, WRONG, plan
 from tests.support.routing import make_model, make_node
 

@@ -11,16 +11,16 @@ import pytest
 import redis
 from django.test import override_settings
 
-from routing_app.arms import ArmStatus
-from routing_app.planner import Hop, RoutePlan
-from routing_app.redis_merge import RedisArmExchange
-from routing_app.stats import RouteStatsStore
-from routing_app.sync import StatsSync
-from routing_app.tracker_store import (
+from routing_app.learning.arms import ArmStatus
+from routing_app.learning.redis_merge import RedisArmExchange
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.sync import StatsSync
+from routing_app.learning.tracker_store import (
     StatsSyncThread,
     route_stats_store_install,
     route_stats_sync,
 )
+from routing_app.planning.route_plan import Hop, RoutePlan
 from tests.support.routing import ManualClock
 
 SIG = "m | full[0-29]"

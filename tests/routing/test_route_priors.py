@@ -9,16 +9,17 @@ from collections import Counter
 
 import pytest
 
-from routing_app.arms import ArmStatus, ArmView
-from routing_app.config import RoutingConfig
-from routing_app.load import NO_LOAD, LoadSnapshot
-from routing_app.planner import RoutePlan, enumerate_routes
-from routing_app.priors import KNOWN_SIGMA, UNKNOWN_SIGMA, cold_pick, route_priors
+from routing_app.learning.arms import ArmStatus, ArmView
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.planning.search import enumerate_routes
+from routing_app.policies.config import RoutePolicyConfig
+from routing_app.policies.load import NO_LOAD, LoadSnapshot
+from routing_app.policies.priors import KNOWN_SIGMA, UNKNOWN_SIGMA, cold_pick, route_priors
+from routing_app.policies.thompson import DUE_SHARE
 from routing_app.services import route_session_close
-from routing_app.thompson import DUE_SHARE
 from tests.support.routing import choose_counted, learn, record
 
-CONFIG = RoutingConfig()  # thompson-load
+CONFIG = RoutePolicyConfig()  # thompson-load
 NODES = [
     record("head-a", 0, 1, tps=100.0),
     record("head-b", 0, 1, tps=100.0),

@@ -10,15 +10,11 @@ from rest_framework import status
 
 from meshnet_site.errors import http_error
 from nodes_app.models import TopologyEpoch
-from routing_app.choice import DecisionMode, NoRouteAvailable
-from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.load import RouteLoad
-from routing_app.services import (
-    route_candidates,
-    route_choose,
-    route_sample_record,
-    route_session_close,
-)
+from routing_app.policies.choice import DecisionMode, NoRouteAvailable
+from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
+from routing_app.policies.load import RouteLoad
+from routing_app.selectors import route_candidates
+from routing_app.services import route_choose, route_sample_record, route_session_close
 from tests.support.routing import make_model, make_node
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +48,7 @@ def test_it_returns_the_decision_with_its_plan_mode_and_epoch(store):
     decision = route_choose(
         model=model,
         rng=random.Random(7),
-        config=RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0),
+        config=RoutePolicyConfig(policy=POLICY_ADR0021, explore_share=0.0),
     )
 
     assert decision.epoch == 4

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from routing_app.arms import TOMBSTONE_SECONDS, ArmKey, ArmState, ArmStatus, PrunedState
-from routing_app.planner import Hop, RoutePlan
-from routing_app.stats import RouteStatsStore
-from routing_app.sync import ArchiveNews, StatsSync
+from routing_app.learning.arms import TOMBSTONE_SECONDS, ArmKey, ArmState, ArmStatus, PrunedState
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.sync import ArchiveNews, StatsSync
+from routing_app.planning.route_plan import Hop, RoutePlan
 from tests.support.routing import ManualClock, arm_status, learn
 
 FULL = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))

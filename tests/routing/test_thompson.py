@@ -12,18 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.arms import ArmStatus, ArmView
-from routing_app.config import RoutingConfig
-from routing_app.load import NO_LOAD, LoadSnapshot, Pace, RouteLoad
-from routing_app.planner import enumerate_routes
-from routing_app.priors import cold_pick
+from routing_app.learning.arms import ArmStatus, ArmView
+from routing_app.planning.search import enumerate_routes
+from routing_app.policies.config import RoutePolicyConfig
+from routing_app.policies.load import NO_LOAD, LoadSnapshot, Pace, RouteLoad
+from routing_app.policies.priors import cold_pick
+from routing_app.policies.thompson import DUE_SHARE
 from routing_app.services import route_sample_record, route_session_close
-from routing_app.thompson import DUE_SHARE
 from tests.support.routing import choose_counted, learn, record
 
 NODES = [record(f"n{i}", 0, 29, tps=100.0 - i) for i in range(6)]
 PLANS = enumerate_routes(model_key="m", num_layers=30, nodes=NODES)
-CONFIG = RoutingConfig()  # the default: thompson-load
+CONFIG = RoutePolicyConfig()  # the default: thompson-load
 
 
 def arm(index: int, status: ArmStatus, tps: float | None = 50.0, **extra: float) -> ArmView:
@@ -415,7 +415,7 @@ def test_a_request_early_in_its_stream_counts_as_the_sample_it_will_give_at_its_
 
 def test_the_bound_is_a_setting():
     arms = [arm(0, ArmStatus.PROVEN, 60.0), arm(1, ArmStatus.PROVEN, 20.0, age=100.0)]
-    strict = RoutingConfig(max_unsampled_seconds=60.0)
+    strict = RoutePolicyConfig(max_unsampled_seconds=60.0)
 
     picked = strict.route_policy().choose(arms, loads=NO_LOAD, rng=random.Random(1))
 
@@ -427,7 +427,7 @@ def test_the_table_states_the_active_policys_shares(store):
     learn(store, PLANS[1], 30.0, times=5)
     arms = store.views(plans=PLANS[:2], epoch=1)
 
-    adr = RoutingConfig(policy="adr0021").route_policy().shares(arms)
+    adr = RoutePolicyConfig(policy="adr0021").route_policy().shares(arms)
     ours = CONFIG.route_policy().shares(arms)
 
     assert adr == pytest.approx([2 / 3, 1 / 3])

@@ -31,9 +31,9 @@ from nodes_app.protocol.frames import ChunkFrame, ErrorFrame
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.sse import SSE_DONE, sse_data, sse_event
 from nodes_app.protocol.usage import Usage
-from routing_app.bans import node_bans_reset
-from routing_app.stats import RouteStatsStore
-from routing_app.tracker_store import route_stats_store_install
+from routing_app.exclusions.bans import node_bans_reset
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.tracker_store import route_stats_store_install
 from tracker_app.api_keys.services import api_key_create
 from tracker_app.completions import console
 from tracker_app.completions.answers import AnswerKind

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
-from routing_app.arms import ArmStatus
-from routing_app.choice import RouteDecision
-from routing_app.load import LoadSnapshot, RouteLoad
-from routing_app.planner import NodeRecord, RoutePlan
-from routing_app.policy import RoutePolicy
-from routing_app.stats import RouteStatsStore
+from routing_app.learning.arms import ArmStatus
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.planning.route_plan import NodeRecord, RoutePlan
+from routing_app.policies.base import RoutePolicy
+from routing_app.policies.choice import RouteDecision
+from routing_app.policies.load import LoadSnapshot, RouteLoad
 
 _counter = itertools.count()
 

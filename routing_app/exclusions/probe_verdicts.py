@@ -7,7 +7,7 @@ compares each answer with a reference — the single full node when one
 exists, else the answer most routes agree with — by :func:`probe_answers_compare`
 (equal tokens, or a rounding near-tie where they first part: ADR-0015) and
 names the nodes to blame for a difference. What follows from the verdicts
-(quarantine, reputation, release) is ``routing_app.quarantines``'.
+(quarantine, reputation, release) is ``routing_app.exclusions.quarantines``'.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from nodes_app.protocol.logprobs import TokenLogprob
 from routing_app.models import ProbeOutcome
-from routing_app.planner import RoutePlan
+from routing_app.planning.route_plan import RoutePlan
 
 # Two answers that first part at position i still agree when each route's
 # own gap there, from its chosen token down to the other route's, summed, is

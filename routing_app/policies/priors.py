@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from routing_app.arms import ArmStatus, ArmView
+from routing_app.learning.arms import ArmStatus, ArmView
 
 # Spread (ln tok/s) of a prediction from measured nodes: a route of known nodes may
 # still differ by its links and how its hops overlap (0.5: about ±65 %).

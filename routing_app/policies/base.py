@@ -13,8 +13,8 @@ best-prior one is taken deterministically (``greedy-fallback``), unless the
 policy spreads a burst of requests at a cold start (``thompson-load`` does
 once requests are in flight, ADR-0018). A policy
 implements the rest on the eligible arms, some of them proven. The two
-implementations are ``routing_app.adr0021.Adr0021Policy`` and
-``routing_app.thompson.ThompsonLoadPolicy``; ``RoutingConfig.route_policy()``
+implementations are ``routing_app.policies.adr0021.Adr0021Policy`` and
+``routing_app.policies.thompson.ThompsonLoadPolicy``; ``RoutePolicyConfig.route_policy()``
 builds the one the configuration names.
 """
 
@@ -25,10 +25,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from routing_app.arms import ArmStatus, ArmView
-from routing_app.choice import DecisionMode
-from routing_app.load import NO_LOAD, LoadSnapshot
-from routing_app.priors import cold_pick
+from routing_app.learning.arms import ArmStatus, ArmView
+from routing_app.policies.choice import DecisionMode
+from routing_app.policies.load import NO_LOAD, LoadSnapshot
+from routing_app.policies.priors import cold_pick
 
 
 class Pick(NamedTuple):

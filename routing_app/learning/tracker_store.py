@@ -20,11 +20,11 @@ import redis
 from django.conf import settings
 from django.db import close_old_connections
 
-from routing_app.config import RoutingConfig
-from routing_app.durable import DatabaseArmArchive
-from routing_app.redis_merge import RedisArmExchange
-from routing_app.stats import RouteStatsStore
-from routing_app.sync import StatsSync
+from routing_app.learning.durable import DatabaseArmArchive
+from routing_app.learning.redis_merge import RedisArmExchange
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.sync import StatsSync
+from routing_app.policies.config import RoutePolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def route_stats_sync() -> StatsSync | None:
 
 
 def _build() -> StatsSync:
-    config = RoutingConfig.from_settings()
+    config = RoutePolicyConfig.from_settings()
     name = tracker_id()
     archive = DatabaseArmArchive(tracker_id=name)
     exchange = None

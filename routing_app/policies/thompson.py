@@ -3,7 +3,7 @@
 Each measured arm's belief about its log tokens/s is a normal posterior
 centred on the stats' EWMA, narrowing with the arm's *decayed* sample mass
 (each sample as informative as the model's requests are steady: the sample
-spread the tracker learned, ``routing_app.arms.SampleSpread``) and widening
+spread the tracker learned, ``routing_app.learning.arms.SampleSpread``) and widening
 back to a broad prior as that mass decays (so a quiet arm is
 retried: discounted Thompson sampling). The requests in flight on the route
 count as the samples they would give if they ended now (once they have
@@ -16,10 +16,10 @@ to explore.
 
 The ADR-0021 guarantees stay: kept-out arms are never chosen, and with no
 proven arm and nothing in flight the best-prior candidate is taken
-deterministically (``routing_app.policy.RoutePolicy``). ADR-0018 amends the
+deterministically (``routing_app.policies.base.RoutePolicy``). ADR-0018 amends the
 rest: arms not measured under the current topology epoch (unsampled, stale)
 are no longer scouted one request at a time before any draw; they enter the
-draw with a prior from what is known of their nodes (``routing_app.priors``),
+draw with a prior from what is known of their nodes (``routing_app.policies.priors``),
 wider than a measured arm's belief, so N heads × M tails are not N×M cold
 starts. With no proven arm but requests in flight (a burst at a cold start)
 the draw runs on those priors too, so the burst spreads over the candidates
@@ -36,12 +36,12 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from routing_app.arms import EFFECTIVE_SAMPLES_CAP, ArmStatus, ArmView, sample_added
-from routing_app.choice import DecisionMode
-from routing_app.load import LoadSnapshot, Pace
-from routing_app.planner import RoutePlan
-from routing_app.policy import Pick, RoutePolicy
-from routing_app.priors import NodeModel, route_priors
+from routing_app.learning.arms import EFFECTIVE_SAMPLES_CAP, ArmStatus, ArmView, sample_added
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.policies.base import Pick, RoutePolicy
+from routing_app.policies.choice import DecisionMode
+from routing_app.policies.load import LoadSnapshot, Pace
+from routing_app.policies.priors import NodeModel, route_priors
 
 # Spread of the belief before any evidence: a route may be several times
 # faster or slower than the last we knew (1.0: a factor e either way). An arm
@@ -70,9 +70,9 @@ def belief(
     the requests in flight on it at their ``paces`` (``anticipated``).
 
     The normal posterior of a mean seen through ``n`` samples of the arm's
-    ``sample_spread`` (learned per model, ``routing_app.arms.SampleSpread``), ``n``
+    ``sample_spread`` (learned per model, ``routing_app.learning.arms.SampleSpread``), ``n``
     the arm's decayed mass (at most ``EFFECTIVE_SAMPLES_CAP``), under ``prior``
-    (mean, spread): what its nodes predict (``routing_app.priors``). Without one the
+    (mean, spread): what its nodes predict (``routing_app.policies.priors``). Without one the
     prior is broad (``PRIOR_SIGMA``) and centred on the arm's own speed. As the arm's mass
     decays its belief returns to the prior: to what its nodes' fresher samples
     on other routes say, rather than to "anything, a factor e either way".

@@ -5,7 +5,7 @@ observed end-to-end tokens/s, the sample mass behind it (decaying with a
 half-life), the time that mass refers to, the topology epoch it was measured
 under and a plain sample count. Because the state is (value, mass, time), two
 states of the same arm combine by decayed weight, which is how trackers merge
-what they learned (``routing_app.sync``) without a consensus protocol.
+what they learned (``routing_app.learning.sync``) without a consensus protocol.
 
 How far one request's speed strays from its route's is learned beside them,
 one ``SampleSpread`` per model, from the residuals of this tracker's samples:
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from routing_app.planner import RoutePlan
+from routing_app.planning.route_plan import RoutePlan
 
 Clock = Callable[[], float]
 
@@ -69,7 +69,7 @@ class ArmStatus(StrEnum):
     UNSAMPLED = "unsampled"
     STALE = "stale"
     DECAYED = "decayed"
-    # Kept out of the choice (``routing_app.exclusions``): the route is
+    # Kept out of the choice (``routing_app.exclusions.kept_out``): the route is
     # quarantined, or one of its nodes is banned.
     QUARANTINED = "quarantined"
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, TypeVar
 
-from routing_app.planner import RoutePlan
+from routing_app.planning.route_plan import RoutePlan
 
 # How long a session counts without news: longer than the proxy's busy deadline
 # and step timeouts, so only a lost close expires. A long generation stays

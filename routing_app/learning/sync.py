@@ -1,11 +1,11 @@
 """Keeping a tracker's route statistics in step: the durable copy and the peers.
 
 ``StatsSync.sync()`` is the only call that does I/O for a ``RouteStatsStore``:
-it writes the arms that took samples to the archive (``routing_app.durable``)
+it writes the arms that took samples to the archive (``routing_app.learning.durable``)
 and takes in its news (the arms the prune job deleted, the routes the probe
-quarantines), then, with Redis (``routing_app.redis_merge``), publishes this
+quarantines), then, with Redis (``routing_app.learning.redis_merge``), publishes this
 tracker's own arms, bans and timed quarantines and takes in its peers'.
-``routing_app.tracker_store`` runs it periodically in a daemon thread.
+``routing_app.learning.tracker_store`` runs it periodically in a daemon thread.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from routing_app.arms import ArmKey, ArmState, PrunedState
-from routing_app.stats import RouteStatsStore
+from routing_app.learning.arms import ArmKey, ArmState, PrunedState
+from routing_app.learning.stats import RouteStatsStore
 
 
 class ArmExchange(Protocol):
@@ -34,7 +34,7 @@ class ArchiveNews:
 
 
 class ArmArchive(Protocol):
-    """This store's durable copy (see ``routing_app.durable``)."""
+    """This store's durable copy (see ``routing_app.learning.durable``)."""
 
     def restore(self) -> list[tuple[ArmKey, ArmState]]:
         """The arms this tracker had written before it (re)started."""

@@ -1,7 +1,7 @@
 """What a route choice hands out: the decision, how it was made, and its refusal.
 
 ``services.route_choose`` makes the choice for one request with the
-configured policy (``routing_app.policy``) and returns a ``RouteDecision``;
+configured policy (``routing_app.policies.base``) and returns a ``RouteDecision``;
 the proxy sends the request on ``decision.plan`` and records against it.
 """
 
@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from meshnet_site.errors import DomainError, ErrorKind
-from routing_app.planner import RoutePlan
+from routing_app.planning.route_plan import RoutePlan
 
 
 class DecisionMode(StrEnum):

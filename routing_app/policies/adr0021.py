@@ -5,7 +5,7 @@ that is not proven under the current topology (unsampled, stale or
 decayed) when there is one; otherwise it is drawn among the proven arms
 with probability proportional to tps^``weight_alpha``. The guarantees every
 policy keeps (kept-out arms never chosen, the greedy fallback) are
-``routing_app.policy``'s.
+``routing_app.policies.base``'s.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from routing_app.arms import ArmStatus, ArmView, least_measured
-from routing_app.choice import DecisionMode
-from routing_app.load import LoadSnapshot
-from routing_app.policy import Pick, RoutePolicy
+from routing_app.learning.arms import ArmStatus, ArmView, least_measured
+from routing_app.policies.base import Pick, RoutePolicy
+from routing_app.policies.choice import DecisionMode
+from routing_app.policies.load import LoadSnapshot
 
 # What adr0021 scouts: anything not proven under the current topology.
 SCOUTABLE = frozenset({ArmStatus.UNSAMPLED, ArmStatus.STALE, ArmStatus.DECAYED})

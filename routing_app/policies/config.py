@@ -2,7 +2,7 @@
 
 ``meshnet_site.settings`` reads the ``MESHNET_ROUTE_*`` environment variables
 and ``runtracker`` overrides the same settings attributes from its flags, so
-the one way to get the active policy is ``RoutingConfig.from_settings()``,
+the one way to get the active policy is ``RoutePolicyConfig.from_settings()``,
 called when the value is needed (never at import time). ``route_policy()``
 builds the policy object the configuration names: the one place a policy's
 name is read.
@@ -24,16 +24,16 @@ from meshnet_site.environment import (
     ROUTE_STATS_HALF_LIFE,
     ROUTE_WEIGHT_ALPHA,
 )
-from routing_app.adr0021 import Adr0021Policy
-from routing_app.policy import RoutePolicy
-from routing_app.thompson import ThompsonLoadPolicy
+from routing_app.policies.adr0021 import Adr0021Policy
+from routing_app.policies.base import RoutePolicy
+from routing_app.policies.thompson import ThompsonLoadPolicy
 
 # The policy names MESHNET_ROUTE_POLICY accepts (named once, by the setting).
 POLICY_THOMPSON_LOAD, POLICY_ADR0021 = ROUTE_POLICY.choices
 
 
 @dataclass(frozen=True)
-class RoutingConfig:
+class RoutePolicyConfig:
     """The active routing policy. Constructing one with an out-of-range value raises
     ``ImproperlyConfigured`` naming the setting, so a bad flag stops start-up.
 
@@ -58,7 +58,7 @@ class RoutingConfig:
         ROUTE_MIN_SAMPLE_TOKENS.check(self.min_sample_tokens)
 
     @classmethod
-    def from_settings(cls) -> RoutingConfig:
+    def from_settings(cls) -> RoutePolicyConfig:
         """The policy as the settings say now (after any ``runtracker`` flag overrides)."""
         return cls(
             policy=str(settings.MESHNET_ROUTE_POLICY),

@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.db.models import Max
 
-from routing_app.arms import ArmKey, ArmState, PrunedState
+from routing_app.exclusions.quarantines import route_quarantines_active
+from routing_app.learning.arms import ArmKey, ArmState, PrunedState
+from routing_app.learning.sync import ArchiveNews
 from routing_app.models import PrunedArm, RouteArm, RouteArmSnapshot
-from routing_app.quarantines import route_quarantines_active
-from routing_app.sync import ArchiveNews
 
 # A busy arm changes at every sync; its history needs far less resolution.
 SNAPSHOT_INTERVAL_SECONDS = 60.0
@@ -36,7 +36,7 @@ class DatabaseArmArchive:
     """One tracker's arms in ``RouteArm`` rows under ``tracker_id``.
 
     ``tracker_id`` must stay the same across the tracker's restarts (see
-    ``routing_app.tracker_store``) and differ between trackers running at once.
+    ``routing_app.learning.tracker_store``) and differ between trackers running at once.
     """
 
     def __init__(

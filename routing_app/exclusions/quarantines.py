@@ -1,8 +1,8 @@
 """Route quarantines: what follows from the probe's verdicts (ADR-0007).
 
-A route is quarantined (kept out of the choice, see ``routing_app.exclusions``)
+A route is quarantined (kept out of the choice, see ``routing_app.exclusions.kept_out``)
 when its answer to the probe, or an answer it served a client, disagreed with
-the reference (``routing_app.probing``), or when its head ran past a client's
+the reference (``routing_app.exclusions.probe_verdicts``), or when its head ran past a client's
 stop sequence or budget (``tracker_app.served_answers``), until a later probe
 agrees. :func:`probe_results_record`
 writes a run's ``RouteProbe`` rows and moves the ``RouteQuarantine`` rows: a
@@ -25,9 +25,9 @@ from django.db.models.functions import Least
 
 from meshnet_site.outbox.services import outbox_put
 from nodes_app.models import Node
-from routing_app.arms import ArmKey
+from routing_app.exclusions.probe_verdicts import Verdict
+from routing_app.learning.arms import ArmKey
 from routing_app.models import ProbeOutcome, RouteProbe, RouteQuarantine
-from routing_app.probing import Verdict
 
 # Re-probe a quarantined route after 60 s, 120 s, 240 s… at most hourly.
 REPROBE_BASE = timedelta(seconds=60)

@@ -2,7 +2,7 @@
 
 A node that fails is banned in the route store's exclusions (so the planner
 routes around it, on every tracker once Redis carries it; see
-``routing_app.exclusions`` for bans and quarantines) for 30 s × 2^(n−1) after
+``routing_app.exclusions.kept_out`` for bans and quarantines) for 30 s × 2^(n−1) after
 its n-th consecutive failure, capped at 15 minutes; a completed request
 clears the count of every node on its route. The count itself is this
 tracker process's (ADR-0004): :func:`node_bans_reset` starts it afresh.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from routing_app.stats import RouteStatsStore
-from routing_app.tracker_store import route_stats_store
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.tracker_store import route_stats_store
 
 BAN_BASE_SECONDS = 30.0
 BAN_MAX_SECONDS = 15 * 60.0

@@ -1,11 +1,11 @@
 """The route statistics the choice reads: learned arms and exclusions, composed.
 
 ``RouteStatsStore`` puts together what a candidate looks like to the
-policy and to ``/v1/routing``: its arm (``routing_app.arms``: learned speed,
+policy and to ``/v1/routing``: its arm (``routing_app.learning.arms``: learned speed,
 status under the current topology epoch) unless it is kept out
-(``routing_app.exclusions``: quarantined, or through a banned node), which
+(``routing_app.exclusions.kept_out``: quarantined, or through a banned node), which
 overrides the status. It never touches a database or a network: keeping it
-in step with the durable copy and the peers is ``routing_app.sync``'s.
+in step with the durable copy and the peers is ``routing_app.learning.sync``'s.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from routing_app.arms import ArmStatus, ArmView, Clock, RouteArms
-from routing_app.config import RoutingConfig
-from routing_app.exclusions import Exclusions
-from routing_app.planner import RoutePlan
+from routing_app.exclusions.kept_out import Exclusions
+from routing_app.learning.arms import ArmStatus, ArmView, Clock, RouteArms
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.policies.config import RoutePolicyConfig
 
 
 class RouteStatsStore:
@@ -31,7 +31,7 @@ class RouteStatsStore:
         self.exclusions = Exclusions(clock=clock)
 
     @classmethod
-    def from_config(cls, config: RoutingConfig, *, clock: Clock = time.time) -> RouteStatsStore:
+    def from_config(cls, config: RoutePolicyConfig, *, clock: Clock = time.time) -> RouteStatsStore:
         return cls(
             half_life=config.stats_half_life,
             min_sample_tokens=config.min_sample_tokens,

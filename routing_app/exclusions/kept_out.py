@@ -4,14 +4,14 @@ One word per thing kept out:
 
 - A **ban** keeps a *node* out for a time. A node that failed mid-generation
   is banned for 30 s × 2^(n−1) after its n-th failure in a row, at most
-  15 minutes (``routing_app.bans`` counts the failures; a completed request
+  15 minutes (``routing_app.exclusions.bans`` counts the failures; a completed request
   clears the count). The planner routes around a banned node, and the ban
   lapses by itself.
 - A **quarantine** keeps a *route* (model, signature) out. The probe
   quarantines a route whose answer disagreed with the reference
-  (``routing_app.probing``, a ``RouteQuarantine`` row) until a later probe
+  (``routing_app.exclusions.probe_verdicts``, a ``RouteQuarantine`` row) until a later probe
   agrees and releases it; every tracker reads the active ones at its sync
-  (``routing_app.sync``). ``quarantine_route`` sets one for a time instead,
+  (``routing_app.learning.sync``). ``quarantine_route`` sets one for a time instead,
   which lapses like a ban.
 
 A route kept out either way stays listed in ``/v1/routing`` with status
@@ -33,8 +33,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from routing_app.arms import ArmKey, Clock
-from routing_app.planner import RoutePlan
+from routing_app.learning.arms import ArmKey, Clock
+from routing_app.planning.route_plan import RoutePlan
 
 
 def _drop_lapsed(until_by_key: dict[Any, float], now: float) -> None:

@@ -19,7 +19,7 @@ A new node that holds ``max_layers`` decoder layers is offered:
 2. the stage with the least capacity (ties: fewer nodes, then the earlier stage),
 
 from its first layer, as many of its layers as the node holds. Plain values
-in, plain values out: the tracker's view (``routing_app.placement_api``) and
+in, plain values out: the tracker's view (``routing_app.api``) and
 the dashboard read the registry into ``NodeRecord`` values first.
 """
 
@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from meshnet_site.errors import DomainError, ErrorKind
-from routing_app.arms import ArmView
-from routing_app.planner import NodeRecord, uncovered_layers
-from routing_app.priors import TIMED, NodeModel
+from routing_app.learning.arms import ArmView
+from routing_app.planning.route_plan import NodeRecord
+from routing_app.planning.search import uncovered_layers
+from routing_app.policies.priors import TIMED, NodeModel
 
 
 class NodeTooSmall(DomainError):
