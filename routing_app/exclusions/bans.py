@@ -5,7 +5,7 @@ routes around it, on every tracker once Redis carries it; see
 ``routing_app.exclusions.kept_out`` for bans and quarantines) for 30 s × 2^(n−1) after
 its n-th consecutive failure, capped at 15 minutes; a completed request
 clears the count of every node on its route. The count itself is this
-tracker process's (ADR-0004): :func:`node_bans_reset` starts it afresh.
+tracker process's (ADR-0004).
 """
 
 from __future__ import annotations
@@ -68,9 +68,3 @@ def node_bans_clear(*, node_ids: Iterable[str], bans: NodeBans | None = None) ->
     the node until then.
     """
     (bans or _bans).clear(node_ids)
-
-
-def node_bans_reset() -> None:
-    """Forget every failure this process counted (tests start from a clean slate)."""
-    global _bans
-    _bans = NodeBans()

@@ -63,10 +63,3 @@ class RedisArmExchange:
             return []
         blobs = self.client.mget([self._key(peer) for peer in peers])
         return [json.loads(blob) for blob in blobs if blob is not None]
-
-    def withdraw(self) -> None:
-        """Remove this process's publication now (a clean shutdown)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.delete(self._key(self.process_id))
-        pipe.zrem(self._registry, self.process_id)
-        pipe.execute()

@@ -80,21 +80,21 @@ def route_stats_store() -> RouteStatsStore:
     global _store, _thread
     with _lock:
         if _store is None:
-            sync = _build()
+            sync = stats_sync_from_settings()
             _store = sync.store
             _thread = StatsSyncThread(sync, SYNC_INTERVAL_SECONDS)
             _thread.start()
         return _store
 
 
-def route_stats_sync() -> StatsSync | None:
-    """What keeps the process's store in step (``None`` for a store a test installed)."""
-    route_stats_store()
-    with _lock:
-        return None if _thread is None else _thread.sync
+def stats_sync_from_settings() -> StatsSync:
+    """A store and what keeps it in step, built from the settings as they are now.
 
-
-def _build() -> StatsSync:
+    The database archive under ``tracker_id()``, restored from at once (a
+    database that is not there yet is logged, and learning starts from
+    scratch); a ``RedisArmExchange`` too when ``REDIS_URL`` is set. Starts
+    no thread: ``route_stats_store()`` builds the process's store with it.
+    """
     config = RoutePolicyConfig.from_settings()
     name = tracker_id()
     archive = DatabaseArmArchive(tracker_id=name)
@@ -114,18 +114,3 @@ def _build() -> StatsSync:
         if restored:
             logger.info("restored %d learned route arms of tracker %s", restored, name)
     return sync
-
-
-def route_stats_store_install(store: RouteStatsStore | None) -> RouteStatsStore | None:
-    """Replace the process's store (tests); returns the previous one, ``None`` resets.
-
-    An installed store gets no sync thread: its owner syncs it (``StatsSync``).
-    """
-    global _store, _thread
-    with _lock:
-        previous = _store
-        if _thread is not None:
-            _thread.stop()
-            _thread = None
-        _store = store
-        return previous

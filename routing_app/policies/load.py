@@ -264,11 +264,3 @@ _route_load = RouteLoad()
 def route_load() -> RouteLoad:
     """This process's book of in-flight sessions."""
     return _route_load
-
-
-def route_load_install(load: RouteLoad) -> RouteLoad:
-    """Make ``load`` this process's book (tests start each from an empty one); returns
-    the previous book."""
-    global _route_load
-    previous, _route_load = _route_load, load
-    return previous

@@ -15,11 +15,7 @@ from routing_app.learning.arms import ArmStatus
 from routing_app.learning.redis_merge import RedisArmExchange
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.learning.sync import StatsSync
-from routing_app.learning.tracker_store import (
-    StatsSyncThread,
-    route_stats_store_install,
-    route_stats_sync,
-)
+from routing_app.learning.tracker_store import StatsSyncThread, stats_sync_from_settings
 from routing_app.planning.route_plan import Hop, RoutePlan
 from tests.support.routing import ManualClock
 
@@ -151,7 +147,9 @@ def test_it_forgets_a_withdrawn_peer_at_the_next_sync(client, prefix):
     staying.sync()
 
     assert isinstance(leaving.exchange, RedisArmExchange)
-    leaving.exchange.withdraw()
+    # The peer withdraws: its publication and its place in the list of live ones go.
+    client.delete(f"{prefix}:proc:{leaving.exchange.process_id}")
+    client.zrem(f"{prefix}:procs", leaving.exchange.process_id)
     staying.sync()
 
     assert staying.store.arms.arm(model_key="m", signature=SIG) is None
@@ -206,17 +204,12 @@ def test_it_syncs_in_the_background_until_stopped(client, prefix):
 
 
 def test_it_wires_the_process_store_to_redis_only_when_redis_is_configured(redis_url):
-    previous = route_stats_store_install(None)
-    try:
-        with override_settings(REDIS_URL=None):
-            sync = route_stats_sync()
-            assert sync is not None and sync.exchange is None
-        route_stats_store_install(None)
-        with override_settings(REDIS_URL=redis_url):
-            sync = route_stats_sync()
-            assert sync is not None and isinstance(sync.exchange, RedisArmExchange)
-    finally:
-        route_stats_store_install(previous)
+    with override_settings(REDIS_URL=None):
+        sync = stats_sync_from_settings()
+        assert sync is not None and sync.exchange is None
+    with override_settings(REDIS_URL=redis_url):
+        sync = stats_sync_from_settings()
+        assert sync is not None and isinstance(sync.exchange, RedisArmExchange)
 
 
 def test_it_keeps_routing_on_local_statistics_without_redis():
