@@ -1,4 +1,5 @@
-"""The adr0021 policy: greedy fallback, scouting at a share, exploiting P ∝ tps^alpha, and
+"""Scouting at a fixed share and splitting the rest in proportion to speed (the `adr0021`
+policy, ADR-0021): greedy fallback, scouting at a share, exploiting P ∝ tps^alpha, and
 never a quarantined arm."""
 
 from __future__ import annotations

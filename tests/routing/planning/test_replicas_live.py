@@ -1,4 +1,4 @@
-"""Replicas carry traffic on a real network (issue 26, ADR-0018): tiny-model nodes, a real
+"""Replicas carry traffic on a real network (ADR-0018): tiny-model nodes, a real
 tracker, two heads and two tails, concurrent chats."""
 
 from __future__ import annotations
