@@ -1,4 +1,5 @@
-"""Routing writes and decisions: route choice, samples, the sessions in flight.
+"""Routing writes and decisions: route choice, samples, the sessions in flight, and the
+count of anonymous placement queries.
 
 The chat proxy's calls: ``route_choose`` before it opens the stream;
 ``route_session_open`` each time it (re)sends a stream on a decision,
@@ -7,7 +8,11 @@ stream ends any way (the session lifecycle: only live streams are a route's
 load); ``route_sample_record`` when the stream completes (a failed hop's node
 is banned through ``routing_app.exclusions.bans``). Each reads the policy from the
 settings at call time and uses the process's ``route_stats_store()`` unless
-given another store.
+given another store. The reads (candidates, the routing table, the placement
+plan) are ``routing_app.selectors``'.
+
+``placement_rate_limit_check`` counts one anonymous ``/api/nodes/placement``
+query against its address's window, as registrations are counted.
 """
 
 from __future__ import annotations
