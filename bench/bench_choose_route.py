@@ -37,15 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "meshnet_site.settings")
 
-from routing_app.config import POLICY_ADR0021, POLICY_THOMPSON_LOAD, RoutingConfig
-from routing_app.planner import (
-    MAX_CANDIDATES,
-    CandidateCache,
-    NodeRecord,
-    RoutePlan,
-    enumerate_routes,
-)
-from routing_app.stats import RouteStatsStore
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.planning.cache import CandidateCache
+from routing_app.planning.route_plan import NodeRecord, RoutePlan
+from routing_app.planning.search import MAX_CANDIDATES, enumerate_routes
+from routing_app.policies.config import POLICY_ADR0021, POLICY_THOMPSON_LOAD, RoutePolicyConfig
 
 NUM_LAYERS = 40
 NODES = 200
@@ -121,7 +117,7 @@ class Case:
         self,
         records: list[list[NodeRecord]],
         candidates: Candidates,
-        config: RoutingConfig,
+        config: RoutePolicyConfig,
         measured: int,
     ) -> None:
         self.records, self.candidates = records, candidates
@@ -169,7 +165,7 @@ def main() -> None:
         covered = len({node_id for plan in plans for node_id in plan.node_ids})
         print(f"{name}: {len(plans)} candidates through {covered} nodes, {measured} measured")
         for policy in (POLICY_THOMPSON_LOAD, POLICY_ADR0021):
-            config = RoutingConfig(policy=policy)
+            config = RoutePolicyConfig(policy=policy)
             cases = {
                 "miss": Case([nodes], uncached, config, measured),
                 "hit": Case([nodes], cached(), config, measured),

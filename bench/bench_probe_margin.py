@@ -1,6 +1,6 @@
 """How far rounding and corruption move the probe's near-tie gap, SmolLM2 on CPU (ADR-0015).
 
-The probe's rule (``routing_app.probing.probe_answers_compare``) lets two
+The probe's rule (``routing_app.exclusions.probe_verdicts.probe_answers_compare``) lets two
 routes part at a position where the summed gap — how far below its own
 choice each route put the other's token — is at most ``PROBE_TIE_MARGIN``.
 That sum is the change in the two tokens' logit difference between the
@@ -222,7 +222,7 @@ def tiny_probe(seeds: int) -> None:
     from nodes_app.runtime.sampling import new_generator, sample_token
     from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
     from nodes_app.tokenization import tiny_tokenizer
-    from routing_app.probing import ProbeAnswer, probe_answers_compare
+    from routing_app.exclusions.probe_verdicts import ProbeAnswer, probe_answers_compare
     from tracker_app.probes import PROBE_MAX_TOKENS, PROBE_MESSAGES, PROBE_TOP_LOGPROBS
 
     model = LlamaForCausalLM(tiny_config())

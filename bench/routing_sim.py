@@ -112,15 +112,15 @@ from bench.routing_simulation.topologies import (
     per_request,
 )
 from bench.routing_simulation.workload import EVENTS
-from routing_app.config import POLICY_ADR0021, RoutingConfig
+from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
 
-POLICIES: list[tuple[str, RoutingConfig | None]] = [
+POLICIES: list[tuple[str, RoutePolicyConfig | None]] = [
     ("thompson-load (ADR-0011 default)", THOMPSON),
     (WITHOUT_PACES, THOMPSON),
-    ("adr0021 default (explore 0.3, alpha 1)", RoutingConfig(policy=POLICY_ADR0021)),
+    ("adr0021 default (explore 0.3, alpha 1)", RoutePolicyConfig(policy=POLICY_ADR0021)),
     (
         "adr0021 tuned (explore 0.1, alpha 2)",
-        RoutingConfig(policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0),
+        RoutePolicyConfig(policy=POLICY_ADR0021, explore_share=0.1, weight_alpha=2.0),
     ),
     (ROUND_ROBIN, None),
     (ORACLE, None),
@@ -134,7 +134,7 @@ LOADS: list[tuple[str, float | None]] = [
 ]
 
 
-def policy_for(name: str, config: RoutingConfig | None) -> Policy:
+def policy_for(name: str, config: RoutePolicyConfig | None) -> Policy:
     if config is not None:
         return bandit(config, paces=name != WITHOUT_PACES)
     return round_robin() if name == ROUND_ROBIN else ORACLES[name]
@@ -183,7 +183,7 @@ def report(results: dict[str, list[RunResult]]) -> None:
 
 
 # The replica runs (issue 26): policies, loads (share of the capacity bound), targets.
-REPLICA_POLICIES: list[tuple[str, RoutingConfig | None]] = [
+REPLICA_POLICIES: list[tuple[str, RoutePolicyConfig | None]] = [
     ("thompson-load (ADR-0011 default)", THOMPSON),
     (ROUND_ROBIN, None),
     (ORACLE_CANDIDATES, None),

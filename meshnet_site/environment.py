@@ -5,7 +5,7 @@ built and tested from any mapping, and raises ``ImproperlyConfigured`` with
 the variable's name and the offending value when a value does not parse or
 is out of range.
 
-Numeric settings that other code also receives (``RoutingConfig`` built in
+Numeric settings that other code also receives (``RoutePolicyConfig`` built in
 code, ``runtracker`` flags) are defined once as ``NumberSetting`` values at
 the end of this module: name, default and range, so every entry point
 refuses the same values. This module imports no app, so every app can use it.

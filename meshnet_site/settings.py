@@ -178,7 +178,7 @@ SPECTACULAR_SETTINGS = {
         "AssistantRoleEnum": ["assistant"],
         "TextCompletionObjectEnum": ["text_completion"],
         "HealthStateEnum": ["ok", "unavailable"],
-        "PlacementRuleEnum": "routing_app.placement_api.PLACEMENT_RULES",
+        "PlacementRuleEnum": "routing_app.api.PLACEMENT_RULES",
         "FinishReasonEnum": ["stop", "length"],
         "ChatFinishReasonEnum": ["stop", "length", "tool_calls"],
         "FunctionToolTypeEnum": ["function"],

@@ -9,8 +9,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.authentication import SessionAuthentication
 
-from routing_app.api import RoutingTableApi
-from routing_app.placement_api import NodePlacementApi, PlacementApi
+from routing_app.api import NodePlacementApi, PlacementApi, RoutingTableApi
 from tracker_app import api as tracker_api
 from tracker_app import views as tracker_views
 from tracker_app.api_keys.authentication import ApiKeyAuthentication

@@ -1,13 +1,18 @@
-"""Routing writes and decisions: route choice, samples, the sessions in flight.
+"""Routing writes and decisions: route choice, samples, the sessions in flight, and the
+count of anonymous placement queries.
 
 The chat proxy's calls: ``route_choose`` before it opens the stream;
 ``route_session_open`` each time it (re)sends a stream on a decision,
 ``route_session_touch`` as tokens arrive and ``route_session_close`` when the
 stream ends any way (the session lifecycle: only live streams are a route's
 load); ``route_sample_record`` when the stream completes (a failed hop's node
-is banned through ``routing_app.bans``). Each reads the policy from the
+is banned through ``routing_app.exclusions.bans``). Each reads the policy from the
 settings at call time and uses the process's ``route_stats_store()`` unless
-given another store.
+given another store. The reads (candidates, the routing table, the placement
+plan) are ``routing_app.selectors``'.
+
+``placement_rate_limit_check`` counts one anonymous ``/api/nodes/placement``
+query against its address's window, as registrations are counted.
 """
 
 from __future__ import annotations
@@ -15,51 +20,26 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from django.conf import settings
+from django.utils import timezone
+
+from meshnet_site.errors import DomainError, ErrorKind
+from meshnet_site.guards.services import count_hit, window_retry_after
 from nodes_app.models import LanguageModel
+from nodes_app.registration_limit import WINDOW_SECONDS, client_network
 from nodes_app.selectors import topology_epoch_current
 from routing_app import selectors
-from routing_app.choice import DecisionMode, NoRouteAvailable, RouteDecision
-from routing_app.config import RoutingConfig
-from routing_app.load import LoadSnapshot, RouteLoad, route_load
-from routing_app.planner import (
-    CandidateCache,
-    RoutePlan,
-    plan_pinned_route,
-    uncovered_layers,
-)
-from routing_app.stats import RouteStatsStore
-from routing_app.tracker_store import route_stats_store
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.learning.tracker_store import route_stats_store
+from routing_app.planning.pinned import plan_pinned_route
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.planning.search import uncovered_layers
+from routing_app.policies.choice import DecisionMode, NoRouteAvailable, RouteDecision
+from routing_app.policies.config import RoutePolicyConfig
+from routing_app.policies.load import LoadSnapshot, RouteLoad, route_load
 
 # The tracker's own source of routing randomness; tests pass a seeded one.
 _route_rng = random.Random()
-# The process's candidate routes per model and topology (ADR-0018, "The cache").
-route_candidate_cache = CandidateCache()
-
-
-def route_candidates(*, model: LanguageModel, store: RouteStatsStore) -> list[RoutePlan]:
-    """The model's candidate routes, best prior first.
-
-    Banned nodes take no part in the live candidates (at most ``MAX_CANDIDATES``),
-    so the routes go around them; the routes they would have served are appended so
-    ``/v1/routing`` shows them as quarantined. Read through ``route_candidate_cache``:
-    a node joining, leaving or banned changes them at once.
-    """
-    nodes = selectors.routing_nodes(model=model)
-    banned = store.exclusions.banned_nodes()
-    plans = route_candidate_cache.routes(
-        model_key=model.key, num_layers=model.num_layers, nodes=nodes, avoid=banned
-    )
-    if banned:
-        live = {plan.signature for plan in plans}
-        blocked = [
-            plan
-            for plan in route_candidate_cache.routes(
-                model_key=model.key, num_layers=model.num_layers, nodes=nodes
-            )
-            if banned.intersection(plan.node_ids) and plan.signature not in live
-        ]
-        plans = sorted(plans + blocked, key=lambda plan: (-plan.prior_tps, len(plan.hops)))
-    return plans
 
 
 def route_choose(
@@ -68,7 +48,7 @@ def route_choose(
     pinned: Sequence[str] | None = None,
     rng: random.Random | None = None,
     store: RouteStatsStore | None = None,
-    config: RoutingConfig | None = None,
+    config: RoutePolicyConfig | None = None,
     load: RouteLoad | None = None,
 ) -> RouteDecision:
     """The route for one chat request: the pinned node ids' plan, or the policy's choice.
@@ -102,10 +82,10 @@ def route_choose(
         decision = RouteDecision(plan=plan, mode=DecisionMode.PINNED, epoch=epoch)
         load.open(decision)
         return decision
-    plans = route_candidates(model=model, store=store)
+    plans = selectors.route_candidates(model=model, store=store)
     if not plans:
         raise NoRouteAvailable(model.key, _coverage_gap(model))
-    policy = (config or RoutingConfig.from_settings()).route_policy()
+    policy = (config or RoutePolicyConfig.from_settings()).route_policy()
     rng = rng or _route_rng
 
     def choose(loads: LoadSnapshot) -> RouteDecision:
@@ -212,3 +192,28 @@ def route_sample_record(
         output_tokens=output_tokens,
         tokens_per_second=output_tokens / elapsed_seconds,
     )
+
+
+class PlacementRateLimited(DomainError):
+    """This address asked for placements too often this minute; ``retry_after`` says when
+    the next window opens."""
+
+    kind = ErrorKind.RATE_LIMITED
+    code = "placement_rate_limited"
+
+
+def placement_rate_limit_check(*, client_address: str) -> None:
+    """Count one anonymous placement query from ``client_address`` (counted as
+    registrations are); ``PlacementRateLimited`` past ``MESHNET_PLACEMENT_RATE_LIMIT`` in
+    the current minute."""
+    now = timezone.now()
+    network = client_network(client_address)
+    limit = settings.MESHNET_PLACEMENT_RATE_LIMIT
+    count = count_hit(f"placement:{network}", window_seconds=WINDOW_SECONDS, now=now)
+    if count > limit:
+        retry_after = window_retry_after(window_seconds=WINDOW_SECONDS, now=now)
+        raise PlacementRateLimited(
+            f"Too many placement queries from {network}: at most {limit} per minute; "
+            f"retry in {retry_after} s",
+            retry_after=retry_after,
+        )

@@ -8,7 +8,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from routing_app.pruning import route_arms_prune
+from routing_app.learning.pruning import route_arms_prune
 
 
 @shared_task(name="routing.prune_arms", ignore_result=False)

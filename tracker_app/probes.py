@@ -16,8 +16,8 @@ other routes, where the fingerprint does not matter), so that routes of
 mixed precision that part at a rounding near-tie are not judged corrupt
 (ADR-0015). Neither passes the proxy: no request record, no bill, no route
 sample. A verdict is kept in a ``RouteProbe`` row (without the tokens of a
-client's request). Verdicts: ``routing_app.probing``; quarantines:
-``routing_app.quarantines``.
+client's request). Verdicts: ``routing_app.exclusions.probe_verdicts``; quarantines:
+``routing_app.exclusions.quarantines``.
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ from nodes_app.protocol.registration import DEFAULT_PRECISION
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.selectors import topology_epoch_current
-from routing_app.models import ProbeOutcome, RouteProbe
-from routing_app.planner import RoutePlan, enumerate_routes
-from routing_app.probing import (
+from routing_app.exclusions.probe_verdicts import (
     PROBE_TIE_MARGIN,
     ProbeAnswer,
     Verdict,
@@ -55,12 +53,15 @@ from routing_app.probing import (
     self_rerun_needed,
     served_verdicts,
 )
-from routing_app.quarantines import (
+from routing_app.exclusions.quarantines import (
     ProbeRunSummary,
     probe_results_record,
     quarantines_active,
     quarantines_due,
 )
+from routing_app.models import ProbeOutcome, RouteProbe
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.planning.search import enumerate_routes
 from routing_app.selectors import routing_nodes
 from tracker_app.billing.audits import billing_audit_queue
 from tracker_app.completions.head_stream import (
@@ -237,11 +238,12 @@ def served_answers_check(
     send: RerunSender = rerun_send,
 ) -> list[ProbeRunSummary]:
     """Re-run up to ``count`` of the model's served requests on other routes and judge
-    the answers their routes gave clients (:func:`routing_app.probing.served_verdicts`).
+    the answers their routes gave clients
+    (:func:`routing_app.exclusions.probe_verdicts.served_verdicts`).
 
     Each sample is taken out of the store as it is drawn (checked once). A
     sample whose route is quarantined already is dropped unchecked. The
-    re-runs go to :func:`~routing_app.probing.rerun_routes` of the current
+    re-runs go to :func:`~routing_app.exclusions.probe_verdicts.rerun_routes` of the current
     candidates (quarantined ones left out), one after the other, and to the
     served route itself when they settle nothing.
     """

@@ -34,9 +34,9 @@ from django.utils import timezone
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sampling import SAMPLING_FIELDS, SamplingParams
-from routing_app.planner import Hop, RoutePlan
-from routing_app.probing import ProbeAnswer
-from routing_app.quarantines import route_quarantine
+from routing_app.exclusions.probe_verdicts import ProbeAnswer
+from routing_app.exclusions.quarantines import route_quarantine
+from routing_app.planning.route_plan import Hop, RoutePlan
 from tracker_app.billing.audits import billing_audit_queue
 from tracker_app.completions.generation import Generation
 from tracker_app.models import ServedAnswer

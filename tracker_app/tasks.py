@@ -16,7 +16,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel
-from routing_app.quarantines import models_with_quarantines_due
+from routing_app.exclusions.quarantines import models_with_quarantines_due
 from tracker_app.billing.audits import billing_audit
 from tracker_app.completions.recording import chat_requests_fail_abandoned
 from tracker_app.probes import route_probe_done, route_probes_run, served_answers_check

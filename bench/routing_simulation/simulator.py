@@ -26,11 +26,11 @@ from bench.routing_simulation.workload import (
     Load,
     Session,
 )
-from routing_app.config import RoutingConfig
-from routing_app.planner import RoutePlan
-from routing_app.stats import RouteStatsStore
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.policies.config import RoutePolicyConfig
 
-THOMPSON = RoutingConfig(policy="thompson-load")
+THOMPSON = RoutePolicyConfig(policy="thompson-load")
 # The default policy with the requests' paces hidden from it: what ADR-0011 §4 adds.
 WITHOUT_PACES = "thompson-load without paces (§4 off)"
 ROUND_ROBIN = "round-robin"
@@ -43,7 +43,7 @@ Policy = Callable[
 ]
 
 
-def bandit(config: RoutingConfig, *, paces: bool = True) -> Policy:
+def bandit(config: RoutePolicyConfig, *, paces: bool = True) -> Policy:
     """The tracker's choice; ``paces=False`` hides the requests' paces from it (what
     ADR-0011 §4's early samples add, side by side)."""
     policy = config.route_policy()
@@ -123,7 +123,7 @@ ORACLES: dict[str, Policy] = {
 
 def expected_share(
     name: str,
-    config: RoutingConfig | None,
+    config: RoutePolicyConfig | None,
     policy: Policy,
     plans: list[RoutePlan],
     store: RouteStatsStore,
@@ -211,7 +211,7 @@ def simulate(
     scenario: Scenario,
     name: str,
     policy: Policy,
-    config: RoutingConfig | None,
+    config: RoutePolicyConfig | None,
     seed: int,
     requests: int,
     rate: float | None,

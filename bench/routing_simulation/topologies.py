@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from bench.routing_simulation.workload import PREFILL, TOKENS
-from routing_app.planner import Hop, NodeRecord, RoutePlan, enumerate_routes
+from routing_app.planning.route_plan import Hop, NodeRecord, RoutePlan
+from routing_app.planning.search import enumerate_routes
 
 HOP_SECONDS = 0.004  # network time per token for every hop after the head
 BATCH_EXPONENT = 0.4  # a node's aggregate throughput grows as k^0.4 ...

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from routing_app.load import LoadSnapshot, Pace
-from routing_app.planner import RoutePlan
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.policies.load import LoadSnapshot, Pace
 
 NOISE_SIGMA = 0.10
 TOKENS = (16, 256)

@@ -20,8 +20,8 @@ from bench.routing_simulation.topologies import (
     per_request,
 )
 from bench.routing_simulation.workload import Load
-from routing_app.planner import RoutePlan
-from routing_app.stats import RouteStatsStore
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.planning.route_plan import RoutePlan
 
 TWO_STAGES, THREE_STAGES, DEMO = REPLICA_SCENARIOS
 

@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError
 
 from meshnet_site import environment as env_
-from routing_app.config import RoutingConfig
+from routing_app.policies.config import RoutePolicyConfig
 from tracker_app.management.commands.runtracker import Command as RunTracker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ def test_an_unparseable_database_url_is_refused() -> None:
         env_.database_config({"DATABASE_URL": "nonsense://x"}, Path("/tmp"))
 
 
-# (setting, runtracker flag or None, RoutingConfig field, a value just outside, the edge inside)
+# (setting, runtracker flag or None, RoutePolicyConfig field, a value just outside, the edge inside)
 ROUTE_BOUNDS = [
     (env_.ROUTE_EXPLORE_SHARE, "route_explore_share", "explore_share", 1.01, 1.0),
     (env_.ROUTE_EXPLORE_SHARE, "route_explore_share", "explore_share", -0.01, 0.0),
@@ -178,7 +178,7 @@ def test_the_environment_the_routing_config_and_runtracker_refuse_the_same_route
     with pytest.raises(ImproperlyConfigured, match=setting.name):
         setting.read({setting.name: str(outside)})
     with pytest.raises(ImproperlyConfigured, match=setting.name):
-        RoutingConfig(**too_far)
+        RoutePolicyConfig(**too_far)
     if flag is not None:
         with pytest.raises(CommandError, match="--" + flag.replace("_", "-")):
             RunTracker().apply_route_overrides({flag: outside})
@@ -190,12 +190,12 @@ def test_the_environment_and_the_routing_config_accept_the_edge_of_each_route_ra
 ) -> None:
     assert setting.read({setting.name: str(inside)}) == inside
     at_the_edge: dict[str, Any] = {field: inside}
-    assert getattr(RoutingConfig(**at_the_edge), field) == inside
+    assert getattr(RoutePolicyConfig(**at_the_edge), field) == inside
 
 
 def test_a_routing_config_built_in_code_has_the_settings_defaults() -> None:
     # The test run sets no MESHNET_ROUTE_* variable, so the settings hold their defaults.
-    assert RoutingConfig() == RoutingConfig.from_settings()
+    assert RoutePolicyConfig() == RoutePolicyConfig.from_settings()
 
 
 def test_the_state_folder_is_the_projects_var_unless_set(tmp_path: Path) -> None:

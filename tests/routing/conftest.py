@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from routing_app.load import RouteLoad, route_load_install
-from routing_app.stats import RouteStatsStore
-from routing_app.tracker_store import route_stats_store_install
-from tests.support.routing import ManualClock
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.policies import load
+from routing_app.policies.load import RouteLoad
+from tests.support.routing import ManualClock, process_store
 
 
 @pytest.fixture
@@ -22,15 +22,13 @@ def clock() -> ManualClock:
 def store(clock: ManualClock) -> Iterator[RouteStatsStore]:
     """A fresh in-process store, installed as the tracker's store for the test."""
     fresh = RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=clock)
-    previous = route_stats_store_install(fresh)
-    yield fresh
-    route_stats_store_install(previous)
+    with process_store(fresh):
+        yield fresh
 
 
 @pytest.fixture(autouse=True)
-def load_book() -> Iterator[RouteLoad]:
+def load_book(monkeypatch: pytest.MonkeyPatch) -> RouteLoad:
     """An empty process-wide load book, so no test sees another's sessions in flight."""
     fresh = RouteLoad()
-    previous = route_load_install(fresh)
-    yield fresh
-    route_load_install(previous)
+    monkeypatch.setattr(load, "_route_load", fresh)
+    return fresh

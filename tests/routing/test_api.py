@@ -12,7 +12,7 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.services import topology_epoch_bump
-from routing_app.arms import DEFAULT_SAMPLE_SPREAD, SAMPLE_SPREAD_BOUNDS
+from routing_app.learning.arms import DEFAULT_SAMPLE_SPREAD, SAMPLE_SPREAD_BOUNDS
 from routing_app.services import route_choose, route_sample_record
 from tests.support.routing import make_model, make_node
 from tracker_app.api_keys.services import api_key_create

@@ -8,16 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing_app.arms import ArmState, ArmStatus, ArmView
-from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.planner import (
-    MAX_CANDIDATES,
-    RESELECT_SECONDS,
-    CandidateCache,
-    NodeRecord,
-    enumerate_routes,
-    plan_pinned_route,
-)
+from routing_app.learning.arms import ArmState, ArmStatus, ArmView
+from routing_app.planning.cache import RESELECT_SECONDS, CandidateCache
+from routing_app.planning.pinned import plan_pinned_route
+from routing_app.planning.route_plan import NodeRecord
+from routing_app.planning.search import MAX_CANDIDATES, enumerate_routes
+from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
 from tests.support.routing import ManualClock
 
 
@@ -222,7 +218,7 @@ def test_it_expects_shares_that_sum_to_one_unless_every_route_is_held(arms, expl
         ArmView(plan, status, tps, 1.0, 1) for plan, (status, tps) in zip(plans, arms, strict=False)
     ]
 
-    policy = RoutingConfig(policy=POLICY_ADR0021, explore_share=explore).route_policy()
+    policy = RoutePolicyConfig(policy=POLICY_ADR0021, explore_share=explore).route_policy()
     shares = policy.shares(views)
 
     kept_out = all(view.status is ArmStatus.QUARANTINED for view in views)

@@ -9,16 +9,13 @@ import pytest
 from rest_framework import status
 
 from meshnet_site.errors import http_error
-from nodes_app.models import TopologyEpoch
-from routing_app.choice import DecisionMode, NoRouteAvailable
-from routing_app.config import POLICY_ADR0021, RoutingConfig
-from routing_app.load import RouteLoad
-from routing_app.services import (
-    route_candidates,
-    route_choose,
-    route_sample_record,
-    route_session_close,
-)
+from nodes_app.models import NodeStatus, TopologyEpoch
+from routing_app.planning.pinned import PinnedNodeUnavailable
+from routing_app.policies.choice import DecisionMode, NoRouteAvailable
+from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
+from routing_app.policies.load import RouteLoad
+from routing_app.selectors import route_candidates
+from routing_app.services import route_choose, route_sample_record, route_session_close
 from tests.support.routing import make_model, make_node
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +49,7 @@ def test_it_returns_the_decision_with_its_plan_mode_and_epoch(store):
     decision = route_choose(
         model=model,
         rng=random.Random(7),
-        config=RoutingConfig(policy=POLICY_ADR0021, explore_share=0.0),
+        config=RoutePolicyConfig(policy=POLICY_ADR0021, explore_share=0.0),
     )
 
     assert decision.epoch == 4
@@ -135,3 +132,25 @@ def test_a_chosen_route_counts_as_load_until_its_request_is_recorded_or_closed(s
     route_session_close(decision=second, load=load)
 
     assert (in_flight, load.snapshot().route_sessions(first.plan)) == (2, 0)
+
+
+def test_it_pins_a_route_through_the_registry_and_still_names_its_head(store):
+    model = make_model(num_layers=40)
+    make_node(model, "gpu-abc", 0, 21, tps=11164.0)
+    make_node(model, "cpu-def", 0, 39, tps=425.0)
+
+    decision = route_choose(model=model, pinned=["gpu-abc", "cpu-def"], rng=random.Random(1))
+
+    assert decision.mode is DecisionMode.PINNED
+    assert decision.plan.head.endpoint == "http://gpu-abc.test:7000"
+    assert decision.to_dict()["hops"][1]["start_layer"] == 22
+
+
+def test_it_answers_503_when_a_pinned_node_of_the_registry_is_offline(store):
+    model = make_model(num_layers=30)
+    make_node(model, "gone", 0, 29, status=NodeStatus.OFFLINE)
+
+    with pytest.raises(PinnedNodeUnavailable) as caught:
+        route_choose(model=model, pinned=["gone"], rng=random.Random(1))
+
+    assert http_error(caught.value).status == status.HTTP_503_SERVICE_UNAVAILABLE

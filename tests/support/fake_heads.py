@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+import pytest
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, TopologyEpoch
@@ -31,9 +32,10 @@ from nodes_app.protocol.frames import ChunkFrame, ErrorFrame
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.sse import SSE_DONE, sse_data, sse_event
 from nodes_app.protocol.usage import Usage
-from routing_app.bans import node_bans_reset
-from routing_app.stats import RouteStatsStore
-from routing_app.tracker_store import route_stats_store_install
+from routing_app.exclusions import bans
+from routing_app.exclusions.bans import NodeBans
+from routing_app.learning.stats import RouteStatsStore
+from tests.support.routing import process_store
 from tracker_app.api_keys.services import api_key_create
 from tracker_app.completions import console
 from tracker_app.completions.answers import AnswerKind
@@ -306,12 +308,11 @@ def fake_network() -> Iterator[Net]:
     )
     TopologyEpoch.objects.create(model=model, number=1)
     store = RouteStatsStore(half_life=600.0, min_sample_tokens=8)
-    previous = route_stats_store_install(store)
-    node_bans_reset()
     BUSY_CLAIMS.reset()
-    yield Net(model=model, store=store, heads=FakeHeads(), events=[])
-    route_stats_store_install(previous)
-    node_bans_reset()
+    with process_store(store), pytest.MonkeyPatch.context() as patch:
+        # A back-off count of its own: no failure another test counted bans a node here.
+        patch.setattr(bans, "_bans", NodeBans())
+        yield Net(model=model, store=store, heads=FakeHeads(), events=[])
     BUSY_CLAIMS.reset()
 
 

@@ -4,8 +4,8 @@ route plans of a 4-layer model."""
 from __future__ import annotations
 
 from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
-from routing_app.planner import Hop, RoutePlan
-from routing_app.probing import ProbeAnswer
+from routing_app.exclusions.probe_verdicts import ProbeAnswer
+from routing_app.planning.route_plan import Hop, RoutePlan
 
 RIGHT = ProbeAnswer(token_ids=(5, 6, 7, 8))
 WRONG = ProbeAnswer(token_ids=(5, 6, 9, 9))

@@ -6,19 +6,46 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
+import pytest
 from django.utils import timezone
 
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
-from routing_app.arms import ArmStatus
-from routing_app.choice import RouteDecision
-from routing_app.load import LoadSnapshot, RouteLoad
-from routing_app.planner import NodeRecord, RoutePlan
-from routing_app.policy import RoutePolicy
-from routing_app.stats import RouteStatsStore
+from routing_app.learning import tracker_store
+from routing_app.learning.arms import ArmStatus
+from routing_app.learning.stats import RouteStatsStore
+from routing_app.planning.route_plan import NodeRecord, RoutePlan
+from routing_app.policies.base import RoutePolicy
+from routing_app.policies.choice import RouteDecision
+from routing_app.policies.load import LoadSnapshot, RouteLoad
 
 _counter = itertools.count()
+
+
+@contextmanager
+def process_store(store: RouteStatsStore | None) -> Iterator[RouteStatsStore | None]:
+    """Make ``store`` the tracker process's route-stats store for a block (``None``: the
+    next ``route_stats_store()`` builds one from the settings), then put back the one
+    before.
+
+    The store given gets no sync thread: the test syncs it itself (``StatsSync``).
+    A sync thread the process had started, or one started inside the block, is
+    stopped, so no thread syncs in the background of later tests.
+    """
+    running = tracker_store._thread
+    if running is not None:
+        running.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tracker_store, "_store", store)
+        patch.setattr(tracker_store, "_thread", None)
+        try:
+            yield store
+        finally:
+            started = tracker_store._thread
+            if started is not None:
+                started.stop()
 
 
 class ManualClock:

@@ -15,10 +15,10 @@ from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
 from nodes_app.protocol.sse import SSE_DONE, sse_event
 from nodes_app.services import topology_epoch_bump
-from routing_app import receivers
+from routing_app.exclusions import receivers
+from routing_app.exclusions.probe_verdicts import ProbeAnswer
 from routing_app.models import RouteProbe, RouteQuarantine
-from routing_app.planner import Hop, RoutePlan
-from routing_app.probing import ProbeAnswer
+from routing_app.planning.route_plan import Hop, RoutePlan
 from tests.support.routing import make_model, make_node
 from tracker_app import probes, tasks
 from tracker_app.probes import probe_request, route_probe_done, route_probes_run

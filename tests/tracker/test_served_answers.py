@@ -15,10 +15,10 @@ from nodes_app.protocol.frames import ChunkFrame
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.protocol.signed_plan import PlanHop
-from routing_app.choice import DecisionMode, RouteDecision
+from routing_app.exclusions.probe_verdicts import ProbeAnswer
 from routing_app.models import RouteQuarantine
-from routing_app.planner import RoutePlan
-from routing_app.probing import ProbeAnswer
+from routing_app.planning.route_plan import RoutePlan
+from routing_app.policies.choice import DecisionMode, RouteDecision
 from tests.support.probe_answers import (
     FLOAT32,
     MIXED,

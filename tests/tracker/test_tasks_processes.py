@@ -19,7 +19,7 @@ import httpx
 import pytest
 from celery import Celery
 
-from routing_app.probing import PROBE_TIE_MARGIN
+from routing_app.exclusions.probe_verdicts import PROBE_TIE_MARGIN
 from tests.support.network import Network, start_network
 from tests.support.redis_db import private_redis
 from tracker_app.localnet import ManagedProcess, fresh_process_database, wait_until

@@ -16,7 +16,7 @@ one) is taken to lie, and the proxy bans it and fails over like any failed
 node. An explained claim, or a token the node serves, ends its streak.
 
 The streaks are this tracker process's, like the ban back-off counts
-(:mod:`routing_app.bans`); the bans they lead to reach every tracker.
+(:mod:`routing_app.exclusions.bans`); the bans they lead to reach every tracker.
 """
 
 from __future__ import annotations

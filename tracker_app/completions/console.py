@@ -27,7 +27,7 @@ from typing import Any
 from django.dispatch import Signal
 
 from meshnet_site.events import publish_async
-from routing_app.config import RoutingConfig
+from routing_app.policies.config import RoutePolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def _record_speed(call: dict[str, Any]) -> None:
     tps, model, route = call.get("tokens_per_second"), call.get("model"), call.get("route")
     if not tps or model is None or route is None:
         return
-    if (call.get("tokens") or 0) < RoutingConfig.from_settings().min_sample_tokens:
+    if (call.get("tokens") or 0) < RoutePolicyConfig.from_settings().min_sample_tokens:
         return
     route_series.record(
         model_key=model, signature=route, tokens_per_second=float(tps), at=call["updated_at"]

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from meshnet_site.errors import DomainError, ErrorKind
-from routing_app.bans import node_ban
+from routing_app.exclusions.bans import node_ban
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What a choice does when a hop of its route fails: ban the node, re-route, replay.
 
 If a hop dies mid-generation the node is banned with exponential back-off
-(:mod:`routing_app.bans`; a success clears it) — once for the choices that
+(:mod:`routing_app.exclusions.bans`; a success clears it) — once for the choices that
 were on it together, whose streams all fail at once —, a new route is chosen
 without it for each failed choice (:meth:`Failover.reroute`), and its
 generation resumes on the new head by replaying the prompt plus every token
@@ -23,8 +23,8 @@ from nodes_app.models import LanguageModel
 from nodes_app.plans import plan_sign
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.signed_plan import PlanHop
-from routing_app.bans import node_ban
-from routing_app.choice import RouteDecision
+from routing_app.exclusions.bans import node_ban
+from routing_app.policies.choice import RouteDecision
 from routing_app.services import route_choose
 from tracker_app.completions.generation import Generation
 from tracker_app.completions.head_stream import HopFailure, silence_limit

@@ -33,8 +33,8 @@ from nodes_app.protocol.limits import MAX_STOP_LENGTH
 from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sampling import SEED_MAX, SamplingParams
 from nodes_app.protocol.usage import Usage
-from routing_app.choice import RouteDecision
-from routing_app.planner import Hop
+from routing_app.planning.route_plan import Hop
+from routing_app.policies.choice import RouteDecision
 from tracker_app.billing.pricing import HopWork, request_work
 from tracker_app.completions.parameters import Prompt
 from tracker_app.completions.prompt_tokens import PromptCount

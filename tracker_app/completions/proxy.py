@@ -52,7 +52,7 @@ import httpx
 from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, is_database_outage
 from nodes_app.services import language_model_template_fault
-from routing_app.choice import RouteDecision
+from routing_app.policies.choice import RouteDecision
 from routing_app.services import (
     route_choose,
     route_session_close,

@@ -26,8 +26,8 @@ from django.utils import timezone
 
 from meshnet_site.database import database_call, through_outage
 from nodes_app.models import LanguageModel
-from routing_app.bans import node_bans_clear
-from routing_app.choice import RouteDecision
+from routing_app.exclusions.bans import node_bans_clear
+from routing_app.policies.choice import RouteDecision
 from routing_app.services import route_sample_record
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.billing.pricing import HopWork, invoice, work_merged

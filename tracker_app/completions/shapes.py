@@ -34,7 +34,7 @@ from rest_framework import serializers
 
 from meshnet_site.api_schema import constant
 from routing_app.api import HopOutput
-from routing_app.choice import DecisionMode
+from routing_app.policies.choice import DecisionMode
 
 
 @dataclass(frozen=True)

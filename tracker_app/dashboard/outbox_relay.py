@@ -17,8 +17,12 @@ from django.utils import timezone
 from meshnet_site.events import publish_async
 from meshnet_site.outbox.models import OutboxMessage
 from meshnet_site.outbox.services import outbox_claim
-from routing_app.quarantines import ROUTE_QUARANTINED, ROUTE_RELEASED, route_quarantines_active
-from routing_app.tracker_store import route_stats_store
+from routing_app.exclusions.quarantines import (
+    ROUTE_QUARANTINED,
+    ROUTE_RELEASED,
+    route_quarantines_active,
+)
+from routing_app.learning.tracker_store import route_stats_store
 from tracker_app.billing.audits import REFUND
 from tracker_app.dashboard.live import billing_pushes, routing_refresh
 

@@ -20,10 +20,11 @@ from django.utils import timezone
 
 from nodes_app.events import node_row
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
-from routing_app.config import RoutingConfig
-from routing_app.planner import NodeRecord, uncovered_layers
-from routing_app.table import routing_table
-from routing_app.tracker_store import route_stats_store
+from routing_app.learning.tracker_store import route_stats_store
+from routing_app.planning.route_plan import NodeRecord
+from routing_app.planning.search import uncovered_layers
+from routing_app.policies.config import RoutePolicyConfig
+from routing_app.selectors import routing_table
 from tracker_app.completions import console
 from tracker_app.models import ApiKey, BillingRecord, ChatRequest, RequestStatus, WorkUnit
 
@@ -104,7 +105,7 @@ def routing_section(*, model_key: str | None = None) -> dict[str, Any]:
     as this tracker saw them.
     """
     table = routing_table(
-        model_key=model_key, store=route_stats_store(), config=RoutingConfig.from_settings()
+        model_key=model_key, store=route_stats_store(), config=RoutePolicyConfig.from_settings()
     )
     for model in table["models"]:
         model["series"] = console.route_series.for_model(model["model"])

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from meshnet_site.errors import http_error
-from routing_app.load import route_load
+from routing_app.policies.load import route_load
 from tests.support.fake_heads import (
     Behaviour,
     Net,

@@ -9,7 +9,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, ParsedMessage, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from routing_app.choice import NoRouteAvailable
+from routing_app.policies.choice import NoRouteAvailable
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.messages_answer import MessagesAnswer
 from tracker_app.completions.messages_request import messages_params_parse

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from routing_app.planner import NodeRecord, enumerate_routes
+from routing_app.planning.route_plan import NodeRecord
+from routing_app.planning.search import enumerate_routes
 from tracker_app.localnet.topology import TopologyError, topology_load
 
 

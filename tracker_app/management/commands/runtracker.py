@@ -300,7 +300,7 @@ class Command(BaseCommand):
 
     def start_background(self, ready_line: str | None) -> None:
         """Before serving: restore the learned routes, relay the workers' events, say so."""
-        from routing_app.tracker_store import route_stats_store
+        from routing_app.learning.tracker_store import route_stats_store
         from tracker_app.dashboard.outbox_relay import outbox_relay_start
 
         route_stats_store()
