@@ -8,7 +8,6 @@ from typing import Any
 from drf_spectacular.generators import SchemaGenerator
 
 from tracker_app.completions.shapes import (
-    ChatCompletion,
     ChatCompletionChunk,
     ChatTokenLogprob,
     ChatTopLogprob,
