@@ -17,7 +17,7 @@ node's queue changed since the last decision: the kept routes planned and
 ranked again, what a busy tracker sees between heartbeats) and ``miss``
 (every decision enumerates: a topology change, or the routes selected again
 after ``RESELECT_SECONDS``; this is also the decision before the cache).
-Each is timed against the 1 ms budget of issue 4, and hit and rescored
+Each is timed against a decision's 1 ms budget (ADR-0003), and hit and rescored
 against miss, the three interleaved a decision each (so the machine's load
 falls on all three alike). Standalone: ``.venv/bin/python bench/bench_choose_route.py``.
 """

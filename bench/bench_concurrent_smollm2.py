@@ -2,8 +2,8 @@
 
 A tracker and two SmolLM2 nodes (layers 0-14, 15-29; one torch thread each,
 their default session cap) on loopback. The same greedy chats run one at a
-time (the baseline: one chat alone, its tokens/s), then 8 at once (issue 14:
-target aggregate >= 3× one chat alone) and 32 at once (reported; past the
+time (the baseline: one chat alone, its tokens/s), then 8 at once (target:
+aggregate >= 3× one chat alone) and 32 at once (reported; past the
 nodes' session cap the tracker queues them). Every concurrent answer must
 equal its chat's lone answer, token for token (bench/chat_load.py).
 

@@ -34,8 +34,8 @@ from tracker_app.localnet import LocalNetwork, NodeProcess
 MODEL = "tiny-random-llama"
 NEW_TOKENS = 256
 RUNS = 5
-TARGET_DIRECT = 0.85  # 2 nodes ÷ 1 node straight from the head (issue 27)
-TARGET_TRACKER = 0.8  # ... through the tracker (issue 27)
+TARGET_DIRECT = 0.85  # 2 nodes ÷ 1 node straight from the head
+TARGET_TRACKER = 0.8  # ... through the tracker
 MESSAGES = [{"role": "user", "content": "Tell me about meshes."}]
 
 

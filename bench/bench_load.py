@@ -9,9 +9,8 @@ one), and the same chats one at a time as the baseline, side by side.
 
 Prints time to first token p50/p99, aggregate tokens/s of both runs and
 their ratio, and the tracker's memory (idle before, peak, idle after), with
-the targets: aggregate >= 5× one chat alone (issue 14), TTFT p99 under 2 s
-(issue 27; issue 14 asked 5 s), the tracker's memory back to its baseline
-after the load.
+the targets: aggregate >= 5× one chat alone, TTFT p99 under 2 s, the
+tracker's memory back to its baseline after the load (docs/BENCHMARKS.md).
 PostgreSQL when DATABASE_URL points at one (a fresh database there), else
 SQLite; Redis when REDIS_URL is set, else the embedded mode.
 

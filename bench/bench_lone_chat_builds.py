@@ -1,13 +1,14 @@
 """One lone tiny chat through the tracker: this build ÷ a baseline build, side by side.
 
-Checks the baseline commit (argument, default ``159cbfe``: before issue 14)
+Checks the baseline commit (argument, default ``159cbfe``: before continuous
+batching, ADR-0010)
 out into a temporary git worktree and starts the same network from each
 tree — a tracker and two tiny-model nodes (layers 0-1, 2-3), each tree's own
 ``tracker_app.localnet`` in a process of its own — then streams the same
 greedy chat, one at a time, in alternating rounds: a round on one build, a
 round on the other. Tokens/s counts the whole request as the client sees it
-(prefill included); each build's figure is the median of its rounds. Target
-(issue 14): this build >= 0.97 × the baseline. Both answers must be equal.
+(prefill included); each build's figure is the median of its rounds. Target:
+this build >= 0.97 × the baseline. Both answers must be equal.
 
     .venv/bin/python bench/bench_lone_chat_builds.py [BASELINE] [--rounds 7] [--chats 5]
 """

@@ -9,8 +9,8 @@ with the nodes' two shard runners one after the other in this process (one
 torch thread each time, as each node has). Tokens/s counts the whole
 request, prefill included, on every side; beside them, the CPU each spends
 per token (``/proc`` for the processes). Prints each and the ratios
-tracker / direct (target >= 0.95, issue 14) and tracker / generate (target
->= 0.97, issue 27), in two layouts run one after the other: every process
+tracker / direct (target >= 0.95) and tracker / generate (target >= 0.97),
+in two layouts run one after the other: every process
 left to the OS scheduler (the target's figure), and both nodes and this
 process's model work on one CPU with the tracker and the client on the
 other (what the route costs without the scheduler moving a waking process
@@ -39,8 +39,8 @@ from tracker_app.localnet import LocalNetwork
 MODEL = "smollm2-135m"
 TOKENS = 64
 ROUNDS = 5
-TARGET_DIRECT = 0.95  # through the tracker ÷ straight from the head (issue 14)
-TARGET_GENERATE = 0.97  # through the tracker ÷ generate in one process (issue 27)
+TARGET_DIRECT = 0.95  # through the tracker ÷ straight from the head
+TARGET_GENERATE = 0.97  # through the tracker ÷ generate in one process
 MESSAGES = [{"role": "user", "content": "Write a short poem about distributed computing."}]
 
 

@@ -1,4 +1,4 @@
-"""SmolLM2's decode speed with a JSON schema ÷ without, through the tracker (issue 28).
+"""SmolLM2's decode speed with a JSON schema ÷ without, through the tracker (ADR-0022).
 
 A tracker and two SmolLM2 nodes (layers 0-14, 15-29; one torch thread each)
 on loopback; the tail follows the schema's grammar (ADR-0022). Rounds

@@ -20,7 +20,7 @@ once: the tracker's CPU ms per relayed token when many streams share it.
 Every answer through the tracker must be the lone greedy answer of its
 prompt and be recorded completed and billed once (``chat_load.ledger_problems``).
 
-Targets (issue 27): <= 5 ms per chat, <= 0.3 ms per token.
+Targets: <= 5 ms per chat, <= 0.3 ms per token.
 PostgreSQL when DATABASE_URL points at one (a fresh database there), else
 SQLite; Redis when REDIS_URL is set, else the embedded mode.
 ``--profile DIR`` also records the tracker with py-spy (``--format raw``:

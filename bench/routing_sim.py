@@ -8,7 +8,7 @@ topologies, the workload, the simulator; this script runs them and reports.
 Two parts. The event runs: two topologies (ADR-0020's GPU head + CPU full
 node, and a five-node mesh) whose nodes' *true* speed differs from the
 benchmark they advertise (the prior), with four events. The replica runs
-(issue 26): three replicas per stage over two and over three stages, and
+(ADR-0018): three replicas per stage over two and over three stages, and
 ``make demo``'s mixed topology (head 0-14, tail 15-29, full 0-29), steady.
 Requests arrive as a Poisson stream,
 each generating 16-256 tokens. A session's speed is the inverse of its
@@ -71,7 +71,7 @@ print, beside the ratio to the all-routes oracle, the decode steps/s served
 (prefill included) from a fifth of the run to the last arrival ÷ the bound,
 the same oracle over the planner's candidates only (what the enumeration
 costs), the routes the planner does not offer, and the share of requests
-through each node. Then the issue's targets, pass or fail: with 3 replicas
+through each node. Then the replica runs' targets, pass or fail: with 3 replicas
 per stage, served when saturated ≥ 0.8 × the bound; the default policy ≥ 0.9
 of the all-routes oracle near capacity and ≥ 0.95 at light load (on every
 replica topology). Like the other benchmarks, it prints a target's failure
@@ -182,7 +182,7 @@ def report(results: dict[str, list[RunResult]]) -> None:
             print(f"    {event:9} {describe(answers, settled)}")
 
 
-# The replica runs (issue 26): policies, loads (share of the capacity bound), targets.
+# The replica runs (ADR-0018): policies, loads (share of the capacity bound), targets.
 REPLICA_POLICIES: list[tuple[str, RoutePolicyConfig | None]] = [
     ("thompson-load (ADR-0011 default)", THOMPSON),
     (ROUND_ROBIN, None),
@@ -260,9 +260,9 @@ def versus_oracle(runs: dict[str, list[RunResult]]) -> float:
 
 
 def replica_section(seeds: int, requests: int) -> None:
-    """The issue 26 runs and their targets, pass or fail."""
+    """The replica runs and their targets, pass or fail."""
     print(
-        f"\nreplicas (issue 26): seeds 1-{seeds} x {requests} requests, no events; "
+        f"\nreplicas: seeds 1-{seeds} x {requests} requests, no events; "
         "columns: mean ratio to the all-routes oracle's throughput [lowest-highest seed], "
         "decode steps/s served (prefill included) from a fifth of the run to the last "
         "arrival ÷ the capacity bound, p50/p99 end-to-end latency (s)"
@@ -288,14 +288,14 @@ def replica_section(seeds: int, requests: int) -> None:
                 LIGHT_TARGET,
             )
         )
-    print(f"\ntargets (issue 26), {DEFAULT}:")
+    print(f"\ntargets, {DEFAULT}:")
     for what, figure, target in rows:
         verdict = "pass" if figure >= target else "FAIL"
         print(f"    {what:45} {figure:6.3f}  >= {target:.2f}  {verdict}")
 
 
 def event_section(seeds: int, requests: int) -> None:
-    """The event runs (issue 16's settings): pair and mesh, every load, both seed sets."""
+    """The event runs (ADR-0011's settings): pair and mesh, every load, both seed sets."""
     at = ", ".join(f"{requests * (i + 1) // 5} ({event})" for i, event in enumerate(EVENTS))
     print(
         f"routing simulator: {seeds} tuning + {seeds} held-out seeds x "

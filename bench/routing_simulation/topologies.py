@@ -329,9 +329,10 @@ class Network:
         return min(stages)
 
     def capacity_rps(self) -> float:
-        """Requests/s the event runs' load levels are shares of (issue 16's estimate, kept so
-        their arrival rates stay as they were): node-disjoint candidates, fastest first,
-        each at its speed alone times the batching gain at the cap."""
+        """Requests/s the event runs' load levels are shares of (the estimate ADR-0011's
+        runs used, kept so their arrival rates stay as they were): node-disjoint
+        candidates, fastest first, each at its speed alone times the batching gain at
+        the cap."""
         used: set[str] = set()
         tokens_per_second = 0.0
         for plan in sorted(self.candidates(), key=self.session_tps, reverse=True):

@@ -30,7 +30,7 @@ from meshnet_site.errors import DomainError, http_error
 from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.shapes import MeshnetRoute, Usage
+from tracker_app.completions.shapes import CompletionUsage, MeshnetRoute
 from tracker_app.completions.tools import AnswerCalls, ToolUse, calls_of
 
 
@@ -47,14 +47,18 @@ class Answer(Protocol):
         ...
 
     def finish(
-        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+        self,
+        choice: int,
+        finish_reason: str,
+        usage: CompletionUsage | None,
+        stop: str | None = None,
     ) -> bytes:
         """The event that ends ``choice``; the request's last one carries ``usage``.
         ``stop``: the stop sequence that ended it, if one did."""
         ...
 
     def reply(
-        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+        self, generations: Sequence[Generation], usage: CompletionUsage, meshnet: MeshnetRoute
     ) -> Mapping[str, object]:
         """The whole answer (``stream: false``), its choices in order."""
         ...

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any, cast
 
 from meshnet_site.errors import DomainError
-from nodes_app.protocol.logprobs import TokenLogprob as TokenLogprobEntry
+from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sse import sse_event
 from tracker_app.completions.answers import HeldCalls, TextEvents, openai_failed
 from tracker_app.completions.generation import Generation, Piece
@@ -35,15 +35,15 @@ from tracker_app.completions.shapes import (
     ChatCompletionChunk,
     ChatDelta,
     ChatFinishReason,
+    ChatTokenLogprob,
+    ChatTopLogprob,
     ChoiceLogprobs,
+    CompletionUsage,
     FinishReason,
     FunctionDelta,
     MeshnetRoute,
-    TokenLogprob,
     ToolCall,
     ToolCallDelta,
-    TopLogprob,
-    Usage,
 )
 
 
@@ -57,7 +57,7 @@ def choice_chunk(
     finish_reason: ChatFinishReason | None = None,
     logprobs: ChoiceLogprobs | None = None,
     meshnet: MeshnetRoute | None = None,
-    usage: Usage | None = None,
+    usage: CompletionUsage | None = None,
 ) -> ChatCompletionChunk:
     """A ``chat.completion.chunk`` of choice ``choice``; ``logprobs``, ``meshnet`` and
     ``usage`` only where given."""
@@ -79,9 +79,9 @@ def choice_chunk(
     return chunk
 
 
-def token_logprob(entry: TokenLogprobEntry) -> TokenLogprob:
+def token_logprob(entry: TokenLogprob) -> ChatTokenLogprob:
     """One token's entry of a choice's ``logprobs.content``, its alternatives best first."""
-    tops: list[TopLogprob] = [
+    tops: list[ChatTopLogprob] = [
         {"token": top.token, "logprob": top.logprob, "bytes": list(top.utf8)}
         for top in entry.top_logprobs
     ]
@@ -158,7 +158,11 @@ class ChatAnswer:
         return sse_event(self._chunk(piece.choice, delta={"content": piece.text}, logprobs=content))
 
     def finish(
-        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+        self,
+        choice: int,
+        finish_reason: str,
+        usage: CompletionUsage | None,
+        stop: str | None = None,
     ) -> bytes:
         made = self._calls.release(choice)
         before = b""
@@ -208,7 +212,7 @@ class ChatAnswer:
         )
 
     def reply(
-        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+        self, generations: Sequence[Generation], usage: CompletionUsage, meshnet: MeshnetRoute
     ) -> ChatCompletion:
         return ChatCompletion(
             id=self.completion_id,

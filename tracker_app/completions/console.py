@@ -273,9 +273,3 @@ def _record_speed(call: dict[str, Any]) -> None:
 def calls_in_flight() -> list[dict[str, Any]]:
     """This tracker's requests still processing, with their live progress."""
     return _calls.in_flight()
-
-
-def call_wall(book: CallBook | None = None, *, recent: int = 20) -> dict[str, Any]:
-    """The Call wall as this process saw it: in-flight requests, then the latest finished."""
-    book = book or _calls
-    return {"in_flight": book.in_flight(), "recent": book.finished(limit=recent)}

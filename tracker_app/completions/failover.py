@@ -5,9 +5,11 @@ If a hop dies mid-generation the node is banned with exponential back-off
 were on it together, whose streams all fail at once —, a new route is chosen
 without it for each failed choice (:meth:`Failover.reroute`), and its
 generation resumes on the new head by replaying the prompt plus every token
-already produced (:func:`replay_request`): the client's stream goes on with
-no gap and no repeated token. Each choice fails over on its own, at most
-:data:`MAX_FAILOVERS` times; a pinned route never does (:class:`UpstreamFailed`).
+already produced (:func:`replay_request`; a choice's first send is built by
+:func:`~tracker_app.completions.head_stream.head_request`): the client's
+stream goes on with no gap and no repeated token. Each choice fails over on
+its own, at most :data:`MAX_FAILOVERS` times; a pinned route never does
+(:class:`UpstreamFailed`).
 """
 
 from __future__ import annotations
@@ -15,19 +17,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from django.conf import settings
-
 from meshnet_site.database import database_call
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.models import LanguageModel
-from nodes_app.plans import plan_sign
 from nodes_app.protocol.generate import GenerateRequest
-from nodes_app.protocol.signed_plan import PlanHop
 from routing_app.exclusions.bans import node_ban
 from routing_app.policies.choice import RouteDecision
 from routing_app.services import route_choose
 from tracker_app.completions.generation import Generation
-from tracker_app.completions.head_stream import HopFailure, silence_limit
+from tracker_app.completions.head_stream import HopFailure, head_request
 from tracker_app.completions.parameters import GenerationParams
 
 logger = logging.getLogger(__name__)
@@ -101,42 +99,18 @@ def replay_request(
     request_id: str,
     lasts: float | None = None,
 ) -> GenerateRequest:
-    """What the head of ``generation``'s route is sent: its prompt and every token it has
-    produced so far (none on its first route), signed afresh for every send, as a retry
-    or a failover opens new sessions; kept as ``generation.sent``. The plan lets each
-    hop hold what this send needs by the tracker's own count of the prompt, for as long
-    as the tracker waits for it and never past ``lasts`` seconds, what the request's
-    deadline leaves (``nodes_app.plans.plan_sign``)."""
-    plan = generation.route.plan
-    prompt = generation.prompt
-    request = GenerateRequest(
+    """What the head of ``generation``'s route is sent to resume it (on a new route, or
+    on its own after a wait for a slot): its prompt and every token it has produced so
+    far, built and signed as every send is
+    (:func:`~tracker_app.completions.head_stream.head_request`)."""
+    return head_request(
+        generation,
+        params=params,
         request_id=request_id,
-        model=plan.model_key,
-        hops=tuple(
-            PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer) for hop in plan.hops
-        ),
-        messages=[] if isinstance(prompt, str) else prompt,
-        prompt=prompt if isinstance(prompt, str) else None,
-        max_tokens=params.max_tokens,
-        sampling=generation.sampling,
-        stop=params.stop,
-        resume_token_ids=list(generation.token_ids),
-        logprobs=params.logprobs,
-        top_logprobs=params.top_logprobs,
+        lasts=lasts,
+        resume_token_ids=generation.token_ids,
         echo=_echo_asked(generation, params),
-        tools=[dict(tool) for tool in params.template_tools],
     )
-    silence = silence_limit(
-        step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,
-        hops=len(plan.hops),
-        positions=generation.prompt_count.tokens + len(generation.token_ids),
-        echo=request.echo,
-    )
-    signed = plan_sign(
-        request, prompt_tokens=generation.prompt_count.tokens, silence=silence, lasts=lasts
-    )
-    generation.sent = signed
-    return signed
 
 
 def _echo_asked(generation: Generation, params: GenerationParams) -> bool:

@@ -90,7 +90,7 @@ class Generation:
     """One choice: its prompt, its sampling, and everything produced for it so far.
 
     ``sent`` is what its current route's head was last sent
-    (:func:`~tracker_app.completions.failover.replay_request` sets it): the
+    (:func:`~tracker_app.completions.head_stream.head_request` sets it): the
     stop sequences and budget the relayed text is held to, and what the
     probe re-runs (``tracker_app.served_answers``).
     """

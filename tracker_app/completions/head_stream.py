@@ -1,9 +1,13 @@
-"""Reading one head's ``/v1/generate`` stream, and what each way it can go wrong means.
+"""Sending one head its ``/v1/generate`` request, reading its stream, and what each way
+it can go wrong means.
 
-:func:`head_stream` sends a :class:`~nodes_app.protocol.generate.GenerateRequest` to
-its hop 0 and yields the head's chunk frames as they arrive. It ends
-normally only after a frame with a ``finish_reason``; otherwise it raises
-one of three things, each asking the caller for a different response:
+:func:`head_request` builds and signs what a head is sent: a choice's first
+send, and (given the tokens to resume from) a failover's replay
+(:func:`~tracker_app.completions.failover.replay_request`). :func:`head_stream`
+sends a :class:`~nodes_app.protocol.generate.GenerateRequest` to its hop 0
+and yields the head's chunk frames as they arrive. It ends normally only
+after a frame with a ``finish_reason``; otherwise it raises one of three
+things, each asking the caller for a different response:
 
 - :class:`HeadRefused` (a domain error, 400 or 413): the head refused the
   request itself (too long for the context, a template that rejects the
@@ -41,20 +45,25 @@ for operators.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import cast
 
 import httpx
+from django.conf import settings
 from rest_framework import status
 
 from meshnet_site.errors import DomainError, ErrorKind
+from nodes_app.plans import plan_sign
 from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.errors import BAD_GRAMMAR, HOP_TIMED_OUT, ProtocolError, relayable_code
 from nodes_app.protocol.frames import ChunkFrame, ErrorFrame, parse_frame
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.limits import GENERATE_MAX_PROMPT_CHARS, step_time_limit
+from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.protocol.sse import SSE_DONE, sse_data
+from tracker_app.completions.generation import Generation
+from tracker_app.completions.parameters import GenerationParams
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +134,55 @@ def silence_limit(*, step_timeout: float, hops: int, positions: int, echo: bool 
     """
     each = step_time_limit(step_timeout, positions)
     return hops * each + step_time_limit(step_timeout, positions, echo=echo)
+
+
+def head_request(
+    generation: Generation,
+    *,
+    params: GenerationParams,
+    request_id: str,
+    lasts: float | None = None,
+    resume_token_ids: Sequence[int] = (),
+    echo: bool | None = None,
+) -> GenerateRequest:
+    """What the head of ``generation``'s current route is sent: its prompt, and the tokens
+    it resumes from (``resume_token_ids``: none on a first send), the prompt's scores
+    asked when ``echo`` (by default when the request scores its prompt). Signed afresh
+    for every send, as a retry or a failover opens new sessions; kept as
+    ``generation.sent``. The plan lets each hop hold what this send needs by the
+    tracker's own count of the prompt, for as long as the tracker waits for it and
+    never past ``lasts`` seconds, what the request's deadline leaves
+    (``nodes_app.plans.plan_sign``)."""
+    plan = generation.route.plan
+    prompt = generation.prompt
+    request = GenerateRequest(
+        request_id=request_id,
+        model=plan.model_key,
+        hops=tuple(
+            PlanHop(hop.node_id, hop.endpoint, hop.start_layer, hop.end_layer) for hop in plan.hops
+        ),
+        messages=[] if isinstance(prompt, str) else prompt,
+        prompt=prompt if isinstance(prompt, str) else None,
+        max_tokens=params.max_tokens,
+        sampling=generation.sampling,
+        stop=params.stop,
+        resume_token_ids=list(resume_token_ids),
+        logprobs=params.logprobs,
+        top_logprobs=params.top_logprobs,
+        echo=params.prompt_scored if echo is None else echo,
+        tools=[dict(tool) for tool in params.template_tools],
+    )
+    silence = silence_limit(
+        step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,
+        hops=len(plan.hops),
+        positions=generation.prompt_count.tokens + len(resume_token_ids),
+        echo=request.echo,
+    )
+    signed = plan_sign(
+        request, prompt_tokens=generation.prompt_count.tokens, silence=silence, lasts=lasts
+    )
+    generation.sent = signed
+    return signed
 
 
 class GrammarNotFollowed(DomainError):

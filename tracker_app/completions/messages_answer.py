@@ -28,7 +28,7 @@ from meshnet_site.errors import DomainError, anthropic_error_body
 from tracker_app.completions.answers import HeldCalls, TextEvents, sse_named
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.shapes import MeshnetRoute, ToolCall, Usage
+from tracker_app.completions.shapes import CompletionUsage, MeshnetRoute, ToolCall
 from tracker_app.completions.tools import AnswerCalls
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
@@ -84,7 +84,7 @@ def stop_reason(finish_reason: str, made: AnswerCalls | None, stop: str | None) 
     return "stop_sequence" if stop is not None else "end_turn"
 
 
-def _usage(usage: Usage) -> MessageUsage:
+def _usage(usage: CompletionUsage) -> MessageUsage:
     return MessageUsage(
         input_tokens=usage["prompt_tokens"], output_tokens=usage["completion_tokens"]
     )
@@ -156,7 +156,11 @@ class MessagesAnswer:
         return before + self._text.event(piece.text)
 
     def finish(
-        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+        self,
+        choice: int,
+        finish_reason: str,
+        usage: CompletionUsage | None,
+        stop: str | None = None,
     ) -> bytes:
         events = []
         if self._text is not None:
@@ -199,7 +203,7 @@ class MessagesAnswer:
         return b"".join(events)
 
     def reply(
-        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+        self, generations: Sequence[Generation], usage: CompletionUsage, meshnet: MeshnetRoute
     ) -> Message:
         [generation] = generations
         text = generation.content

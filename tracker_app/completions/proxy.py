@@ -71,6 +71,7 @@ from tracker_app.completions.head_stream import (
     HopFailure,
     RouteBusy,
     head_batches,
+    head_request,
     silence_limit,
 )
 from tracker_app.completions.interleaving import interleaved
@@ -482,9 +483,20 @@ class CompletionProxy:
         raise HopFailure if one of its nodes fails."""
         segment = generation.segments[-1]
         plan = segment.decision.plan
-        request = replay_request(
-            generation, params=self.params, request_id=self.request_id, lasts=self.deadline.left()
-        )
+        if generation.token_ids or generation.echoed:  # streamed before: resume it
+            request = replay_request(
+                generation,
+                params=self.params,
+                request_id=self.request_id,
+                lasts=self.deadline.left(),
+            )
+        else:
+            request = head_request(
+                generation,
+                params=self.params,
+                request_id=self.request_id,
+                lasts=self.deadline.left(),
+            )
 
         async def connected() -> None:
             # The route's clock starts. Waiting for a slot is over only at the first

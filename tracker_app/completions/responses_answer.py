@@ -30,7 +30,7 @@ from meshnet_site.errors import DomainError, http_error
 from tracker_app.completions.answers import HeldCalls, sse_named
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.shapes import MeshnetRoute, ToolCall, Usage
+from tracker_app.completions.shapes import CompletionUsage, MeshnetRoute, ToolCall
 from tracker_app.completions.tools import AnswerCalls
 
 Status = Literal["in_progress", "completed", "incomplete"]
@@ -116,7 +116,7 @@ def _status(finish_reason: str, made: AnswerCalls | None) -> Status:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def _usage(usage: Usage) -> ResponseUsage:
+def _usage(usage: CompletionUsage) -> ResponseUsage:
     return ResponseUsage(
         input_tokens=usage["prompt_tokens"],
         input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
@@ -151,7 +151,7 @@ class ResponsesAnswer:
         self,
         status: Status,
         output: list[MessageItem | FunctionCallItem],
-        usage: Usage | None,
+        usage: CompletionUsage | None,
         meshnet: MeshnetRoute | None,
     ) -> Response:
         response = Response(
@@ -215,7 +215,11 @@ class ResponsesAnswer:
         )
 
     def finish(
-        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+        self,
+        choice: int,
+        finish_reason: str,
+        usage: CompletionUsage | None,
+        stop: str | None = None,
     ) -> bytes:
         made = self._calls.release(choice)
         status = _status(finish_reason, made)
@@ -268,7 +272,7 @@ class ResponsesAnswer:
         return b"".join(events)
 
     def reply(
-        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+        self, generations: Sequence[Generation], usage: CompletionUsage, meshnet: MeshnetRoute
     ) -> Response:
         [generation] = generations
         text = generation.content

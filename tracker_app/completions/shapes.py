@@ -7,8 +7,9 @@ declaration, and a ``TypedDict`` costs nothing at run time (it is a plain
 dict: a streamed token pays no more than a dict literal). :func:`component`
 turns the same declaration into the drf-spectacular serializer that the
 OpenAPI schema documents (:mod:`~tracker_app.completions.schema`): the class
-name is the component's name, the docstring its description, and what a
-type cannot say (a count is never negative) rides as ``Annotated`` metadata.
+name is the component's name (but for the few :data:`COMPONENT_NAMES` renames),
+the docstring its description, and what a type cannot say (a count is never
+negative) rides as ``Annotated`` metadata.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ FinishReason = Literal["stop", "length"]
 ChatFinishReason = Literal["stop", "length", "tool_calls"]
 
 
-class Usage(TypedDict):
+# A chat or text completion's ``usage``: the tokens it is billed for.
+class CompletionUsage(TypedDict):
     prompt_tokens: Count
     completion_tokens: Count
     total_tokens: Count
@@ -110,20 +112,22 @@ class AssistantMessage(TypedDict):
     tool_calls: NotRequired[list[ToolCall]]
 
 
-class TopLogprob(TypedDict):
+# One of a chat token's ``top_logprobs``.
+class ChatTopLogprob(TypedDict):
     token: str
     logprob: float
     bytes: list[Annotated[int, Bounds(minimum=0, maximum=255)]]
 
 
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
+# A chat token's entry of ``logprobs.content``.
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
 
 
 class ChoiceLogprobs(TypedDict):
     """With ``logprobs: true``: each token's log-probability, and its ``top_logprobs``."""
 
-    content: list[TokenLogprob]
+    content: list[ChatTokenLogprob]
 
 
 class ChatChoice(TypedDict):
@@ -139,7 +143,7 @@ class ChatCompletion(TypedDict):
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: Usage
+    usage: CompletionUsage
     meshnet: MeshnetRoute
 
 
@@ -167,7 +171,7 @@ class ChatCompletionChunk(TypedDict):
     model: str
     choices: list[ChatChunkChoice]
     meshnet: NotRequired[MeshnetRoute]
-    usage: NotRequired[Usage]
+    usage: NotRequired[CompletionUsage]
 
 
 class LegacyLogprobs(TypedDict):
@@ -193,7 +197,7 @@ class TextCompletion(TypedDict):
     created: int
     model: str
     choices: list[TextChoice]
-    usage: Usage
+    usage: CompletionUsage
     meshnet: MeshnetRoute
 
 
@@ -214,12 +218,12 @@ class TextCompletionChunk(TypedDict):
     model: str
     choices: list[TextChunkChoice]
     meshnet: NotRequired[MeshnetRoute]
-    usage: NotRequired[Usage]
+    usage: NotRequired[CompletionUsage]
 
 
-def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage_of(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
     """A request's ``usage``: what it is billed for."""
-    return Usage(
+    return CompletionUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
@@ -229,6 +233,14 @@ def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
 # --- the schema's view of the same declarations --------------------------------------
 
 Serializer = serializers.Serializer[dict[str, Any]]
+# The shapes whose component is not named as the class: the document calls them as
+# OpenAI's does, and the classes say they are the client's JSON, not the protocol's
+# dataclasses of the same names (``nodes_app.protocol.usage``, ``….logprobs``).
+COMPONENT_NAMES: dict[type, str] = {
+    CompletionUsage: "Usage",
+    ChatTopLogprob: "TopLogprob",
+    ChatTokenLogprob: "TokenLogprob",
+}
 _components: dict[type, type[Serializer]] = {}
 
 
@@ -236,14 +248,15 @@ def component(shape: type) -> type[Serializer]:
     """The serializer documenting ``shape`` (a ``TypedDict`` above) as a named schema
     component: one class per shape, however often it is nested."""
     if shape not in _components:
+        name = COMPONENT_NAMES.get(shape, shape.__name__)
         hints = get_type_hints(shape, include_extras=True)
         # NotRequired (read from the hint: under postponed annotations Python 3.11's
         # ``__optional_keys__`` misses it) or a ``total=False`` shape.
         optional: frozenset[str] = getattr(shape, "__optional_keys__", frozenset())
         fields = {name: _field(hint, required=name not in optional) for name, hint in hints.items()}
-        serializer = type(shape.__name__, (serializers.Serializer,), fields)
+        serializer = type(name, (serializers.Serializer,), fields)
         serializer.__doc__ = shape.__doc__
-        _components[shape] = extend_schema_serializer(component_name=shape.__name__)(serializer)
+        _components[shape] = extend_schema_serializer(component_name=name)(serializer)
     return _components[shape]
 
 

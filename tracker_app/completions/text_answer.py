@@ -22,6 +22,7 @@ from tracker_app.completions.answers import TextEvents, openai_failed
 from tracker_app.completions.generation import Generation, Piece
 from tracker_app.completions.parameters import GenerationParams, Prompt
 from tracker_app.completions.shapes import (
+    CompletionUsage,
     FinishReason,
     LegacyLogprobs,
     MeshnetRoute,
@@ -29,7 +30,6 @@ from tracker_app.completions.shapes import (
     TextChunkChoice,
     TextCompletion,
     TextCompletionChunk,
-    Usage,
 )
 
 
@@ -133,7 +133,7 @@ class TextCompletionAnswer:
         finish_reason: FinishReason | None = None,
         logprobs: LegacyLogprobs | None = None,
         meshnet: MeshnetRoute | None = None,
-        usage: Usage | None = None,
+        usage: CompletionUsage | None = None,
     ) -> TextCompletionChunk:
         # Literals typed by their declarations: mypy checks them, and they cost what a
         # dict does (a streamed token's chunk is built here).
@@ -171,7 +171,11 @@ class TextCompletionAnswer:
         return sse_event(self._chunk(piece.choice, piece.text, logprobs=logprobs))
 
     def finish(
-        self, choice: int, finish_reason: str, usage: Usage | None, stop: str | None = None
+        self,
+        choice: int,
+        finish_reason: str,
+        usage: CompletionUsage | None,
+        stop: str | None = None,
     ) -> bytes:
         return sse_event(self._chunk(choice, "", cast(FinishReason, finish_reason), usage=usage))
 
@@ -179,7 +183,7 @@ class TextCompletionAnswer:
         return openai_failed(error)
 
     def reply(
-        self, generations: Sequence[Generation], usage: Usage, meshnet: MeshnetRoute
+        self, generations: Sequence[Generation], usage: CompletionUsage, meshnet: MeshnetRoute
     ) -> TextCompletion:
         return TextCompletion(
             id=self.completion_id,

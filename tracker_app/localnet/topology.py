@@ -49,11 +49,6 @@ class NodeSpec:
     threads: int | None = 1
     device: str = "cpu"
 
-    @property
-    def layers_text(self) -> str:
-        """``layers`` as the command line writes them (``"A-B"``)."""
-        return f"{self.layers[0]}-{self.layers[1]}"
-
 
 @dataclass(frozen=True)
 class Topology:

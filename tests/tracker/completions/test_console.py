@@ -8,13 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracker_app.completions import console
-from tracker_app.completions.console import (
-    CallBook,
-    ConsoleEvent,
-    ConsoleRing,
-    RouteSeries,
-    call_wall,
-)
+from tracker_app.completions.console import CallBook, ConsoleEvent, ConsoleRing, RouteSeries
 
 
 def event(kind: str, request_id: str, at: float = 0.0, **data: Any) -> ConsoleEvent:
@@ -54,16 +48,16 @@ def test_the_call_wall_shows_in_flight_requests_live_and_the_finished_ones() -> 
     book.apply(event(console.ROUTE_SELECTED, "broken", 6, mode="pinned", signature="m | c[0-3]"))
     book.apply(event(console.ERROR, "broken", 7, message="hop c failed"))
 
-    wall = call_wall(book)
+    [busy] = book.in_flight()
+    recent = book.finished(limit=20)
 
-    [busy] = wall["in_flight"]
     assert busy["request_id"] == "busy" and busy["state"] == "processing"
     assert (busy["tokens"], busy["tokens_per_second"], busy["mode"]) == (12, 15.0, "exploit")
     assert busy["api"] == "messages"
-    assert [c["request_id"] for c in wall["recent"]] == ["broken", "done"]
-    assert (wall["recent"][0]["state"], wall["recent"][0]["error"]) == ("failed", "hop c failed")
-    assert (wall["recent"][1]["state"], wall["recent"][1]["tokens"]) == ("completed", 30)
-    assert wall["recent"][1]["route"] == "m | b[0-3]"
+    assert [c["request_id"] for c in recent] == ["broken", "done"]
+    assert (recent[0]["state"], recent[0]["error"]) == ("failed", "hop c failed")
+    assert (recent[1]["state"], recent[1]["tokens"]) == ("completed", 30)
+    assert recent[1]["route"] == "m | b[0-3]"
 
 
 def test_a_finished_request_never_goes_back_to_processing() -> None:
@@ -81,10 +75,8 @@ def test_the_call_book_forgets_the_oldest_finished_requests_first() -> None:
     for n in range(4):
         book.apply(event(console.COMPLETE, f"done-{n}", 2 + n))
 
-    wall = call_wall(book)
-
-    assert [c["request_id"] for c in wall["in_flight"]] == ["still-running"]
-    assert [c["request_id"] for c in wall["recent"]] == ["done-3", "done-2"]
+    assert [c["request_id"] for c in book.in_flight()] == ["still-running"]
+    assert [c["request_id"] for c in book.finished(limit=20)] == ["done-3", "done-2"]
 
 
 def test_the_route_series_keeps_the_last_minutes_of_each_routes_speed() -> None:

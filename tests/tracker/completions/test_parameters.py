@@ -37,7 +37,6 @@ from tracker_app.completions.parameters import (
 )
 from tracker_app.completions.schema import refused_parameters
 from tracker_app.completions.text_request import (
-    TEXT_DEFAULT_MAX_TOKENS,
     text_completion_params_parse,
 )
 
@@ -337,50 +336,6 @@ def test_the_edges_of_every_range_are_accepted() -> None:
 
 
 # --- the legacy completions endpoint --------------------------------------------------
-
-
-def test_a_text_completion_takes_openais_legacy_defaults() -> None:
-    params = text()
-
-    assert params.prompts == ("Once upon a time",)
-    assert params.max_tokens == TEXT_DEFAULT_MAX_TOKENS == 16
-    assert (params.echo, params.logprobs, params.top_logprobs, params.n) == (False, False, 0, 1)
-
-
-def test_a_list_of_prompts_is_one_choice_each_and_logprobs_is_the_top_k() -> None:
-    params = text(prompt=["one", "two", "three"], logprobs=5, echo=True, max_tokens=0)
-
-    assert params.prompts == ("one", "two", "three")
-    assert params.choices == 3
-    assert (params.logprobs, params.top_logprobs, params.echo, params.max_tokens) == (
-        True,
-        5,
-        True,
-        0,
-    )
-    assert text(logprobs=0).logprobs is True
-
-
-@pytest.mark.parametrize(
-    ("fields", "param", "words"),
-    [
-        ({"prompt": [1, 2, 3]}, "prompt", "token ids"),
-        ({"prompt": [[1, 2]]}, "prompt", "token ids"),
-        ({"prompt": []}, "prompt", "non-empty"),
-        ({"prompt": None}, "prompt", "null"),
-        ({"max_tokens": 0}, "max_tokens", "echo"),
-        ({"logprobs": 6}, "logprobs", "5"),
-        ({"logprobs": True}, "logprobs", "integer"),
-        ({"prompt": ["a", "b", "c"], "n": 2}, "n", "6 choices"),
-    ],
-)
-def test_a_text_completion_refuses_what_it_cannot_serve_naming_the_field(
-    fields: dict[str, Any], param: str, words: str
-) -> None:
-    error = refusal(text, **fields)
-
-    assert error["param"] == param
-    assert words in error["message"]
 
 
 # --- the README's table is what the client gets ------------------------------------------
