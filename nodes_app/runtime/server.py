@@ -36,14 +36,14 @@ from starlette.websockets import WebSocket
 
 from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
-from nodes_app.runtime.driver import Generation, prompt_for
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.link_guard import LinkPolicy, PeerLinks
-from nodes_app.runtime.link_server import serve_link
-from nodes_app.runtime.links import HopLinks
-from nodes_app.runtime.plan import HeadIdentity, check_grant, parse_generate_request
-from nodes_app.runtime.service import NodeService
-from nodes_app.signing import is_challenge_nonce, sign_challenge, wallet_of
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.runtime.head.hop_links import HopLinks
+from nodes_app.runtime.head.request_checks import HeadIdentity, check_grant, parse_generate_request
+from nodes_app.runtime.head.route_driver import RouteDriver, prompt_for
+from nodes_app.runtime.hop.link_guard import LinkPolicy, PeerLinks
+from nodes_app.runtime.hop.link_server import serve_link
+from nodes_app.shared.signing import is_challenge_nonce, sign_challenge, wallet_of
 
 logger = logging.getLogger("meshnet.node")
 
@@ -201,7 +201,7 @@ def create_app(
             service.gate.admit_plan(generate_request.plan, node_id=service.node_id)
             prompt = await prompt_for(service, generate_request)
             check_grant(generate_request, len(prompt))
-            generation = Generation(service, state["links"], generate_request, prompt)
+            generation = RouteDriver(service, state["links"], generate_request, prompt)
         except RuntimeRequestError as error:
             return _error(error)
         return _SSEResponse(generation.stream(), media_type="text/event-stream")

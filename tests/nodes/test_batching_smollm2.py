@@ -11,11 +11,12 @@ import asyncio
 import pytest
 import torch
 
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.sampler import SamplingParams, TailRequest
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.runtime.wire.entries import Choice
+from nodes_app.shared.sources import resolve_source
 from tests.support.nodes import SMOLLM2
 
 pytestmark = pytest.mark.model

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from nodes_app.protocol.limits import GENERATE_MAX_BYTES, GENERATE_MAX_PROMPT_CHARS
-from nodes_app.runtime.links import link_url
+from nodes_app.runtime.head.hop_links import link_url
 from tests.support.link import node_link, tiny_step
 from tests.support.nodes import TINY, running_nodes, start_node
 from tests.support.uploads import assert_error, footprint

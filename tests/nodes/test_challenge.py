@@ -9,11 +9,11 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from starlette.testclient import TestClient
 
-from nodes_app.runtime.loading import LoadedShard, load_shard
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.loading.shard import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.signing import verify_challenge, wallet_of
+from nodes_app.shared.signing import verify_challenge, wallet_of
+from nodes_app.shared.sources import resolve_source
 
 ENDPOINT = "http://127.0.0.1:7301"
 NONCE = "0123456789abcdef" * 4

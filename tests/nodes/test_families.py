@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nodes_app.families import GGUF_ARCHITECTURES, SUPPORTED_FAMILIES, family_refusal
+from nodes_app.shared.families import GGUF_ARCHITECTURES, SUPPORTED_FAMILIES, family_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_every_gguf_architecture_maps_to_a_served_family() -> None:
 
 def test_the_family_list_loads_without_django_or_torch() -> None:
     script = (
-        "import sys, nodes_app.families\n"
+        "import sys, nodes_app.shared.families\n"
         "print(sorted({'django', 'torch', 'transformers'} & set(sys.modules)))\n"
     )
     result = subprocess.run(

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from nodes_app.prompting import prompt_token_ids
-from nodes_app.tokenization import model_text_load
+from nodes_app.shared.prompting import prompt_token_ids
+from nodes_app.shared.tokenization import model_text_load
 from tests.support.checkpoints import LAYERS, tiny_checkpoint, transformers_greedy
 from tests.support.network import Network, start_network
 from tests.support.nodes import generate_body, read_stream

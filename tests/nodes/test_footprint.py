@@ -1,11 +1,11 @@
-"""What a node's memory holds of a model (nodes_app.runtime.footprint), counted from the
+"""What a node's memory holds of a model (nodes_app.runtime.loading.footprint), counted from the
 checkpoint's config without loading it."""
 
 from __future__ import annotations
 
-from nodes_app.runtime.footprint import ModelFootprint, memory_hold, model_footprint
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.tiny import tiny_state_dict
+from nodes_app.runtime.loading.footprint import ModelFootprint, memory_hold, model_footprint
+from nodes_app.runtime.loading.tiny import tiny_state_dict
+from nodes_app.shared.sources import resolve_source
 
 TINY = "tiny-random-llama"
 

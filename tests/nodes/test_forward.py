@@ -11,13 +11,14 @@ import torch
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.sampler import SamplingParams
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.server import create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.wire.entries import ForwardStep, LinkStep, StepAnswer, step_fields
+from nodes_app.runtime.wire.tensors import tensor_to_bytes
+from nodes_app.shared.sources import resolve_source
 from tests.support.link import HIDDEN, LinkClient, in_process_link, tiny_step
 
 MAX_FRAME_BYTES = 256 * 1024
@@ -25,7 +26,7 @@ MAX_FRAME_BYTES = 256 * 1024
 
 def hidden_bytes(rows: int, seed: int = 0) -> bytes:
     generator = torch.Generator().manual_seed(seed)
-    return wire.tensor_to_bytes(torch.randn(1, rows, HIDDEN, generator=generator))
+    return tensor_to_bytes(torch.randn(1, rows, HIDDEN, generator=generator))
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +75,12 @@ def test_a_batch_frame_of_several_sessions_is_answered_per_session(
 ) -> None:
     sessions = [f"batch-{i}" for i in range(4)]
     prefill = [
-        wire.LinkStep(link.next_id(), tiny_step(s, 3), hidden_bytes(3, seed=i))
+        LinkStep(link.next_id(), tiny_step(s, 3), hidden_bytes(3, seed=i))
         for i, s in enumerate(sessions)
     ]
     first = link.exchange(prefill)
     decode = [
-        wire.LinkStep(link.next_id(), tiny_step(s, 1, position=3), hidden_bytes(1, seed=i))
+        LinkStep(link.next_id(), tiny_step(s, 1, position=3), hidden_bytes(1, seed=i))
         for i, s in enumerate(sessions)
     ]
     second = link.exchange(decode)
@@ -95,10 +96,10 @@ def test_a_batch_frame_of_several_sessions_is_answered_per_session(
 
 
 def test_one_bad_step_in_a_frame_fails_only_itself(client: TestClient, link: LinkClient) -> None:
-    good = wire.LinkStep(link.next_id(), tiny_step("good", 2), hidden_bytes(2))
-    short = wire.LinkStep(link.next_id(), tiny_step("short", 3), hidden_bytes(2))
-    unknown = wire.LinkStep(link.next_id(), tiny_step("gone", 1, position=9), hidden_bytes(1))
-    other = wire.LinkStep(link.next_id(), tiny_step("other", 1, end=2), hidden_bytes(1))
+    good = LinkStep(link.next_id(), tiny_step("good", 2), hidden_bytes(2))
+    short = LinkStep(link.next_id(), tiny_step("short", 3), hidden_bytes(2))
+    unknown = LinkStep(link.next_id(), tiny_step("gone", 1, position=9), hidden_bytes(1))
+    other = LinkStep(link.next_id(), tiny_step("other", 1, end=2), hidden_bytes(1))
 
     answers = link.exchange([good, short, unknown, other])
 
@@ -139,7 +140,7 @@ BAD_FIELDS = [
 
 
 def assert_refused_and_still_serving(
-    client: TestClient, link: LinkClient, answer: wire.StepAnswer, code: str
+    client: TestClient, link: LinkClient, answer: StepAnswer, code: str
 ) -> None:
     assert answer.status == 400
     assert answer.code == code
@@ -155,7 +156,7 @@ def assert_refused_and_still_serving(
 
 @pytest.mark.parametrize(("step", "body", "code"), BAD_STEPS)
 def test_bad_input_is_refused_with_400_and_the_node_keeps_serving(
-    client: TestClient, link: LinkClient, step: wire.ForwardStep, body: bytes, code: str
+    client: TestClient, link: LinkClient, step: ForwardStep, body: bytes, code: str
 ) -> None:
     assert_refused_and_still_serving(client, link, link.step(step, body), code)
 
@@ -164,7 +165,7 @@ def test_bad_input_is_refused_with_400_and_the_node_keeps_serving(
 def test_malformed_step_fields_are_refused_with_400_and_the_node_keeps_serving(
     client: TestClient, link: LinkClient, changes: dict[str, object], body: bytes, code: str
 ) -> None:
-    fields = {**wire.step_fields(tiny_step("x", 2)), **changes}
+    fields = {**step_fields(tiny_step("x", 2)), **changes}
     assert_refused_and_still_serving(client, link, link.raw_step(fields, body), code)
 
 
@@ -200,7 +201,7 @@ def test_hidden_states_in_another_float_dtype_are_cast_on_arrival(link: LinkClie
     # A GPU head in float16 handing over to this float32 node (ADR-0020's topology).
     half = torch.randn(1, 3, HIDDEN, generator=torch.Generator().manual_seed(3)).half()
 
-    answer = link.step(tiny_step("half", 3, dtype="float16"), wire.tensor_to_bytes(half))
+    answer = link.step(tiny_step("half", 3, dtype="float16"), tensor_to_bytes(half))
 
     assert answer.status == 200, answer.message
     assert isinstance(answer.token_id, int)

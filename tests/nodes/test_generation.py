@@ -9,12 +9,12 @@ import torch
 
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.signed_plan import PlanHop
-from nodes_app.runtime.driver import prompt_for
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.runtime.head.route_driver import prompt_for
+from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.shared.sources import resolve_source
 
 TINY = "tiny-random-llama"
 

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.hop_answer import BadAnswer, choice_of, hidden_of
-from nodes_app.runtime.sampling import Choice, TokenScore
+from nodes_app.runtime.head.hop_answers import BadAnswer, choice_of, hidden_of
+from nodes_app.runtime.wire.entries import Choice, StepAnswer, TokenScore
+from nodes_app.runtime.wire.frames import decode_answers, encode_answers
+from nodes_app.runtime.wire.tensors import tensor_to_bytes
 
 
 def test_a_last_hops_choice_travels_with_the_scores_it_was_asked_for() -> None:
@@ -21,13 +22,13 @@ def test_a_last_hops_choice_travels_with_the_scores_it_was_asked_for() -> None:
         TokenScore(-0.25, ((42, -0.25), (7, -1.5))),
         (TokenScore(-3.0, ((1, -0.5), (2, -0.75))), TokenScore(-0.125, ((9, -0.125), (8, -2.0)))),
     )
-    [answer] = wire.decode_answers(wire.encode_answers([wire.StepAnswer.chosen(5, choice)]))
+    [answer] = decode_answers(encode_answers([StepAnswer.chosen(5, choice)]))
 
     assert choice_of(answer, vocab=64, logprobs=2, prompt_scores=2) == choice
 
 
 def test_a_plain_choice_answers_its_token_alone() -> None:
-    [answer] = wire.decode_answers(wire.encode_answers([wire.StepAnswer.chosen(5, Choice(42))]))
+    [answer] = decode_answers(encode_answers([StepAnswer.chosen(5, Choice(42))]))
 
     assert choice_of(answer, vocab=64, logprobs=None, prompt_scores=0) == Choice(42)
 
@@ -51,15 +52,13 @@ def test_a_last_hops_answer_without_what_was_asked_is_that_hops_fault(
     fields: dict[str, Any], logprobs: int | None, prompt_scores: int
 ) -> None:
     header = json.dumps({"answers": [{"id": 1, **fields}]}).encode()
-    [answer] = wire.decode_answers(struct.pack("<I", len(header)) + header)
+    [answer] = decode_answers(struct.pack("<I", len(header)) + header)
     with pytest.raises(BadAnswer):
         choice_of(answer, vocab=64, logprobs=logprobs, prompt_scores=prompt_scores)
 
 
-def echo_answer(scores: tuple[TokenScore, ...]) -> wire.StepAnswer:
-    [answer] = wire.decode_answers(
-        wire.encode_answers([wire.StepAnswer.chosen(5, Choice(1, None, scores))])
-    )
+def echo_answer(scores: tuple[TokenScore, ...]) -> StepAnswer:
+    [answer] = decode_answers(encode_answers([StepAnswer.chosen(5, Choice(1, None, scores))]))
     return answer
 
 
@@ -89,8 +88,8 @@ def test_an_echos_prompt_scores_of_another_size_are_that_hops_fault() -> None:
 
 
 def test_a_middle_hops_hidden_states_are_relayed_as_answered() -> None:
-    hidden = wire.tensor_to_bytes(torch.ones(1, 2, 8))
-    answer = wire.StepAnswer(1, hidden=hidden, dtype="float32", shape=(1, 2, 8))
+    hidden = tensor_to_bytes(torch.ones(1, 2, 8))
+    answer = StepAnswer(1, hidden=hidden, dtype="float32", shape=(1, 2, 8))
 
     assert hidden_of(answer, (1, 2, 8)) == (hidden, "float32")
 
@@ -107,7 +106,7 @@ def test_a_middle_hops_hidden_states_are_relayed_as_answered() -> None:
 def test_a_middle_hops_answer_of_another_shape_or_not_finite_is_that_hops_fault(
     values: torch.Tensor, dtype: str, shape: tuple[int, int, int]
 ) -> None:
-    answer = wire.StepAnswer(1, hidden=wire.tensor_to_bytes(values), dtype=dtype, shape=shape)
+    answer = StepAnswer(1, hidden=tensor_to_bytes(values), dtype=dtype, shape=shape)
 
     with pytest.raises(BadAnswer):
         hidden_of(answer, (1, 2, 8))

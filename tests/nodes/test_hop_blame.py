@@ -15,15 +15,16 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from nodes_app.prompting import prompt_token_ids
 from nodes_app.protocol.sse import sse_frames
-from nodes_app.runtime import wire
-from nodes_app.runtime.loading import load_shard
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.runtime.loading.tiny import tiny_tokenizer
 from nodes_app.runtime.server import create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.tiny import tiny_tokenizer
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.wire.entries import step_fields
+from nodes_app.runtime.wire.tensors import tensor_to_bytes
+from nodes_app.shared.prompting import prompt_token_ids
+from nodes_app.shared.sources import resolve_source
 from tests.support.fake_hop import fake_hop
 from tests.support.hidden_states import nan_hidden
 from tests.support.link import HIDDEN, in_process_link, tiny_step
@@ -66,7 +67,7 @@ def test_nan_hidden_states_are_a_400_naming_their_producer_and_the_hop_keeps_ser
         assert "node-upstream" in refusal.message
         assert tail.get("/v1/health").json()["cached_sessions"] == 0
         good = torch.randn(1, 3, HIDDEN)
-        answer = link.step(tiny_step("ok", 3), wire.tensor_to_bytes(good))
+        answer = link.step(tiny_step("ok", 3), tensor_to_bytes(good))
         assert answer.status == 200 and isinstance(answer.token_id, int)
         link.cancel("ok")
 
@@ -77,10 +78,10 @@ def test_nan_hidden_states_are_a_400_naming_their_producer_and_the_hop_keeps_ser
 def test_a_hop_refuses_sampling_out_of_range_with_a_400_not_a_crash(
     tail: TestClient, sampling: dict[str, Any]
 ) -> None:
-    fields = {**wire.step_fields(tiny_step("s", 2)), "sampling": sampling}
+    fields = {**step_fields(tiny_step("s", 2)), "sampling": sampling}
 
     with in_process_link(tail) as link:
-        answer = link.raw_step(fields, wire.tensor_to_bytes(torch.randn(1, 2, HIDDEN)))
+        answer = link.raw_step(fields, tensor_to_bytes(torch.randn(1, 2, HIDDEN)))
 
     assert answer.status == 400
     assert answer.code == "bad_sampling"
@@ -126,7 +127,7 @@ def test_a_token_id_outside_the_vocabulary_is_the_tails_fault_not_the_heads(
 
 def test_a_middle_hop_answering_the_wrong_shape_is_that_hops_fault(head: TestClient) -> None:
     one_row = {"dtype": "float32", "shape": [1, 1, HIDDEN]}  # the prefill has many
-    with fake_hop(one_row, wire.tensor_to_bytes(torch.randn(1, 1, HIDDEN))) as url:
+    with fake_hop(one_row, tensor_to_bytes(torch.randn(1, 1, HIDDEN))) as url:
         frames = generate_through(
             head, [head_hop(), fake("odd-middle", url, 2, 2), fake("tail", url, 3, 3)]
         )

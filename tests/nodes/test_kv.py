@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodes_app.runtime.kv import MIN_CAPACITY, BatchCache, SessionKV, attention_mask
+from nodes_app.runtime.engine.kv import MIN_CAPACITY, BatchCache, SessionKV, attention_mask
 
 HEADS, DIM = 2, 4
 

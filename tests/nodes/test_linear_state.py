@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 
-from nodes_app.runtime.families import LINEAR_ATTENTION, family_of
-from nodes_app.runtime.kv import (
+from nodes_app.runtime.engine.family_adapters import LINEAR_ATTENTION, family_of
+from nodes_app.runtime.engine.kv import (
     MIN_CAPACITY,
     BatchCache,
     SessionKV,

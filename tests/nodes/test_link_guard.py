@@ -25,8 +25,9 @@ from nodes_app.protocol.limits import (
     LINK_FIRST_FRAME_BYTES,
     LINK_MAX_HEADER_BYTES,
 )
-from nodes_app.runtime import wire
-from nodes_app.runtime.links import HopLinks
+from nodes_app.runtime.head.hop_links import HopLinks
+from nodes_app.runtime.wire.entries import StepAnswer
+from nodes_app.runtime.wire.frames import decode_answers, encode_requests
 from tests.support.link_peers import (
     hidden,
     link_client,
@@ -93,11 +94,11 @@ def test_a_link_that_shows_only_forged_plans_is_closed_and_its_address_barred(
         honest, _ = opening_step(key, node, link.next_id())
         # Four refusals are a stranger's allowance; the fifth closes the link before the
         # rest of its frame (the honest step behind them included) is looked at.
-        link.send_frame(wire.encode_requests([*forged, honest]))
-        answers: list[wire.StepAnswer] = []
+        link.send_frame(encode_requests([*forged, honest]))
+        answers: list[StepAnswer] = []
         with pytest.raises(ConnectionClosed) as closed:
             while True:
-                answers += wire.decode_answers(received(websocket))
+                answers += decode_answers(received(websocket))
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
         assert [answer.step_id for answer in answers] == [step.step_id for step in forged[:5]]
         assert {(answer.status, answer.code) for answer in answers} == {
@@ -109,7 +110,7 @@ def test_a_link_that_shows_only_forged_plans_is_closed_and_its_address_barred(
     for _ in range(PER_PEER - 1):
         with raw_link(node.endpoint, source="127.0.0.12") as websocket:
             forged = [opening_step(forger, node, i)[0] for i in range(5)]
-            websocket.send(wire.encode_requests(forged))
+            websocket.send(encode_requests(forged))
             assert closed_with(websocket, timeout=5) == 1008
     with pytest.raises(InvalidStatus), raw_link(node.endpoint, source="127.0.0.12"):
         pass
@@ -128,7 +129,7 @@ def test_a_first_frame_past_the_first_frame_limit_is_refused_as_it_arrives(
         link = link_client(websocket)
         # A valid opening step, but too big to be a stranger's first frame: never read.
         step, _ = opening_step(key, node, link.next_id(), rows=2000)
-        link.send_frame(wire.encode_requests([step]))
+        link.send_frame(encode_requests([step]))
         assert closed_with(websocket, timeout=10) == 1009
     assert f"a frame over {LINK_FIRST_FRAME_BYTES} bytes" in node.process.output()
     assert node.health()["active_sessions"] == 0
@@ -206,11 +207,11 @@ def test_a_link_that_keeps_sending_forged_plans_after_a_valid_one_is_closed(
         step, capability = opening_step(key, node, link.next_id())
         assert link.exchange([step])[0].status == 200
         forged = [opening_step(forger, node, link.next_id())[0] for _ in range(200)]
-        link.send_frame(wire.encode_requests(forged))
-        refused: list[wire.StepAnswer] = []
+        link.send_frame(encode_requests(forged))
+        refused: list[StepAnswer] = []
         with pytest.raises(ConnectionClosed) as closed:
             while True:
-                refused += wire.decode_answers(received(websocket))
+                refused += decode_answers(received(websocket))
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
         # 16 refusals are allowed a link with one admitted step; the 17th closes it.
         assert len(refused) == 17
@@ -276,7 +277,7 @@ def test_a_peer_that_does_not_read_its_answers_is_cut_off(
         assert link.exchange([small])[0].status == 200  # shown a plan: big frames are read
         steps = [opening_step(key, node, link.next_id(), rows=rows)[0] for _ in range(48)]
         for step in steps:
-            link.send_frame(wire.encode_requests([step]))
+            link.send_frame(encode_requests([step]))
         # Nothing read: answers pile up on the node until it cuts the peer off.
         wait_until(
             lambda: "does not read its answers" in node.process.output(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from nodes_app.runtime.link_inbox import Inbox
+from nodes_app.runtime.hop.link_inbox import Inbox
 
 
 class Socket(asyncio.Transport):

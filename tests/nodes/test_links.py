@@ -18,11 +18,12 @@ import pytest
 import websockets.asyncio.server
 from websockets.asyncio.server import ServerConnection
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.links import HopLinks, LinkDropped, LinkTimeout
+from nodes_app.runtime.head.hop_links import HopLinks, LinkDropped, LinkTimeout
+from nodes_app.runtime.wire.entries import ForwardStep, StepAnswer
+from nodes_app.runtime.wire.frames import encode_answers
 from tests.support.hung_node import HungNode
 
-STEP = wire.ForwardStep(
+STEP = ForwardStep(
     session_id="s-1", start=2, end=2, position=0, dtype="float32", shape=(1, 1, 64), sampling=None
 )
 
@@ -59,7 +60,7 @@ async def answering_hop(reply: bytes) -> tuple[Any, str]:
 
     async def serve(websocket: ServerConnection) -> None:
         await websocket.recv()
-        await websocket.send(wire.encode_answers([wire.StepAnswer(0, status=204)]))
+        await websocket.send(encode_answers([StepAnswer(0, status=204)]))
         async for _ in websocket:
             await websocket.send(reply)
 
@@ -71,7 +72,7 @@ async def answering_hop(reply: bytes) -> tuple[Any, str]:
 @pytest.mark.parametrize(
     "reply",
     [
-        wire.encode_answers([wire.StepAnswer(1, token_id=7)])[:-1],  # compact, cut short
+        encode_answers([StepAnswer(1, token_id=7)])[:-1],  # compact, cut short
         b"\x05\x00\x00\x00nope!",
     ],
 )
@@ -92,10 +93,8 @@ def test_a_hop_that_answers_with_a_malformed_frame_loses_its_link(reply: bytes) 
 
 
 def test_a_hops_compact_answer_reaches_the_step_waiting_for_it() -> None:
-    async def run() -> wire.StepAnswer:
-        server, endpoint = await answering_hop(
-            wire.encode_answers([wire.StepAnswer(1, token_id=7)])
-        )
+    async def run() -> StepAnswer:
+        server, endpoint = await answering_hop(encode_answers([StepAnswer(1, token_id=7)]))
         links = HopLinks()
         try:
             return await links.to(endpoint).step(
@@ -105,4 +104,4 @@ def test_a_hops_compact_answer_reaches_the_step_waiting_for_it() -> None:
             await links.aclose()
             server.close()
 
-    assert asyncio.run(run()) == wire.StepAnswer(1, token_id=7)
+    assert asyncio.run(run()) == StepAnswer(1, token_id=7)

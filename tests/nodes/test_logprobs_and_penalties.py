@@ -20,10 +20,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from nodes_app.prompting import prompt_token_ids
 from nodes_app.protocol.limits import ECHO_MAX_SCORES
-from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
-from nodes_app.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
+from nodes_app.runtime.loading.tiny import tiny_config, tiny_state_dict
+from nodes_app.shared.prompting import prompt_token_ids
+from nodes_app.shared.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
 from tests.support.nodes import (
     TINY,
     generate_body,

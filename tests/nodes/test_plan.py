@@ -8,8 +8,8 @@ import pytest
 
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.signed_plan import PlanHop
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.plan import HeadIdentity, parse_generate_request
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.runtime.head.request_checks import HeadIdentity, parse_generate_request
 
 # A partial head of a 4-layer model: it serves layers 0-2.
 HEAD = HeadIdentity(

@@ -23,8 +23,8 @@ import pytest
 from nodes_app.plans import session_bounds
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.signed_plan import SignedPlan
-from nodes_app.runtime import wire
-from nodes_app.runtime.trust import new_capability
+from nodes_app.runtime.engine.trust import new_capability
+from nodes_app.runtime.wire.entries import StepAnswer
 from tests.support.link import LinkClient, node_link, tiny_step
 from tests.support.network import Network, start_network
 from tests.support.nodes import TINY
@@ -87,7 +87,7 @@ def granted_plan(network: Network, request_id: str) -> SignedPlan:
 
 def opening(
     link: LinkClient, plan: SignedPlan, session: str, *, rows: int, reserve: int | None
-) -> tuple[wire.StepAnswer, str]:
+) -> tuple[StepAnswer, str]:
     """A head's opening step of ``session`` on the tail, asking to reserve ``reserve``."""
     capability = new_capability()
     step = tiny_step(session, rows)
@@ -100,7 +100,7 @@ def opening(
     return answer, capability
 
 
-def refused(answer: wire.StepAnswer, status: int, code: str) -> None:
+def refused(answer: StepAnswer, status: int, code: str) -> None:
     assert (answer.status, answer.code) == (status, code), answer
     assert answer.error_type and answer.message
 

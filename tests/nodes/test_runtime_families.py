@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nodes_app.families import SUPPORTED_FAMILIES
-from nodes_app.runtime.errors import UnsupportedModelError
-from nodes_app.runtime.families import FAMILIES as ADAPTERS
-from nodes_app.runtime.kv import session_bytes
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.runner import ShardRunner
-from nodes_app.runtime.sources import ModelSource
+from nodes_app.runtime.engine.family_adapters import FAMILIES as ADAPTERS
+from nodes_app.runtime.engine.kv import session_bytes
+from nodes_app.runtime.engine.runner import ShardRunner
+from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.shared.families import SUPPORTED_FAMILIES
+from nodes_app.shared.model_errors import UnsupportedModelError
+from nodes_app.shared.sources import ModelSource
 from tests.support.checkpoints import FAMILIES, LAYERS, tiny_checkpoint, transformers_greedy
 
 PROMPT = [257, 117, 115, 101, 114, 10, 104, 105, 258, 10, 257, 97, 115, 115]

@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodes_app.protocol.sampling import PENALTY_MAX, PENALTY_MIN
-from nodes_app.runtime.sampling import (
-    Choice,
+from nodes_app.runtime.engine.sampler import (
     SamplingParams,
     TokenPicker,
     new_generator,
     prompt_scores,
     sample_token,
 )
+from nodes_app.runtime.wire.entries import Choice
 
 LOGITS = torch.tensor([0.1, 3.0, 2.9, -1.0, 0.5])
 

@@ -23,8 +23,8 @@ from nodes_app.protocol.sampling import (
     TOP_P_MIN,
     SamplingParams,
 )
-from nodes_app.runtime.errors import NonFiniteOutput
-from nodes_app.runtime.sampling import new_generator, sample_token
+from nodes_app.runtime.engine.sampler import new_generator, sample_token
+from nodes_app.runtime.faults import NonFiniteOutput
 from tests.support.sampling_values import SAMPLING
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]

@@ -16,22 +16,24 @@ from collections.abc import Awaitable, Callable
 import pytest
 import torch
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.admission import DEFAULT_RESERVE_POSITIONS
-from nodes_app.runtime.errors import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.kv import bytes_per_position
-from nodes_app.runtime.loading import load_shard
-from nodes_app.runtime.sampling import Choice, SamplingParams, TailRequest
-from nodes_app.runtime.scheduler import (
-    ECHO_SCORE_ROWS,
+from nodes_app.runtime.engine.admission import DEFAULT_RESERVE_POSITIONS
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.kv import bytes_per_position
+from nodes_app.runtime.engine.sampler import SamplingParams, TailRequest
+from nodes_app.runtime.engine.scheduler import (
     INLINE_STEP_SECONDS,
     LONE_INLINE_STEP_SECONDS,
     RECENT_SECONDS,
 )
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sessions import Session
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.runtime.engine.sessions import Session
+from nodes_app.runtime.engine.step_batch import ECHO_SCORE_ROWS
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.hop import step_intake
+from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.runtime.wire.entries import Choice, ForwardStep
+from nodes_app.runtime.wire.tensors import tensor_from_bytes, tensor_to_bytes
+from nodes_app.shared.sources import resolve_source
 
 TINY = "tiny-random-llama"
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0)
@@ -317,20 +319,20 @@ def test_a_burst_of_short_prompts_is_prefilled_in_one_turn_between_two_decode_st
 
 def test_a_chunked_prefill_on_a_middle_hop_answers_every_position_as_one_piece_would() -> None:
     hidden = torch.randn(1, 11, 64, generator=torch.Generator().manual_seed(3))
-    body = wire.tensor_to_bytes(hidden)
+    body = tensor_to_bytes(hidden)
 
     def hop_output(chunk: int) -> torch.Tensor:
         async def run() -> bytes | Choice:
             service = tiny_service(prefill_chunk=chunk)
-            step = wire.ForwardStep("mid", 1, 2, 0, "float32", (1, 11, 64), None)
+            step = ForwardStep("mid", 1, 2, 0, "float32", (1, 11, 64), None)
             try:
-                return await service.forward(step, body)
+                return await step_intake.forward(service, step, body)
             finally:
                 service.close()
 
         out = asyncio.run(run())
         assert isinstance(out, bytes)
-        return wire.tensor_from_bytes(out, "float32", (1, 11, 64))
+        return tensor_from_bytes(out, "float32", (1, 11, 64))
 
     torch.testing.assert_close(hop_output(3), hop_output(128), rtol=1e-5, atol=1e-6)
 
@@ -395,10 +397,10 @@ def test_a_hop_reserves_what_the_head_says_the_session_may_reach() -> None:
         service = tiny_service(start=0, end=3)
         hidden = torch.zeros(1, 5, 64)
         try:
-            told = wire.ForwardStep("told", 2, 3, 0, "float32", (1, 5, 64), GREEDY, reserve=40)
-            untold = wire.ForwardStep("untold", 2, 3, 0, "float32", (1, 5, 64), GREEDY)
+            told = ForwardStep("told", 2, 3, 0, "float32", (1, 5, 64), GREEDY, reserve=40)
+            untold = ForwardStep("untold", 2, 3, 0, "float32", (1, 5, 64), GREEDY)
             for step in (told, untold):
-                await service.forward(step, wire.tensor_to_bytes(hidden))
+                await step_intake.forward(service, step, tensor_to_bytes(hidden))
             return service.store.get("told").reserve, service.store.get("untold").reserve  # type: ignore[union-attr]
         finally:
             service.close()

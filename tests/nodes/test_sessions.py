@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.sessions import SessionStore
+from nodes_app.runtime.engine.sessions import SessionStore
+from nodes_app.runtime.faults import RuntimeRequestError
 
 
 class Clock:

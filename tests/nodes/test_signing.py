@@ -1,4 +1,4 @@
-"""Plan signatures (``nodes_app.signing``): any change after signing fails verification, a
+"""Plan signatures (``nodes_app.shared.signing``): any change after signing fails verification, a
 plan signature is never a registration signature, the tracker's key is created once.
 """
 
@@ -17,7 +17,7 @@ from meshnet_site.environment import PLAN_VALIDITY
 from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import MAX_PLAN_VALIDITY
 from nodes_app.protocol.signed_plan import SignedPlan
-from nodes_app.signing import (
+from nodes_app.shared.signing import (
     load_or_create_wallet,
     public_key_from_hex,
     sign_plan,

@@ -15,11 +15,11 @@ from starlette.testclient import TestClient
 from nodes_app.protocol.limits import STEP_TIMEOUT_POSITIONS, step_time_limit
 from nodes_app.protocol.sse import sse_frames
 from nodes_app.runtime.__main__ import step_timeout_argument
-from nodes_app.runtime.loading import load_shard
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.server import create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sources import resolve_source
-from nodes_app.runtime.trust import PlanGate
+from nodes_app.shared.sources import resolve_source
 from tests.support.sse import chunks_of, text_of
 
 TINY = "tiny-random-llama"

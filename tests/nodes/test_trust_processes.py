@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol.limits import TRACKER_KEY_PATH
 from nodes_app.protocol.signed_plan import SignedPlan
-from nodes_app.runtime import wire
-from nodes_app.runtime.trust import new_capability
-from nodes_app.signing import wallet_of
+from nodes_app.runtime.engine.trust import new_capability
+from nodes_app.runtime.wire.entries import StepAnswer
+from nodes_app.shared.signing import wallet_of
 from tests.support.decoy import MARKER, Decoy, running_decoy
 from tests.support.fake_hop import fake_hop
 from tests.support.link import node_link, tiny_step
@@ -99,7 +99,7 @@ def step(
     rows: int = HIDDEN_ROWS,
     plan: SignedPlan | None = None,
     capability: str | None = None,
-) -> wire.StepAnswer:
+) -> StepAnswer:
     """One binary step of layers 2-3 (hidden states of zeros) to ``node``, on a link."""
     with node_link(node.endpoint) as link:
         return link.step(
@@ -110,14 +110,14 @@ def step(
         )
 
 
-def delete(node: NodeProcess, session: str, capability: str | None = None) -> wire.StepAnswer:
+def delete(node: NodeProcess, session: str, capability: str | None = None) -> StepAnswer:
     with node_link(node.endpoint) as link:
         return link.cancel(session, capability=capability)
 
 
-def refused(response: httpx.Response | wire.StepAnswer, status: int, code: str) -> str:
+def refused(response: httpx.Response | StepAnswer, status: int, code: str) -> str:
     """The refusal's message, after checking its status, code and the error shape."""
-    if isinstance(response, wire.StepAnswer):
+    if isinstance(response, StepAnswer):
         assert (response.status, response.code) == (status, code), response
         assert response.error_type and response.message
         return response.message

@@ -12,16 +12,16 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from nodes_app.runtime import loading
-from nodes_app.runtime.errors import UnsupportedModelError
-from nodes_app.runtime.sources import ModelSource, resolve_source
-from nodes_app.runtime.weights import (
+from nodes_app.runtime.loading.shard import LoadedShard, load_causal_lm, load_shard
+from nodes_app.runtime.loading.weights import (
     PER_LAYER_INPUT_MODULES,
     plan_reads,
     read_gguf,
     read_tensors,
     shard_needs,
 )
+from nodes_app.shared.model_errors import UnsupportedModelError
+from nodes_app.shared.sources import ModelSource, resolve_source
 from tests.support.checkpoints import FAMILIES, LAYERS, tiny_checkpoint, tiny_family_config
 
 LAST = LAYERS - 1
@@ -156,7 +156,7 @@ def test_a_moe_node_of_half_the_layers_holds_about_half_the_parameters(
     source = ModelSource("directory", str(checkpoint("qwen3_moe")))
 
     def parameter_bytes(start: int, end: int) -> int:
-        shard = loading.load_shard(
+        shard = load_shard(
             model_key="qwen3_moe", source=source, start=start, end=end, with_tokenizer=False
         )
         modules = [*shard.layers.values(), shard.embed, shard.norm, shard.lm_head]
@@ -183,7 +183,7 @@ def test_every_loaded_module_holds_what_from_pretrained_holds(
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).model
     source = ModelSource("directory", str(directory))
     for start, end in RANGES:
-        shard = loading.load_shard(
+        shard = load_shard(
             model_key=model_type, source=source, start=start, end=end, with_tokenizer=False
         )
         modules: dict[str, torch.nn.Module | None] = {
@@ -203,7 +203,7 @@ def test_every_loaded_module_holds_what_from_pretrained_holds(
                 assert torch.equal(tensor, expected[name]), (start, end, path, name)
 
 
-def per_layer_modules(shard: loading.LoadedShard) -> dict[str, torch.nn.Module]:
+def per_layer_modules(shard: LoadedShard) -> dict[str, torch.nn.Module]:
     """The per-layer input modules a shard holds with weights (Gemma 4's; none elsewhere)."""
     if not shard.family.per_layer_inputs:
         return {}
@@ -216,7 +216,7 @@ def test_every_hop_of_gemma4_holds_the_per_layer_input_modules(
 ) -> None:
     source = ModelSource("directory", str(checkpoint("gemma4_text")))
     for start, end in ((0, 2), (3, LAST)):
-        hop = loading.load_shard(
+        hop = load_shard(
             model_key="gemma4", source=source, start=start, end=end, with_tokenizer=False
         )
         modules = per_layer_modules(hop)
@@ -229,7 +229,7 @@ def test_the_whole_model_baseline_loads_fused_experts_as_transformers_does(
     checkpoint: Callable[[str], Path],
 ) -> None:
     directory = checkpoint("mixtral")
-    model = loading.load_causal_lm(ModelSource("directory", str(directory)))
+    model = load_causal_lm(ModelSource("directory", str(directory)))
     loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
     ours = model.state_dict()
     assert set(ours) == set(loaded)
@@ -249,7 +249,7 @@ def smollm2_layer() -> Callable[[torch.dtype], dict[str, torch.Tensor]]:
 
     def layer(dtype: torch.dtype) -> dict[str, torch.Tensor]:
         if dtype not in loaded:
-            shard = loading.load_shard(
+            shard = load_shard(
                 model_key="smollm2-135m",
                 source=source,
                 start=1,
@@ -337,7 +337,7 @@ def test_a_half_precision_shard_keeps_in_float32_what_transformers_keeps(
 ) -> None:
     directory = checkpoint(model_type)
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).model
-    shard = loading.load_shard(
+    shard = load_shard(
         model_key=model_type,
         source=ModelSource("directory", str(directory)),
         start=0,

@@ -11,11 +11,28 @@ import pytest
 import torch
 
 from nodes_app.protocol.limits import MAX_SESSION_ID
-from nodes_app.runtime import wire
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.sampling import SamplingParams
+from nodes_app.runtime.engine.sampler import SamplingParams
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.runtime.wire.entries import (
+    MAX_FRAME_ENTRIES,
+    CancelEntry,
+    ForwardStep,
+    FrameError,
+    LinkStep,
+    RefusedEntry,
+    StepAnswer,
+    step_fields,
+    step_from_fields,
+)
+from nodes_app.runtime.wire.frames import (
+    decode_answers,
+    decode_requests,
+    encode_answers,
+    encode_requests,
+)
+from nodes_app.runtime.wire.tensors import DTYPES, body_length, tensor_from_bytes, tensor_to_bytes
 
-STEP = wire.ForwardStep(
+STEP = ForwardStep(
     session_id="s-1",
     start=2,
     end=3,
@@ -41,44 +58,44 @@ def raw_frame(entries: list[dict[str, Any]], bodies: bytes = b"") -> bytes:
 
 
 def refused(fields: dict[str, Any]) -> RuntimeRequestError:
-    [entry] = wire.decode_requests(raw_frame([{"id": 1, "step": fields}]))
-    assert isinstance(entry, wire.RefusedEntry)
+    [entry] = decode_requests(raw_frame([{"id": 1, "step": fields}]))
+    assert isinstance(entry, RefusedEntry)
     assert entry.error.status == 400
     return entry.error
 
 
-@pytest.mark.parametrize("dtype", sorted(wire.DTYPES))
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_a_tensor_survives_the_trip_through_bytes(dtype: str) -> None:
-    tensor = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1)).to(wire.DTYPES[dtype])
+    tensor = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(1)).to(DTYPES[dtype])
     step = dataclasses.replace(STEP, dtype=dtype)
-    body = wire.tensor_to_bytes(tensor)
+    body = tensor_to_bytes(tensor)
 
-    assert len(body) == wire.body_length(step) == 3 * 8 * tensor.element_size()
-    back = wire.tensor_from_bytes(body, dtype, step.shape)
+    assert len(body) == body_length(step) == 3 * 8 * tensor.element_size()
+    back = tensor_from_bytes(body, dtype, step.shape)
     assert back.dtype == tensor.dtype
     assert torch.equal(back, tensor)
 
 
 def test_a_frame_carries_every_step_field_its_credentials_and_its_bytes() -> None:
-    first = wire.LinkStep(1, STEP, b"a" * 96, capability="c" * 64, plan="signed-plan")
-    second = wire.LinkStep(2, dataclasses.replace(STEP, session_id="s-2", sampling=None), b"b" * 96)
-    cancel = wire.CancelEntry(3, "s-3", capability="d" * 64)
+    first = LinkStep(1, STEP, b"a" * 96, capability="c" * 64, plan="signed-plan")
+    second = LinkStep(2, dataclasses.replace(STEP, session_id="s-2", sampling=None), b"b" * 96)
+    cancel = CancelEntry(3, "s-3", capability="d" * 64)
 
-    decoded = wire.decode_requests(wire.encode_requests([first, second, cancel]))
+    decoded = decode_requests(encode_requests([first, second, cancel]))
 
     assert decoded == [first, second, cancel]
 
 
 def test_answers_carry_hidden_states_tokens_and_refusals() -> None:
     answers = [
-        wire.StepAnswer(1, hidden=b"h" * 32, dtype="float16", shape=(1, 2, 8)),
-        wire.StepAnswer(2, token_id=42),
-        wire.StepAnswer.refusal(
+        StepAnswer(1, hidden=b"h" * 32, dtype="float16", shape=(1, 2, 8)),
+        StepAnswer(2, token_id=42),
+        StepAnswer.refusal(
             3, RuntimeRequestError("full", code="node_busy", status=503, error_type="server_error")
         ),
     ]
 
-    decoded = wire.decode_answers(wire.encode_answers(answers))
+    decoded = decode_answers(encode_answers(answers))
 
     assert decoded == answers
     assert decoded[2].message == "full"
@@ -86,19 +103,19 @@ def test_answers_carry_hidden_states_tokens_and_refusals() -> None:
 
 def test_every_field_of_a_step_travels_by_name() -> None:
     # Generic on purpose: a field added to ForwardStep needs no change in the codec.
-    names = {field.name for field in dataclasses.fields(wire.ForwardStep)}
+    names = {field.name for field in dataclasses.fields(ForwardStep)}
 
-    assert set(wire.step_fields(STEP)) == names
-    assert wire.step_from_fields(json.loads(json.dumps(wire.step_fields(STEP)))) == STEP
+    assert set(step_fields(STEP)) == names
+    assert step_from_fields(json.loads(json.dumps(step_fields(STEP)))) == STEP
 
 
 def test_a_body_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(RuntimeRequestError) as caught:
-        wire.tensor_from_bytes(bytes(4 * 8 * 3 - 1), "float32", (1, 3, 8))
+        tensor_from_bytes(bytes(4 * 8 * 3 - 1), "float32", (1, 3, 8))
     assert caught.value.code == "bad_length"
 
 
-GOOD = wire.step_fields(STEP)
+GOOD = step_fields(STEP)
 
 
 @pytest.mark.parametrize(
@@ -145,12 +162,12 @@ def test_bad_step_fields_are_refused_with_their_code(changes: dict[str, Any], co
         raw_frame([{"step": GOOD}]),
         raw_frame([{"id": 1, "bytes": 10, "step": GOOD}], b"short"),
         raw_frame([{"id": 1, "bytes": 2, "step": GOOD}], b"three"),
-        raw_frame([{"id": 1}] * (wire.MAX_FRAME_ENTRIES + 1)),
+        raw_frame([{"id": 1}] * (MAX_FRAME_ENTRIES + 1)),
     ],
 )
 def test_a_frame_that_is_not_one_is_refused_whole(frame: bytes) -> None:
-    with pytest.raises(wire.FrameError):
-        wire.decode_requests(frame)
+    with pytest.raises(FrameError):
+        decode_requests(frame)
 
 
 # --- the compact form: a decode step's frame and a last hop's tokens -------------------
@@ -170,47 +187,47 @@ STEADY = dataclasses.replace(
 
 def test_steady_steps_and_token_answers_travel_compact_and_arrive_whole() -> None:
     steps = [
-        wire.LinkStep(1, STEADY, b"a" * 32, capability="c" * 64),
-        wire.LinkStep(2, dataclasses.replace(STEADY, sender=None, logprobs=2), b"b" * 32),
+        LinkStep(1, STEADY, b"a" * 32, capability="c" * 64),
+        LinkStep(2, dataclasses.replace(STEADY, sender=None, logprobs=2), b"b" * 32),
     ]
     answers = [
-        wire.StepAnswer(1, token_id=42),
-        wire.StepAnswer(2, hidden=b"h" * 16, dtype="bfloat16", shape=(1, 1, 8)),
+        StepAnswer(1, token_id=42),
+        StepAnswer(2, hidden=b"h" * 16, dtype="bfloat16", shape=(1, 1, 8)),
     ]
 
-    step_frame, answer_frame = wire.encode_requests(steps), wire.encode_answers(answers)
+    step_frame, answer_frame = encode_requests(steps), encode_answers(answers)
 
     assert step_frame.startswith(b"\0\0\0\0") and answer_frame.startswith(b"\0\0\0\0")
-    assert wire.decode_requests(step_frame) == steps
-    assert wire.decode_answers(answer_frame) == answers
+    assert decode_requests(step_frame) == steps
+    assert decode_answers(answer_frame) == answers
 
 
 @pytest.mark.parametrize(
     "entries",
     [
-        [wire.LinkStep(1, STEP, b"a" * 96, capability="c" * 64, plan="signed-plan")],
-        [wire.LinkStep(1, STEADY, b"a" * 32), wire.CancelEntry(2, "s-3")],
-        [wire.LinkStep(1, dataclasses.replace(STEADY, reserve=64), b"a" * 32)],
-        [wire.LinkStep(1, dataclasses.replace(STEADY, session_id="é" * 128), b"a" * 32)],
+        [LinkStep(1, STEP, b"a" * 96, capability="c" * 64, plan="signed-plan")],
+        [LinkStep(1, STEADY, b"a" * 32), CancelEntry(2, "s-3")],
+        [LinkStep(1, dataclasses.replace(STEADY, reserve=64), b"a" * 32)],
+        [LinkStep(1, dataclasses.replace(STEADY, session_id="é" * 128), b"a" * 32)],
     ],
 )
 def test_an_opening_a_cancel_or_a_field_the_compact_form_lacks_goes_as_json(
-    entries: list[wire.LinkStep | wire.CancelEntry],
+    entries: list[LinkStep | CancelEntry],
 ) -> None:
-    frame = wire.encode_requests(entries)
+    frame = encode_requests(entries)
 
     assert not frame.startswith(b"\0\0\0\0")
-    assert wire.decode_requests(frame) == entries
+    assert decode_requests(frame) == entries
 
 
 def test_answers_with_scores_or_refusals_go_as_json() -> None:
-    scored = wire.StepAnswer(1, token_id=3, logprob=-0.5, top=[[3, -0.5]])
-    refusal = wire.StepAnswer.refusal(2, RuntimeRequestError("no", code="bad_field"))
+    scored = StepAnswer(1, token_id=3, logprob=-0.5, top=[[3, -0.5]])
+    refusal = StepAnswer.refusal(2, RuntimeRequestError("no", code="bad_field"))
 
     for answer in (scored, refusal):
-        frame = wire.encode_answers([answer])
+        frame = encode_answers([answer])
         assert not frame.startswith(b"\0\0\0\0")
-        assert wire.decode_answers(frame) == [answer]
+        assert decode_answers(frame) == [answer]
 
 
 def compact_step(
@@ -236,9 +253,9 @@ def compact_step(
 def test_a_compact_step_with_a_bad_field_is_refused_alone_with_its_code(
     frame: bytes, code: str
 ) -> None:
-    [entry] = wire.decode_requests(frame)
+    [entry] = decode_requests(frame)
 
-    assert isinstance(entry, wire.RefusedEntry)
+    assert isinstance(entry, RefusedEntry)
     assert (entry.step_id, entry.error.code) == (7, code)
 
 
@@ -254,20 +271,20 @@ def test_a_compact_step_with_a_bad_field_is_refused_alone_with_its_code(
         # a header with bytes past its entries
         struct.pack("<II", 0, 4) + struct.pack("<BH", 1, 0) + b"x",
         # answers where steps belong
-        wire.encode_answers([wire.StepAnswer(1, token_id=2)]),
-        struct.pack("<IIBH", 0, 3, 1, wire.MAX_FRAME_ENTRIES + 1),
+        encode_answers([StepAnswer(1, token_id=2)]),
+        struct.pack("<IIBH", 0, 3, 1, MAX_FRAME_ENTRIES + 1),
     ],
 )
 def test_a_compact_frame_that_is_not_one_is_refused_whole(frame: bytes) -> None:
-    with pytest.raises(wire.FrameError):
-        wire.decode_requests(frame)
+    with pytest.raises(FrameError):
+        decode_requests(frame)
 
 
 def test_a_compact_header_over_the_bound_is_refused_before_it_is_read() -> None:
     frame = compact_step()
 
-    with pytest.raises(wire.FrameError, match="over the"):
-        wire.decode_requests(frame, max_header=8)
+    with pytest.raises(FrameError, match="over the"):
+        decode_requests(frame, max_header=8)
 
 
 @pytest.mark.parametrize(
@@ -276,9 +293,9 @@ def test_a_compact_header_over_the_bound_is_refused_before_it_is_read() -> None:
         struct.pack("<IIBH", 0, 3, 2, 1),  # an entry the header does not hold
         struct.pack("<IIBH", 0, 21, 2, 1) + struct.pack("<BIIBII", 9, 1, 0, 0, 0, 0),
         struct.pack("<IIBH", 0, 21, 2, 1) + struct.pack("<BIIBII", 2, 1, 8, 1, 1, 2),
-        wire.encode_requests([wire.LinkStep(1, STEADY, b"a" * 32)]),
+        encode_requests([LinkStep(1, STEADY, b"a" * 32)]),
     ],
 )
 def test_a_compact_answer_frame_that_is_not_one_is_refused_whole(frame: bytes) -> None:
-    with pytest.raises(wire.FrameError):
-        wire.decode_answers(frame)
+    with pytest.raises(FrameError):
+        decode_answers(frame)
