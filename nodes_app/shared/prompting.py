@@ -11,7 +11,7 @@ client could forge a system turn. transformers' ``sanitize_control_tokens``
 renders the template with the control tokens of every message marked, and
 encodes the marked ones as plain text while the template's own control
 tokens stay tokens. Content without control-token strings gets exactly the
-ids of the whole-text tokenisation (tests/nodes/test_prompting.py checks
+ids of the whole-text tokenisation (tests/nodes/shared/test_prompting.py checks
 this for the shipped models). A raw text prompt (the legacy completions
 endpoint) has no turns to forge: the client writes the whole of it, so it is
 tokenised as is. Tools and earlier tool calls, which a template may render

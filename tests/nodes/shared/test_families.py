@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nodes_app.shared.families import GGUF_ARCHITECTURES, SUPPORTED_FAMILIES, family_refusal
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_served_family_is_accepted_with_its_default_config() -> None:

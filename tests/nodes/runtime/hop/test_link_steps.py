@@ -32,7 +32,7 @@ def hidden_bytes(rows: int, seed: int = 0) -> bytes:
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     """A tail node (layers 1-3 of the tiny model) served in process, dev-open (the
-    signed-plan checks are in test_trust_processes.py)."""
+    signed-plan checks are in test_signed_plans_processes.py)."""
     torch.set_num_threads(1)
     shard = load_shard(
         model_key="tiny-random-llama",
