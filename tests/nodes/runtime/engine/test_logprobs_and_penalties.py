@@ -5,7 +5,8 @@ Tiny-model node processes (dev-open, called straight at the head's
 (0-3). What they report is compared with the whole model run in this process
 by transformers (``LlamaForCausalLM`` with the same seeded weights, a plain
 forward and ``log_softmax``), and with each other: a split model must report
-what the whole model would. SmolLM2's echo is compared in ``runtime/test_smollm2_split_equals_whole.py``.
+what the whole model would. SmolLM2's echo is compared in
+``tests/nodes/runtime/test_smollm2_split_equals_whole.py``.
 """
 
 from __future__ import annotations
