@@ -5,16 +5,16 @@ Routes:
                                   quarters (open to anyone: no exact free KV)
   POST   /v1/challenge            sign the tracker's nonce with the wallet (ADR-0008; open)
   WS     /v1/link                 a head's link: frames of hop steps and session cancels
-                                  (binary, see ``wire`` and ``link_server``)
+                                  (binary, see ``wire`` and ``hop.link_server``)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
 Every HTTP refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx
 status: a 4xx only for the requester's fault, a 5xx for this node's; a step's
 refusal on the link carries the same status, code and type in its answer.
 Generate, steps and cancels need the tracker's signed plan or the session's
-capability (``trust``), checked before anything else; a generate body is read
+capability (``engine.trust``), checked before anything else; a generate body is read
 to at most ``max_request_bytes`` (413), a link frame to at most
 ``max_frame_bytes`` (the link closes). Both happen before a session slot is taken. A
-link is kept only by a head that shows a valid plan or capability (``link_guard``).
+link is kept only by a head that shows a valid plan or capability (``hop.link_guard``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def create_app(
     one (served without a tracker) answers it 404 ``no_wallet``.
     ``max_frame_bytes`` bounds a link frame, both ways (serve it with the same
     websocket ``max_size``, so that a larger one is never read whole).
-    ``link_policy`` says who may hold a link and for how long (``link_guard``).
+    ``link_policy`` says who may hold a link and for how long (``hop.link_guard``).
     """
     state: dict[str, Any] = {}
     peers = PeerLinks(link_policy or LinkPolicy())

@@ -166,15 +166,6 @@ def text_token_ids(tokenizer: Any, text: str) -> list[int]:
     return [int(token_id) for token_id in tokenizer(text)["input_ids"]]
 
 
-def special_token_ids(tokenizer: Any) -> frozenset[int]:
-    """The ids of the tokenizer's special tokens (role markers, end of text, …)."""
-    return frozenset(
-        int(token_id)
-        for token_id, token in tokenizer.added_tokens_decoder.items()
-        if getattr(token, "special", False)
-    )
-
-
 def renders_tool_calls(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template describes ``tools`` itself and writes tool
     calls as Hermes-style ``<tool_call>`` blocks of ``{"name": …, "arguments": …}`` (the

@@ -3,7 +3,7 @@
 For what an honest node never does (answer an impossible token id, NaN hidden
 states, an error naming someone else), so the head's checks can be watched.
 It speaks the hop link (``/v1/link``): each step of a frame gets ``answer``
-(an answer entry of ``wire``'s format without its id, written as given, so
+(an answer entry of ``wire.frames``' format without its id, written as given, so
 malformed values go out as they are), plus ``body`` as its bytes; a cancel
 and the link's hello get 204.
 """

@@ -1,6 +1,6 @@
 """A test's end of a hop link: steps sent as a head sends them, answers read back.
 
-Frames are the product's (``wire``); the websocket is either the in-process
+Frames are the product's (``nodes_app.runtime.wire``); the websocket is either the in-process
 app's (Starlette's TestClient) or a real node process's (``websockets``'
 sync client). Sync, because the tests calling it are.
 """

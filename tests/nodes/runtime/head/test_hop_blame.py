@@ -15,7 +15,6 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from nodes_app.protocol.sse import sse_frames
 from nodes_app.runtime.engine.core import NodeService
 from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.loading.shard import load_shard
@@ -29,6 +28,7 @@ from tests.support.fake_hop import fake_hop
 from tests.support.hidden_states import nan_hidden
 from tests.support.link import HIDDEN, in_process_link, tiny_step
 from tests.support.nodes import TINY
+from tests.support.sse import sse_frames
 
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
 VOCAB = 259  # the tiny model's

@@ -13,14 +13,13 @@ from django.core.management import CommandError, call_command
 from starlette.testclient import TestClient
 
 from nodes_app.protocol.limits import STEP_TIMEOUT_POSITIONS, step_time_limit
-from nodes_app.protocol.sse import sse_frames
 from nodes_app.runtime.__main__ import step_timeout_argument
 from nodes_app.runtime.engine.core import NodeService
 from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.server import create_app
 from nodes_app.shared.sources import resolve_source
-from tests.support.sse import chunks_of, text_of
+from tests.support.sse import chunks_of, sse_frames, text_of
 
 TINY = "tiny-random-llama"
 PROMPT = [{"role": "user", "content": "Tell me about meshes."}]
