@@ -53,7 +53,6 @@ from nodes_app.runtime.wire.entries import (
     StepAnswer,
 )
 from nodes_app.runtime.wire.frames import decode_requests
-from nodes_app.runtime.wire.tensors import body_length
 
 logger = logging.getLogger("meshnet.node")
 
@@ -296,17 +295,13 @@ def _admit(
         return None, _hello(service, entry, answers)
     step = entry.step
     try:
-        service.admission.check_step(step)
-        capability = service.admission.admit_step(step, _credentials(entry.capability, entry.plan))
+        capability = step_intake.admit(service, step, _credentials(entry.capability, entry.plan))
     except RuntimeRequestError as error:
         answers.put(StepAnswer.refusal(entry.step_id, error))
         return None, False
-    expected = body_length(step)
-    if len(entry.body) != expected:
-        wrong = RuntimeRequestError(
-            f"the step has {len(entry.body)} bytes; its shape and dtype need {expected}",
-            code="bad_length",
-        )
+    try:
+        step_intake.check_length(step, entry.body)
+    except RuntimeRequestError as wrong:
         answers.put(StepAnswer.refusal(entry.step_id, wrong))
         return None, True
     return asyncio.create_task(_forward(service, entry, capability, answers)), True
