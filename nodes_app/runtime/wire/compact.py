@@ -15,7 +15,8 @@ binary header instead of JSON when every entry of the frame fits
 A header length of 0 is never valid JSON, so a node that only reads JSON
 refuses a compact frame as malformed. A compact header is bounded and
 checked as strictly as a JSON one, every field refused alone with the JSON
-form's code. ``frames`` decides which form a frame takes.
+form's code; a header that does not parse closes the link. ``frames``
+decides which form a frame takes.
 """
 
 from __future__ import annotations

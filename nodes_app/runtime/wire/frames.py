@@ -39,26 +39,11 @@ needs no change here.
 A decode step's frame and a last hop's token answers are on every token's
 path, so they may also travel *compact*: the same entries under a binary
 header instead of JSON (encoding and decoding a one-step frame and its
-answer: ~30 µs with JSON headers, ~13 µs compact)::
-
-    compact = u32 0 | u32 header length | header | bodies
-    header  = u8 kind (1 steps, 2 answers) | u16 count | entries
-    step    = <IIIIIIIBBB id, bytes, start, end, position, T, H, dtype, flags,
-              logprobs | u8 length + UTF-8 session_id | (flags & 1) sender
-              | (flags & 2) capability          (each string u8-length-prefixed)
-    answer  = <BIIBII tag (1 token, 2 hidden states), id, token id or bytes,
-              dtype, T, H
-
-A header length of 0 is never valid JSON, so a node that only reads JSON
-refuses a compact frame as malformed: head and hop are upgraded together, as
-for the hello. A frame is compact only when every entry fits it (a step whose
-other fields are all None: no plan, sampling, reserve or id lists; a token
-answer without scores; hidden states of shape ``[1, T, H]``); anything else,
-openings, cancels, hellos and refusals, goes as JSON. A compact header is
-bounded and checked as strictly as a JSON one: its length against
-``max_header`` before it is read, every entry within it, every body declared,
-every field refused alone with the JSON form's code (a bad dtype, shape,
-session id or logprobs); a header that does not parse closes the link.
+answer: ~30 µs with JSON headers, ~13 µs compact), when every entry of the
+frame fits it (a step whose other fields are all None: no plan, sampling,
+reserve or id lists; a token answer without scores; hidden states of shape
+``[1, T, H]``); anything else, openings, cancels, hellos and refusals, goes
+as JSON. The compact layout and its checks are ``compact``'s.
 
 This module is the JSON form and the choice between the forms; the compact
 form is ``compact``'s, the entries ``entries``', tensor bytes ``tensors``'.
