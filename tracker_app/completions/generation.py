@@ -75,7 +75,7 @@ class Piece:
 @dataclass(frozen=True)
 class Overrun:
     """A head relayed text past the client's stop sequence or ``max_tokens`` on ``segment``'s
-    route: the head applies both (``nodes_app.runtime.head.output``), so it is to blame."""
+    route: the head applies both (``nodes_app.runtime.output``), so it is to blame."""
 
     segment: Segment
     what: str

@@ -3,8 +3,8 @@
 A head reports the prompt tokens it ran, but a head is a node operator's
 process, trusted to run its layers and nothing more: the tracker bills from
 its own count. It loads the model's tokenizer without torch
-(:mod:`nodes_app.shared.tokenization`, once per process per weight source) and
-tokenises exactly as the head does (:func:`nodes_app.shared.prompting.prompt_token_ids`),
+(:mod:`nodes_app.tokenization`, once per process per weight source) and
+tokenises exactly as the head does (:func:`nodes_app.prompting.prompt_token_ids`),
 so an honest head always agrees. With the count in hand the tracker refuses,
 before routing, what the head would refuse (a template that rejects the
 messages, a prompt plus ``max_tokens`` past the context, a grammar the
@@ -57,7 +57,7 @@ class ContextLengthExceeded(DomainError):
 
 
 class ChatTemplateOverBudget(DomainError):
-    """The model's chat template ran past its render budget (``nodes_app.shared.prompting``):
+    """The model's chat template ran past its render budget (``nodes_app.prompting``):
     the model's fault, not the client's; the request fails unbilled."""
 
     kind = ErrorKind.INTERNAL
