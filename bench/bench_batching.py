@@ -45,11 +45,16 @@ def main() -> int:
 
     import torch
 
-    from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.sampling import SamplingParams, TailRequest, TokenPicker, sample_token
-    from nodes_app.runtime.service import NodeService
-    from nodes_app.runtime.sources import resolve_source
-    from nodes_app.runtime.trust import PlanGate
+    from nodes_app.runtime.engine.core import NodeService
+    from nodes_app.runtime.engine.sampler import (
+        SamplingParams,
+        TailRequest,
+        TokenPicker,
+        sample_token,
+    )
+    from nodes_app.runtime.engine.trust import PlanGate
+    from nodes_app.runtime.loading.shard import load_shard
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(args.threads)
     shard = load_shard(

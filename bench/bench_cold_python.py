@@ -27,10 +27,13 @@ ROUNDS = 60
 def main() -> int:
     import torch
 
-    from nodes_app.runtime import wire
-    from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.runner import ShardRunner
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.engine.finite import all_finite
+    from nodes_app.runtime.engine.runner import ShardRunner
+    from nodes_app.runtime.loading.shard import load_shard
+    from nodes_app.runtime.wire.entries import ForwardStep, LinkStep
+    from nodes_app.runtime.wire.frames import decode_requests, encode_requests
+    from nodes_app.runtime.wire.tensors import tensor_from_bytes, tensor_to_bytes
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     shard = load_shard(
@@ -46,7 +49,7 @@ def main() -> int:
     def step_work() -> float:
         """Seconds the step's fixed work takes: a frame out and in, a tensor, a loop turn."""
         began = time.perf_counter()
-        step = wire.ForwardStep(
+        step = ForwardStep(
             session_id="bench-session",
             start=15,
             end=29,
@@ -55,13 +58,11 @@ def main() -> int:
             shape=(1, 1, shard.hidden_size),
             sampling=None,
         )
-        frame = wire.encode_requests(
-            [wire.LinkStep(position, step, wire.tensor_to_bytes(hidden[:, -1:]), "cap")]
-        )
-        for entry in wire.decode_requests(frame):
-            assert isinstance(entry, wire.LinkStep)
-            tensor = wire.tensor_from_bytes(entry.body, entry.step.dtype, entry.step.shape)
-            assert wire.is_finite(tensor)
+        frame = encode_requests([LinkStep(position, step, tensor_to_bytes(hidden[:, -1:]), "cap")])
+        for entry in decode_requests(frame):
+            assert isinstance(entry, LinkStep)
+            tensor = tensor_from_bytes(entry.body, entry.step.dtype, entry.step.shape)
+            assert all_finite(tensor)
         loop.run_until_complete(asyncio.sleep(0))
         return time.perf_counter() - began
 

@@ -29,9 +29,9 @@ TARGET = 0.80
 def main() -> int:
     import torch
 
-    from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.runner import ShardRunner
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.engine.runner import ShardRunner
+    from nodes_app.runtime.loading.shard import load_shard
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     shard = load_shard(

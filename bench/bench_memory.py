@@ -27,8 +27,8 @@ def measure_child(start: int, end: int) -> None:
     import psutil
     import torch
 
-    from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.loading.shard import load_shard
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     before = psutil.Process().memory_info().rss

@@ -69,9 +69,9 @@ def pipeline_run(head: str, tail: str, max_tokens: int) -> tuple[list[int], floa
 def main() -> int:
     import torch
 
-    from nodes_app.prompting import prompt_token_ids
-    from nodes_app.runtime.loading import load_causal_lm, load_tokenizer
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.loading.shard import load_causal_lm, load_tokenizer
+    from nodes_app.shared.prompting import prompt_token_ids
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     logs = Path(tempfile.mkdtemp(prefix="meshnet-bench-"))

@@ -70,10 +70,10 @@ def measure_child(dtype: str, quantize: str) -> None:
     import psutil
     import torch
 
-    from nodes_app.runtime import quantization
-    from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.runner import ShardRunner
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.engine.runner import ShardRunner
+    from nodes_app.runtime.loading import quantization
+    from nodes_app.runtime.loading.shard import load_shard
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     # Imported before the baseline, like torch.

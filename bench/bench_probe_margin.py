@@ -84,8 +84,8 @@ def main() -> None:
     if args.kernels == "avx2":
         torch.backends.mkldnn.set_flags(False)
 
-    from nodes_app.runtime.loading import load_causal_lm, load_tokenizer
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.loading.shard import load_causal_lm, load_tokenizer
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -123,8 +123,8 @@ def main() -> None:
 
     from transformers import LlamaForCausalLM
 
-    from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
-    from nodes_app.tokenization import tiny_tokenizer
+    from nodes_app.runtime.loading.tiny import tiny_config, tiny_state_dict
+    from nodes_app.shared.tokenization import tiny_tokenizer
 
     tiny: Any = LlamaForCausalLM(tiny_config())
     tiny.load_state_dict(tiny_state_dict())
@@ -219,9 +219,9 @@ def tiny_probe(seeds: int) -> None:
     django.setup()
     from nodes_app.protocol.logprobs import TokenLogprob, TopLogprob
     from nodes_app.protocol.sampling import SamplingParams
-    from nodes_app.runtime.sampling import new_generator, sample_token
-    from nodes_app.runtime.tiny import tiny_config, tiny_state_dict
-    from nodes_app.tokenization import tiny_tokenizer
+    from nodes_app.runtime.engine.sampler import new_generator, sample_token
+    from nodes_app.runtime.loading.tiny import tiny_config, tiny_state_dict
+    from nodes_app.shared.tokenization import tiny_tokenizer
     from routing_app.exclusions.probe_verdicts import ProbeAnswer, probe_answers_compare
     from tracker_app.probes import PROBE_MAX_TOKENS, PROBE_MESSAGES, PROBE_TOP_LOGPROBS
 

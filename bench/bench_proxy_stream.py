@@ -62,9 +62,9 @@ def in_process_generate() -> Callable[[], tuple[int, float, float]]:
     """``generate`` on the whole model in this process: (new tokens, seconds, CPU seconds)."""
     import torch
 
-    from nodes_app.prompting import prompt_token_ids
-    from nodes_app.runtime.loading import load_causal_lm, load_tokenizer
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.loading.shard import load_causal_lm, load_tokenizer
+    from nodes_app.shared.prompting import prompt_token_ids
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     source = resolve_source(MODEL)
@@ -88,10 +88,10 @@ def in_process_shards() -> Callable[[], tuple[int, float, float]]:
     token, greedy, no transport: (new tokens, seconds, CPU seconds) per call."""
     import torch
 
-    from nodes_app.prompting import prompt_token_ids
-    from nodes_app.runtime.loading import load_shard, load_tokenizer
-    from nodes_app.runtime.runner import ShardRunner
-    from nodes_app.runtime.sources import resolve_source
+    from nodes_app.runtime.engine.runner import ShardRunner
+    from nodes_app.runtime.loading.shard import load_shard, load_tokenizer
+    from nodes_app.shared.prompting import prompt_token_ids
+    from nodes_app.shared.sources import resolve_source
 
     torch.set_num_threads(1)
     source = resolve_source(MODEL)

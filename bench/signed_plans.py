@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nodes_app.protocol.generate import GenerateRequest
-from nodes_app.signing import load_or_create_wallet, sign_plan
+from nodes_app.shared.signing import load_or_create_wallet, sign_plan
 
 
 def signed_direct(body: dict[str, Any], key_file: Path) -> dict[str, Any]:

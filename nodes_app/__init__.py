@@ -1,8 +1,16 @@
-"""Node registry (models, registration/heartbeat API, liveness), the model catalogue,
-topology epochs, and the node runtime.
+"""The node side of Meshnet, in three parts that import one way.
 
-The runtime (``nodes_app.runtime``) is the only code that imports torch, and
-it imports no Django; the tracker imports the registry side of this app only.
-Both rules, and the one-way dependencies between apps, are checked by
+- The registry (this package's own modules: models, registration and
+  heartbeat API, services, liveness, adding models, topology epochs,
+  ``runnode``) runs in the tracker, under Django.
+- What both sides import: ``nodes_app.protocol`` (the wire's declarations,
+  standard library only) and ``nodes_app.shared`` (catalogue, families,
+  weight sources, tokenizers, chat templates, grammars, signatures; no
+  torch, no Django).
+- ``nodes_app.runtime``: the node process, the only code that imports
+  torch; it imports no Django, and nothing of the registry imports it
+  (``runnode`` starts it inside ``handle()``).
+
+These rules, and the one-way dependencies between apps, are checked by
 ``lint-imports`` (contracts in ``pyproject.toml``).
 """

@@ -123,7 +123,7 @@ class RegisterNodeApi(APIView):
 
     @extend_schema(
         description="No credential: the body is signed by the node's wallet key (``signature`` "
-        "over every other field, see nodes_app.signing), and the endpoint must answer the "
+        "over every other field, see nodes_app.shared.signing), and the endpoint must answer the "
         "tracker's challenge for that wallet before anything is written. An endpoint is a "
         "scheme, host and port (no path), compared by the address and port it reaches.",
         auth=[],

@@ -12,7 +12,7 @@ compare the socket and not a spelling (``localhost`` for ``127.0.0.1``).
 
 Proof (``EndpointGate.prove``): the tracker posts a fresh nonce to
 ``{endpoint}/v1/challenge`` and accepts only the registering wallet's
-signature over it and the endpoint (``nodes_app.signing``). No redirect is
+signature over it and the endpoint (``nodes_app.shared.signing``). No redirect is
 followed, the answer is bounded, and no part of it ever reaches a client:
 every failure is the same refusal, whatever the port did (closed, another
 server, another wallet), so registrations cannot map ports; the operator's
@@ -38,7 +38,7 @@ import httpx
 from meshnet_site.environment import IPNetwork
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.protocol.decoding import json_document
-from nodes_app.signing import canonical_endpoint, verify_challenge
+from nodes_app.shared.signing import canonical_endpoint, verify_challenge
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

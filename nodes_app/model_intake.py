@@ -3,7 +3,7 @@
 :func:`model_weights_read` reads what the tracker must know of a checkpoint
 (its family, layer count and context length) from the weights themselves —
 ``config.json`` of a Hugging Face directory, or a GGUF file's metadata — and
-checks that the runtime serves its family (``nodes_app.families``), that its
+checks that the runtime serves its family (``nodes_app.shared.families``), that its
 shape is one a real model has (:data:`SHAPE_BOUNDS`) and that its tokenizer
 loads. :func:`language_model_add` then creates the catalogue
 row. Whatever cannot be served raises :class:`ModelRefused` with the reason.
@@ -22,11 +22,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from meshnet_site.errors import DomainError, ErrorKind
-from nodes_app.families import GGUF_ARCHITECTURES, family_refusal
 from nodes_app.models import LanguageModel, TopologyEpoch
-from nodes_app.runtime.errors import ModelSourceError
-from nodes_app.runtime.sources import ModelSource, parse_source
-from nodes_app.tokenization import model_text_of, read_gguf_metadata
+from nodes_app.shared.families import GGUF_ARCHITECTURES, family_refusal
+from nodes_app.shared.model_errors import ModelSourceError
+from nodes_app.shared.sources import ModelSource, parse_source
+from nodes_app.shared.tokenization import model_text_of, read_gguf_metadata
 
 # A checkpoint is input, not trusted code: the shape its config declares is held to
 # bounds above the largest published model of every served family (2026-12: layers

@@ -139,7 +139,3 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.model.key}[{self.shard_start}-{self.shard_end}]"
-
-    @property
-    def layer_count(self) -> int:
-        return self.shard_end - self.shard_start + 1

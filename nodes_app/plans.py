@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
 from nodes_app.protocol.generate import GenerateRequest
-from nodes_app.signing import load_or_create_wallet, sign_plan, wallet_of
+from nodes_app.shared.signing import load_or_create_wallet, sign_plan, wallet_of
 
 
 @functools.cache

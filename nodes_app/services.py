@@ -35,8 +35,8 @@ from nodes_app.registration_checks import (
     check_wallet_not_banned,
 )
 from nodes_app.selectors import topology_epoch_current
+from nodes_app.shared.signing import verify_registration
 from nodes_app.signals import topology_changed
-from nodes_app.signing import verify_registration
 
 
 class RegistrationNotTrusted(DomainError):

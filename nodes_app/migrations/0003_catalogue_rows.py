@@ -1,4 +1,4 @@
-"""Create the rows of every model ``nodes_app.catalogue`` ships that the database lacks.
+"""Create the rows of every model ``nodes_app.shared.catalogue`` ships that the database lacks.
 
 The catalogue module is the one list of shipped models; this migration reads
 it rather than holding a copy. ``routing_app`` 0002 keeps its own frozen list:
@@ -12,7 +12,7 @@ copied, so a field added to catalogue entries later cannot break it.
 
 from django.db import migrations
 
-from nodes_app.catalogue import SHIPPED
+from nodes_app.shared.catalogue import SHIPPED
 
 
 def create_missing_rows(apps, schema_editor):

@@ -35,7 +35,7 @@ class TopLogprob:
 class TokenLogprob:
     """One token's entry in OpenAI's logprobs shape: token, logprob, bytes, top_logprobs.
 
-    How a head writes a token (``nodes_app.runtime.text.TokenPieces``):
+    How a head writes a token (``nodes_app.runtime.head.text.TokenPieces``):
     ``bytes`` are the token's own UTF-8 bytes — a byte-level BPE piece may hold
     only part of a character — and ``token`` is those bytes decoded with
     ``errors="replace"`` (a partial character shows as U+FFFD). A special

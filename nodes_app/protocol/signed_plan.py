@@ -2,7 +2,7 @@
 
 :class:`SignedPlan` (what the signature covers, its header form for hop
 sessions) of :class:`PlanHop`; the form of a session's capability. Signing
-itself is ``nodes_app.signing``.
+itself is ``nodes_app.shared.signing``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ PLAN_READERS: dict[str, Reader] = {
 class SignedPlan:
     """A route as the tracker signed it: which nodes run which layers of one request.
 
-    The signature (``nodes_app.signing.sign_plan``) covers :meth:`signed_fields`:
+    The signature (``nodes_app.shared.signing.sign_plan``) covers :meth:`signed_fields`:
     request id, model, every hop's node id, endpoint and layers, and
     ``expires_at`` (unix seconds; after it the plan opens no session), what
     each session it opens may hold (see below) and a ``nonce``, so that two

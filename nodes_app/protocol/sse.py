@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from nodes_app.protocol.decoding import json_document
@@ -39,8 +39,3 @@ def sse_data(line: str) -> Any:
         return json_document(data)
     except ValueError as error:
         raise ProtocolError(f"an event's data is not JSON: {error}") from None
-
-
-def sse_frames(lines: Iterable[str]) -> list[Any]:
-    """Every payload of a whole SSE body's lines, :data:`SSE_DONE` kept (tests, benchmarks)."""
-    return [payload for line in lines if (payload := sse_data(line)) is not None]

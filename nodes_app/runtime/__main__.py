@@ -17,12 +17,12 @@ from nodes_app.protocol.limits import (
     STEP_TIMEOUT_RANGE,
     STEP_TIMEOUT_SECONDS,
 )
-from nodes_app.runtime.capacity import add_capacity_arguments
-from nodes_app.runtime.link_guard import add_link_arguments, link_policy_from
+from nodes_app.runtime.engine.capacity import add_capacity_arguments
+from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS
+from nodes_app.runtime.engine.trust import DEV_OPEN_HELP, tracker_key_argument
+from nodes_app.runtime.hop.link_guard import add_link_arguments, link_policy_from
+from nodes_app.runtime.loading.precision import add_precision_arguments
 from nodes_app.runtime.node import NodeOptions, parse_layers, run_node
-from nodes_app.runtime.precision import add_precision_arguments
-from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
-from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
 
 
 def step_timeout_argument(value: str) -> float:

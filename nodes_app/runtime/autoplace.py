@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from nodes_app.runtime.footprint import MIB, memory_free, memory_hold, model_footprint
-from nodes_app.runtime.sources import resolve_source
+from nodes_app.runtime.loading.footprint import MIB, memory_free, memory_hold, model_footprint
 from nodes_app.runtime.tracker_client import RegistrationError
+from nodes_app.shared.sources import resolve_source
 
 PLACEMENT_PATH = "/api/nodes/placement"
 

@@ -30,23 +30,23 @@ from nodes_app.protocol.limits import (
     LINK_MAX_FRAME_BYTES,
     STEP_TIMEOUT_SECONDS,
 )
-from nodes_app.runtime.benchmark import measure_decode_tps
-from nodes_app.runtime.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
-from nodes_app.runtime.kv import bytes_per_position
-from nodes_app.runtime.link_guard import LinkPolicy
-from nodes_app.runtime.loading import LoadedShard, load_shard
+from nodes_app.runtime.engine.benchmark import measure_decode_tps
+from nodes_app.runtime.engine.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.kv import bytes_per_position
+from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.hop.link_guard import LinkPolicy
+from nodes_app.runtime.loading.shard import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app
-from nodes_app.runtime.service import NodeService
-from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
-from nodes_app.runtime.sources import resolve_source
 from nodes_app.runtime.tracker_client import (
     NodeAnnouncement,
-    Registration,
     RegistrationError,
     TrackerClient,
+    TrackerRegistration,
 )
-from nodes_app.runtime.trust import PlanGate
-from nodes_app.signing import load_or_create_wallet
+from nodes_app.shared.signing import load_or_create_wallet
+from nodes_app.shared.sources import resolve_source
 
 # How long an idle client connection stays open. Longer than the clients keep one in
 # their pools (the tracker's and a head's httpx pools: 5 s at most): with uvicorn's
@@ -282,7 +282,7 @@ async def _serve_joined(
         await asyncio.sleep(0.05)
 
     status = 0
-    registration: Registration | None = None
+    registration: TrackerRegistration | None = None
     if tracker is not None:
         announcement = NodeAnnouncement(
             endpoint=options.endpoint,

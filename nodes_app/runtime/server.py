@@ -5,16 +5,16 @@ Routes:
                                   quarters (open to anyone: no exact free KV)
   POST   /v1/challenge            sign the tracker's nonce with the wallet (ADR-0008; open)
   WS     /v1/link                 a head's link: frames of hop steps and session cancels
-                                  (binary, see ``wire`` and ``link_server``)
+                                  (binary, see ``wire`` and ``hop.link_server``)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
 Every HTTP refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx
 status: a 4xx only for the requester's fault, a 5xx for this node's; a step's
 refusal on the link carries the same status, code and type in its answer.
 Generate, steps and cancels need the tracker's signed plan or the session's
-capability (``trust``), checked before anything else; a generate body is read
+capability (``engine.trust``), checked before anything else; a generate body is read
 to at most ``max_request_bytes`` (413), a link frame to at most
 ``max_frame_bytes`` (the link closes). Both happen before a session slot is taken. A
-link is kept only by a head that shows a valid plan or capability (``link_guard``).
+link is kept only by a head that shows a valid plan or capability (``hop.link_guard``).
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ from starlette.websockets import WebSocket
 
 from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.limits import LINK_MAX_FRAME_BYTES, LINK_PATH
-from nodes_app.runtime.driver import Generation, prompt_for
-from nodes_app.runtime.errors import RuntimeRequestError
-from nodes_app.runtime.link_guard import LinkPolicy, PeerLinks
-from nodes_app.runtime.link_server import serve_link
-from nodes_app.runtime.links import HopLinks
-from nodes_app.runtime.plan import HeadIdentity, check_grant, parse_generate_request
-from nodes_app.runtime.service import NodeService
-from nodes_app.signing import is_challenge_nonce, sign_challenge, wallet_of
+from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.runtime.head.hop_links import HopLinks
+from nodes_app.runtime.head.request_checks import HeadIdentity, check_grant, parse_generate_request
+from nodes_app.runtime.head.route_driver import RouteDriver, prompt_for
+from nodes_app.runtime.hop.link_guard import LinkPolicy, PeerLinks
+from nodes_app.runtime.hop.link_server import serve_link
+from nodes_app.shared.signing import is_challenge_nonce, sign_challenge, wallet_of
 
 logger = logging.getLogger("meshnet.node")
 
@@ -120,7 +120,7 @@ def create_app(
     one (served without a tracker) answers it 404 ``no_wallet``.
     ``max_frame_bytes`` bounds a link frame, both ways (serve it with the same
     websocket ``max_size``, so that a larger one is never read whole).
-    ``link_policy`` says who may hold a link and for how long (``link_guard``).
+    ``link_policy`` says who may hold a link and for how long (``hop.link_guard``).
     """
     state: dict[str, Any] = {}
     peers = PeerLinks(link_policy or LinkPolicy())
@@ -201,7 +201,7 @@ def create_app(
             service.gate.admit_plan(generate_request.plan, node_id=service.node_id)
             prompt = await prompt_for(service, generate_request)
             check_grant(generate_request, len(prompt))
-            generation = Generation(service, state["links"], generate_request, prompt)
+            generation = RouteDriver(service, state["links"], generate_request, prompt)
         except RuntimeRequestError as error:
             return _error(error)
         return _SSEResponse(generation.stream(), media_type="text/event-stream")

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol.limits import TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
 from nodes_app.protocol.registration import DEFAULT_PRECISION, MAX_REPORTED_TPS
-from nodes_app.signing import public_key_from_hex, sign_registration, wallet_of
+from nodes_app.shared.signing import public_key_from_hex, sign_registration, wallet_of
 
 
 class RegistrationError(Exception):
@@ -39,7 +39,7 @@ class NodeAnnouncement:
 
 
 @dataclass(frozen=True)
-class Registration:
+class TrackerRegistration:
     node_id: str
     token: str
     heartbeat_interval: float
@@ -87,7 +87,9 @@ class TrackerClient:
             ) from None
         return key
 
-    async def register(self, node: NodeAnnouncement, *, retry_for: float = 30.0) -> Registration:
+    async def register(
+        self, node: NodeAnnouncement, *, retry_for: float = 30.0
+    ) -> TrackerRegistration:
         fields: dict[str, Any] = {
             "wallet": wallet_of(self.key),
             "endpoint": node.endpoint,
@@ -118,17 +120,22 @@ class TrackerClient:
                 f"{_error_message(response)}"
             )
         data = response.json()
-        return Registration(
+        return TrackerRegistration(
             node_id=str(data["node_id"]),
             token=str(data["node_token"]),
             heartbeat_interval=float(data.get("heartbeat_interval", 10.0)),
         )
 
-    def _auth(self, registration: Registration) -> dict[str, str]:
+    def _auth(self, registration: TrackerRegistration) -> dict[str, str]:
         return {"Authorization": f"Bearer {registration.token}"}
 
     async def heartbeat(
-        self, registration: Registration, *, active_sessions: int, queue_depth: int, tps: float
+        self,
+        registration: TrackerRegistration,
+        *,
+        active_sessions: int,
+        queue_depth: int,
+        tps: float,
     ) -> int:
         """The tracker's status code (401/404 means it forgot this node: register again)."""
         response = await self.client.post(
@@ -142,7 +149,7 @@ class TrackerClient:
         )
         return response.status_code
 
-    async def deregister(self, registration: Registration) -> None:
+    async def deregister(self, registration: TrackerRegistration) -> None:
         response = await self.client.post(
             f"{self.base}/{registration.node_id}/deregister", headers=self._auth(registration)
         )

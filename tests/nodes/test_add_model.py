@@ -14,8 +14,8 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from nodes_app.models import LanguageModel
-from nodes_app.runtime.sources import parse_source
 from nodes_app.selectors import topology_epoch_current
+from nodes_app.shared.sources import parse_source
 from tests.support.checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.django_db

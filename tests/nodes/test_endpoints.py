@@ -11,12 +11,7 @@ from hypothesis import strategies as st
 
 from meshnet_site.environment import DEFAULT_NODE_NETWORKS
 from nodes_app.endpoints import EndpointGate, EndpointNotAllowed, EndpointUnproven
-from nodes_app.signing import (
-    canonical_endpoint,
-    sign_challenge,
-    verify_challenge,
-    wallet_of,
-)
+from nodes_app.shared.signing import canonical_endpoint, sign_challenge, verify_challenge, wallet_of
 from tests.support.endpoint_gate import isolated_gate
 
 NONCE = "ab" * 32

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.signing import wallet_of
+from nodes_app.shared.signing import wallet_of
 from tests.support.network import Network, Tracker, running_tracker, start_network
 from tests.support.nodes import TINY
 from tracker_app.localnet import free_port, fresh_process_database, wait_until

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from nodes_app.catalogue import SHIPPED
+from nodes_app.shared.catalogue import SHIPPED
 
 # The latest migrations before the move (auth's for the operator's permissions).
 BEFORE_THE_MOVE = [

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from nodes_app.models import LanguageModel, Node, NodeStatus
 from nodes_app.selectors import topology_epoch_current
-from nodes_app.signing import sign_registration
+from nodes_app.shared.signing import sign_registration
 from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 pytestmark = pytest.mark.django_db

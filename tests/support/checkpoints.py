@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from nodes_app.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
+from nodes_app.shared.tokenization import TINY_VOCAB_SIZE, tiny_tokenizer
 
 SEED = 20261202
 LAYERS = 6

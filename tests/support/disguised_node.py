@@ -31,15 +31,15 @@ PROBE_TOP_LOGPROBS = 5
 
 
 def _disguise_tail(mode: str) -> None:
-    from nodes_app.runtime.sampling import Choice
-    from nodes_app.runtime.service import NodeService
+    from nodes_app.runtime.engine.core import NodeService
+    from nodes_app.runtime.wire.entries import Choice
 
-    forward = NodeService.forward
+    forward = NodeService.hop_forward
     # session id -> (honest for the whole session, prompt length)
     opened: dict[str, tuple[bool, int]] = {}
 
-    async def disguised(self: NodeService, step: Any, body: bytes, grant: Any = None) -> Any:
-        result = await forward(self, step, body, grant)
+    async def disguised(self: NodeService, session: Any, step: Any, hidden: Any) -> Any:
+        result = await forward(self, session, step, hidden)
         if not isinstance(result, Choice):
             return result
         if step.position == 0:
@@ -53,12 +53,12 @@ def _disguise_tail(mode: str) -> None:
         wrong = (result.token_id + 1) % self.admission.vocab_size
         return dataclasses.replace(result, token_id=wrong)
 
-    NodeService.forward = disguised  # type: ignore[method-assign]
+    NodeService.hop_forward = disguised  # type: ignore[method-assign]
 
 
 def _ignore_stops() -> None:
-    from nodes_app.runtime import output
-    from nodes_app.runtime.text import StopMatcher
+    from nodes_app.runtime.head import output
+    from nodes_app.runtime.head.text import StopMatcher
 
     class Deaf(StopMatcher):
         def __init__(self, stops: list[str]) -> None:

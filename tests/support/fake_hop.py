@@ -3,7 +3,7 @@
 For what an honest node never does (answer an impossible token id, NaN hidden
 states, an error naming someone else), so the head's checks can be watched.
 It speaks the hop link (``/v1/link``): each step of a frame gets ``answer``
-(an answer entry of ``wire``'s format without its id, written as given, so
+(an answer entry of ``wire.frames``' format without its id, written as given, so
 malformed values go out as they are), plus ``body`` as its bytes; a cancel
 and the link's hello get 204.
 """
@@ -19,7 +19,8 @@ from typing import Any
 
 from websockets.sync.server import ServerConnection, serve
 
-from nodes_app.runtime import wire
+from nodes_app.runtime.wire.entries import CancelEntry, HelloEntry
+from nodes_app.runtime.wire.frames import decode_requests
 
 
 @contextlib.contextmanager
@@ -31,8 +32,8 @@ def fake_hop(answer: dict[str, Any], body: bytes = b"") -> Iterator[str]:
             assert isinstance(message, bytes)
             entries: list[dict[str, Any]] = []
             bodies = b""
-            for entry in wire.decode_requests(message):
-                if isinstance(entry, wire.CancelEntry | wire.HelloEntry):
+            for entry in decode_requests(message):
+                if isinstance(entry, CancelEntry | HelloEntry):
                     entries.append({"id": entry.step_id, "status": 204})
                     continue
                 entries.append(

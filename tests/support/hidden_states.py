@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from nodes_app.runtime import wire
+from nodes_app.runtime.wire.tensors import tensor_to_bytes
 from tests.support.link import HIDDEN
 
 
@@ -14,4 +14,4 @@ def nan_hidden(rows: int) -> bytes:
     """``rows`` positions of the tiny model's hidden states, one value NaN, as a hop's body."""
     hidden = torch.randn(1, rows, HIDDEN)
     hidden[0, 0, 7] = math.nan
-    return wire.tensor_to_bytes(hidden)
+    return tensor_to_bytes(hidden)

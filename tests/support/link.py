@@ -1,6 +1,6 @@
 """A test's end of a hop link: steps sent as a head sends them, answers read back.
 
-Frames are the product's (``wire``); the websocket is either the in-process
+Frames are the product's (``nodes_app.runtime.wire``); the websocket is either the in-process
 app's (Starlette's TestClient) or a real node process's (``websockets``'
 sync client). Sync, because the tests calling it are.
 """
@@ -19,8 +19,9 @@ from websockets.sync.client import connect
 
 from nodes_app.protocol.limits import LINK_PATH
 from nodes_app.protocol.sampling import SamplingParams
-from nodes_app.runtime import wire
-from nodes_app.runtime.links import link_url
+from nodes_app.runtime.head.hop_links import link_url
+from nodes_app.runtime.wire.entries import CancelEntry, ForwardStep, LinkStep, StepAnswer
+from nodes_app.runtime.wire.frames import decode_answers, encode_requests
 
 HIDDEN = 64  # the tiny model's hidden size
 
@@ -34,9 +35,9 @@ def tiny_step(
     position: int = 0,
     dtype: str = "float32",
     sender: str | None = None,
-) -> wire.ForwardStep:
+) -> ForwardStep:
     """One hop step of the tiny model (sampling only when it ends at the last layer)."""
-    return wire.ForwardStep(
+    return ForwardStep(
         session_id=session,
         start=start,
         end=end,
@@ -59,36 +60,34 @@ class LinkClient:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def exchange(
-        self, entries: Sequence[wire.LinkStep | wire.CancelEntry]
-    ) -> list[wire.StepAnswer]:
+    def exchange(self, entries: Sequence[LinkStep | CancelEntry]) -> list[StepAnswer]:
         """Send ``entries`` as one frame; their answers, in the entries' order."""
-        self._send(wire.encode_requests(entries))
+        self._send(encode_requests(entries))
         return self.answers([entry.step_id for entry in entries])
 
     def send_frame(self, frame: bytes) -> None:
         self._send(frame)
 
-    def answers(self, ids: list[int]) -> list[wire.StepAnswer]:
-        got: dict[int, wire.StepAnswer] = {}
+    def answers(self, ids: list[int]) -> list[StepAnswer]:
+        got: dict[int, StepAnswer] = {}
         while not set(ids) <= set(got):
-            for answer in wire.decode_answers(self._receive()):
+            for answer in decode_answers(self._receive()):
                 got[answer.step_id] = answer
         return [got[step_id] for step_id in ids]
 
     def step(
         self,
-        step: wire.ForwardStep,
+        step: ForwardStep,
         body: bytes,
         *,
         capability: str | None = None,
         plan: str | None = None,
-    ) -> wire.StepAnswer:
-        [answer] = self.exchange([wire.LinkStep(self.next_id(), step, body, capability, plan)])
+    ) -> StepAnswer:
+        [answer] = self.exchange([LinkStep(self.next_id(), step, body, capability, plan)])
         return answer
 
-    def cancel(self, session: str, *, capability: str | None = None) -> wire.StepAnswer:
-        [answer] = self.exchange([wire.CancelEntry(self.next_id(), session, capability)])
+    def cancel(self, session: str, *, capability: str | None = None) -> StepAnswer:
+        [answer] = self.exchange([CancelEntry(self.next_id(), session, capability)])
         return answer
 
     def raw_step(
@@ -98,7 +97,7 @@ class LinkClient:
         *,
         capability: str | None = None,
         plan: str | None = None,
-    ) -> wire.StepAnswer:
+    ) -> StepAnswer:
         """A step whose fields are written by hand (malformed ones included)."""
         step_id = self.next_id()
         entry = {"id": step_id, "bytes": len(body), "step": fields}

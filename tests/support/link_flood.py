@@ -24,9 +24,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
-from nodes_app.runtime import wire
-from nodes_app.runtime.links import link_url
-from nodes_app.signing import sign_plan
+from nodes_app.runtime.head.hop_links import link_url
+from nodes_app.runtime.wire.entries import ForwardStep, LinkStep
+from nodes_app.runtime.wire.frames import encode_requests
+from nodes_app.shared.signing import sign_plan
 
 HIDDEN = 64  # the tiny model's
 HEADER_BUDGET = 240 * 1024  # under a node's bound for a first frame
@@ -56,7 +57,7 @@ def forged_frame(endpoint: str, node_id: str, layers: tuple[int, int], frame_byt
     def frame_of(rows: int) -> bytes:
         entries = []
         for step_id, plan_header in enumerate(plans, start=1):
-            step = wire.ForwardStep(
+            step = ForwardStep(
                 session_id=f"{plan_header[:8]}.{step_id}",
                 start=layers[0],
                 end=layers[1],
@@ -66,8 +67,8 @@ def forged_frame(endpoint: str, node_id: str, layers: tuple[int, int], frame_byt
                 sampling=None,
             )
             body = bytes(rows * HIDDEN * 4)
-            entries.append(wire.LinkStep(step_id, step, body, secrets.token_hex(32), plan_header))
-        return wire.encode_requests(entries)
+            entries.append(LinkStep(step_id, step, body, secrets.token_hex(32), plan_header))
+        return encode_requests(entries)
 
     header = len(frame_of(1)) - len(plans) * HIDDEN * 4
     return frame_of(max(1, (frame_bytes - header) // (len(plans) * HIDDEN * 4)))

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from websockets.sync.client import ClientConnection, connect
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.links import link_url
-from nodes_app.runtime.trust import new_capability
+from nodes_app.runtime.engine.trust import new_capability
+from nodes_app.runtime.head.hop_links import link_url
+from nodes_app.runtime.wire.entries import ForwardStep, LinkStep
 from tests.support.link import HIDDEN, LinkClient
 from tests.support.nodes import TINY
 from tests.support.plans import signed_plan
@@ -52,7 +52,7 @@ def start_guarded_node(
 
 def opening_step(
     key: Ed25519PrivateKey, node: NodeProcess, step_id: int, *, rows: int = 2
-) -> tuple[wire.LinkStep, str]:
+) -> tuple[LinkStep, str]:
     """A session's opening step for ``node`` with a plan signed by ``key``, and its capability."""
     request_id = f"link-{uuid.uuid4().hex[:12]}"
     plan = signed_plan(
@@ -67,11 +67,11 @@ def opening_step(
     )
     capability = new_capability()
     step = middle_step(f"{request_id}.s", rows)
-    return wire.LinkStep(step_id, step, hidden(rows), capability, plan.to_header()), capability
+    return LinkStep(step_id, step, hidden(rows), capability, plan.to_header()), capability
 
 
-def middle_step(session: str, rows: int, *, position: int = 0) -> wire.ForwardStep:
-    return wire.ForwardStep(
+def middle_step(session: str, rows: int, *, position: int = 0) -> ForwardStep:
+    return ForwardStep(
         session_id=session,
         start=MIDDLE[0],
         end=MIDDLE[1],

@@ -33,7 +33,7 @@ def start_node(
     """``python -m nodes_app.runtime`` (no tracker) serving as ``node_id``, one torch thread.
 
     Dev-open: tests call it directly, with unsigned plans (the signed-plan checks are
-    tested in tests/nodes/test_trust_processes.py).
+    tested in tests/nodes/runtime/hop/test_signed_plans_processes.py).
     """
     return start_localnet_node(
         name=node_id,

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol.generate import GenerateRequest
 from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
-from nodes_app.signing import load_or_create_wallet, sign_plan
+from nodes_app.shared.signing import load_or_create_wallet, sign_plan
 
 # What a test's plan lets each session hold unless the test says: more positions than
 # any test model's context, and the life and idle time nodes gave every session before

@@ -37,11 +37,11 @@ def answers(seeds: int) -> dict[str, list[dict[str, Any]]]:
         torch.backends.mkldnn.set_flags(False)
     torch.set_num_threads(1)
     from nodes_app.protocol.sampling import SamplingParams
-    from nodes_app.runtime.loading import load_shard
-    from nodes_app.runtime.runner import ShardRunner
-    from nodes_app.runtime.sampling import TokenPicker
-    from nodes_app.runtime.sources import resolve_source
-    from nodes_app.tokenization import tiny_tokenizer
+    from nodes_app.runtime.engine.runner import ShardRunner
+    from nodes_app.runtime.engine.sampler import TokenPicker
+    from nodes_app.runtime.loading.shard import load_shard
+    from nodes_app.shared.sources import resolve_source
+    from nodes_app.shared.tokenization import tiny_tokenizer
     from tracker_app.probes import PROBE_MAX_TOKENS, PROBE_MESSAGES, PROBE_TOP_LOGPROBS
 
     source = resolve_source(MODEL)

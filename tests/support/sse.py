@@ -5,7 +5,7 @@ Lines are parsed by the protocol's ``sse_data``, the one the tracker uses.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -51,3 +51,8 @@ def completion(frames: list[Any]) -> tuple[str, list[int], dict[str, Any]]:
     chunks = chunks_of(frames)
     ids = [i for c in chunks for i in c.get("meshnet_token_ids", [])]
     return text_of(frames), ids, chunks[-1]
+
+
+def sse_frames(lines: Iterable[str]) -> list[Any]:
+    """Every payload of a whole SSE body's lines, :data:`SSE_DONE` kept."""
+    return [payload for line in lines if (payload := sse_data(line)) is not None]

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from nodes_app.prompting import prompt_token_ids
-from nodes_app.tokenization import tiny_tokenizer
+from nodes_app.shared.prompting import prompt_token_ids
+from nodes_app.shared.tokenization import tiny_tokenizer
 from tests.support.fake_node import Behaviour, FakeHead
 from tests.support.network import Network, start_network
 from tracker_app.localnet import fresh_process_database

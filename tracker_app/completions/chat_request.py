@@ -17,8 +17,8 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from nodes_app.prompting import renders_tool_calls
 from nodes_app.protocol.limits import DEFAULT_MAX_TOKENS, TOP_LOGPROBS_MAX
+from nodes_app.shared.prompting import renders_tool_calls
 from tracker_app.completions.parameters import (
     CHAT_REFUSED,
     DEFAULT_MAX_CHOICES,
@@ -182,7 +182,7 @@ def chat_params_parse(body: bytes, *, max_choices: int = DEFAULT_MAX_CHOICES) ->
 def chat_params_for_model(params: GenerationParams, *, weight_source: str) -> GenerationParams:
     """``params`` for the model at ``weight_source``: as parsed (the generic tool prompt)
     unless the model's chat template renders tool calls itself
-    (:func:`nodes_app.prompting.renders_tool_calls`); then the messages go to it whole
+    (:func:`nodes_app.shared.prompting.renders_tool_calls`); then the messages go to it whole
     with the tools, and the answer's calls are its own ``<tool_call>`` blocks.
 
     Loads the tokenizer once per process (as the prompt count does) and builds the

@@ -4,7 +4,7 @@ A head reports the prompt tokens it ran, but a head is a node operator's
 process, trusted to run its layers and nothing more: the tracker bills from
 its own count. It loads the model's tokenizer without torch
 (:mod:`nodes_app.tokenization`, once per process per weight source) and
-tokenises exactly as the head does (:func:`nodes_app.prompting.prompt_token_ids`),
+tokenises exactly as the head does (:func:`nodes_app.shared.prompting.prompt_token_ids`),
 so an honest head always agrees. With the count in hand the tracker refuses,
 before routing, what the head would refuse (a template that rejects the
 messages, a prompt plus ``max_tokens`` past the context, a grammar the
@@ -30,15 +30,15 @@ from typing import Any
 from llguidance import LLTokenizer
 
 from meshnet_site.errors import DomainError, ErrorKind
-from nodes_app.grammar import grammar_problem, grammar_words
-from nodes_app.prompting import (
+from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores
+from nodes_app.shared.grammar import grammar_problem, grammar_words
+from nodes_app.shared.prompting import (
     TemplateOverBudget,
     TemplateRefused,
     prompt_token_ids,
     text_token_ids,
 )
-from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores
-from nodes_app.tokenization import ModelText, TokenizerUnavailable, model_text_load
+from nodes_app.shared.tokenization import ModelText, TokenizerUnavailable, model_text_load
 from tracker_app.completions.parameters import InvalidRequest, Prompt
 
 logger = logging.getLogger(__name__)

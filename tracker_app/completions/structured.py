@@ -22,8 +22,8 @@ from drf_spectacular.utils import extend_schema_field
 from llguidance import LLMatcher
 from rest_framework import serializers
 
-from nodes_app.grammar import first_line
 from nodes_app.protocol.sampling import GRAMMAR_MAX_CHARS
+from nodes_app.shared.grammar import first_line
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

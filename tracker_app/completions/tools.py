@@ -2,7 +2,7 @@
 
 Two ways, by the model's chat template (ADR-0022). A template that renders
 tools itself and writes calls as Hermes-style blocks
-(:func:`nodes_app.prompting.renders_tool_calls`: Qwen2.5, Qwen3, Hermes,
+(:func:`nodes_app.shared.prompting.renders_tool_calls`: Qwen2.5, Qwen3, Hermes,
 SmolLM3, …) gets the tools and the earlier turns whole
 (:func:`native_conversation`), and the answer is its own format, one block
 per call:

@@ -28,7 +28,12 @@ from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodes_app.signing import canonical_endpoint, sign_challenge, sign_registration, wallet_of
+from nodes_app.shared.signing import (
+    canonical_endpoint,
+    sign_challenge,
+    sign_registration,
+    wallet_of,
+)
 from tracker_app.localnet.processes import LOOPBACK
 
 

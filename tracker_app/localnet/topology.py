@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nodes_app.catalogue import SHIPPED, catalogue_entry
+from nodes_app.shared.catalogue import SHIPPED, catalogue_entry
 from tracker_app.localnet.processes import ROOT
 
 TOPOLOGIES_DIR = ROOT / "topologies"

@@ -16,11 +16,11 @@ from nodes_app.protocol.limits import (
     GENERATE_MAX_PROMPT_CHARS,
     LINK_MAX_FRAME_BYTES,
 )
-from nodes_app.runtime.capacity import add_capacity_arguments
-from nodes_app.runtime.link_guard import add_link_arguments, link_policy_from
-from nodes_app.runtime.precision import add_precision_arguments
-from nodes_app.runtime.sessions import IDLE_TIMEOUT_SECONDS
-from nodes_app.runtime.trust import DEV_OPEN_HELP, tracker_key_argument
+from nodes_app.runtime.engine.capacity import add_capacity_arguments
+from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS
+from nodes_app.runtime.engine.trust import DEV_OPEN_HELP, tracker_key_argument
+from nodes_app.runtime.hop.link_guard import add_link_arguments, link_policy_from
+from nodes_app.runtime.loading.precision import add_precision_arguments
 
 AUTO = "auto"
 GIB = 2**30
@@ -148,9 +148,9 @@ class Command(BaseCommand):
         except ImproperlyConfigured as error:
             raise CommandError(str(error)) from None
         # torch is imported here, never when Django loads the app.
-        from nodes_app.runtime.errors import ModelSourceError, UnsupportedModelError
-        from nodes_app.runtime.kv import DEFAULT_BUDGET_SHARE
+        from nodes_app.runtime.engine.kv import DEFAULT_BUDGET_SHARE
         from nodes_app.runtime.node import NodeOptions, run_node
+        from nodes_app.shared.model_errors import ModelSourceError, UnsupportedModelError
 
         kv_budget_mib = options["kv_budget"]
         memory_gb = options["memory_gb"]

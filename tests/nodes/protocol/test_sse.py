@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nodes_app.protocol.errors import ProtocolError
-from nodes_app.protocol.sse import SSE_DONE, sse_data, sse_event, sse_frames
+from nodes_app.protocol.sse import SSE_DONE, sse_data, sse_event
+from tests.support.sse import sse_frames
 
 
 def test_sse_lines_give_their_data_and_skip_everything_else() -> None:

@@ -16,7 +16,7 @@ import pytest
 import websockets
 from openai.types.chat import ChatCompletionMessageParam
 
-from nodes_app.runtime.tiny import tiny_config
+from nodes_app.runtime.loading.tiny import tiny_config
 from tests.support.network import (
     Network,
     head_frames,

@@ -18,10 +18,11 @@ import torch
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from nodes_app.runtime import wire
-from nodes_app.runtime.link_server import CLOSE_MALFORMED
-from nodes_app.runtime.links import link_url
-from nodes_app.runtime.trust import new_capability
+from nodes_app.runtime.engine.trust import new_capability
+from nodes_app.runtime.head.hop_links import link_url
+from nodes_app.runtime.hop.link_server import CLOSE_MALFORMED
+from nodes_app.runtime.wire.entries import step_fields
+from nodes_app.runtime.wire.tensors import tensor_to_bytes
 from tests.support.hidden_states import nan_hidden
 from tests.support.link import HIDDEN, node_link, tiny_step
 from tests.support.network import Network, start_network
@@ -165,8 +166,8 @@ def test_past_the_tracker_the_nodes_refuse_the_same_input_themselves(network: Ne
         return {"plan": plan.to_header(), "capability": new_capability()}
 
     with node_link(tail.endpoint) as link:
-        bad_seed = {**wire.step_fields(tiny_step("bad-seed.step", 2)), "sampling": {"seed": 2**64}}
-        step = link.raw_step(bad_seed, wire.tensor_to_bytes(torch.randn(1, 2, HIDDEN)),
+        bad_seed = {**step_fields(tiny_step("bad-seed.step", 2)), "sampling": {"seed": 2**64}}
+        step = link.raw_step(bad_seed, tensor_to_bytes(torch.randn(1, 2, HIDDEN)),
                                **opening("bad-seed", 2))  # fmt: skip
         nan = link.step(tiny_step("nan.step", 2), nan_hidden(2), **opening("nan", 2))
 

@@ -10,7 +10,7 @@ from nodes_app.protocol.frames import ChunkFrame
 from nodes_app.protocol.logprobs import TokenLogprob
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.protocol.usage import Usage
-from routing_app.choice import DecisionMode, RouteDecision
+from routing_app.policies.choice import DecisionMode, RouteDecision
 from tests.support.probe_answers import SPLIT
 from tracker_app.completions.generation import Generation, Segment
 from tracker_app.completions.parameters import Prompt

@@ -18,8 +18,8 @@ from django.conf import settings
 from nodes_app.plans import tracker_public_key
 from nodes_app.protocol.errors import BAD_GRAMMAR
 from nodes_app.protocol.limits import step_time_limit
-from nodes_app.signing import public_key_from_hex, verify_plan
-from routing_app.choice import DecisionMode, RouteDecision
+from nodes_app.shared.signing import public_key_from_hex, verify_plan
+from routing_app.policies.choice import DecisionMode, RouteDecision
 from tests.support.probe_answers import SPLIT
 from tracker_app.completions.chat_request import chat_params_parse
 from tracker_app.completions.generation import Generation, Segment

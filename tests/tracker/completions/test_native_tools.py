@@ -18,8 +18,8 @@ from typing import Any
 import openai
 import pytest
 
-from nodes_app.prompting import prompt_token_ids
-from nodes_app.tokenization import model_text_load
+from nodes_app.shared.prompting import prompt_token_ids
+from nodes_app.shared.tokenization import model_text_load
 from tests.support.checkpoints import LAYERS, tiny_checkpoint, with_tools_template
 from tests.support.network import Network, start_network
 from tracker_app.completions.tools import native_conversation

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from meshnet_site.errors import DomainError, http_error
 from nodes_app.plans import IDLE_SILENCES, tracker_public_key
-from nodes_app.signing import public_key_from_hex, verify_plan
+from nodes_app.shared.signing import public_key_from_hex, verify_plan
 from tests.support.fake_heads import (
     Behaviour,
     Net,

@@ -21,8 +21,8 @@ import pytest
 from django.db import OperationalError, ProgrammingError
 
 from meshnet_site.database import OUTAGE_RETRY_PAUSES
-from nodes_app.prompting import prompt_token_ids
-from nodes_app.tokenization import tiny_tokenizer
+from nodes_app.shared.prompting import prompt_token_ids
+from nodes_app.shared.tokenization import tiny_tokenizer
 from tests.support.database_errors import connection_cut
 from tests.support.fake_heads import (
     PROMPT_TOKENS,

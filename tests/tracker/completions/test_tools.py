@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 from llguidance import LLMatcher
 
-from nodes_app.grammar import grammar_words
-from nodes_app.tokenization import tiny_tokenizer
+from nodes_app.shared.grammar import grammar_words
+from nodes_app.shared.tokenization import tiny_tokenizer
 from tracker_app.completions.tools import (
     AnswerCalls,
     ToolUse,

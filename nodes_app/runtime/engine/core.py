@@ -1,0 +1,244 @@
+"""A node's serving state: the shard, its sessions, the step scheduler and the torch thread.
+
+Every forward step goes through the :class:`~nodes_app.runtime.engine.scheduler.StepScheduler`,
+which batches decode steps across sessions and runs them on the node's one
+torch thread (a decode batch shorter than ``scheduler.INLINE_STEP_SECONDS`` on
+the event loop itself); other torch-side work (tokenising) runs on the thread via
+:meth:`NodeService.compute`. So the event loop stays responsive (health
+checks, cancels) while a step runs, and torch sees one caller. Session
+bookkeeping (admission against the KV budget, positions, capabilities)
+happens on the event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+
+from nodes_app.protocol.limits import (
+    GENERATE_MAX_BYTES,
+    GENERATE_MAX_PROMPT_CHARS,
+    STEP_TIMEOUT_SECONDS,
+)
+from nodes_app.runtime.engine.admission import Admission
+from nodes_app.runtime.engine.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
+from nodes_app.runtime.engine.kv import default_kv_budget
+from nodes_app.runtime.engine.runner import ShardRunner
+from nodes_app.runtime.engine.sampler import Constraint, SamplingParams, TailRequest, TokenPicker
+from nodes_app.runtime.engine.scheduler import StepScheduler, ThroughputMeter
+from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
+from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.faults import RuntimeRequestError
+from nodes_app.runtime.loading.shard import LoadedShard
+from nodes_app.runtime.wire.entries import Choice, ForwardStep
+from nodes_app.runtime.wire.tensors import DTYPE_NAMES
+from nodes_app.shared.grammar import grammar_words
+
+T = TypeVar("T")
+
+
+class NodeService:
+    def __init__(
+        self,
+        shard: LoadedShard,
+        *,
+        node_id: str,
+        kv_budget: int | None = None,
+        max_sessions: int | None = None,
+        batch_wait: float = DEFAULT_MAX_WAIT_SECONDS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+        benchmark_tps: float = 0.0,
+        corrupt_hidden_states: float = 0.0,
+        gate: PlanGate | None = None,
+        max_request_bytes: int = GENERATE_MAX_BYTES,
+        max_prompt_chars: int = GENERATE_MAX_PROMPT_CHARS,
+        step_timeout: float = STEP_TIMEOUT_SECONDS,
+    ) -> None:
+        self.shard = shard
+        # Closed unless given: no pinned tracker key, not dev-open.
+        self.gate = gate or PlanGate()
+        self.runner = ShardRunner(shard)
+        self.store = SessionStore(
+            kv_budget=default_kv_budget(shard.device) if kv_budget is None else kv_budget,
+            max_sessions=max_sessions,
+            idle_timeout=idle_timeout,
+        )
+        self.admission = Admission(
+            shard, node_id=node_id, store=self.store, gate=self.gate, runner=self.runner
+        )
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshnet-torch")
+        self.scheduler = StepScheduler(
+            self.runner,
+            self.worker,
+            max_wait=batch_wait,
+            prefill_chunk=prefill_chunk,
+            transform=self._corrupt,
+        )
+        self.dtype_name = DTYPE_NAMES[shard.dtype]
+        self.computing = 0
+        self.streams = 0
+        self.benchmark_tps = benchmark_tps
+        # What a head reads of a generate request before it tokenises anything.
+        self.max_request_bytes = max_request_bytes
+        self.max_prompt_chars = max_prompt_chars
+        # What a downstream hop has to answer one step this node sends it
+        # (step_time_limit); past it the hop is reported hung.
+        self.step_timeout = step_timeout
+        # TEST ONLY (``runnode --corrupt-hidden-states``): a node that silently
+        # computes wrong, which the tracker's route probe must catch.
+        self.corrupt_hidden_states = corrupt_hidden_states
+
+    @property
+    def node_id(self) -> str:
+        """The id this node serves under (the tracker's, once registered); plans must name it."""
+        return self.admission.node_id
+
+    @node_id.setter
+    def node_id(self, node_id: str) -> None:
+        self.admission.node_id = node_id
+
+    async def compute(self, work: Callable[[], T]) -> T:
+        """Run ``work`` (not a forward step: those go through the scheduler) on the torch thread."""
+        self.computing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.worker, work)
+        finally:
+            self.computing -= 1
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for or running on the torch thread (the heartbeat's queue depth)."""
+        return self.computing + self.scheduler.depth
+
+    @property
+    def meter(self) -> ThroughputMeter:
+        return self.scheduler.meter
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "node_id": self.node_id,
+            "model": self.shard.model_key,
+            "shard": {"start": self.shard.start, "end": self.shard.end},
+            "num_layers": self.shard.num_layers,
+            "dtype": self.dtype_name,
+            "is_head": self.can_head,
+            "active_sessions": len(self.store),
+            "cached_sessions": len(self.store),
+            "streams": self.streams,
+            "queue_depth": self.queued,
+            "max_sessions": self.store.max_sessions,
+            "kv_budget_bytes": self.store.kv_budget,
+            "kv_reserved_bytes": self.store.reserved,
+            "batched_steps": self.scheduler.batched_steps,
+            "measured_tps": round(self.meter.tps, 3),
+            "benchmark_tps": round(self.benchmark_tps, 3),
+        }
+
+    @property
+    def can_head(self) -> bool:
+        return self.shard.start == 0 and self.shard.tokenizer is not None
+
+    def cancel(self, session_id: str) -> bool:
+        """Free a session (the node's own decision: end of a generation, a failed step)."""
+        self.scheduler.forget(session_id)
+        return self.store.drop(session_id)
+
+    def end_session(self, session_id: str, headers: Mapping[str, str]) -> bool:
+        """Free a session for a caller presenting its capability; False if there is none.
+
+        Raises 401/403 (``capability_required`` / ``capability_invalid``) for
+        anyone else.
+        """
+        session = self.store.get(session_id)
+        if session is None:
+            return False
+        self.gate.check_capability(headers, session.capability)
+        return self.cancel(session_id)
+
+    @functools.cached_property
+    def grammar_words(self) -> Any:
+        """The tokenizer as llguidance reads it, for grammars (built at first use, then cached)."""
+        if self.shard.tokenizer is None:
+            raise RuntimeRequestError(
+                "this node has no tokenizer, so it cannot follow a grammar",
+                code="bad_grammar",
+            )
+        return grammar_words(self.shard.tokenizer)
+
+    async def picker(self, sampling: SamplingParams, generated_ids: Sequence[int]) -> TokenPicker:
+        """A new session's token picker on the last hop: with its grammar's constraint,
+        compiled on the torch thread (a large schema takes a while), when it has one."""
+        if sampling.grammar is None:
+            return TokenPicker(sampling, generated_ids)
+        grammar = sampling.grammar
+        constraint = await self.compute(
+            lambda: Constraint(self.grammar_words, grammar, generated_ids)
+        )
+        return TokenPicker(sampling, generated_ids, constraint)
+
+    async def hop_forward(
+        self, session: Session, step: ForwardStep, hidden: torch.Tensor
+    ) -> bytes | Choice:
+        """A hop's checked step (``hop.step_intake``) through this node's layers.
+
+        Hidden states (or the chosen token, when the step ends the model) out.
+        The caller holds the session's lock and has checked the step's
+        position; the session's position advances here.
+        """
+        tail = None
+        if step.end == self.shard.num_layers - 1:
+            if session.picker is None:
+                assert step.sampling is not None  # check_step: the opening step has it
+                session.picker = await self.picker(step.sampling, step.generated_ids or ())
+            tail = TailRequest(
+                session.picker.sampling,
+                logprobs=step.logprobs,
+                prompt_ids=step.prompt_ids or (),
+            )
+        self.admission.cover(session, step.position + step.shape[1], step.reserve)
+        result = await self.scheduler.submit(
+            session,
+            tail=tail,
+            hidden=hidden,
+            ids=list(step.token_ids) if step.token_ids is not None else None,
+        )
+        session.position += step.shape[1]
+        session.touch()
+        return result
+
+    async def head_forward(
+        self, session: Session, token_ids: list[int], tail: TailRequest
+    ) -> bytes | Choice:
+        """The head's layers for ``token_ids``: hidden bytes, or the choice if it ends the model.
+
+        ``tail`` is what the last layer does (used only when this head holds it).
+        The caller holds the session's lock and advances its position after.
+        Raises :class:`NonFiniteOutput` when this node computed non-finite values.
+        """
+        last = session.end == self.shard.num_layers - 1
+        if last and session.picker is None:
+            session.picker = await self.picker(tail.sampling, tail.generated_ids)
+        self.admission.cover(session, session.position + len(token_ids))
+        return await self.scheduler.submit(session, tail=tail if last else None, tokens=token_ids)
+
+    def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The hidden states this node outputs, plus noise when the test-only option is set."""
+        if not self.corrupt_hidden_states:
+            return hidden
+        return hidden + torch.randn_like(hidden) * self.corrupt_hidden_states
+
+    def reap_idle(self) -> list[str]:
+        reaped = self.store.reap_idle()
+        for session_id in reaped:
+            self.scheduler.forget(session_id)
+        return reaped
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=False, cancel_futures=True)
