@@ -51,7 +51,7 @@ logger = logging.getLogger("meshnet.node")
 MAX_CHALLENGE_BYTES = 1024
 # What /v1/health tells anyone of the KV budget: the share in use, rounded up to
 # one of this many steps. The exact figures would let a stranger size a request
-# that fills exactly what is left (issue 25); a quarter is enough to see a node
+# that fills exactly what is left; a quarter is enough to see a node
 # filling up, and no attacker learns from it what to send.
 KV_LOAD_STEPS = 4
 # The exact figures stay off the open page (the in-process NodeService.health()
