@@ -8,6 +8,8 @@ So a node serving half the layers holds about half the weights.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import sys
 import time
@@ -88,16 +90,25 @@ class LoadedShard:
 
 
 def load_config(source: ModelSource) -> PretrainedConfig:
-    """The model's config alone (cheap): ``num_hidden_layers`` is what registration needs."""
+    """The model's config alone, without its weights: ``num_hidden_layers`` is what
+    registration needs. A fresh object on every call (loading sets its attention)."""
     if source.kind == "builtin":
         from nodes_app.runtime.loading import tiny
 
         _require_builtin(source)
         return tiny.tiny_config()
     if source.kind == "gguf":
-        path = Path(source.location)
-        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        return copy.deepcopy(_gguf_config(source.location))
     return AutoConfig.from_pretrained(_local_directory(source))
+
+
+@functools.cache
+def _gguf_config(location: str) -> PretrainedConfig:
+    """A GGUF file's config, read once per process: transformers reads every metadata
+    field to build it, the tokenizer's arrays included (3-4 s for SmolLM2's 49,152
+    tokens and merges), and a node placing itself reads it twice."""
+    path = Path(location)
+    return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def load_shard(
