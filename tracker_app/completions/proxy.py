@@ -1,19 +1,19 @@
 """The completion proxy: run one client request along learned routes, stage by stage.
 
-:class:`CompletionProxy` serves both completion endpoints (chat and legacy
-text) and only orchestrates: it counts the prompts
-(:mod:`~tracker_app.completions.prompt_tokens`), chooses a route
-(:mod:`routing_app.services`), opens the request's record
-(:mod:`~tracker_app.completions.recording`), runs each of the request's
-choices (``n`` for each prompt,
+:class:`CompletionProxy` serves every completion endpoint and only
+orchestrates: it admits the request (:mod:`~tracker_app.completions.admission`:
+the prompts counted, the key's share taken, the route chosen, the record
+opened), runs each of its choices (``n`` for each prompt,
 :class:`~tracker_app.completions.generation.Generation`) at once, streams
 the head nodes' frames (:mod:`~tracker_app.completions.head_stream`), hands
 what they produce to the endpoint's answer
 (:mod:`~tracker_app.completions.answers`) as tokens arrive, fails a choice
-over when a hop dies (:mod:`~tracker_app.completions.failover`), and at the
-end records and bills the request. Along the way it emits the console
-events of the Call wall (:mod:`~tracker_app.completions.console`). ``run()``
-ends in a :class:`CompletionResult`, which the consumer renders.
+over when a hop dies (:mod:`~tracker_app.completions.failover`), and ends
+the request once, whichever way it ended
+(:mod:`~tracker_app.completions.finishing`: recorded, billed, its routes and
+its key's share let go). Along the way it emits the console events of the
+Call wall (:mod:`~tracker_app.completions.console`). ``run()`` ends in a
+:class:`CompletionResult`, which the consumer renders.
 
 Per token (the hot path) it only counts the token ids, writes the client's
 event from a per-request template (:class:`~tracker_app.completions.answers.TextEvents`)
@@ -40,8 +40,6 @@ hung; and no request runs past ``MESHNET_REQUEST_DEADLINE`` in all
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -49,21 +47,16 @@ from typing import Any, cast
 
 import httpx
 
-from meshnet_site.database import database_call
-from meshnet_site.errors import DomainError, is_database_outage
-from nodes_app.services import language_model_template_fault
+from meshnet_site.errors import DomainError
 from routing_app.policies.choice import RouteDecision
-from routing_app.services import (
-    route_choose,
-    route_session_close,
-    route_session_open,
-    route_session_touch,
-)
+from routing_app.services import route_session_close, route_session_open, route_session_touch
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.completions import console
+from tracker_app.completions.admission import admit, admitted_generations
 from tracker_app.completions.busy_claims import BUSY_CLAIMS, busy_claim_judged
 from tracker_app.completions.deadline import RequestDeadline
 from tracker_app.completions.failover import Failover, replay_request
+from tracker_app.completions.finishing import RequestFinish
 from tracker_app.completions.generation import Generation, Piece, Segment
 from tracker_app.completions.head_queue import HEAD_QUEUES
 from tracker_app.completions.head_stream import (
@@ -76,29 +69,20 @@ from tracker_app.completions.head_stream import (
 )
 from tracker_app.completions.interleaving import interleaved
 from tracker_app.completions.progress import ProgressThrottle
-from tracker_app.completions.prompt_tokens import (
-    ChatTemplateOverBudget,
-    PromptCount,
-    echo_check,
-    grammar_check,
-    model_text,
-    prompt_tokens_count,
-)
+from tracker_app.completions.prompt_tokens import model_text
 from tracker_app.completions.proxy_terms import (
     CompletionRequest,
     CompletionResult,
     ProxySettings,
     Send,
 )
-from tracker_app.completions.recording import Completion, RequestRecord
+from tracker_app.completions.recording import RequestRecord
 from tracker_app.completions.shapes import MeshnetRoute, usage_of
 from tracker_app.completions.slots import SlotWait
 
-logger = logging.getLogger(__name__)
-
 
 class CompletionProxy:
-    """One client request of either completion endpoint, its ``n`` choices (each prompt's)
+    """One client request of any completion endpoint, its ``n`` choices (each prompt's)
     generated at once: :meth:`start`, then :meth:`run`; :meth:`fail` on any exit."""
 
     def __init__(
@@ -135,28 +119,31 @@ class CompletionProxy:
             clock=self.settings.clock,
         )
         self.generations: list[Generation] = []
-        self._started = self.settings.clock()
-        self.deadline = RequestDeadline(
-            seconds=self.settings.request_deadline, started=self._started, clock=self.settings.clock
-        )
         # The request's lease on its key's share of requests and KV tokens in flight.
         self.share = KeyShare(
             api_key=request.api_key,
             request_id=self.record.request_id,
             seconds=self.settings.key_lease_seconds,
         )
-        # Choice → the head streaming it now (the ones a passed deadline blames).
-        self._streaming: dict[int, str] = {}
-        self._first_token_at: float | None = None
         self._progress = ProgressThrottle(
             interval=self.settings.progress_interval, report=self._report_progress
         )
-        # Recording the request completed and billed (``_finish_completed``), once begun,
-        # and whether its client left meanwhile (nobody awaits it then).
-        self._completion: asyncio.Future[Completion | None] | None = None
-        self._left_while_completing = False
-        # The route chosen for a request its client left while it was being admitted.
-        self._admitted_route: RouteDecision | None = None
+        # How the request ends, once; its clock starts here (again once admitted).
+        self.finish = RequestFinish(
+            record=self.record,
+            share=self.share,
+            progress=self._progress,
+            emit=emit,
+            clock=self.settings.clock,
+            n=request.params.n,
+        )
+        self.deadline = RequestDeadline(
+            seconds=self.settings.request_deadline,
+            started=self.finish.started,
+            clock=self.settings.clock,
+        )
+        # Choice → the head streaming it now (the ones a passed deadline blames).
+        self._streaming: dict[int, str] = {}
 
     def _meshnet(self) -> MeshnetRoute:
         """The ``meshnet`` extension field: the route serving the (first) choice now."""
@@ -165,106 +152,26 @@ class CompletionProxy:
         return cast(MeshnetRoute, route)  # RouteDecision.to_dict gives this shape
 
     async def start(self) -> None:
-        """Count the prompts, take the key's share, choose the route of every choice and
-        open the request's record (with that route), in one call on a database thread:
-        one pooled connection, one hop off the event loop (:meth:`_admit`).
+        """Admit the request (:func:`~tracker_app.completions.admission.admit`): count the
+        prompts, take the key's share, choose the route of every choice and open the
+        request's record (with that route).
 
         Raises a ``DomainError`` (a prompt the model refuses, the key's share used
         up, no route, bad pinned route) before anything is streamed, so the client
         gets a plain error response. A request torn down meanwhile (its client
-        left) lets the call end first, so that :meth:`fail` finds, and gives
+        left) lets the admission end first, so that :meth:`fail` finds, and gives
         back, what it took.
         """
-        # Held from the start: a request cancelled while its lease is written still
-        # deletes it on release (deleting a row never written is harmless).
-        self.share.claim()
-        admission = asyncio.ensure_future(database_call(self._admit)())
-        try:
-            counts, decision = await asyncio.shield(admission)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                _, decision = await admission
-                self._adopt(decision, [])
-            raise
-        except BaseException:
-            await asyncio.shield(self.share.release())
-            raise
-        self.share.held()
-        self._started = self.settings.clock()
-        self._adopt(decision, counts)
-        await self._use(decision, self.generations, recorded=True)
-
-    def _adopt(self, decision: RouteDecision, counts: Sequence[PromptCount]) -> None:
-        """The request's choices, each served by ``decision``'s route from now on (with no
-        ``counts``: none, only the route's load, to be closed by :meth:`fail`)."""
-        if not counts:
-            self._admitted_route = decision
-            return
-        self.generations = [
-            Generation(
-                choice=choice,
-                prompt=self.params.prompt_of(choice),
-                prompt_count=counts[choice // self.params.n],
-                sampling=self.params.sampling(choice),
-            )
-            for choice in range(self.params.choices)
-        ]
-        for generation in self.generations:
-            generation.segments.append(
-                Segment(decision=decision, replayed=0, started=self.settings.clock())
-            )
-
-    def _admit(self) -> tuple[list[PromptCount], RouteDecision]:
-        """What :meth:`start` does, on a database thread: the prompts' counts (the
-        tokenizer, off the event loop) and the route chosen; the key's lease and the
-        request's record are written. Whatever fails gives back what was taken before it.
-
-        The key's share is taken before any route is chosen: a request past it is
-        refused now, not after the busy deadline on a route its own key filled.
-        """
-        try:
-            counts = [
-                prompt_tokens_count(
-                    weight_source=self.model.weight_source,
-                    prompt=prompt,
-                    max_tokens=self.params.max_tokens,
-                    tools=self.params.template_tools,
-                )
-                for prompt in self.params.prompts
-            ]
-        except ChatTemplateOverBudget as error:
-            language_model_template_fault(model=self.model, fault=error.message)
-            raise
-        if self.params.prompt_scored:
-            for count in counts:
-                echo_check(prompt=count, top_logprobs=self.params.top_logprobs)
-        grammar_check(
-            weight_source=self.model.weight_source,
-            grammar=self.params.grammar,
-            param="tools" if self.params.tool_use is not None else self.params.format_param,
+        admitted = await admit(
+            params=self.params,
+            model=self.model,
+            share=self.share,
+            record=self.record,
+            abandoned=self.finish.route_abandoned,
         )
-        self.share.take_here(kv_tokens=self._kv_reservation([count.tokens for count in counts]))
-        try:
-            decision = route_choose(model=self.model, pinned=self.params.route)
-        except BaseException:
-            self.share.release_here()
-            raise
-        try:
-            self.record.open_here(stream=self.params.stream, decision=decision)
-        except BaseException:
-            # Never streamed: the route's load must not count it, nor the key's share.
-            route_session_close(decision=decision)
-            self.share.release_here()
-            raise
-        return counts, decision
-
-    def _kv_reservation(self, prompt_tokens: Sequence[int]) -> int:
-        """What the request's choices reserve on the nodes: (prompt + max_tokens) each."""
-        n = self.params.n
-        return sum(
-            prompt_tokens[choice // n] + self.params.max_tokens
-            for choice in range(self.params.choices)
-        )
+        self.finish.started = self.settings.clock()
+        self.generations = admitted_generations(self.params, admitted, clock=self.settings.clock)
+        await self._use(admitted.decision, self.generations, recorded=True)
 
     async def run(self, send: Send) -> CompletionResult:
         """Send the client's server-sent events (``data: …``, ``[DONE]`` not included) in
@@ -313,16 +220,16 @@ class CompletionProxy:
                             self._sent(generation)
             generated = True
         except DomainError as error:
-            await self._network_failed(error.message)
+            await self.finish.network_failed(error.message, self.generations)
             await send(self.answer.failed(error))
             return CompletionResult(error=error)
         finally:
             # Torn down by its client (cancelled): no progress outlives the request.
             self._progress.cancel()
-            self._release_routes()
+            self.finish.release_routes(self.generations)
             if not generated:
                 await asyncio.shield(self.share.release())
-        completion = await self._finish_completed()
+        completion = await self.finish.completed(self.generations)
         usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
         assert last is not None and last.finish_reason is not None
         stop = self.generations[last.choice].stop_sequence
@@ -348,77 +255,9 @@ class CompletionProxy:
 
     async def fail(self, message: str, *, cancelled: bool = False) -> None:
         """Record the request failed, never charged, or cancelled by its client
-        (``cancelled``): then charged for the tokens it was sent, as OpenAI bills, and
-        the nodes paid for their work (nothing if it was sent none: a whole answer
-        not yet sent, a tool call still held back, or a stream before its first token).
-
-        Safe to call on any exit path and more than once: only the first call
-        that finds the request still processing changes it and tells the
-        console. A request that failed before ``run()`` began (its client gone
-        while the headers were sent) stops counting as load on its routes here.
-        A request whose completion is being recorded (its whole answer was
-        generated; the client left while the usage was billed) is left to it.
-        """
-        self._release_routes()
-        await asyncio.shield(self.share.release())
-        if self._completion is not None and not self._completion.done():
-            self._left_while_completing = True
-            return
-        if cancelled and any(g.delivered for g in self.generations):
-            await self._record_left(message)
-            return
-        await self._record_failed(message, cancelled=cancelled)
-
-    async def _network_failed(self, message: str) -> None:
-        """Record the request failed by the network: never charged, unless some of its
-        choices were sent whole before (``n > 1``, streamed). Those are billed, as
-        answers delivered; the choices the failure cut are not, as it is no fault of
-        the client's (partly served)."""
-        served = [g for g in self.generations if g.delivered_whole]
-        if not served:
-            await self.fail(message)
-            return
-        self._release_routes()
-        if await self.record.partly_served(self._completion_of(served), message=message):
-            await self._progress.close(flush=True)
-            await self.emit(console.ERROR, self.request_id, message=message)
-
-    async def _record_left(self, message: str) -> None:
-        """Bill a streamed request its client left: every token sent, each prompt once."""
-        for generation in self.generations:
-            generation.prompt_settled()
-        completion = self._completion_of(self.generations, sent_only=True)
-        if await self.record.left(completion, message=message):
-            await self._progress.close(flush=True)
-            await self.emit(console.ERROR, self.request_id, message=message)
-
-    def _completion_of(
-        self, generations: Sequence[Generation], *, sent_only: bool = False
-    ) -> Completion:
-        """What ``generations`` are billed for now (:meth:`Completion.of`)."""
-        first_token_at = self._first_token_at
-        return Completion.of(
-            generations,
-            n=self.params.n,
-            elapsed=self.settings.clock() - self._started,
-            first_token_after=None if first_token_at is None else first_token_at - self._started,
-            sent_only=sent_only,
-        )
-
-    async def _record_failed(self, message: str, *, cancelled: bool) -> None:
-        if await self.record.fail(message, cancelled=cancelled):
-            # The Call wall keeps the last count a failed request reached.
-            await self._progress.close(flush=True)
-            await self.emit(console.ERROR, self.request_id, message=message)
-
-    def _release_routes(self) -> None:
-        """However the request ended, none of its streams is load on a route now
-        (idempotent)."""
-        if self._admitted_route is not None:  # chosen for a request torn down meanwhile
-            route_session_close(decision=self._admitted_route)
-        for generation in self.generations:
-            if generation.segments:
-                route_session_close(decision=generation.segments[-1].decision)
+        (``cancelled``), on any exit path, as often as it is called
+        (:meth:`~tracker_app.completions.finishing.RequestFinish.fail`)."""
+        await self.finish.fail(message, self.generations, cancelled=cancelled)
 
     async def _generate(self, generation: Generation) -> AsyncGenerator[list[Piece], None]:
         """One choice's pieces, its end last, over as many routes as it takes; in batches,
@@ -552,8 +391,8 @@ class CompletionProxy:
                         piece = generation.absorb(frame, request_id=self.request_id)
                         if piece is not None:
                             pieces.append(piece)
-                            if self._first_token_at is None:
-                                self._first_token_at = self.settings.clock()
+                            if self.finish.first_token_at is None:
+                                self.finish.first_token_at = self.settings.clock()
                         if generation.overrun is not None:
                             break  # the head ran past the client's limits: read no more
                     if stepped:  # the route's pace so far is load information
@@ -574,7 +413,7 @@ class CompletionProxy:
 
     async def _report_progress(self) -> None:
         """Tell the console how far the request is (run by the throttle, off the relay)."""
-        elapsed = self.settings.clock() - self._started
+        elapsed = self.settings.clock() - self.finish.started
         tokens = sum(len(g.token_ids) for g in self.generations)
         await self.emit(
             console.PROGRESS,
@@ -583,56 +422,3 @@ class CompletionProxy:
             tokens_per_second=round(tokens / elapsed, 2) if elapsed > 0 else None,
             queue=HEAD_QUEUES.ahead(self.generations[0].route.plan.head.endpoint, self.request_id),
         )
-
-    async def _finish_completed(self) -> Completion:
-        """Record the request completed and billed, learn its route's speed and tell the
-        console, to the end even if the client leaves meanwhile (shielded: the whole
-        answer was generated, so it is owed)."""
-        self._completion = asyncio.ensure_future(self._complete_owed())
-        completion = await asyncio.shield(self._completion)
-        # None only when the client left meanwhile: then nobody is awaiting here.
-        assert completion is not None
-        return completion
-
-    async def _complete_owed(self) -> Completion | None:
-        """:meth:`_complete`; if it fails after the client left, nobody awaits it: the
-        request ends here as the consumer would have ended it."""
-        try:
-            return await self._complete()
-        except Exception as error:
-            if not self._left_while_completing:
-                raise
-            if is_database_outage(error):  # open until the abandoned-request sweep
-                logger.warning(
-                    "request %s: its client left and the database is unavailable",
-                    self.request_id,
-                    exc_info=True,
-                )
-            else:
-                logger.exception("request %s: failed inside the tracker", self.request_id)
-                await self._record_failed(
-                    "the tracker failed to serve this request", cancelled=False
-                )
-            return None
-
-    async def _complete(self) -> Completion:
-        # ``proxy complete`` below carries the final count: no progress after it.
-        await self._progress.close()
-        now = self.settings.clock()
-        completion = self._completion_of(self.generations)
-        try:
-            await self.record.complete(
-                completion, generations=self.generations, now=now, share=self.share
-            )
-        finally:
-            await asyncio.shield(self.share.release())  # nothing left once it went with it
-        tps = completion.tokens_per_second
-        await self.emit(
-            console.COMPLETE,
-            self.request_id,
-            signature=self.generations[0].segments[-1].decision.plan.signature,
-            completion_tokens=completion.completion_tokens,
-            tokens_per_second=round(tps, 2) if tps else None,
-            finish_reason=completion.finish_reason,
-        )
-        return completion

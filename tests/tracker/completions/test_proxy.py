@@ -1,15 +1,16 @@
 """The completion proxy against fake heads: what the client streams, how it is routed.
 
 A completed request streams every token then its usage; ``n`` choices stream
-tagged by index; every send to a head carries a freshly signed plan; a
-request no route can serve, or whose prompt is past the context, is refused
-before anything streams. The heads are faked at the HTTP boundary
-(:mod:`tests.support.fake_heads`); routing, accounting and billing are real.
+tagged by index; every send to a head carries a freshly signed plan, bounded
+by the prompt, ``max_tokens`` and the request's own deadline. (A request
+refused before anything streams is in ``test_admission.py``; how it is
+recorded and billed at its end, in ``test_finishing.py``.) The heads are
+faked at the HTTP boundary (:mod:`tests.support.fake_heads`); routing,
+accounting and billing are real.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from decimal import Decimal
@@ -17,7 +18,6 @@ from decimal import Decimal
 import pytest
 from django.conf import settings
 
-from meshnet_site.errors import DomainError, http_error
 from nodes_app.plans import IDLE_SILENCES, tracker_public_key
 from nodes_app.shared.signing import public_key_from_hex, verify_plan
 from tests.support.fake_heads import (
@@ -33,7 +33,7 @@ from tests.support.fake_heads import (
 from tracker_app.completions import console
 from tracker_app.completions.head_stream import silence_limit
 from tracker_app.completions.prompt_tokens import prompt_tokens_count
-from tracker_app.models import BillingRecord, ChatRequest, RequestStatus, WorkUnit
+from tracker_app.models import BillingRecord, RequestStatus, WorkUnit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,19 +65,6 @@ def test_a_completed_request_streams_every_token_then_usage_and_bills_each_hop(
     assert set(kinds[2:-1]) <= {console.PROGRESS} and kinds[-1] == console.COMPLETE
     assert net.event_data(console.COMPLETE)["completion_tokens"] == 12
     assert net.heads.requests[0].resume_token_ids == []
-
-
-def test_a_prompt_past_the_context_is_refused_before_any_route_is_chosen(net: Net) -> None:
-    net.model.weight_source = "builtin:tiny-random-llama"  # 4096 positions
-    net.node("whole", 0, 3)
-    proxy = net.proxy(messages=[{"role": "user", "content": "x" * 4000}], max_tokens=200)
-
-    with pytest.raises(DomainError) as refused:
-        asyncio.run(proxy.start())
-
-    assert refused.value.code == "context_length_exceeded"
-    assert http_error(refused.value).status == 400
-    assert net.heads.requests == [] and not ChatRequest.objects.exists()
 
 
 def test_every_send_to_a_head_carries_a_fresh_plan_signed_by_the_tracker(net: Net) -> None:
@@ -135,18 +122,6 @@ def test_no_send_lets_a_hop_hold_its_session_past_the_requests_own_deadline(net:
 
     [request] = net.heads.requests
     assert request.ends_at <= math.ceil(began + 5.0) + 1  # not (1 + 12) step silences
-
-
-def test_with_no_route_the_request_is_refused_before_anything_is_streamed(net: Net) -> None:
-    net.node("head-only", 0, 1)
-    proxy = net.proxy()
-
-    with pytest.raises(DomainError) as refused:
-        asyncio.run(proxy.start())
-
-    assert refused.value.code == "no_route"
-    assert http_error(refused.value).status == 503
-    assert not ChatRequest.objects.exists()
 
 
 def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_billed_once(

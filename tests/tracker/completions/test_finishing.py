@@ -1,4 +1,4 @@
-"""What a request leaves behind: its record, its bill, through cancels and database blips.
+"""A request's end: its record, its bill, through cancels and database blips.
 
 A request whose client leaves mid-stream is recorded cancelled and charged for
 what it was sent (nothing if it was sent nothing); one the network fails after
@@ -319,7 +319,7 @@ def test_a_completion_that_fails_after_its_client_left_records_the_request_faile
     net.node("whole", 0, 3)
     monkeypatch.setattr(recording, "chat_request_complete", Blips(away=1, then_bug=True))
 
-    with caplog.at_level(logging.ERROR, logger="tracker_app.completions.proxy"):
+    with caplog.at_level(logging.ERROR, logger="tracker_app.completions.finishing"):
         proxy, _ = leave_while_billed(net, until=console.ERROR)
 
     request = record(proxy)
