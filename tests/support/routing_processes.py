@@ -27,7 +27,7 @@ def routes(url: str, api_key: str) -> list[dict[str, Any]]:
         f"{url}/v1/routing",
         params={"model": TINY},
         headers={"Authorization": f"Bearer {api_key}"},
-        timeout=10,
+        timeout=30,
     ).json()
     return list(table["models"][0]["routes"])
 

@@ -157,7 +157,7 @@ def test_a_restarted_tracker_hears_its_nodes_within_a_heartbeat_and_keeps_every_
     network.tracker.process.kill()  # a crash: nothing is flushed or said goodbye to
     wait_until(
         lambda: node.output().count("heartbeat failed") > failed_heartbeats,
-        timeout=10,
+        timeout=30,
         what="a node to miss the tracker",
     )
     network.start_tracker(port=int(network.url.rsplit(":", 1)[1]))
@@ -191,7 +191,7 @@ def route_samples(url: str, api_key: str) -> int:
         f"{url}/v1/routing",
         params={"model": TINY},
         headers={"Authorization": f"Bearer {api_key}"},
-        timeout=10,
+        timeout=30,
     ).json()
     return sum(int(route["samples"]) for route in table["models"][0]["routes"])
 

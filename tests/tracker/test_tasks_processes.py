@@ -32,7 +32,7 @@ FAILED_CHARGED = 4
 
 def routing_status(network: Network, signature: str) -> str | None:
     table = httpx.get(
-        f"{network.url}/v1/routing", params={"model": TINY}, headers=network.headers(), timeout=10
+        f"{network.url}/v1/routing", params={"model": TINY}, headers=network.headers(), timeout=30
     ).json()
     for route in table["models"][0]["routes"]:
         if route["signature"] == signature:

@@ -116,7 +116,7 @@ def two_processes(
 def test_both_processes_answer_on_the_one_port(two_processes: TwoProcesses) -> None:
     net = two_processes.net
 
-    answers = until_both_answered(lambda: httpx.get(f"{net.url}/healthz", timeout=10))
+    answers = until_both_answered(lambda: httpx.get(f"{net.url}/healthz", timeout=30))
 
     assert all(answer.status_code == 200 for answer in answers)
     first, second = two_processes.pids()
@@ -138,14 +138,14 @@ def test_metrics_from_either_process_count_the_requests_of_both(
     net = two_processes.net
 
     def healthz_counts() -> dict[str, int]:
-        answers = until_both_answered(lambda: httpx.get(f"{net.url}/metrics", timeout=10))
+        answers = until_both_answered(lambda: httpx.get(f"{net.url}/metrics", timeout=30))
         return {
             served_by(answer): sum(int(float(n)) for n in HEALTHZ_COUNT.findall(answer.text))
             for answer in answers
         }
 
     before = max(healthz_counts().values())
-    checks = until_both_answered(lambda: httpx.get(f"{net.url}/healthz", timeout=10))
+    checks = until_both_answered(lambda: httpx.get(f"{net.url}/healthz", timeout=30))
 
     # Each process alone saw only its share of the checks.
     assert healthz_counts() == {"1/2": before + len(checks), "2/2": before + len(checks)}
@@ -173,7 +173,7 @@ def test_the_route_samples_of_each_process_reach_the_other(two_processes: TwoPro
     def samples_shown() -> set[tuple[str, int]]:
         answers = until_both_answered(
             lambda: httpx.get(
-                f"{net.url}/v1/routing", params={"model": TINY}, headers=net.headers(), timeout=10
+                f"{net.url}/v1/routing", params={"model": TINY}, headers=net.headers(), timeout=30
             )
         )
         return {(served_by(a), a.json()["models"][0]["routes"][0]["samples"]) for a in answers}
@@ -243,7 +243,7 @@ def test_a_killed_process_is_started_again_while_the_other_serves(
     time.sleep(max(0.0, served_since + RESTART_AFTER + 1 - time.time()))
 
     os.kill(second, signal.SIGKILL)
-    during = [httpx.get(f"{net.url}/healthz", timeout=10) for _ in range(10)]
+    during = [httpx.get(f"{net.url}/healthz", timeout=30) for _ in range(10)]
     wait_until(
         lambda: "tracker process 2 serves again" in supervisor.output(),
         timeout=60,

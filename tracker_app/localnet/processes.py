@@ -268,12 +268,16 @@ def free_port(host: str = LOOPBACK) -> int:
 def wait_until(
     condition: Callable[[], bool],
     *,
-    timeout: float = 10.0,
+    timeout: float = 30.0,
     what: str = "a condition",
     interval: float = 0.05,
     process: ManagedProcess | None = None,
 ) -> None:
     """Return once ``condition()`` is true; raises TimeoutError after ``timeout`` seconds.
+
+    The default deadline is one for every wait on another process's state: a
+    condition met returns at once, so a deadline sized for a loaded, slower
+    machine costs a passing wait nothing.
 
     A poll that times out (``httpx.TimeoutException``: what it asks is too
     busy to answer yet, as a node mid-step on a slow machine) counts as

@@ -62,7 +62,7 @@ def test_stop_kills_a_process_that_ignores_sigterm_and_the_children_it_started(
 
     assert status == -signal.SIGKILL
     assert not process.alive()
-    wait_until(lambda: gone(child), timeout=5, what="the child to end")
+    wait_until(lambda: gone(child), what="the child to end")
 
 
 def test_stop_ends_what_a_process_left_behind_when_it_exited_by_itself(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_stop_ends_what_a_process_left_behind_when_it_exited_by_itself(tmp_path:
 
     process.stop()
 
-    wait_until(lambda: gone(child), timeout=5, what="the orphan to end")
+    wait_until(lambda: gone(child), what="the orphan to end")
 
 
 def test_stop_is_harmless_to_repeat_and_keeps_the_output(tmp_path: Path) -> None:

@@ -193,7 +193,7 @@ def test_idle_sessions_are_freed_and_a_full_node_answers_503(
             assert busy.status == 503
             assert busy.code == "node_busy"
             assert node.health()["cached_sessions"] == 1
-            wait_until(lambda: node.health()["cached_sessions"] == 0, timeout=10)
+            wait_until(lambda: node.health()["cached_sessions"] == 0)
             again = link.step(tiny_step("s2", 3), hidden)
             assert again.status == 200
     finally:

@@ -217,7 +217,7 @@ def test_a_link_that_keeps_sending_forged_plans_after_a_valid_one_is_closed(
         assert len(refused) == 17
         assert {answer.code for answer in refused} == {"plan_signature_invalid"}
     assert "17 entries refused against 1 admitted" in node.process.output()
-    wait_until(lambda: node.health()["active_sessions"] == 1, timeout=5)
+    wait_until(lambda: node.health()["active_sessions"] == 1)
     with raw_link(node.endpoint, source="127.0.0.16") as websocket:
         assert (
             link_client(websocket).cancel(step.step.session_id, capability=capability).status == 204
