@@ -239,3 +239,23 @@ def test_linear_attention_states_resume_at_the_prefills_last_block_through_the_s
 
     assert first == (alone, 0)
     assert second == (alone, 4 * BLOCK)
+
+
+def test_a_hit_and_a_miss_decode_together_each_as_alone() -> None:
+    other = [257, *range(120, 150), 258, 10, 97, 98]  # as long as PROMPT, nothing shared
+    (alone_hit, _), (alone_miss, _) = run_all(service_of(), ("p", PROMPT, None), ("o", other, None))
+    service = service_of()
+
+    async def run() -> list[Answer]:
+        try:
+            await generation(service, "fill", PROMPT, "t")
+            batched = service.scheduler.batched_steps
+            answers = await asyncio.gather(
+                generation(service, "hit", PROMPT, "t"), generation(service, "miss", other, "t")
+            )
+            assert service.scheduler.batched_steps > batched  # they shared decode batches
+            return list(answers)
+        finally:
+            service.close()
+
+    assert asyncio.run(run()) == [(alone_hit, 4 * BLOCK), (alone_miss, 0)]

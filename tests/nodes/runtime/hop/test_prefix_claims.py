@@ -9,6 +9,7 @@ claim may not do is refused alone.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -17,9 +18,11 @@ from starlette.testclient import TestClient
 
 from nodes_app.runtime.engine.core import NodeService
 from nodes_app.runtime.engine.prefix_cache import block_hashes, chain_seed
-from nodes_app.runtime.engine.trust import PlanGate
+from nodes_app.runtime.engine.trust import Grant, PlanGate
+from nodes_app.runtime.hop import prefix_claim
 from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.server import create_app
+from nodes_app.runtime.wire.entries import ClaimEntry
 from nodes_app.runtime.wire.tensors import tensor_to_bytes
 from nodes_app.shared.sources import resolve_source
 from tests.support.link import HIDDEN, LinkClient, in_process_link, tiny_step
@@ -120,3 +123,20 @@ def test_a_claim_the_hop_may_not_grant_is_refused_alone(link: LinkClient) -> Non
     assert (head.status, head.code) == (400, "layers_out_of_range")
     assert (elsewhere.status, elsewhere.code) == (400, "layers_out_of_range")
     link.cancel("twice")
+
+
+def test_a_signed_plan_without_a_scope_reuses_nothing_on_the_hop(
+    service: NodeService, full_prefill_token: int
+) -> None:
+    lookups = service.store.prefix.lookups
+
+    async def claim(session: str, scope: str | None) -> int:
+        entry = ClaimEntry(1, session, 2, 3, 96, tuple(HASHES))
+        answer = await prefix_claim.answer(service, entry, Grant(prefix_scope=scope))
+        service.cancel(session)
+        return int(answer.blocks)
+
+    # A signed plan's empty scope; a dev-open node's none at all (the head's chain trusted).
+    assert asyncio.run(claim("signed", "")) == 0
+    assert service.store.prefix.lookups == lookups
+    assert asyncio.run(claim("dev-open", None)) == 2
