@@ -259,3 +259,29 @@ def test_a_hit_and_a_miss_decode_together_each_as_alone() -> None:
             service.close()
 
     assert asyncio.run(run()) == [(alone_hit, 4 * BLOCK), (alone_miss, 0)]
+
+
+def test_truncating_kv_forgets_what_followed_and_continues_from_there() -> None:
+    kv = state(20, fill=1.0)
+    kv.truncate(12)
+
+    keys, _ = kv.append(0, torch.full((1, 2, 1, 4), 7.0), torch.full((1, 2, 1, 4), 7.0))
+
+    assert keys.shape[2] == 13
+    assert bool((keys[0, :, :12] == 1.0).all()) and bool((keys[0, :, 12] == 7.0).all())
+
+
+def test_linear_states_go_back_only_to_a_snapshot() -> None:
+    kv = SessionKV()
+    kv.snapshot_block = BLOCK
+    for position, value in ((BLOCK, 1.0), (BLOCK + 3, 2.0)):
+        kv.keep_conv_state(0, torch.full((1, 3, 4), value))
+        kv.keep_recurrent_state(0, torch.full((1, 2, 4, 4), value))
+        kv.ran(position, prefill=True)
+
+    assert [kv.resumable(p) for p in (0, BLOCK, BLOCK + 1, BLOCK + 3)] == [True, True, False, True]
+    with pytest.raises(ValueError):
+        kv.truncate(BLOCK + 1)
+    kv.truncate(BLOCK)
+    state_now = kv.recurrent_state(0)
+    assert state_now is not None and bool((state_now == 1.0).all())
