@@ -64,6 +64,8 @@ class GenerateRequest:
     max_positions: int = 0
     ends_at: int = 0
     idle_seconds: int = 0
+    # The plan's prefix scope (ADR-0027): "" keeps the request out of every prefix cache.
+    prefix_scope: str = ""
 
     @property
     def plan(self) -> SignedPlan:
@@ -78,6 +80,7 @@ class GenerateRequest:
             max_positions=self.max_positions,
             ends_at=self.ends_at,
             idle_seconds=self.idle_seconds,
+            prefix_scope=self.prefix_scope,
         )
 
     @property
@@ -107,6 +110,8 @@ class GenerateRequest:
                 nonce=self.nonce,
                 signature=self.signature,
             )
+        if self.prefix_scope:
+            plan["prefix_scope"] = self.prefix_scope
         prompt: dict[str, Any] = (
             {"messages": self.messages} if self.prompt is None else {"prompt": self.prompt}
         )

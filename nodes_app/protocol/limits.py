@@ -116,3 +116,15 @@ def step_time_limit(step_timeout: float, positions: int, *, echo: bool = False) 
     """
     blocks = max(1, math.ceil(positions / STEP_TIMEOUT_POSITIONS))
     return step_timeout * blocks * (ECHO_STEP_TIME_FACTOR if echo else 1)
+
+
+# Prefix reuse (docs/adr/0027-prefix-reuse.md): a prompt is hashed in blocks of
+# PREFIX_BLOCK_TOKENS token ids, a chain of one hash (PREFIX_HASH_HEX hex digits)
+# per full block; a head claims at most PREFIX_MAX_BLOCKS blocks from each hop
+# (a quarter of a million positions: past any context served) and a hop refuses
+# a longer or malformed list (400 ``bad_field``). The scope that seeds a chain is
+# at most PREFIX_MAX_SCOPE characters.
+PREFIX_BLOCK_TOKENS = 32
+PREFIX_HASH_HEX = 32
+PREFIX_MAX_BLOCKS = 8192
+PREFIX_MAX_SCOPE = 200

@@ -17,7 +17,7 @@ from typing import Any
 
 from nodes_app.protocol.decoding import FieldDecoder, Reader, is_count, is_int, json_document
 from nodes_app.protocol.errors import ProtocolError, refusal
-from nodes_app.protocol.limits import MAX_PLAN_HEADER, MAX_REQUEST_ID, PLAN
+from nodes_app.protocol.limits import MAX_PLAN_HEADER, MAX_REQUEST_ID, PLAN, PREFIX_MAX_SCOPE
 
 # Matched whole (``fullmatch``: ``$`` would let a trailing newline through).
 _HEX_SIGNATURE = re.compile(r"[0-9a-f]{128}")
@@ -111,6 +111,15 @@ def _signature(value: Any) -> str:
     return value
 
 
+def _prefix_scope(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > PREFIX_MAX_SCOPE:
+        raise ProtocolError(
+            f"plan.prefix_scope must be a string of at most {PREFIX_MAX_SCOPE} characters",
+            code="invalid_plan",
+        )
+    return value
+
+
 def _plan_request_id(value: Any) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_REQUEST_ID:
         raise ProtocolError("plan.request_id must name the request", code="invalid_plan")
@@ -128,6 +137,7 @@ PLAN_READERS: dict[str, Reader] = {
     "idle_seconds": _bound("idle_seconds"),
     "nonce": _nonce,
     "signature": _signature,
+    "prefix_scope": _prefix_scope,
 }
 
 
@@ -161,6 +171,9 @@ class SignedPlan:
     max_positions: int = 0
     ends_at: int = 0
     idle_seconds: int = 0
+    # Whose prefix cache the request's sessions may share (ADR-0027): "" (none) means
+    # no node reuses or keeps anything of it across requests.
+    prefix_scope: str = ""
 
     @property
     def bounded(self) -> bool:
@@ -178,6 +191,8 @@ class SignedPlan:
             "ends_at": self.ends_at,
             "idle_seconds": self.idle_seconds,
             "nonce": self.nonce,
+            # Only when set: plans without one sign the bytes they always did.
+            **({"prefix_scope": self.prefix_scope} if self.prefix_scope else {}),
         }
 
     def to_header(self) -> str:

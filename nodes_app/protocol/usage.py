@@ -15,13 +15,19 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    # Prompt positions the head did not recompute: their state came from the prefix
+    # caches of every node on the route (ADR-0027). Left out of the JSON when 0.
+    cached_tokens: int = 0
 
     def to_json(self) -> dict[str, int]:
-        return {
+        out = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+        if self.cached_tokens:
+            out["cached_tokens"] = self.cached_tokens
+        return out
 
     @classmethod
     def parse(cls, raw: Any) -> Usage:
@@ -30,4 +36,7 @@ class Usage:
         prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
         if not (is_count(prompt) and is_count(completion)):
             raise ProtocolError("usage needs non-negative integer prompt and completion tokens")
-        return cls(prompt_tokens=prompt, completion_tokens=completion)
+        cached = raw.get("cached_tokens", 0)
+        if not is_count(cached) or cached > prompt:
+            raise ProtocolError("usage.cached_tokens must be a count of at most the prompt tokens")
+        return cls(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)

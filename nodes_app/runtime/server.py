@@ -1,10 +1,12 @@
 """The node's ASGI app (Starlette): health, challenges, the hop link, and head generation.
 
 Routes:
-  GET    /v1/health               shard, sessions, queue depth, throughput, KV use in
-                                  quarters (open to anyone: no exact free KV)
+  GET    /v1/health               shard, sessions, queue depth, throughput, KV use and
+                                  prefix cache in quarters (open to anyone: no exact
+                                  free KV), prefix cache hits
   POST   /v1/challenge            sign the tracker's nonce with the wallet (ADR-0008; open)
-  WS     /v1/link                 a head's link: frames of hop steps and session cancels
+  WS     /v1/link                 a head's link: frames of hop steps, prefix claims and
+                                  session cancels
                                   (binary, see ``wire`` and ``hop.link_server``)
   POST   /v1/generate             head only: run a plan, stream chat chunks (SSE)
 Every HTTP refusal is ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx
@@ -56,17 +58,30 @@ MAX_CHALLENGE_BYTES = 1024
 KV_LOAD_STEPS = 4
 # The exact figures stay off the open page (the in-process NodeService.health()
 # keeps them, for tests and operators' tools running beside the node).
-PRIVATE_HEALTH_FIELDS = ("kv_budget_bytes", "kv_reserved_bytes")
+PRIVATE_HEALTH_FIELDS = ("kv_budget_bytes", "kv_reserved_bytes", "prefix_cache")
+
+
+def _load(used: int, budget: int) -> float:
+    """``used`` as a share of ``budget``, rounded up to a quarter (0 only when nothing is)."""
+    share = used / budget if budget > 0 else 1.0
+    return min(KV_LOAD_STEPS, math.ceil(share * KV_LOAD_STEPS)) / KV_LOAD_STEPS
 
 
 def public_health(health: dict[str, Any]) -> dict[str, Any]:
     """``NodeService.health()`` as anyone may read it: the KV budget in use only as
-    ``kv_load``, a share rounded up to a quarter (0 only when nothing is reserved)."""
-    budget, reserved = health["kv_budget_bytes"], health["kv_reserved_bytes"]
-    share = reserved / budget if budget > 0 else 1.0
-    load = min(KV_LOAD_STEPS, math.ceil(share * KV_LOAD_STEPS)) / KV_LOAD_STEPS
+    ``kv_load``, a share rounded up to a quarter (0 only when nothing is reserved);
+    the prefix cache (ADR-0027) as the share of the budget it holds, rounded the
+    same way, and its count of hits (its entries, bytes and reused positions stay
+    off: what it holds is what requests asked)."""
+    budget = health["kv_budget_bytes"]
+    prefix = health["prefix_cache"]
     public = {name: value for name, value in health.items() if name not in PRIVATE_HEALTH_FIELDS}
-    return {**public, "kv_load": load}
+    return {
+        **public,
+        "kv_load": _load(health["kv_reserved_bytes"], budget),
+        "prefix_cache_load": _load(prefix["bytes"], budget),
+        "prefix_hits": prefix["hits"],
+    }
 
 
 @dataclass(frozen=True)

@@ -166,14 +166,24 @@ def transformers_greedy(
 
     The logits ``[tokens, vocab]`` are the model's raw logits at each step (float32).
     """
+    return transformers_greedy_each(directory, [prompt], tokens)[0]
+
+
+def transformers_greedy_each(
+    directory: Path, prompts: list[list[int]], tokens: int
+) -> list[tuple[list[int], torch.Tensor]]:
+    """:func:`transformers_greedy` of each prompt alone, the checkpoint loaded once."""
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=tokens,
-        do_sample=False,
-        eos_token_id=None,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float()
+    answers = []
+    for prompt in prompts:
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=tokens,
+            do_sample=False,
+            eos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        answers.append((out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float()))
+    return answers

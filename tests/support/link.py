@@ -20,7 +20,13 @@ from websockets.sync.client import connect
 from nodes_app.protocol.limits import LINK_PATH
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.head.hop_links import link_url
-from nodes_app.runtime.wire.entries import CancelEntry, ForwardStep, LinkStep, StepAnswer
+from nodes_app.runtime.wire.entries import (
+    CancelEntry,
+    ClaimEntry,
+    ForwardStep,
+    LinkStep,
+    StepAnswer,
+)
 from nodes_app.runtime.wire.frames import decode_answers, encode_requests
 
 HIDDEN = 64  # the tiny model's hidden size
@@ -60,7 +66,7 @@ class LinkClient:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def exchange(self, entries: Sequence[LinkStep | CancelEntry]) -> list[StepAnswer]:
+    def exchange(self, entries: Sequence[LinkStep | CancelEntry | ClaimEntry]) -> list[StepAnswer]:
         """Send ``entries`` as one frame; their answers, in the entries' order."""
         self._send(encode_requests(entries))
         return self.answers([entry.step_id for entry in entries])
@@ -86,8 +92,29 @@ class LinkClient:
         [answer] = self.exchange([LinkStep(self.next_id(), step, body, capability, plan)])
         return answer
 
-    def cancel(self, session: str, *, capability: str | None = None) -> StepAnswer:
-        [answer] = self.exchange([CancelEntry(self.next_id(), session, capability)])
+    def cancel(
+        self, session: str, *, capability: str | None = None, keep: Sequence[str] | None = None
+    ) -> StepAnswer:
+        kept = None if keep is None else tuple(keep)
+        [answer] = self.exchange([CancelEntry(self.next_id(), session, capability, kept)])
+        return answer
+
+    def claim(
+        self,
+        session: str,
+        hashes: Sequence[str],
+        *,
+        start: int = 2,
+        end: int = 3,
+        reserve: int = 64,
+        capability: str | None = None,
+        plan: str | None = None,
+    ) -> StepAnswer:
+        """Open ``session`` with a prefix claim (ADR-0027): the blocks the hop holds."""
+        entry = ClaimEntry(
+            self.next_id(), session, start, end, reserve, tuple(hashes), capability, plan
+        )
+        [answer] = self.exchange([entry])
         return answer
 
     def raw_step(

@@ -4,7 +4,9 @@
 
 1. ``admission``: a step's field checks against the shard, the session it
    runs in, its KV reservation against the budget (``kv``), and the plan
-   gate and capabilities (``trust``); ``sessions`` holds the sessions.
+   gate and capabilities (``trust``); ``sessions`` holds the sessions, and
+   in the same budget ``prefix_cache`` holds what ended sessions computed,
+   for the next prompt that starts the same (ADR-0027).
 2. ``scheduler``: queues steps and decides which run together and when
    (continuous batching, chunked prefill, short batches on the loop).
 3. ``step_batch``: runs one batch: rows through ``runner.ShardRunner``'s

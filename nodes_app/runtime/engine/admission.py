@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from nodes_app.protocol.limits import SAMPLING
-from nodes_app.runtime.engine.kv import session_bytes
+from nodes_app.runtime.engine.kv import linear_state_bytes, session_bytes
 from nodes_app.runtime.engine.runner import ShardRunner
 from nodes_app.runtime.engine.sampler import SamplingParams, check_logit_bias
 from nodes_app.runtime.engine.sessions import Session, SessionStore
@@ -98,28 +98,40 @@ class Admission:
         capability: bytes | None = None,
         reserve: int | None = None,
         grant: Grant | None = None,
+        prefix: bool = False,
     ) -> Session:
         """Admit a session reserving ``reserve`` positions (see :meth:`reservation`), or 503.
 
         ``grant`` (a signed plan's, see :meth:`admit_step`) bounds what it holds
         and how long; its capability is the session's, unless ``capability`` is given.
+        ``prefix``: the session may take and leave prefix cache (ADR-0027), so its
+        linear-attention states are snapshotted at block boundaries (reserved too).
         """
         self.check_range(start, end)
         grant = grant or Grant(capability)
         granted = grant.max_positions or None
         positions = self.reservation(reserve, granted=granted)
+        cache = self.runner.new_cache(limit=positions)
+        if prefix and linear_state_bytes(self.shard, start, end):
+            cache.snapshot_block = self.store.prefix.block
         return self.store.create(
             session_id,
             start=start,
             end=end,
-            cache=self.runner.new_cache(limit=positions),
+            cache=cache,
             reserve=positions,
-            reserved_bytes=session_bytes(self.shard, start, end, positions),
+            reserved_bytes=self._bytes(start, end, positions, snapshots=prefix),
             capability=capability if capability is not None else grant.capability,
             max_positions=granted,
             lifetime=grant.ends_at - self.wall_clock() if grant.ends_at else None,
             idle_limit=grant.idle_seconds or None,
         )
+
+    def _bytes(self, start: int, end: int, positions: int, *, snapshots: bool) -> int:
+        """A session's reservation; with ``snapshots``, room for the two linear-attention
+        snapshots a prefix-caching session keeps (``SessionKV.ran``)."""
+        extra = 2 * linear_state_bytes(self.shard, start, end) if snapshots else 0
+        return session_bytes(self.shard, start, end, positions) + extra
 
     def cover(self, session: Session, reached: int, reserve: int | None = None) -> None:
         """Grow ``session``'s reservation to cover position ``reached`` (never refused:
@@ -130,7 +142,12 @@ class Admission:
         self.store.extend(
             session,
             reserve=positions,
-            reserved_bytes=session_bytes(self.shard, session.start, session.end, positions),
+            reserved_bytes=self._bytes(
+                session.start,
+                session.end,
+                positions,
+                snapshots=session.cache.snapshot_block is not None,
+            ),
         )
         session.cache.limit = session.reserve
 
@@ -181,6 +198,29 @@ class Admission:
             positions=max(reached, step.reserve or 0),
         )
 
+    def admit_claim(
+        self, session_id: str, start: int, end: int, reserve: int, headers: Mapping[str, str]
+    ) -> Grant:
+        """A prefix claim's checks (ADR-0027): it opens a hop session as a first step would."""
+        self.check_range(start, end)
+        if start == 0:
+            raise RuntimeRequestError(
+                "layer 0 takes token ids: only the head runs it", code="layers_out_of_range"
+            )
+        if self.store.get(session_id) is not None:
+            raise RuntimeRequestError(
+                f"session {session_id} already exists: a claim opens a new session",
+                code="session_exists",
+            )
+        return self.gate.admit_session(
+            headers,
+            node_id=self.node_id,
+            session_id=session_id,
+            start=start,
+            end=end,
+            positions=reserve,
+        )
+
     def check_step(self, step: ForwardStep) -> None:
         """Everything about a step its headers alone can refuse, before its body is read."""
         self.check_range(step.start, step.end)
@@ -210,12 +250,12 @@ class Admission:
                 "logprobs, prompt_ids and generated_ids are for the hop ending at the last layer",
                 code="bad_field",
             )
-        # An echo scores the prompt from position 0 on, and the resumed tokens are
-        # counted when the session's picker is made: both belong to the opening step.
-        if step.position != 0 and (step.prompt_ids is not None or step.generated_ids is not None):
+        # An echo scores the prompt from position 0 on; the resumed tokens are counted
+        # when the session's picker is made, by its first step (at the position the
+        # route's prefix claim agreed on, ADR-0027: ``NodeService.hop_forward`` checks).
+        if step.position != 0 and step.prompt_ids is not None:
             raise RuntimeRequestError(
-                "prompt_ids and generated_ids are for the step that opens the session",
-                code="bad_field",
+                "prompt_ids are for the step that opens the session", code="bad_field"
             )
         if self.shard.family.per_layer_inputs:
             if step.token_ids is None or len(step.token_ids) != step.shape[1]:

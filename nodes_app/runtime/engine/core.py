@@ -23,11 +23,13 @@ import torch
 from nodes_app.protocol.limits import (
     GENERATE_MAX_BYTES,
     GENERATE_MAX_PROMPT_CHARS,
+    SAMPLING,
     STEP_TIMEOUT_SECONDS,
 )
 from nodes_app.runtime.engine.admission import Admission
 from nodes_app.runtime.engine.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.engine.kv import default_kv_budget
+from nodes_app.runtime.engine.prefix_cache import MISS, Hit, local_keys
 from nodes_app.runtime.engine.runner import ShardRunner
 from nodes_app.runtime.engine.sampler import Constraint, SamplingParams, TailRequest, TokenPicker
 from nodes_app.runtime.engine.scheduler import StepScheduler, ThroughputMeter
@@ -120,6 +122,67 @@ class NodeService:
     def meter(self) -> ThroughputMeter:
         return self.scheduler.meter
 
+    def prefix_keys(self, hashes: Sequence[str], start: int, end: int, scope: str) -> list[bytes]:
+        """This node's keys of a request's chain for layers ``start..end`` (ADR-0027)."""
+        return local_keys(
+            hashes,
+            model=self.shard.model_key,
+            start=start,
+            end=end,
+            dtype=self.dtype_name,
+            scope=scope,
+        )
+
+    async def claim(self, session: Session, hashes: Sequence[str], scope: str | None) -> Hit:
+        """Find the chain ``hashes``' longest held prefix and copy it into the new ``session``.
+
+        ``scope``: what its plan shares the cache in ("" where no signed plan
+        says: a dev-open node trusts the chain the head seeded); None keeps the
+        request out of the cache: nothing is looked up, nothing kept at its end.
+        The session then stands at the positions taken until its first step
+        settles where the route starts (:meth:`settle`).
+        """
+        session.claimed = True
+        session.prefix_scope = scope
+        if scope is None or not hashes:
+            return MISS
+        cache = self.store.prefix
+        hit = cache.find(self.prefix_keys(hashes, session.start, session.end, scope))
+        if hit.blocks:
+            session.position = await self.compute(lambda: cache.take(hit, session.cache))
+        return Hit(hit.blocks, hit.exact)
+
+    def settle(self, session: Session, position: int) -> None:
+        """A claimed session's first step starts at ``position``: cut what it took back to it.
+
+        Refuses (``position_mismatch``) a position its state cannot resume at.
+        """
+        if not session.claimed:
+            return
+        if position != session.position:
+            if position > session.position or not session.cache.resumable(position):
+                raise RuntimeRequestError(
+                    f"session {session.session_id} cannot start at position {position}",
+                    code="position_mismatch",
+                )
+            session.cache.truncate(position)
+            session.position = position
+        session.claimed = False
+        self.store.prefix.counted(position)
+
+    def end(self, session_id: str, hashes: Sequence[str] | None = None) -> bool:
+        """A generation's session ended cleanly: keep its state under the chain ``hashes``
+        (of every token it ran) when its request may share it (ADR-0027)."""
+        session = self.store.get(session_id)
+        if session is None:
+            return False
+        self.scheduler.forget(session_id)
+        scope = session.prefix_scope
+        keys = None
+        if scope is not None and hashes:
+            keys = self.prefix_keys(hashes, session.start, session.end, scope)
+        return self.store.end(session_id, keys)
+
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok",
@@ -137,6 +200,7 @@ class NodeService:
             "kv_budget_bytes": self.store.kv_budget,
             "kv_reserved_bytes": self.store.reserved,
             "batched_steps": self.scheduler.batched_steps,
+            "prefix_cache": self.store.prefix.stats(),
             "measured_tps": round(self.meter.tps, 3),
             "benchmark_tps": round(self.benchmark_tps, 3),
         }
@@ -150,16 +214,21 @@ class NodeService:
         self.scheduler.forget(session_id)
         return self.store.drop(session_id)
 
-    def end_session(self, session_id: str, headers: Mapping[str, str]) -> bool:
+    def end_session(
+        self, session_id: str, headers: Mapping[str, str], *, keep: Sequence[str] | None = None
+    ) -> bool:
         """Free a session for a caller presenting its capability; False if there is none.
 
-        Raises 401/403 (``capability_required`` / ``capability_invalid``) for
-        anyone else.
+        ``keep``: the chain of the tokens it ran, to keep its state under in the
+        prefix cache (:meth:`end`). Raises 401/403 (``capability_required`` /
+        ``capability_invalid``) for anyone else.
         """
         session = self.store.get(session_id)
         if session is None:
             return False
         self.gate.check_capability(headers, session.capability)
+        if keep is not None:
+            return self.end(session_id, keep)
         return self.cancel(session_id)
 
     @functools.cached_property
@@ -193,9 +262,18 @@ class NodeService:
         position; the session's position advances here.
         """
         tail = None
+        if step.generated_ids is not None and session.picker is not None:
+            raise RuntimeRequestError(
+                "generated_ids are for the step that opens the session", code="bad_field"
+            )
         if step.end == self.shard.num_layers - 1:
             if session.picker is None:
-                assert step.sampling is not None  # check_step: the opening step has it
+                if step.sampling is None:  # a session opened by a claim, stepped without it
+                    raise RuntimeRequestError(
+                        f"the hop ending at the last layer needs {SAMPLING} on the session's "
+                        "first step",
+                        code="missing_field",
+                    )
                 session.picker = await self.picker(step.sampling, step.generated_ids or ())
             tail = TailRequest(
                 session.picker.sampling,

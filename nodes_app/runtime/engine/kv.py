@@ -109,6 +109,10 @@ def default_kv_budget(device: torch.device) -> int:
     return int(free * DEFAULT_BUDGET_SHARE)
 
 
+# A linear-attention snapshot: each layer's convolution state and recurrent state.
+Snapshot = tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]
+
+
 class SessionKV:
     """One session's state for the layers of its range; ``limit`` caps K/V growth (its reservation).
 
@@ -123,6 +127,93 @@ class SessionKV:
         self._lengths: dict[int, int] = {}
         self._conv: dict[int, torch.Tensor] = {}
         self._recurrent: dict[int, torch.Tensor] = {}
+        # Positions every layer has run (the runner says so after each forward).
+        self.reached = 0
+        # Prefix reuse (engine.prefix_cache): with ``snapshot_block`` set, the
+        # linear-attention states are copied whenever a forward ends on a multiple
+        # of it: the last such position of a prefill and the latest of all are kept,
+        # the only earlier positions this session's states can be truncated to.
+        self.snapshot_block: int | None = None
+        self._snapshots: dict[int, Snapshot] = {}
+        self._prefill_snapshot = 0
+
+    @property
+    def linear(self) -> bool:
+        """Whether it holds linear-attention states (resumable only where snapshotted)."""
+        return bool(self._conv or self._recurrent)
+
+    def ran(self, position: int, *, prefill: bool) -> None:
+        """Every layer has run up to ``position``; snapshot linear states on a block boundary."""
+        self.reached = position
+        block = self.snapshot_block
+        if not block or not self.linear or position % block:
+            return
+        self._snapshots[position] = (
+            {layer: state.clone() for layer, state in self._conv.items()},
+            {layer: state.clone() for layer, state in self._recurrent.items()},
+        )
+        if prefill:
+            self._prefill_snapshot = position
+        keep = {position, self._prefill_snapshot}
+        for kept in [p for p in self._snapshots if p not in keep]:
+            del self._snapshots[kept]
+
+    def resumable(self, positions: int) -> bool:
+        """Whether the state can be cut back to ``positions`` (see :meth:`truncate`)."""
+        if positions > self.reached:
+            return False
+        return positions in (0, self.reached) or not self.linear or positions in self._snapshots
+
+    @property
+    def snapshots(self) -> tuple[int, ...]:
+        """The earlier positions its linear states were kept at (none without linear layers)."""
+        return tuple(sorted(self._snapshots))
+
+    def truncate(self, positions: int) -> None:
+        """Cut the state back to its first ``positions``: speculation's rollback, a claim's
+        settling (ADR-0027). K/V keeps its buffers and forgets the rest; linear states
+        go back to a snapshot. ValueError where :meth:`resumable` says no."""
+        if not self.resumable(positions):
+            raise ValueError(f"no state to resume at position {positions}")
+        for layer, length in self._lengths.items():
+            self._lengths[layer] = min(length, positions)
+        if positions == 0:
+            self._conv.clear()
+            self._recurrent.clear()
+        elif positions != self.reached and self.linear:
+            conv, recurrent = self._snapshots[positions]
+            self._conv = {layer: state.clone() for layer, state in conv.items()}
+            self._recurrent = {layer: state.clone() for layer, state in recurrent.items()}
+        self._snapshots = {p: s for p, s in self._snapshots.items() if p <= positions}
+        self.reached = positions
+
+    def adopt_prefix(self, source: SessionKV, positions: int) -> None:
+        """Copy ``source``'s first ``positions`` (resumable there) into this empty state."""
+        if not source.resumable(positions):
+            raise ValueError(f"the source holds no state to resume at position {positions}")
+        for layer, length in source._lengths.items():
+            keys, values = source._keys[layer], source._values[layer]
+            count = min(length, positions)
+            capacity = max(count, MIN_CAPACITY)
+            if self.limit is not None:
+                capacity = min(max(capacity, count), max(count, self.limit))
+            own_keys = keys.new_zeros((1, keys.shape[1], capacity, keys.shape[3]))
+            own_values = values.new_zeros((1, values.shape[1], capacity, values.shape[3]))
+            own_keys[:, :, :count] = keys[:, :, :count]
+            own_values[:, :, :count] = values[:, :, :count]
+            self._keys[layer], self._values[layer] = own_keys, own_values
+            self._lengths[layer] = count
+        if source.linear and positions:
+            if positions == source.reached:
+                conv, recurrent = source._conv, source._recurrent
+            else:
+                conv, recurrent = source._snapshots[positions]
+            self._conv = {layer: state.clone() for layer, state in conv.items()}
+            self._recurrent = {layer: state.clone() for layer, state in recurrent.items()}
+        self.reached = positions
+        if self.snapshot_block and self.linear:
+            # Where it started is where the next session sharing this prefix resumes.
+            self.ran(positions, prefill=True)
 
     def length(self, layer: int) -> int:
         """Positions held for ``layer`` (0 before its first step)."""
@@ -136,6 +227,7 @@ class SessionKV:
             *self._values.values(),
             *self._conv.values(),
             *self._recurrent.values(),
+            *(t for conv, rec in self._snapshots.values() for t in (*conv.values(), *rec.values())),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 

@@ -118,6 +118,8 @@ class ShardRunner:
                 use_cache=True,
             )
         cache.commit()
+        for kv, past in zip(caches, pasts, strict=True):
+            kv.ran(past + length, prefill=length > 1)
         return hidden
 
     def _per_layer(

@@ -264,12 +264,25 @@ class StepScheduler:
         budget = self.prefill_chunk
         while self._prefills:
             job = self._prefills[0]
-            length = min(self.prefill_chunk, job.length - job.done)
+            length = self._chunk(job)
             if forwards and length > budget:
                 break
             forwards.append([self._prefills.popleft()])
             budget -= length
         return forwards
+
+    def _chunk(self, job: StepJob) -> int:
+        """Positions ``job``'s next prefill chunk runs: ``prefill_chunk`` at most, and ending
+        on its prefill's last block boundary when its linear-attention states are
+        snapshotted there (prefix reuse, ADR-0027: ``SessionKV.ran``)."""
+        length = min(self.prefill_chunk, job.length - job.done)
+        block = getattr(job.session.cache, "snapshot_block", None)
+        if block:
+            past = job.session.position + job.done
+            boundary = (job.session.position + job.length) // block * block
+            if past < boundary < past + length:
+                length = boundary - past
+        return length
 
     def _take_decodes(self) -> list[StepJob]:
         """The oldest decode step and those of the same layer range, up to ``MAX_BATCH``.
@@ -312,7 +325,7 @@ class StepScheduler:
         """Run ``batch`` (``step_batch``), and learn how long a decode batch takes."""
         began = time.perf_counter()
         first = batch[0]
-        length = min(self.prefill_chunk, first.length - first.done)
+        length = self._chunk(first) if first.length > 1 else 1
         outcomes = run_step_batch(self.runner, batch, length, self.transform)
         if length == 1:
             seconds = time.perf_counter() - began

@@ -26,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes_app.runtime.engine.prefix_cache import PrefixCache
 from nodes_app.runtime.engine.sampler import TokenPicker
 from nodes_app.runtime.faults import RuntimeRequestError
 
@@ -55,6 +56,12 @@ class Session:
     reserved_bytes: int = 0
     # Set when the store drops it: a step still queued for it is not computed.
     closed: bool = False
+    # Opened by a prefix claim (ADR-0027): its first step may start at any position it
+    # can be cut back to, up to what the claim found.
+    claimed: bool = False
+    # The scope its state may be shared in ("" on a dev-open node: the head's chain
+    # is trusted as seeded); None: nothing of it is looked up or kept.
+    prefix_scope: str | None = None
     # What its plan lets it hold: positions at most (None: no plan bound); when it
     # ends, on the store's clock, whatever it is doing; how long it may wait idle
     # (the store sets it: the plan's bound or its own timeout, whichever is shorter).
@@ -95,6 +102,7 @@ class SessionStore:
         idle_timeout: float,
         max_sessions: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.kv_budget = kv_budget
         self.max_sessions = max_sessions
@@ -102,6 +110,15 @@ class SessionStore:
         self.clock = clock
         self._sessions: dict[str, Session] = {}
         self.reserved = 0
+        # Ended sessions' state kept for reuse (ADR-0027): inside the same budget,
+        # evicted whenever a live session needs the room.
+        self.prefix = prefix if prefix is not None else PrefixCache()
+
+    def _make_room(self, needed: int) -> None:
+        """Evict prefix cache until ``needed`` more reserved bytes fit beside it, if they can."""
+        over = self.reserved + needed + self.prefix.nbytes - self.kv_budget
+        if over > 0:
+            self.prefix.evict(over)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -137,6 +154,7 @@ class SessionStore:
             raise _busy(
                 f"node is at its cap of {self.max_sessions} concurrent sessions; retry later"
             )
+        self._make_room(reserved_bytes)
         if self.reserved + reserved_bytes > self.kv_budget:
             raise _busy(
                 f"node's KV budget is spent ({self.reserved / 2**20:.1f} of "
@@ -167,6 +185,7 @@ class SessionStore:
         """Grow a live session's reservation (never refused: admitted sessions finish)."""
         if reserve <= session.reserve or session.closed:
             return
+        self._make_room(reserved_bytes - session.reserved_bytes)
         self.reserved += reserved_bytes - session.reserved_bytes
         session.reserve, session.reserved_bytes = reserve, reserved_bytes
 
@@ -176,6 +195,20 @@ class SessionStore:
         if session is None:
             return False
         self._release(session)
+        return True
+
+    def end(self, session_id: str, keys: Sequence[bytes] | None) -> bool:
+        """Drop the session; keep its state in the prefix cache under ``keys`` (its node's
+        keys of the chain of the tokens it ran, :func:`prefix_cache.local_keys`) when given."""
+        session = self._sessions.get(session_id)
+        if not self.drop(session_id):
+            return False
+        assert session is not None
+        kv = session.cache
+        held = min(kv.reached, session.position)
+        if keys and held >= self.prefix.block and kv.resumable(held):
+            kv.truncate(held)
+            self.prefix.keep(kv, keys, room=self.kv_budget - self.reserved)
         return True
 
     def _release(self, session: Session) -> None:

@@ -75,7 +75,8 @@ class Grant:
     ``capability``: the SHA-256 of the capability it presented (None: none).
     For a step that opens a session under a signed plan, what that session
     may hold, from the plan: ``max_positions``, ``ends_at`` (unix seconds)
-    and ``idle_seconds``; 0 where nothing bounds it (a dev-open node, or a
+    and ``idle_seconds``, and the ``prefix_scope`` its state may be shared in;
+    0 where nothing bounds it (a dev-open node, or a
     later step, whose session already holds its plan's bounds).
     """
 
@@ -83,6 +84,8 @@ class Grant:
     max_positions: int = 0
     ends_at: int = 0
     idle_seconds: int = 0
+    # The plan's prefix scope (ADR-0027); None where no signed plan says (dev-open).
+    prefix_scope: str | None = None
 
 
 def _refuse(message: str, code: str, status: int = 403) -> RuntimeRequestError:
@@ -223,7 +226,9 @@ class PlanGate:
                 "plan_exceeded",
             )
         self._use(plan, now)
-        return Grant(presented, plan.max_positions, plan.ends_at, plan.idle_seconds)
+        return Grant(
+            presented, plan.max_positions, plan.ends_at, plan.idle_seconds, plan.prefix_scope
+        )
 
     def _presented(self, headers: Mapping[str, str]) -> bytes | None:
         capability = headers.get(CAPABILITY)

@@ -44,9 +44,11 @@ from nodes_app.protocol.limits import (
     LINK_MAX_FRAME_BYTES,
     LINK_MAX_HEADER_BYTES,
     LINK_PATH,
+    PREFIX_HASH_HEX,
 )
 from nodes_app.runtime.wire.entries import (
     CancelEntry,
+    ClaimEntry,
     ForwardStep,
     FrameError,
     HelloEntry,
@@ -63,12 +65,19 @@ LINK_CONNECT_SECONDS = 5.0
 # a capability, the JSON around them), and per token id (up to 7 digits and a comma).
 _ENTRY_HEADER_BYTES = 1024
 _ID_HEADER_BYTES = 8
+# A block hash in a claim or a cancel: its hex digits, quotes and a comma.
+_HASH_HEADER_BYTES = PREFIX_HASH_HEX + 3
+
+Entry = LinkStep | CancelEntry | ClaimEntry
 
 
-def _header_bytes(entry: LinkStep | CancelEntry) -> int:
+def _header_bytes(entry: Entry) -> int:
     """An upper bound of the bytes ``entry`` adds to a frame's header."""
     if isinstance(entry, CancelEntry):
-        return _ENTRY_HEADER_BYTES
+        return _ENTRY_HEADER_BYTES + _HASH_HEADER_BYTES * len(entry.keep or ())
+    if isinstance(entry, ClaimEntry):
+        hashes = _HASH_HEADER_BYTES * len(entry.hashes)
+        return _ENTRY_HEADER_BYTES + len(entry.plan or "") + hashes
     step = entry.step
     ids = sum(len(ids or ()) for ids in (step.prompt_ids, step.generated_ids, step.token_ids))
     return _ENTRY_HEADER_BYTES + len(entry.plan or "") + _ID_HEADER_BYTES * ids
@@ -139,7 +148,7 @@ class HopLink:
         self._connection: ClientConnection | None = None
         self._opening: asyncio.Task[ClientConnection] | None = None
         self._pending: dict[int, asyncio.Future[StepAnswer]] = {}
-        self._queued: list[LinkStep | CancelEntry] = []
+        self._queued: list[Entry] = []
         self._flush_scheduled = False
         # Frames handed to a send task and not yet written (a later one must wait its turn).
         self._sending = 0
@@ -164,16 +173,42 @@ class HopLink:
         )
 
     async def cancel(
-        self, session_id: str, *, capability: str | None, timeout: float
+        self,
+        session_id: str,
+        *,
+        capability: str | None,
+        timeout: float,
+        keep: tuple[str, ...] | None = None,
     ) -> StepAnswer:
-        """Free ``session_id`` on the hop: its answer (status 204, or a refusal)."""
+        """Free ``session_id`` on the hop: its answer (status 204, or a refusal).
+
+        ``keep``: the chain its state may be kept under in the hop's prefix cache.
+        """
         return await self._ask(
-            lambda step_id: CancelEntry(step_id, session_id, capability), timeout
+            lambda step_id: CancelEntry(step_id, session_id, capability, keep), timeout
         )
 
-    async def _ask(
-        self, entry_for: Callable[[int], LinkStep | CancelEntry], timeout: float
+    async def claim(
+        self,
+        session_id: str,
+        *,
+        start: int,
+        end: int,
+        reserve: int,
+        hashes: tuple[str, ...],
+        capability: str | None,
+        plan: str | None,
+        timeout: float,
     ) -> StepAnswer:
+        """Open ``session_id`` on the hop with a prefix claim: its answer (blocks held)."""
+        return await self._ask(
+            lambda step_id: ClaimEntry(
+                step_id, session_id, start, end, reserve, hashes, capability, plan
+            ),
+            timeout,
+        )
+
+    async def _ask(self, entry_for: Callable[[int], Entry], timeout: float) -> StepAnswer:
         try:
             return await self._ask_once(entry_for, timeout)
         except LinkDropped as error:
@@ -182,9 +217,7 @@ class HopLink:
         # The hop closed the link as idle as this was sent: it never read it.
         return await self._ask_once(entry_for, timeout)
 
-    async def _ask_once(
-        self, entry_for: Callable[[int], LinkStep | CancelEntry], timeout: float
-    ) -> StepAnswer:
+    async def _ask_once(self, entry_for: Callable[[int], Entry], timeout: float) -> StepAnswer:
         step_id = next(self._ids)
         entry = entry_for(step_id)
         if isinstance(entry, LinkStep) and len(entry.body) + 4096 > self.max_frame_bytes:
@@ -212,7 +245,7 @@ class HopLink:
             deadline.cancel()
             self._pending.pop(step_id, None)
 
-    async def _open(self, first: LinkStep | CancelEntry, timeout: float) -> None:
+    async def _open(self, first: Entry, timeout: float) -> None:
         """Open the link if it is not open, greeting the hop with ``first``'s credentials.
 
         A hop that accepts the connection but does not answer the hello within
@@ -296,7 +329,7 @@ class HopLink:
         """Send what was queued this tick, in as few frames as the hop's limits allow."""
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
-        frame: list[LinkStep | CancelEntry] = []
+        frame: list[Entry] = []
         size = header = 0
         for entry in queued:
             length = len(entry.body) if isinstance(entry, LinkStep) else 0

@@ -57,6 +57,8 @@ class OutputProcessor:
         # Completion tokens this route may still produce (a resumed request has some).
         self.budget = request.max_tokens - len(resumed)
         self.produced = 0
+        # Prompt positions whose state came from the route's prefix caches (ADR-0027).
+        self.cached_tokens = 0
         self._detokenizer = IncrementalDetokenizer(service.shard.tokenizer, resumed)
         self._stopper = StopMatcher(request.stop)
         self._eos = eos_token_ids(service)
@@ -123,6 +125,7 @@ class OutputProcessor:
         usage = Usage(
             prompt_tokens=len(self.prompt),
             completion_tokens=len(self.request.resume_token_ids) + self.produced,
+            cached_tokens=min(self.cached_tokens, len(self.prompt)),
         )
         last = ChunkFrame(
             content=tail,

@@ -27,6 +27,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
+from nodes_app.protocol.decoding import is_count
 from nodes_app.protocol.errors import (
     BAD_GRAMMAR,
     HOP_BUSY,
@@ -35,9 +36,15 @@ from nodes_app.protocol.errors import (
     relayable_code,
 )
 from nodes_app.protocol.generate import GenerateRequest
-from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores, step_time_limit
+from nodes_app.protocol.limits import (
+    ECHO_MAX_SCORES,
+    PREFIX_MAX_BLOCKS,
+    echo_scores,
+    step_time_limit,
+)
 from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.runtime.engine.core import NodeService
+from nodes_app.runtime.engine.prefix_cache import Hit, agreed, block_hashes, chain_seed
 from nodes_app.runtime.engine.sampler import TailRequest
 from nodes_app.runtime.engine.trust import capability_hash, new_capability
 from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
@@ -149,6 +156,9 @@ class RouteDriver:
         head = request.hops[0]
         # Positions the generation may reach: what each node reserves of its KV budget.
         self.reserve = len(prompt) + request.max_tokens
+        # Whose prefix cache the generation may use (ADR-0027): none without a scope,
+        # nor for an echo, which scores every prompt position.
+        self.scope = "" if request.echo else request.prefix_scope
         # Opened now, so a full node answers 503 before the stream starts. Its
         # capability is known to nobody: only this generation frees it.
         self.session = service.admission.open_session(
@@ -157,7 +167,14 @@ class RouteDriver:
             head.end_layer,
             capability=capability_hash(new_capability()),
             reserve=self.reserve,
+            prefix=bool(self.scope),
         )
+        # Where the route's first step starts (past what every node's prefix cache
+        # held), every token run so far, and whether the generation ended cleanly
+        # (only then is its state kept for the next prompt).
+        self.first_position = 0
+        self.ran: list[int] = []
+        self.clean = False
         # Indexes (into hops[1:]) of the hops that may hold a session of this generation.
         self.contacted: list[int] = []
         # One capability per hop session; the signed plan opens each of them.
@@ -179,6 +196,15 @@ class RouteDriver:
         if opening is not None:
             yield opening
         step_ids = self.prompt + request.resume_token_ids
+        self.ran = list(step_ids)
+        try:
+            start = await self._claim(step_ids)
+        except HopFailed as failure:
+            for event in output.failed(failure.hop.node_id, failure.message, failure.code):
+                yield event
+            return
+        output.cached_tokens = start
+        step_ids = step_ids[start:]
         while output.finish is None:
             try:
                 choice = await self._step(step_ids, self._tail(opening=output.produced == 0))
@@ -193,9 +219,11 @@ class RouteDriver:
                     output.finish = "length"
                     break
             step_ids = [choice.token_id]
+            self.ran.append(choice.token_id)
             frame = output.token(choice)
             if frame is not None:
                 yield frame
+        self.clean = True
         for event in output.closing():
             yield event
 
@@ -226,6 +254,7 @@ class RouteDriver:
         hops = self.request.hops
         async with session.lock:
             position = session.position
+            opening = position == self.first_position
             try:
                 result = await service.head_forward(session, token_ids, tail)
             except NonFiniteOutput as error:
@@ -257,9 +286,9 @@ class RouteDriver:
                 dtype=dtype,
                 shape=shape,
                 # The tail's session keeps the sampling it opened with.
-                sampling=tail.sampling if last and position == 0 else None,
+                sampling=tail.sampling if last and opening else None,
                 sender=hops[index - 1].node_id,
-                reserve=self.reserve if position == 0 else None,
+                reserve=self.reserve if opening else None,
                 logprobs=tail.logprobs if last else None,
                 prompt_ids=tail.prompt_ids if last and tail.prompt_ids else None,
                 generated_ids=tail.generated_ids if last and tail.generated_ids else None,
@@ -270,7 +299,7 @@ class RouteDriver:
                     step,
                     payload,
                     capability=self.capabilities[index - 1],
-                    plan=self.plan_header if position == 0 else None,
+                    plan=self.plan_header if opening else None,
                     timeout=limit,
                 )
             except LinkTimeout as error:
@@ -311,22 +340,102 @@ class RouteDriver:
         except BadAnswer as error:
             raise HopFailed(hop, str(error)) from error
 
+    async def _claim(self, token_ids: list[int]) -> int:
+        """Where the prefill starts: past the leading blocks every node holds (ADR-0027).
+
+        The head looks its own cache up and claims from every hop at once (each
+        claim opens that hop's session: one round trip, in parallel, before the
+        prefill); a hop that refuses a claim but for being busy computes the
+        prompt from the start, as before claims. The last position is always
+        computed: the last hop samples from it.
+        """
+        if not self.scope:
+            return 0
+        service = self.service
+        block = service.store.prefix.block
+        usable = min((len(token_ids) - 1) // block, PREFIX_MAX_BLOCKS)
+        seed = chain_seed(self.request.model, self.scope, block)
+        hashes = tuple(block_hashes(seed, token_ids[: usable * block], block))
+        hits = [await service.claim(self.session, hashes, self.scope)]
+        # Even with no full block to look up: the claim opens each hop's session in
+        # the request's scope, so that what it computes is kept at the end.
+        hits += await asyncio.gather(
+            *(
+                self._claim_hop(index, hop, hashes)
+                for index, hop in enumerate(self.request.hops[1:])
+            )
+        )
+        start = agreed(hits) * block
+        service.settle(self.session, start)
+        self.first_position = start
+        return start
+
+    async def _claim_hop(self, index: int, hop: PlanHop, hashes: tuple[str, ...]) -> Hit:
+        """Hop ``index`` (into hops[1:])'s claim: the blocks it holds, or HopFailed."""
+        if index not in self.contacted:
+            self.contacted.append(index)
+        limit = self.service.step_timeout
+        try:
+            answer = await self.links.to(hop.endpoint).claim(
+                self.session_id,
+                start=hop.start_layer,
+                end=hop.end_layer,
+                reserve=self.reserve,
+                hashes=hashes,
+                capability=self.capabilities[index],
+                plan=self.plan_header,
+                timeout=limit,
+            )
+        except LinkTimeout as error:
+            raise HopFailed(
+                hop, f"did not answer the claim within {limit:g} s", code=HOP_TIMED_OUT
+            ) from error
+        except LinkDropped as error:
+            logger.warning("hop %s: %s", hop.node_id, error)
+            raise HopFailed(hop, str(error)) from error
+        if answer.status == 503:
+            raise HopFailed(hop, f"{_status_of(hop, answer, 'node_busy')}", busy=True)
+        if answer.status != 200:
+            _status_of(hop, answer, relayable_code(answer.code))
+            return Hit(0, True)  # it opens its session with the first step, from position 0
+        blocks = answer.blocks
+        if not is_count(blocks) or blocks > len(hashes) or not isinstance(answer.exact, bool):
+            raise HopFailed(hop, "answered a claim with other than a count of its blocks")
+        return Hit(blocks, answer.exact)
+
+    def _kept_chain(self) -> tuple[str, ...] | None:
+        """The chain of every token this generation's sessions ran, when they may be kept."""
+        if not (self.clean and self.scope):
+            return None
+        block = self.service.store.prefix.block
+        held = self.ran[: self.session.position]
+        seed = chain_seed(self.request.model, self.scope, block)
+        return tuple(block_hashes(seed, held, block)[:PREFIX_MAX_BLOCKS])
+
     def _release(self) -> None:
-        """Free this session here and on every hop it reached (also on cancel)."""
-        self.service.cancel(self.session_id)
+        """Free this session here and on every hop it reached (also on cancel); a generation
+        that ended cleanly leaves its state in every node's prefix cache."""
+        keep = self._kept_chain()
+        if keep:
+            self.service.end(self.session_id, keep)
+        else:
+            self.service.cancel(self.session_id)
         contacted = list(self.contacted)
         if contacted:
-            task = asyncio.get_running_loop().create_task(self._cancel_hops(contacted))
+            task = asyncio.get_running_loop().create_task(self._cancel_hops(contacted, keep))
             _background.add(task)
             task.add_done_callback(_background.discard)
 
-    async def _cancel_hops(self, contacted: list[int]) -> None:
+    async def _cancel_hops(self, contacted: list[int], keep: tuple[str, ...] | None) -> None:
         for index in contacted:
             hop = self.request.hops[index + 1]
             # On failure the hop's idle reaper frees the session.
             with contextlib.suppress(LinkError):
                 await self.links.to(hop.endpoint).cancel(
-                    self.session_id, capability=self.capabilities[index], timeout=CANCEL_SECONDS
+                    self.session_id,
+                    capability=self.capabilities[index],
+                    timeout=CANCEL_SECONDS,
+                    keep=keep or None,
                 )
 
 

@@ -3,8 +3,9 @@
 A frame's path through this package:
 
 1. ``link_server``: ``serve_link`` accepts ``WS /v1/link`` and reads each
-   frame (``wire.frames.decode_requests``); hellos, cancels and steps are
-   answered in order.
+   frame (``wire.frames.decode_requests``); hellos, cancels, prefix claims
+   (``prefix_claim``: open a session with the prompt's cached blocks,
+   ADR-0027) and steps are answered in order.
 2. ``link_guard``: who may keep a link and for how long (links per peer,
    first-frame and header bounds, the hello, refusal counts, idle and
    write timeouts); ``link_inbox`` reads ahead for a trusted link.

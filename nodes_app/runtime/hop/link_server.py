@@ -39,13 +39,14 @@ from nodes_app.protocol.limits import (
 from nodes_app.runtime.engine.core import NodeService
 from nodes_app.runtime.engine.trust import Grant
 from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.hop import step_intake
+from nodes_app.runtime.hop import prefix_claim, step_intake
 from nodes_app.runtime.hop.link_answers import Answers
 from nodes_app.runtime.hop.link_guard import Connection, PeerLinks, check_plan_shown
 from nodes_app.runtime.hop.link_inbox import Inbox
 from nodes_app.runtime.wire.entries import (
     CancelEntry,
     Choice,
+    ClaimEntry,
     FrameError,
     HelloEntry,
     LinkStep,
@@ -281,7 +282,7 @@ class _Link:
 
 def _admit(
     service: NodeService,
-    entry: LinkStep | CancelEntry | HelloEntry | RefusedEntry,
+    entry: LinkStep | CancelEntry | HelloEntry | ClaimEntry | RefusedEntry,
     answers: Answers,
 ) -> tuple[asyncio.Task[None] | None, bool]:
     """Check ``entry`` before any tensor work: the task running it (None once answered),
@@ -293,6 +294,13 @@ def _admit(
         return None, _cancel(service, entry, answers)
     if isinstance(entry, HelloEntry):
         return None, _hello(service, entry, answers)
+    if isinstance(entry, ClaimEntry):
+        try:
+            grant = prefix_claim.admit(service, entry, _credentials(entry.capability, entry.plan))
+        except RuntimeRequestError as error:
+            answers.put(StepAnswer.refusal(entry.step_id, error))
+            return None, False
+        return asyncio.create_task(_claim(service, entry, grant, answers)), True
     step = entry.step
     try:
         capability = step_intake.admit(service, step, _credentials(entry.capability, entry.plan))
@@ -346,6 +354,19 @@ async def _forward(
     answers.put(answer)
 
 
+async def _claim(service: NodeService, entry: ClaimEntry, grant: Grant, answers: Answers) -> None:
+    try:
+        answer = await prefix_claim.answer(service, entry, grant)
+    except RuntimeRequestError as error:
+        answer = StepAnswer.refusal(entry.step_id, error)
+    except Exception:
+        logger.exception("claim failed")
+        answer = StepAnswer.refusal(
+            entry.step_id, _own_fault("the claim failed on this node", "step_failed")
+        )
+    answers.put(answer)
+
+
 def _hello(service: NodeService, entry: HelloEntry, answers: Answers) -> bool:
     """Answer a link's hello: 204 when it shows its session's capability (a session this
     node holds) or a plan naming this node for it (``check_plan_shown``), else a refusal."""
@@ -371,7 +392,8 @@ def _hello(service: NodeService, entry: HelloEntry, answers: Answers) -> bool:
 def _cancel(service: NodeService, entry: CancelEntry, answers: Answers) -> bool:
     """Free the session ``entry`` names; whether it presented that session's capability."""
     try:
-        if not service.end_session(entry.session_id, _credentials(entry.capability)):
+        credentials = _credentials(entry.capability)
+        if not service.end_session(entry.session_id, credentials, keep=entry.keep):
             raise RuntimeRequestError("no such session", code="unknown_session", status=404)
     except RuntimeRequestError as error:
         answers.put(StepAnswer.refusal(entry.step_id, error))

@@ -53,6 +53,8 @@ async def forward(
     hidden = arrived(tensor_from_bytes(body, step.dtype, step.shape), step.sender)
     session = service.admission.session_for(step, grant)
     async with session.lock:
+        if session.claimed:  # opened by a prefix claim: start where the route agreed
+            service.settle(session, step.position)
         if step.position != session.position:
             raise RuntimeRequestError(
                 f"session {step.session_id} is at position {session.position}, not {step.position}",

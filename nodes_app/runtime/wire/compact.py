@@ -30,6 +30,7 @@ from nodes_app.runtime.wire.entries import (
     MAX_FRAME_ENTRIES,
     STEP_FIELD_NAMES,
     CancelEntry,
+    ClaimEntry,
     ForwardStep,
     FrameError,
     HelloEntry,
@@ -69,7 +70,7 @@ def _short(text: str | None) -> bytes | None:
     return raw if len(raw) < 256 else None
 
 
-def compact_step(entry: LinkStep | CancelEntry | HelloEntry) -> bytes | None:
+def compact_step(entry: LinkStep | CancelEntry | HelloEntry | ClaimEntry) -> bytes | None:
     """``entry``'s compact header bytes, or None unless it is a step that fits."""
     if not isinstance(entry, LinkStep) or entry.plan is not None:
         return None

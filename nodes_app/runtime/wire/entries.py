@@ -21,7 +21,14 @@ import torch
 
 from nodes_app.protocol.decoding import FieldDecoder, is_count
 from nodes_app.protocol.errors import ProtocolError
-from nodes_app.protocol.limits import ECHO_MAX_SCORES, MAX_SESSION_ID, TOP_LOGPROBS_MAX, echo_scores
+from nodes_app.protocol.limits import (
+    ECHO_MAX_SCORES,
+    MAX_SESSION_ID,
+    PREFIX_HASH_HEX,
+    PREFIX_MAX_BLOCKS,
+    TOP_LOGPROBS_MAX,
+    echo_scores,
+)
 from nodes_app.protocol.sampling import SamplingParams
 from nodes_app.runtime.faults import RuntimeRequestError
 from nodes_app.runtime.wire.tensors import DTYPES
@@ -69,8 +76,9 @@ class ForwardStep:
     # For the hop ending at the last layer only (engine.sampler.TailRequest): report the
     # chosen token's logprob with this many alternatives; an echo's prompt ids (the
     # step's first positions); the completion tokens a resumed session starts with,
-    # which its penalties count. The id lists are at most the step's positions long,
-    # and only the opening step (position 0) carries them.
+    # which its penalties count. The id lists are at most the step's positions long;
+    # only the opening step (position 0) carries prompt ids, and only a session's first
+    # step (at 0, or where a prefix claim let the route start: ADR-0027) resumed ids.
     logprobs: int | None = None
     prompt_ids: tuple[int, ...] | None = None
     # The step's own token ids, one per position, for a family whose every layer takes
@@ -96,11 +104,37 @@ class LinkStep:
 
 @dataclass(frozen=True)
 class CancelEntry:
-    """Free ``session_id`` on the hop (its capability presented)."""
+    """Free ``session_id`` on the hop (its capability presented).
+
+    ``keep``: the session ended cleanly and the hop may keep its state in its
+    prefix cache under this chain (the block hashes of every token it ran,
+    ADR-0027); None: keep nothing.
+    """
 
     step_id: int
     session_id: str
     capability: str | None = None
+    keep: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    """Open ``session_id`` on the hop for layers ``start..end`` and find its prefix (ADR-0027).
+
+    ``hashes`` is the chain of the prompt's full blocks; the hop answers how many
+    leading blocks it holds (``StepAnswer.blocks``, ``exact``) and keeps them in
+    the session until its first step says where the route starts. ``reserve``,
+    ``capability`` and ``plan`` are what the session's opening step would carry.
+    """
+
+    step_id: int
+    session_id: str
+    start: int
+    end: int
+    reserve: int
+    hashes: tuple[str, ...]
+    capability: str | None = None
+    plan: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,10 +147,12 @@ class HelloEntry:
     plan: str | None = None
 
     @classmethod
-    def of(cls, entry: LinkStep | CancelEntry) -> HelloEntry:
+    def of(cls, entry: LinkStep | CancelEntry | ClaimEntry) -> HelloEntry:
         """The hello that shows ``entry``'s credentials."""
         if isinstance(entry, CancelEntry):
             return cls(0, entry.session_id, entry.capability)
+        if isinstance(entry, ClaimEntry):
+            return cls(0, entry.session_id, entry.capability, entry.plan)
         return cls(0, entry.step.session_id, entry.capability, entry.plan)
 
 
@@ -146,6 +182,10 @@ class StepAnswer:
     # An echo's prompt scores: ``[rows, k]`` as sent, and their body (PromptTable).
     prompt: Any = None
     prompt_body: bytes | None = field(default=None, repr=False)
+    # A claim's answer: leading blocks of the chain the hop holds, and whether it can
+    # resume at that count only (linear-attention states) rather than at any up to it.
+    blocks: Any = None
+    exact: Any = None
     code: str | None = None
     error_type: str | None = None
     message: str = field(default="", repr=False)
@@ -320,3 +360,18 @@ _STEP = FieldDecoder(
     missing="the step lacks {name}",
     unknown="unknown step fields: {names}",
 )
+
+
+def read_block_hashes(value: Any, name: str) -> tuple[str, ...]:
+    """A chain of block hashes as a claim or a cancel carries it; a 400 ``bad_field`` unless
+    it is a list of at most ``PREFIX_MAX_BLOCKS`` strings of ``PREFIX_HASH_HEX`` hex digits."""
+    if not isinstance(value, list) or len(value) > PREFIX_MAX_BLOCKS:
+        raise bad_field(f"{name} must be a list of at most {PREFIX_MAX_BLOCKS} block hashes")
+    for item in value:
+        if not (
+            isinstance(item, str)
+            and len(item) == PREFIX_HASH_HEX
+            and all(c in "0123456789abcdef" for c in item)
+        ):
+            raise bad_field(f"{name} must hold block hashes of {PREFIX_HASH_HEX} hex digits")
+    return tuple(value)

@@ -19,13 +19,17 @@ with a frame of one *hello* entry, ``{"id", "hello": session_id,
 "capability"?, "plan"?}`` (the credentials of the first step it will send),
 answered ``{"id", "status": 204}`` or refused, and sends nothing else until
 then: the hop reads small frames only until a link has shown them
-(``hop.link_guard``). An answer is ``{"id",
+(``hop.link_guard``). A cancel may carry ``"keep": [hash, ...]`` (keep the
+session's state in the prefix cache under that chain), and a *claim*,
+``{"id", "claim": session_id, "start", "end", "reserve", "hashes": [hash,
+...], "capability"?, "plan"?}``, opens a session and asks how many leading
+blocks of the chain the hop holds (ADR-0027). An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
 "logprob"?, "top"?, "prompt"?, "bytes"?}`` (the hop ending at the last layer:
 the chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives
 when the step asked for ``logprobs``, and for an echo ``"prompt": [rows, k]``
 with a body of its prompt scores, :class:`PromptTable`), ``{"id", "status":
-204}`` (a cancel done) or
+204}`` (a cancel done), ``{"id", "blocks", "exact"}`` (a claim's) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
 relays only the code, ``protocol.errors.relayable_code``, and logs the rest).
 
@@ -75,12 +79,14 @@ from nodes_app.runtime.wire.compact import (
 from nodes_app.runtime.wire.entries import (
     MAX_FRAME_ENTRIES,
     CancelEntry,
+    ClaimEntry,
     FrameError,
     HelloEntry,
     LinkStep,
     RefusedEntry,
     StepAnswer,
     bad_field,
+    read_block_hashes,
     step_fields,
     step_from_fields,
 )
@@ -143,8 +149,8 @@ def _split(entries: list[Any], rest: memoryview) -> list[tuple[dict[str, Any], b
 # --- head → hop ------------------------------------------------------------------------
 
 
-def encode_requests(entries: Sequence[LinkStep | CancelEntry | HelloEntry]) -> bytes:
-    """One frame of steps, cancels and hellos, in order: compact when every entry fits."""
+def encode_requests(entries: Sequence[LinkStep | CancelEntry | HelloEntry | ClaimEntry]) -> bytes:
+    """One frame of steps, cancels, claims and hellos, in order: compact when every entry fits."""
     compact = [item for item in map(compact_step, entries) if item is not None]
     if len(compact) == len(entries):
         steps = [entry.body for entry in entries if isinstance(entry, LinkStep)]
@@ -154,6 +160,19 @@ def encode_requests(entries: Sequence[LinkStep | CancelEntry | HelloEntry]) -> b
     for entry in entries:
         if isinstance(entry, CancelEntry):
             item: dict[str, Any] = {"id": entry.step_id, "cancel": entry.session_id}
+            if entry.keep is not None:
+                item["keep"] = list(entry.keep)
+        elif isinstance(entry, ClaimEntry):
+            item = {
+                "id": entry.step_id,
+                "claim": entry.session_id,
+                "start": entry.start,
+                "end": entry.end,
+                "reserve": entry.reserve,
+                "hashes": list(entry.hashes),
+            }
+            if entry.plan is not None:
+                item["plan"] = entry.plan
         elif isinstance(entry, HelloEntry):
             item = {"id": entry.step_id, "hello": entry.session_id}
             if entry.plan is not None:
@@ -171,7 +190,7 @@ def encode_requests(entries: Sequence[LinkStep | CancelEntry | HelloEntry]) -> b
 
 def decode_requests(
     frame: bytes, *, max_header: int | None = None
-) -> list[LinkStep | CancelEntry | HelloEntry | RefusedEntry]:
+) -> list[LinkStep | CancelEntry | HelloEntry | ClaimEntry | RefusedEntry]:
     """The entries of a head's frame; FrameError if the frame itself is malformed (or its
     header is over ``max_header`` bytes: ``protocol.limits.link_header_limit``).
 
@@ -182,19 +201,23 @@ def decode_requests(
     if is_compact(frame):
         return list(decode_compact_requests(frame, max_header))
     entries, rest = _unframe(frame, "steps", max_header)
-    decoded: list[LinkStep | CancelEntry | HelloEntry | RefusedEntry] = []
+    decoded: list[LinkStep | CancelEntry | HelloEntry | ClaimEntry | RefusedEntry] = []
     for entry, body in _split(entries, rest):
         step_id = entry["id"]
         try:
             capability = _credential(entry, "capability")
-            for kind in ("cancel", "hello"):
+            for kind in ("cancel", "hello", "claim"):
                 if kind not in entry:
                     continue
                 session_id = entry[kind]
                 if not isinstance(session_id, str) or len(session_id) > MAX_SESSION_ID:
                     raise bad_field(f"{kind} must name a session id")
                 if kind == "cancel":
-                    decoded.append(CancelEntry(step_id, session_id, capability))
+                    keep = entry.get("keep")
+                    kept = None if keep is None else read_block_hashes(keep, "keep")
+                    decoded.append(CancelEntry(step_id, session_id, capability, kept))
+                elif kind == "claim":
+                    decoded.append(_claim(entry, step_id, session_id, capability))
                 else:
                     plan = _credential(entry, "plan")
                     decoded.append(HelloEntry(step_id, session_id, capability, plan))
@@ -206,6 +229,32 @@ def decode_requests(
         except RuntimeRequestError as error:
             decoded.append(RefusedEntry(step_id, error))
     return decoded
+
+
+def _claim(
+    entry: dict[str, Any], step_id: int, session_id: str, capability: str | None
+) -> ClaimEntry:
+    """A claim's fields, checked (a 400 ``bad_field`` naming the first bad one)."""
+    numbers: dict[str, int] = {}
+    for name in ("start", "end", "reserve"):
+        value = entry.get(name)
+        if not is_count(value):
+            raise bad_field(f"a claim's {name} must be a non-negative integer")
+        numbers[name] = value
+    if numbers["start"] > numbers["end"]:
+        raise bad_field("a claim's start must not pass its end")
+    hashes = read_block_hashes(entry.get("hashes"), "hashes")
+    plan = _credential(entry, "plan")
+    return ClaimEntry(
+        step_id,
+        session_id,
+        numbers["start"],
+        numbers["end"],
+        numbers["reserve"],
+        hashes,
+        capability,
+        plan,
+    )
 
 
 def _credential(entry: dict[str, Any], name: str) -> str | None:
@@ -240,6 +289,8 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
         elif answer.hidden is not None:
             item.update(bytes=len(answer.hidden), dtype=answer.dtype, shape=answer.shape)
             bodies.append(answer.hidden)
+        elif answer.blocks is not None:
+            item.update(blocks=answer.blocks, exact=bool(answer.exact))
         else:
             item["token_id"] = answer.token_id
             scores = {"logprob": answer.logprob, "top": answer.top, "prompt": answer.prompt}
@@ -276,6 +327,8 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
                 top=entry.get("top"),
                 prompt=entry.get("prompt"),
                 prompt_body=body if "bytes" in entry and scores else None,
+                blocks=entry.get("blocks"),
+                exact=entry.get("exact"),
                 code=entry.get("code") if isinstance(entry.get("code"), str) else None,
                 error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
                 message=str(entry.get("message") or "")[:300],

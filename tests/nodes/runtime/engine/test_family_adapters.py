@@ -37,12 +37,6 @@ SPLITS = {
 Hops = list[tuple[ShardRunner, int, int]]
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    return {family: root / family for family in FAMILIES}
-
-
 def checkpoint(checkpoints: dict[str, Path], family: str) -> Path:
     directory = checkpoints[family]
     if not directory.exists():

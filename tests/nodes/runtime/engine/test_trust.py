@@ -100,7 +100,8 @@ def test_a_plan_grants_its_sessions_its_own_bounds_and_nothing_past_them() -> No
     greedy = gate_refusal(lambda: open_tail(plan(), positions=65))
     assert (greedy.status, greedy.code) == (403, "plan_exceeded")
     # Refused before the plan is used up: the same plan still opens what it grants.
-    assert open_tail(plan(), positions=64) == Grant(capability_hash(capability), 64, 1300, 30)
+    # No prefix_scope in the plan: its sessions share no prefix cache ("").
+    assert open_tail(plan(), positions=64) == Grant(capability_hash(capability), 64, 1300, 30, "")
     unbounded = gate_refusal(lambda: open_tail(plan(request_id="u", idle_seconds=0), 1))
     assert (unbounded.status, unbounded.code) == (403, "plan_unbounded")
     # Valid to open sessions for another minute, but its request is over (ends_at 1000).
