@@ -77,6 +77,8 @@ class LanguageModelForm(forms.ModelForm[LanguageModel]):
             "weight_source",
             "prompt_price_per_1k",
             "completion_price_per_1k",
+            "cached_prompt_price_per_1k",
+            "prefix_cache_shared",
         ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -119,6 +121,8 @@ class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
         "weight_source",
         "prompt_price_per_1k",
         "completion_price_per_1k",
+        "cached_prompt_price_per_1k",
+        "prefix_cache_shared",
         "chat_template_fault",
     ]
     search_fields = ["key", "display_name", "weight_source"]

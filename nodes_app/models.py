@@ -35,6 +35,21 @@ class LanguageModel(models.Model):
     completion_price_per_1k = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
     )
+    cached_prompt_price_per_1k = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Price of prompt tokens a route did not recompute (a prefix-cache hit, "
+        "ADR-0027); empty: the prompt price",
+    )
+    prefix_cache_shared = models.BooleanField(
+        default=False,
+        help_text="Let every API key reuse the prefixes other keys' requests left on the "
+        "nodes (public system prompts); a hit is faster, so a shared cache tells one key "
+        "what prompts others sent. Off: each key reuses only its own",
+    )
     chat_template_fault = models.CharField(
         max_length=300,
         blank=True,

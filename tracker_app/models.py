@@ -101,6 +101,8 @@ class ChatRequest(models.Model):
     )
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    # Of the prompt tokens, those the route did not recompute (a prefix-cache hit).
+    cached_tokens = models.PositiveIntegerField(default=0)
     time_to_first_token_ms = models.FloatField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
     started_at = models.DateTimeField()

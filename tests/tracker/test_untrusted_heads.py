@@ -83,6 +83,7 @@ def test_a_head_reporting_10000_prompt_tokens_for_one_word_is_billed_the_tracker
         "prompt_tokens": counted,
         "completion_tokens": 8,
         "total_tokens": counted + 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     [(request_id, billed)] = network.query(
         "SELECT id, prompt_tokens FROM tracker_app_chatrequest WHERE route_signature LIKE %s",

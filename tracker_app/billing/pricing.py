@@ -1,8 +1,10 @@
 """Pricing and the split of a charge among the hops that did the work.
 
 Pure functions over Decimal: no database, no floats. A request's charge is
-priced per 1k prompt and completion tokens; the network keeps a fee and the
-rest is split among work units (tokens × layers run) so that the node
+priced per 1k prompt and completion tokens, the prompt tokens a route did not
+recompute (``cached``, a prefix-cache hit, ADR-0027) at the model's cached
+price; the network keeps a fee and the rest is split among work units (tokens
+computed × layers run) so that the node
 shares add up to the charge minus the fee exactly, to the last unit of the
 money precision. :func:`request_work` says which hops did how much work for
 a request that may have failed over between routes.
@@ -69,21 +71,29 @@ class ServedRoute(Protocol):
     @property
     def produced(self) -> int: ...
 
+    @property
+    def cached(self) -> int:
+        """Prompt tokens the route's hops took from their prefix caches, not recomputed."""
+        ...
+
 
 def request_work(*, prompt_tokens: int, routes: Sequence[ServedRoute]) -> list[HopWork]:
     """One work unit per hop of every route that produced tokens, in order.
 
     The last route (the one that finished the request) counts even if it
-    produced nothing new. A hop's tokens are the prompt, the replayed tokens
-    and the new tokens of its route: everything it ran its layers over.
-    Each unit carries its route's signature.
+    produced nothing new. A hop's tokens are the prompt but its cached
+    positions, the replayed tokens and the new tokens of its route: everything
+    it ran its layers over. Each unit carries its route's signature.
     """
     return [
         HopWork(
             node_id=hop.node_id,
             start_layer=hop.start_layer,
             end_layer=hop.end_layer,
-            tokens=prompt_tokens + route.replayed + route.produced,
+            tokens=prompt_tokens
+            - min(route.cached, prompt_tokens)
+            + route.replayed
+            + route.produced,
             route_signature=route.signature,
         )
         for index, route in enumerate(routes)
@@ -126,6 +136,21 @@ def price(tokens: int, per_1k: Decimal) -> Decimal:
     return (Decimal(tokens) * per_1k / THOUSAND).quantize(MONEY, rounding=ROUND_HALF_UP)
 
 
+def prompt_price(
+    prompt_tokens: int,
+    per_1k: Decimal,
+    *,
+    cached_tokens: int = 0,
+    cached_per_1k: Decimal | None = None,
+) -> Decimal:
+    """The prompt's charge: (prompt − cached) at ``per_1k`` and cached at ``cached_per_1k``
+    (None: at ``per_1k``), rounded once, as :func:`price` rounds."""
+    cached = min(max(cached_tokens, 0), prompt_tokens)
+    cached_rate = per_1k if cached_per_1k is None else cached_per_1k
+    exact = Decimal(prompt_tokens - cached) * per_1k + Decimal(cached) * cached_rate
+    return (exact / THOUSAND).quantize(MONEY, rounding=ROUND_HALF_UP)
+
+
 def invoice(
     *,
     prompt_tokens: int,
@@ -134,8 +159,13 @@ def invoice(
     completion_price_per_1k: Decimal,
     fee_share: Decimal,
     work: list[HopWork],
+    cached_tokens: int = 0,
+    cached_price_per_1k: Decimal | None = None,
 ) -> Invoice:
     """Price a completed request and split it among ``work`` by units.
+
+    ``cached_tokens`` of the prompt are priced at ``cached_price_per_1k`` (None:
+    the prompt price, :func:`prompt_price`).
 
     Rounding: each share is rounded down and the leftover money units go to
     the largest remainders (ties to the earlier hop), so the shares always sum
@@ -143,7 +173,12 @@ def invoice(
     """
     if not work:
         raise ValueError("a completed request has at least one hop of work")
-    prompt_charge = price(prompt_tokens, prompt_price_per_1k)
+    prompt_charge = prompt_price(
+        prompt_tokens,
+        prompt_price_per_1k,
+        cached_tokens=cached_tokens,
+        cached_per_1k=cached_price_per_1k,
+    )
     completion_charge = price(completion_tokens, completion_price_per_1k)
     charge = prompt_charge + completion_charge
     fee = (charge * fee_share).quantize(MONEY, rounding=ROUND_HALF_UP)

@@ -142,16 +142,21 @@ def kv_reservation(params: GenerationParams, prompt_tokens: Sequence[int]) -> in
 
 
 def admitted_generations(
-    params: GenerationParams, admitted: Admitted, *, clock: Callable[[], float]
+    params: GenerationParams,
+    admitted: Admitted,
+    *,
+    clock: Callable[[], float],
+    prefix_scope: str = "",
 ) -> list[Generation]:
     """The request's choices (``n`` for each prompt), each served by the admitted route
-    from now on (``clock``: when each began on it)."""
+    from now on (``clock``: when each began on it), their plans scoped ``prefix_scope``."""
     generations = [
         Generation(
             choice=choice,
             prompt=params.prompt_of(choice),
             prompt_count=admitted.counts[choice // params.n],
             sampling=params.sampling(choice),
+            prefix_scope=prefix_scope,
         )
         for choice in range(params.choices)
     ]

@@ -50,6 +50,7 @@ class Segment:
     replayed: int  # tokens produced earlier and prefilled again on this route
     started: float
     produced: int = 0
+    cached: int = 0  # prompt tokens its head reported the route did not recompute
 
     @property
     def signature(self) -> str:
@@ -111,6 +112,8 @@ class Generation:
     failovers: int = 0
     echoed: bool = False
     sent: GenerateRequest | None = None
+    # The prefix scope its plans carry (``prefix_scope``): "" shares no node's cache.
+    prefix_scope: str = ""
     overrun: Overrun | None = None
     # The end of the current segment's own text, as much as a stop sequence could
     # still need (a head's stop matcher starts afresh on a new route).
@@ -172,6 +175,15 @@ class Generation:
         """The hops' work for this choice (:func:`~tracker_app.billing.pricing.request_work`)."""
         return request_work(prompt_tokens=self.prompt_tokens, routes=self.segments)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the route that finished this choice did not recompute, as its
+        head reported them (a failover's replay counts its own route's), at most the
+        billed prompt."""
+        if not self.segments:
+            return 0
+        return min(self.segments[-1].cached, self.prompt_tokens)
+
     def echo(self, frame: ChunkFrame) -> Piece:
         """The prompt itself, given back before the completion (a legacy ``echo``), once:
         with its tokens' logprobs when ``frame`` (the head's first) carries them."""
@@ -198,6 +210,7 @@ class Generation:
             # The tracker counts prompt and completion tokens itself; nodes report, not bill.
             self._check_usage(frame.usage, request_id=request_id)
             self.prompt_tokens = self.prompt_count.billable(frame.usage.prompt_tokens)
+            segment.cached = frame.usage.cached_tokens
         if frame.finish_reason:
             self.finish_reason = frame.finish_reason
         self.logprobs += frame.logprobs

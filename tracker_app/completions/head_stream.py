@@ -171,6 +171,7 @@ def head_request(
         top_logprobs=params.top_logprobs,
         echo=params.prompt_scored if echo is None else echo,
         tools=[dict(tool) for tool in params.template_tools],
+        prefix_scope=generation.prefix_scope,
     )
     silence = silence_limit(
         step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,

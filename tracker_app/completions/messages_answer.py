@@ -49,6 +49,8 @@ class ToolUseBlock(TypedDict):
 class MessageUsage(TypedDict):
     input_tokens: int
     output_tokens: int
+    # Of the input tokens, those the route took from its prefix caches (ADR-0027).
+    cache_read_input_tokens: NotRequired[int]
 
 
 class Message(TypedDict):
@@ -86,7 +88,9 @@ def stop_reason(finish_reason: str, made: AnswerCalls | None, stop: str | None) 
 
 def _usage(usage: CompletionUsage) -> MessageUsage:
     return MessageUsage(
-        input_tokens=usage["prompt_tokens"], output_tokens=usage["completion_tokens"]
+        input_tokens=usage["prompt_tokens"],
+        output_tokens=usage["completion_tokens"],
+        cache_read_input_tokens=usage["prompt_tokens_details"]["cached_tokens"],
     )
 
 

@@ -68,6 +68,7 @@ from tracker_app.completions.head_stream import (
     silence_limit,
 )
 from tracker_app.completions.interleaving import interleaved
+from tracker_app.completions.prefix_scope import prefix_scope
 from tracker_app.completions.progress import ProgressThrottle
 from tracker_app.completions.prompt_tokens import model_text
 from tracker_app.completions.proxy_terms import (
@@ -119,6 +120,12 @@ class CompletionProxy:
             clock=self.settings.clock,
         )
         self.generations: list[Generation] = []
+        # Whose cached prefixes its nodes may reuse: the key's own, or the model's shared.
+        self.prefix_scope = prefix_scope(
+            api_key_id=request.api_key.pk,
+            model_key=request.model.key,
+            shared=request.model.prefix_cache_shared,
+        )
         # The request's lease on its key's share of requests and KV tokens in flight.
         self.share = KeyShare(
             api_key=request.api_key,
@@ -170,7 +177,9 @@ class CompletionProxy:
             abandoned=self.finish.route_abandoned,
         )
         self.finish.started = self.settings.clock()
-        self.generations = admitted_generations(self.params, admitted, clock=self.settings.clock)
+        self.generations = admitted_generations(
+            self.params, admitted, clock=self.settings.clock, prefix_scope=self.prefix_scope
+        )
         await self._use(admitted.decision, self.generations, recorded=True)
 
     async def run(self, send: Send) -> CompletionResult:
@@ -230,7 +239,9 @@ class CompletionProxy:
             if not generated:
                 await asyncio.shield(self.share.release())
         completion = await self.finish.completed(self.generations)
-        usage = usage_of(completion.prompt_tokens, completion.completion_tokens)
+        usage = usage_of(
+            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens
+        )
         assert last is not None and last.finish_reason is not None
         stop = self.generations[last.choice].stop_sequence
         await send(self.answer.finish(last.choice, last.finish_reason, usage, stop))

@@ -23,6 +23,7 @@ from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
+from prometheus_client import Counter
 
 from meshnet_site.database import database_call, through_outage
 from nodes_app.models import LanguageModel
@@ -42,6 +43,13 @@ from tracker_app.models import (
 )
 from tracker_app.served_answers import served_request_keep
 
+# Prompt tokens billed at the cached price: what the routes took from their prefix caches.
+CACHED_PROMPT_TOKENS = Counter(
+    "meshnet_cached_prompt_tokens",
+    "Prompt tokens of billed requests that the routes did not recompute (prefix-cache hits)",
+    ["model"],
+)
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -54,6 +62,8 @@ class Completion:
     time_to_first_token_ms: float | None
     tokens_per_second: float | None
     work: list[HopWork]
+    # Of ``prompt_tokens``, those the routes did not recompute (counted as they are).
+    cached_tokens: int = 0
 
     @classmethod
     def of(
@@ -72,12 +82,15 @@ class Completion:
         ran for these choices either way."""
         completion = sum(g.delivered if sent_only else len(g.token_ids) for g in generations)
         prompts: dict[int, int] = {}
+        cached: dict[int, int] = {}
         for g in generations:
             prompt = g.choice // n
             prompts[prompt] = max(prompts.get(prompt, 0), g.prompt_tokens)
+            cached[prompt] = max(cached.get(prompt, 0), g.cached_tokens)
         reasons = {g.finish_reason for g in generations}
         return cls(
             prompt_tokens=sum(prompts.values()),
+            cached_tokens=sum(min(cached[p], prompts[p]) for p in prompts),
             completion_tokens=completion,
             # ``length`` if any choice ran out of tokens, else ``stop``.
             finish_reason="length" if "length" in reasons else min(reasons),
@@ -203,6 +216,7 @@ class RequestRecord:
             model=self.model,
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
+            cached_tokens=completion.cached_tokens,
             finish_reason=completion.finish_reason,
             time_to_first_token_ms=completion.time_to_first_token_ms,
             tokens_per_second=completion.tokens_per_second,
@@ -267,9 +281,11 @@ def chat_request_complete(
     now: datetime,
     ended: RequestStatus = RequestStatus.COMPLETED,
     error: str = "",
+    cached_tokens: int = 0,
 ) -> BillingRecord | None:
     """Mark the request completed (or ``ended`` otherwise: cancelled by a client that
-    left mid-stream, with its ``error``) and bill it at ``model``'s prices.
+    left mid-stream, with its ``error``) and bill it at ``model``'s prices: its
+    ``cached_tokens`` (of the prompt) at the cached price.
 
     None if it was already finished (failed, cancelled or billed before).
     """
@@ -280,6 +296,8 @@ def chat_request_complete(
         completion_price_per_1k=model.completion_price_per_1k,
         fee_share=fee_share,
         work=work,
+        cached_tokens=cached_tokens,
+        cached_price_per_1k=model.cached_prompt_price_per_1k,
     )
     with transaction.atomic():
         finished = ChatRequest.objects.filter(
@@ -289,6 +307,7 @@ def chat_request_complete(
             error=error[:2000],
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=min(cached_tokens, prompt_tokens),
             finish_reason=finish_reason,
             time_to_first_token_ms=time_to_first_token_ms,
             tokens_per_second=tokens_per_second,
@@ -318,6 +337,8 @@ def chat_request_complete(
             )
             for share in bill.shares
         )
+    if cached_tokens:
+        CACHED_PROMPT_TOKENS.labels(model=model.key).inc(min(cached_tokens, prompt_tokens))
     return record
 
 

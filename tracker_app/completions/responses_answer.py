@@ -119,7 +119,10 @@ def _status(finish_reason: str, made: AnswerCalls | None) -> Status:
 def _usage(usage: CompletionUsage) -> ResponseUsage:
     return ResponseUsage(
         input_tokens=usage["prompt_tokens"],
-        input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
+        input_tokens_details={
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
+        },
         output_tokens=usage["completion_tokens"],
         output_tokens_details={"reasoning_tokens": 0},
         total_tokens=usage["total_tokens"],

@@ -59,11 +59,21 @@ FinishReason = Literal["stop", "length"]
 ChatFinishReason = Literal["stop", "length", "tool_calls"]
 
 
-# A chat or text completion's ``usage``: the tokens it is billed for.
+class PromptTokensDetails(TypedDict):
+    """Of the prompt tokens, those the route took from its nodes' prefix caches rather
+    than recomputing them (ADR-0027), billed at the model's cached price."""
+
+    cached_tokens: Count
+
+
+# A chat or text completion's ``usage``: the tokens it is billed for. The Messages and
+# Responses answers read theirs from it (``cache_read_input_tokens``,
+# ``input_tokens_details.cached_tokens``).
 class CompletionUsage(TypedDict):
     prompt_tokens: Count
     completion_tokens: Count
     total_tokens: Count
+    prompt_tokens_details: PromptTokensDetails
 
 
 class MeshnetRoute(TypedDict):
@@ -221,12 +231,14 @@ class TextCompletionChunk(TypedDict):
     usage: NotRequired[CompletionUsage]
 
 
-def usage_of(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
-    """A request's ``usage``: what it is billed for."""
+def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> CompletionUsage:
+    """A request's ``usage``: what it is billed for, ``cached_tokens`` of its prompt at
+    the cached price."""
     return CompletionUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
 
 

@@ -158,6 +158,7 @@ def _call_of(row: ChatRequest) -> dict[str, Any]:
         # keeps what the console counted.
         call.update(
             prompt_tokens=row.prompt_tokens,
+            cached_tokens=row.cached_tokens,
             tokens=row.completion_tokens,
             tokens_per_second=row.tokens_per_second,
         )

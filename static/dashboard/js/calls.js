@@ -79,6 +79,16 @@ function inFlightRow(state, call, elapsed) {
   );
 }
 
+// The prompt tokens its route took from the nodes' prefix caches (billed at the cached price).
+function cachedNote(call) {
+  if (!call.cached_tokens) return null;
+  return h(
+    "span",
+    { class: "muted", title: `of ${int(call.prompt_tokens)} prompt tokens, ${int(call.cached_tokens)} reused from the nodes' prefix caches` },
+    ` · ${int(call.cached_tokens)} cached`,
+  );
+}
+
 function recentRow(call) {
   const state = h("td", {}, badge(call.state, STATE_TONES[call.state], call.error || call.finish_reason));
   if (call.error) state.append(" ", h("span", { class: "error-text" }, call.error));
@@ -91,7 +101,7 @@ function recentRow(call) {
     routeCell(call),
     modeCell(call),
     state,
-    h("td", { class: "num", dataset: { field: "tokens" } }, int(call.tokens)),
+    h("td", { class: "num", dataset: { field: "tokens" } }, int(call.tokens), cachedNote(call)),
     h("td", { class: "num" }, num(call.tokens_per_second)),
     h("td", { class: "num", dataset: { field: "cost" } }, money(call.cost)),
   );

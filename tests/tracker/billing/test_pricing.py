@@ -88,6 +88,7 @@ class Served:
     replayed: int
     produced: int
     signature: str = ""
+    cached: int = 0
 
 
 def hops(*spans: tuple[str, int, int]) -> tuple[HopWork, ...]:

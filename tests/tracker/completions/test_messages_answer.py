@@ -65,7 +65,7 @@ def test_streamed_text_adds_up_to_the_whole_message() -> None:
     same(streamed, whole)
     assert whole["content"] == [{"type": "text", "text": "Hello there"}]
     assert whole["stop_reason"] == "max_tokens"
-    assert whole["usage"] == {"input_tokens": 3, "output_tokens": 7}
+    assert whole["usage"] == {"input_tokens": 3, "output_tokens": 7, "cache_read_input_tokens": 0}
 
 
 def test_calls_cut_by_max_tokens_come_back_as_the_tool_use_blocks_completed() -> None:

@@ -51,7 +51,12 @@ def test_a_completed_request_streams_every_token_then_usage_and_bills_each_hop(
     assert chunks[0]["meshnet"]["route"] == f"{net.model.key} | head[0-1] -> tail[2-3]"
     assert text(chunks) == answer(12)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 12,
+        "total_tokens": 19,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert all("meshnet_token_ids" not in chunk for chunk in chunks)
     request = record(proxy)
     assert (request.status, request.completion_tokens) == (RequestStatus.COMPLETED, 12)
@@ -140,7 +145,12 @@ def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_bille
     finishes = [c for c in chunks if c["choices"][0]["finish_reason"]]
     assert sorted(c["choices"][0]["index"] for c in finishes) == [0, 1, 2]
     assert finishes[-1] is chunks[-1] and all("usage" not in c for c in finishes[:-1])
-    assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 36, "total_tokens": 43}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 36,
+        "total_tokens": 43,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     # One route, three generations on it, each its own seed.
     assert net.heads.heads_asked() == ["head"] * 3
     assert sorted(r.sampling.seed or 0 for r in net.heads.requests) == [40, 41, 42]

@@ -23,7 +23,12 @@ def schema_components() -> dict[str, Any]:
 
 
 def test_usage_counts_the_prompt_and_the_completion_and_their_sum() -> None:
-    assert usage_of(12, 30) == {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}
+    assert usage_of(12, 30) == {
+        "prompt_tokens": 12,
+        "completion_tokens": 30,
+        "total_tokens": 42,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_the_clients_usage_and_logprobs_keep_openais_component_names() -> None:
@@ -50,7 +55,12 @@ def test_the_schema_documents_what_a_type_cannot_say() -> None:
     components = schema_components()
 
     usage = components["Usage"]
-    assert set(usage["required"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+    assert set(usage["required"]) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+    }
     assert usage["properties"]["total_tokens"]["minimum"] == 0
     byte = components["TopLogprob"]["properties"]["bytes"]["items"]
     assert (byte["minimum"], byte["maximum"]) == (0, 255)
