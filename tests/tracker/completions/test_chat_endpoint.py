@@ -73,13 +73,16 @@ def test_a_non_streamed_answer_is_recorded_and_billed_to_the_cent(network: Netwo
     assert usage["completion_tokens"] == 20
     assert usage["total_tokens"] == usage["prompt_tokens"] + 20
 
-    [(request_id, status, prompt, completion, signature, ttft, tps)] = network.query(
+    [(request_id, status, prompt, completion, signature, ttft, tps, cached)] = network.query(
         "SELECT id, status, prompt_tokens, completion_tokens, route_signature, "
-        "time_to_first_token_ms, tokens_per_second FROM tracker_app_chatrequest "
+        "time_to_first_token_ms, tokens_per_second, cached_tokens FROM tracker_app_chatrequest "
         "WHERE completion_tokens = 20 AND stream = %s",
         False,
     )
     assert (status, prompt, completion) == ("completed", usage["prompt_tokens"], 20)
+    # The streamed test sent this prompt with this key first: its whole blocks may be
+    # reused (ADR-0027), billed at the prompt price (the model sets no cached price).
+    assert cached == usage["prompt_tokens_details"]["cached_tokens"] < prompt
     assert signature == reply["meshnet"]["route"]
     assert ttft > 0 and tps > 0
     [(billing_id, charge, fee)] = network.query(
@@ -95,9 +98,10 @@ def test_a_non_streamed_answer_is_recorded_and_billed_to_the_cent(network: Netwo
         billing_id,
     )
     head, tail = network.nodes["head"], network.nodes["tail"]
+    computed = prompt - cached + 20  # each hop is paid for the positions it computed
     assert [(u[0], u[1], u[2], u[3], u[4]) for u in units] == [
-        (head.node_id, 0, 1, prompt + 20, (prompt + 20) * 2),
-        (tail.node_id, 2, 3, prompt + 20, (prompt + 20) * 2),
+        (head.node_id, 0, 1, computed, computed * 2),
+        (tail.node_id, 2, 3, computed, computed * 2),
     ]
     paid = sum((Decimal(str(u[5])) for u in units), Decimal(0))
     assert paid == Decimal(str(charge)) - Decimal(str(fee))

@@ -13,6 +13,7 @@ from nodes_app.models import LanguageModel, Node
 from tracker_app.api_keys.services import api_key_create
 from tracker_app.billing.pricing import HopWork
 from tracker_app.completions.recording import (
+    CACHED_PROMPT_TOKENS,
     chat_request_complete,
     chat_request_fail,
     chat_request_open,
@@ -123,3 +124,34 @@ def test_requests_abandoned_by_a_stopped_tracker_are_failed_uncharged(
     assert (old.status, fresh.status) == (RequestStatus.FAILED, RequestStatus.PROCESSING)
     assert "abandoned" in old.error
     assert complete(old) is None
+
+
+def test_cached_prompt_tokens_are_recorded_billed_at_the_cached_price_and_counted(
+    smol: LanguageModel,
+) -> None:
+    smol.cached_prompt_price_per_1k = Decimal("0.001000")
+    smol.save()
+    request = open_request(smol)
+    counted = CACHED_PROMPT_TOKENS.labels(model=smol.key)._value.get()
+
+    record = chat_request_complete(
+        request_id=request.pk,
+        model=request.model,
+        prompt_tokens=120,
+        completion_tokens=40,
+        cached_tokens=96,
+        finish_reason="stop",
+        time_to_first_token_ms=80.0,
+        tokens_per_second=15.5,
+        work=[HopWork("head", 0, 14, 64), HopWork("tail", 15, 29, 64)],
+        fee_share=Decimal("0.05"),
+        now=timezone.now(),
+    )
+
+    assert record is not None
+    request.refresh_from_db()
+    assert (request.prompt_tokens, request.cached_tokens) == (120, 96)
+    # 24 × 0.010 / 1000 + 96 × 0.001 / 1000 = 0.000240 + 0.000096
+    assert record.prompt_charge == Decimal("0.000336")
+    assert record.charge == Decimal("0.000336") + Decimal("0.001200")
+    assert CACHED_PROMPT_TOKENS.labels(model=smol.key)._value.get() == counted + 96
