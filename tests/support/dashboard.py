@@ -79,6 +79,7 @@ def completed_request(
     hops: list[Node],
     prompt_tokens: int = 1000,
     completion_tokens: int = 500,
+    cached_tokens: int = 0,
     route: str = "",
     mode: str = "exploit",
     left: bool = False,
@@ -96,11 +97,17 @@ def completed_request(
         model=model,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
         finish_reason="length",
         time_to_first_token_ms=20.0,
         tokens_per_second=42.5,
         work=[
-            HopWork(node.pk, node.shard_start, node.shard_end, prompt_tokens + completion_tokens)
+            HopWork(
+                node.pk,
+                node.shard_start,
+                node.shard_end,
+                prompt_tokens - cached_tokens + completion_tokens,
+            )
             for node in hops
         ],
         fee_share=Decimal("0.05"),

@@ -258,6 +258,22 @@ def test_the_recent_calls_come_from_the_request_records_with_their_cost() -> Non
 
 
 @pytest.mark.django_db
+def test_a_recent_call_shows_the_prompt_tokens_its_route_took_from_the_prefix_caches() -> None:
+    head = make_node("head", 0, 3)
+    key = api_key()
+    plain = completed_request(key=key, hops=[head])
+    reused = completed_request(key=key, hops=[head], cached_tokens=640)
+
+    calls = {c["request_id"]: c for c in dashboard.calls_recent()}
+
+    assert calls[str(plain.pk)]["cached_tokens"] == 0
+    assert (calls[str(reused.pk)]["prompt_tokens"], calls[str(reused.pk)]["cached_tokens"]) == (
+        1000,
+        640,
+    )
+
+
+@pytest.mark.django_db
 def test_a_call_whose_client_left_shows_the_tokens_it_was_billed_for() -> None:
     head = make_node("head", 0, 3)
     left = completed_request(key=api_key(), hops=[head], completion_tokens=4, left=True)
