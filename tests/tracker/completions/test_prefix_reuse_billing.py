@@ -5,6 +5,7 @@ The same long prompt twice with one key reuses the first's cached blocks: the
 same greedy answer, ``prompt_tokens_details.cached_tokens`` > 0, billed at the
 model's cached price and recorded on the request. Another key's identical
 prompt reuses nothing — until the operator lets keys share the model's cache.
+The Messages and Responses APIs report the same in their own usage fields.
 """
 
 from __future__ import annotations
@@ -129,3 +130,53 @@ def test_another_key_reuses_nothing_until_the_operator_shares_the_models_cache(
 
     assert cached(shared) > 0
     assert shared["choices"][0]["message"] == alone["choices"][0]["message"]
+
+
+def settled(network: Network, response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    nodes = list(network.nodes.values())
+    wait_until(lambda: all(node.health()["active_sessions"] == 0 for node in nodes))
+    return dict(response.json())
+
+
+def test_the_messages_and_responses_apis_report_the_reused_prompt_in_their_own_usage(
+    network: Network,
+) -> None:
+    network.query(
+        "UPDATE nodes_app_languagemodel SET prefix_cache_shared = false WHERE key = %s", TINY
+    )
+    key = network.create_api_key("agents")  # a new key: nothing of its own cached yet
+    messages = {
+        "model": TINY,
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": LONG + " (messages)"}],
+    }
+    responses = {
+        "model": TINY,
+        "max_output_tokens": 8,
+        "temperature": 0,
+        "input": LONG + " (responses)",
+    }
+    sends = [("/v1/messages", messages), ("/v1/responses", responses)] * 2
+    answers = [
+        settled(
+            network,
+            httpx.post(
+                f"{network.url}{path}", json=body, headers=network.headers(key), timeout=180
+            ),
+        )
+        for path, body in sends
+    ]
+
+    first_message, first_response, message, response = answers
+    assert first_message["usage"]["cache_read_input_tokens"] == 0
+    # One key, one scope, whatever the API: the Responses request reuses the long
+    # prefix the Messages request left.
+    assert first_response["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert 0 < message["usage"]["cache_read_input_tokens"] < message["usage"]["input_tokens"]
+    assert message["content"] == first_message["content"]
+    assert response["usage"]["input_tokens_details"]["cached_tokens"] > 0
+    assert response["output"][0]["content"] == first_response["output"][0]["content"]
+    _, cached_tokens, _, _ = recorded(network, response)
+    assert cached_tokens == response["usage"]["input_tokens_details"]["cached_tokens"]
