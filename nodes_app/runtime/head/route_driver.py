@@ -223,6 +223,11 @@ class RouteDriver:
             frame = output.token(choice)
             if frame is not None:
                 yield frame
+            # A route of this node alone may step inline on the event loop, and an
+            # answer already computed does not suspend: one turn of the loop per
+            # token, or it reads no socket until the answer ends (not its client
+            # leaving, not a health check, not a link being opened to this node).
+            await asyncio.sleep(0)
         self.clean = True
         for event in output.closing():
             yield event

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import time_ns
@@ -114,6 +115,27 @@ def test_client_disconnect_cancels_the_session_on_every_hop(
     wait_until(lambda: head.health()["streams"] == 0)
     wait_until(lambda: head.health()["cached_sessions"] == 0)
     wait_until(lambda: tail.health()["cached_sessions"] == 0)
+
+
+def test_a_client_leaving_a_whole_nodes_long_answer_frees_the_node_long_before_it_would_end(
+    tiny_nodes: dict[str, NodeProcess],
+) -> None:
+    """A head serving every layer steps inline on its event loop: it must still hear its
+    client leave, not generate the rest of the answer into a closed socket."""
+    whole = tiny_nodes["whole"]
+    began = time.monotonic()
+    read_stream(whole.endpoint, generate_body([(whole, 0, 3)], max_tokens=200))
+    per_token = (time.monotonic() - began) / 200
+    body = generate_body([(whole, 0, 3)], max_tokens=4000)
+    with httpx.stream("POST", f"{whole.endpoint}/v1/generate", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+    left = time.monotonic()
+
+    wait_until(lambda: whole.health()["streams"] == whole.health()["cached_sessions"] == 0)
+
+    assert time.monotonic() - left < 4000 * per_token / 4
 
 
 def test_a_failed_hop_ends_the_stream_with_its_node_id(
