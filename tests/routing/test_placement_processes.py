@@ -41,8 +41,9 @@ def test_a_catalogue_row_of_two_billion_layers_costs_an_anonymous_placement_noth
     # A row written before add_model bounded shapes (add_model refuses it now).
     network.query(
         "INSERT INTO nodes_app_languagemodel (key, display_name, num_layers, weight_source, "
-        "prompt_price_per_1k, completion_price_per_1k, chat_template_fault, created_at) "
-        "VALUES (%s, %s, %s, %s, 0, 0, '', CURRENT_TIMESTAMP)",
+        "prompt_price_per_1k, completion_price_per_1k, chat_template_fault, "
+        "prefix_cache_shared, created_at) "
+        "VALUES (%s, %s, %s, %s, 0, 0, '', false, CURRENT_TIMESTAMP)",
         "poisoned",
         "poisoned",
         ABSURD_LAYERS,
