@@ -7,7 +7,7 @@ scope (the plan's ``prefix_scope``, ADR-0027) may reuse what earlier requests
 of that scope left in each node's cache; one without a scope reuses nothing,
 the baseline. Each case runs both, alternating, on the same prompts:
 
-- **A growing conversation**: a system prompt of about 650 tokens and six
+- **A growing conversation**: a system prompt of about 830 tokens and six
   turns, each turn sending the whole history back. Target: every later turn's
   first token ÷ the first turn's ≤ 0.35 with the cache.
 - **A shared system prompt**: six users, the same system prompt, a different
@@ -220,7 +220,7 @@ def churn(log_dir: Path) -> bool:
             settle(route)
             loads.append(max(float(r.health()["prefix_cache_load"]) for r in route))
         print(
-            f"churn: {CHURN_PROMPTS} distinct ~{len(SYSTEM) // 4}-token prompts, "
+            f"churn: {CHURN_PROMPTS} distinct long prompts, "
             f"{CHURN_BUDGET_MIB} MiB KV budget per node: cache load after each "
             f"{sorted(set(loads))} (1 = the whole budget)"
         )
