@@ -8,6 +8,7 @@ renders the template to count the prompt before it routes.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -66,7 +67,11 @@ def test_a_looping_template_fails_its_chat_in_seconds_and_the_tracker_stays_fast
         assert answer.status_code == 500, answer.text
         error = answer.json()["error"]
         assert error["code"] == "chat_template_over_budget"
-        assert "chat template took more than" in error["message"]
+        # Whichever bound this machine reaches first: the lines or the seconds.
+        assert re.match(
+            r"the model's chat template (ran past \d+ lines|took more than [\d.]+ s)",
+            error["message"],
+        ), error["message"]
     assert took < 20
     assert max(health) < 1.5
     [(fault,)] = network.query(
