@@ -18,6 +18,10 @@ from nodes_app.protocol.limits import (
 from nodes_app.protocol.sampling import SAMPLING_FIELDS, SamplingParams
 from nodes_app.protocol.signed_plan import PLAN_READERS, PlanHop, SignedPlan
 
+# The values of a request's ``speculation`` field (Meshnet's extension, ADR-0028).
+SPECULATION_ON = "on"
+SPECULATION_OFF = "off"
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
@@ -66,6 +70,9 @@ class GenerateRequest:
     idle_seconds: int = 0
     # The plan's prefix scope (ADR-0027): "" keeps the request out of every prefix cache.
     prefix_scope: str = ""
+    # Whether the head may speculate (ADR-0028); a request's ``"speculation": "off"``
+    # turns it off (the body's field is left out when on).
+    speculation: bool = True
 
     @property
     def plan(self) -> SignedPlan:
@@ -122,6 +129,8 @@ class GenerateRequest:
             scoring["echo"] = True
         if self.tools:
             prompt["tools"] = self.tools
+        if not self.speculation:
+            scoring["speculation"] = SPECULATION_OFF
         return {
             "request_id": self.request_id,
             **prompt,
@@ -269,6 +278,16 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def speculation_allowed(value: Any) -> bool:
+    """A request's ``speculation`` field: ``"off"`` → False, ``"on"`` or None → True;
+    :class:`ProtocolError` otherwise (the one rule the tracker and a head apply)."""
+    if value is None or value == SPECULATION_ON:
+        return True
+    if value == SPECULATION_OFF:
+        return False
+    raise ProtocolError(f'speculation must be "{SPECULATION_ON}" or "{SPECULATION_OFF}"')
+
+
 def _top_logprobs(value: Any) -> int:
     if not is_int(value) or not 0 <= value <= TOP_LOGPROBS_MAX:
         raise ProtocolError(f"top_logprobs must be an integer in 0..{TOP_LOGPROBS_MAX}")
@@ -287,6 +306,7 @@ _BODY_FIELDS = (
     "top_logprobs",
     "echo",
     "tools",
+    "speculation",
 )
 # A null request id, max_tokens or plan field is refused; any other null field
 # takes its default (clients and trackers send null for "not set").
@@ -306,6 +326,7 @@ _FIELDS = FieldDecoder(
         "echo": _flag,
         "top_logprobs": _top_logprobs,
         "tools": _tools,
+        "speculation": speculation_allowed,
     },
     null_values=("request_id", "max_tokens", *PLAN_READERS),
 )

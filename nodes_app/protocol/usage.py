@@ -18,6 +18,11 @@ class Usage:
     # Prompt positions the head did not recompute: their state came from the prefix
     # caches of every node on the route (ADR-0027). Left out of the JSON when 0.
     cached_tokens: int = 0
+    # Speculative decoding (ADR-0028): drafts the head sent through its route and
+    # those the last hop accepted (each accepted one a delivered token). Left out
+    # of the JSON when no draft was sent.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     def to_json(self) -> dict[str, int]:
         out = {
@@ -27,6 +32,9 @@ class Usage:
         }
         if self.cached_tokens:
             out["cached_tokens"] = self.cached_tokens
+        if self.drafted_tokens:
+            out["drafted_tokens"] = self.drafted_tokens
+            out["accepted_tokens"] = self.accepted_tokens
         return out
 
     @classmethod
@@ -39,4 +47,16 @@ class Usage:
         cached = raw.get("cached_tokens", 0)
         if not is_count(cached) or cached > prompt:
             raise ProtocolError("usage.cached_tokens must be a count of at most the prompt tokens")
-        return cls(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+        drafted, accepted = raw.get("drafted_tokens", 0), raw.get("accepted_tokens", 0)
+        if not (is_count(drafted) and is_count(accepted)) or accepted > min(drafted, completion):
+            raise ProtocolError(
+                "usage.drafted_tokens and accepted_tokens must be counts, at most as many "
+                "accepted as drafted and as completion tokens"
+            )
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+        )

@@ -43,6 +43,7 @@ from nodes_app.runtime.faults import RuntimeRequestError
 from nodes_app.runtime.head.hop_links import HopLinks
 from nodes_app.runtime.head.request_checks import HeadIdentity, check_grant, parse_generate_request
 from nodes_app.runtime.head.route_driver import RouteDriver, prompt_for
+from nodes_app.runtime.head.speculation import TimingBook
 from nodes_app.runtime.hop.link_guard import LinkPolicy, PeerLinks
 from nodes_app.runtime.hop.link_server import serve_link
 from nodes_app.shared.signing import is_challenge_nonce, sign_challenge, wallet_of
@@ -143,6 +144,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state["links"] = HopLinks(max_frame_bytes=max_frame_bytes)
+        # Each route's step timing, from which a generation chooses its drafts (ADR-0028).
+        state["timings"] = TimingBook()
         # At least every second: a session ends within a second of its plan's bounds.
         interval = reap_interval or max(0.2, min(1.0, service.store.idle_timeout / 4))
         reaper = asyncio.create_task(_reap(service, interval))
@@ -216,7 +219,9 @@ def create_app(
             service.gate.admit_plan(generate_request.plan, node_id=service.node_id)
             prompt = await prompt_for(service, generate_request)
             check_grant(generate_request, len(prompt))
-            generation = RouteDriver(service, state["links"], generate_request, prompt)
+            generation = RouteDriver(
+                service, state["links"], generate_request, prompt, timings=state["timings"]
+            )
         except RuntimeRequestError as error:
             return _error(error)
         return _SSEResponse(generation.stream(), media_type="text/event-stream")

@@ -273,10 +273,32 @@ class Admission:
             raise RuntimeRequestError(
                 "token_ids are for families whose layers take them", code="bad_field"
             )
+        if step.drafts is not None:
+            self._check_drafts(step, last)
         if step.sampling is not None:
             self.check_vocabulary(
                 step.sampling, (*(step.prompt_ids or ()), *(step.generated_ids or ()))
             )
+
+    def _check_drafts(self, step: ForwardStep, last: bool) -> None:
+        """A draft round (ADR-0028): a decode step's, within the vocabulary, matching the
+        step's own ids where it carries them, and verified without logprobs."""
+        drafts = step.drafts or ()
+        if step.position == 0 or step.prompt_ids is not None or step.generated_ids is not None:
+            raise RuntimeRequestError(
+                "drafts follow a session's first step, never open it", code="bad_field"
+            )
+        if last and step.logprobs is not None:
+            raise RuntimeRequestError(
+                "a draft round is verified without logprobs", code="bad_field"
+            )
+        if max(drafts) >= self.vocab_size:
+            raise RuntimeRequestError(
+                f"the step names token ids past the vocabulary (0..{self.vocab_size - 1})",
+                code="bad_field",
+            )
+        if step.token_ids is not None and step.token_ids[-len(drafts) :] != drafts:
+            raise RuntimeRequestError("drafts are the step's last token ids", code="bad_field")
 
     @property
     def vocab_size(self) -> int:

@@ -33,7 +33,12 @@ from nodes_app.runtime.engine.prefix_cache import MISS, Hit, local_keys
 from nodes_app.runtime.engine.runner import ShardRunner
 from nodes_app.runtime.engine.sampler import Constraint, SamplingParams, TailRequest, TokenPicker
 from nodes_app.runtime.engine.scheduler import StepScheduler, ThroughputMeter
-from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS, Session, SessionStore
+from nodes_app.runtime.engine.sessions import (
+    IDLE_TIMEOUT_SECONDS,
+    DraftRound,
+    Session,
+    SessionStore,
+)
 from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.faults import RuntimeRequestError
 from nodes_app.runtime.loading.shard import LoadedShard
@@ -279,14 +284,24 @@ class NodeService:
                 session.picker.sampling,
                 logprobs=step.logprobs,
                 prompt_ids=step.prompt_ids or (),
+                drafts=step.drafts or (),
             )
         self.admission.cover(session, step.position + step.shape[1], step.reserve)
+        ids = list(step.token_ids) if step.token_ids is not None else None
+        drafts = len(step.drafts or ())
+        if drafts:
+            session.cache.hold()
         result = await self.scheduler.submit(
-            session,
-            tail=tail,
-            hidden=hidden,
-            ids=list(step.token_ids) if step.token_ids is not None else None,
+            session, tail=tail, hidden=hidden, ids=ids, drafts=drafts
         )
+        if drafts:
+            linear = session.cache.linear
+            session.draft_round = DraftRound(
+                step.position,
+                step.shape[1],
+                hidden=hidden if linear else None,
+                ids=ids if linear else None,
+            )
         session.position += step.shape[1]
         session.touch()
         return result
@@ -304,7 +319,65 @@ class NodeService:
         if last and session.picker is None:
             session.picker = await self.picker(tail.sampling, tail.generated_ids)
         self.admission.cover(session, session.position + len(token_ids))
-        return await self.scheduler.submit(session, tail=tail if last else None, tokens=token_ids)
+        drafts = len(tail.drafts)
+        if drafts:
+            session.cache.hold()
+        result = await self.scheduler.submit(
+            session, tail=tail if last else None, tokens=token_ids, drafts=drafts
+        )
+        if drafts:
+            linear = session.cache.linear
+            session.draft_round = DraftRound(
+                session.position, len(token_ids), tokens=token_ids if linear else None
+            )
+        return result
+
+    async def rewind(self, session: Session, position: int) -> None:
+        """Settle ``session``'s draft round: its state cut back to ``position`` (ADR-0028).
+
+        ``position`` is where the session's next step starts: past the round's
+        first position and at most its last. K/V forgets the rejected positions
+        (a length); linear-attention states go back to the round's start and
+        recompute the kept positions from the round's input — the same layers
+        on the same inputs, so the state is the one decoding them would hold.
+        Refuses (``position_mismatch``) any other position. The caller holds
+        the session's lock.
+        """
+        draft = session.draft_round
+        session.draft_round = None
+        kv = session.cache
+        if draft is None or not draft.position < position <= session.position:
+            raise RuntimeRequestError(
+                f"session {session.session_id} is at position {session.position}, not {position}",
+                code="position_mismatch",
+            )
+        if position == session.position:
+            kv.release()
+            return
+        if not kv.linear:
+            kv.truncate(position)
+        else:
+            kv.truncate(draft.position)
+            await self.compute(lambda: self._recompute(session, draft, position))
+        session.position = position
+
+    def _recompute(self, session: Session, draft: DraftRound, position: int) -> None:
+        """On the torch thread: run a draft round's first ``position - draft.position``
+        positions again (the kept ones), from the round's start."""
+        kept = position - draft.position
+        if draft.tokens is not None:
+            hidden = self.runner.embed(draft.tokens[:kept])
+        else:
+            hidden = draft.hidden[:, :kept].to(device=self.shard.device, dtype=self.shard.dtype)
+        self.runner.run_layers(
+            hidden,
+            cache=session.cache,
+            start=session.start,
+            end=session.end,
+            position=draft.position,
+            token_ids=(draft.ids or draft.tokens or [])[:kept] or None,
+            prefill=False,
+        )
 
     def _corrupt(self, hidden: torch.Tensor) -> torch.Tensor:
         """The hidden states this node outputs, plus noise when the test-only option is set."""

@@ -136,6 +136,9 @@ class SessionKV:
         self.snapshot_block: int | None = None
         self._snapshots: dict[int, Snapshot] = {}
         self._prefill_snapshot = 0
+        # Speculative decoding (ADR-0028): the linear states where the running draft
+        # round began, the position its rejected drafts are cut back to (:meth:`hold`).
+        self._held: tuple[int, Snapshot] | None = None
 
     @property
     def linear(self) -> bool:
@@ -148,21 +151,38 @@ class SessionKV:
         block = self.snapshot_block
         if not block or not self.linear or position % block:
             return
-        self._snapshots[position] = (
-            {layer: state.clone() for layer, state in self._conv.items()},
-            {layer: state.clone() for layer, state in self._recurrent.items()},
-        )
+        self._snapshots[position] = self._copy(self._conv, self._recurrent)
         if prefill:
             self._prefill_snapshot = position
         keep = {position, self._prefill_snapshot}
         for kept in [p for p in self._snapshots if p not in keep]:
             del self._snapshots[kept]
 
+    def hold(self) -> None:
+        """A draft round begins here: keep the linear states of this position until the
+        next :meth:`truncate` or :meth:`release` (nothing to keep without linear layers).
+
+        K/V needs no copy: a truncate is a length. A linear state is a summary of
+        every position, so the round's start is the one earlier state it can go back to.
+        """
+        if self.linear:
+            self._held = (self.reached, self._copy(self._conv, self._recurrent))
+
+    def release(self) -> None:
+        """The draft round is settled without a rollback: drop what :meth:`hold` kept."""
+        self._held = None
+
     def resumable(self, positions: int) -> bool:
         """Whether the state can be cut back to ``positions`` (see :meth:`truncate`)."""
         if positions > self.reached:
             return False
-        return positions in (0, self.reached) or not self.linear or positions in self._snapshots
+        held = self._held is not None and self._held[0] == positions
+        return (
+            positions in (0, self.reached)
+            or not self.linear
+            or positions in self._snapshots
+            or held
+        )
 
     @property
     def snapshots(self) -> tuple[int, ...]:
@@ -172,7 +192,8 @@ class SessionKV:
     def truncate(self, positions: int) -> None:
         """Cut the state back to its first ``positions``: speculation's rollback, a claim's
         settling (ADR-0027). K/V keeps its buffers and forgets the rest; linear states
-        go back to a snapshot. ValueError where :meth:`resumable` says no."""
+        go back to a snapshot, or to where a draft round began (:meth:`hold`). ValueError
+        where :meth:`resumable` says no."""
         if not self.resumable(positions):
             raise ValueError(f"no state to resume at position {positions}")
         for layer, length in self._lengths.items():
@@ -181,10 +202,13 @@ class SessionKV:
             self._conv.clear()
             self._recurrent.clear()
         elif positions != self.reached and self.linear:
-            conv, recurrent = self._snapshots[positions]
-            self._conv = {layer: state.clone() for layer, state in conv.items()}
-            self._recurrent = {layer: state.clone() for layer, state in recurrent.items()}
+            if positions in self._snapshots:
+                self._conv, self._recurrent = self._copy(*self._snapshots[positions])
+            else:
+                assert self._held is not None  # resumable: the draft round's start
+                self._conv, self._recurrent = self._held[1]  # dropped below: no copy
         self._snapshots = {p: s for p, s in self._snapshots.items() if p <= positions}
+        self._held = None
         self.reached = positions
 
     def adopt_prefix(self, source: SessionKV, positions: int) -> None:
@@ -208,12 +232,19 @@ class SessionKV:
                 conv, recurrent = source._conv, source._recurrent
             else:
                 conv, recurrent = source._snapshots[positions]
-            self._conv = {layer: state.clone() for layer, state in conv.items()}
-            self._recurrent = {layer: state.clone() for layer, state in recurrent.items()}
+            self._conv, self._recurrent = self._copy(conv, recurrent)
         self.reached = positions
         if self.snapshot_block and self.linear:
             # Where it started is where the next session sharing this prefix resumes.
             self.ran(positions, prefill=True)
+
+    @staticmethod
+    def _copy(conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> Snapshot:
+        """A copy of linear states, each layer's own tensors."""
+        return (
+            {layer: state.clone() for layer, state in conv.items()},
+            {layer: state.clone() for layer, state in recurrent.items()},
+        )
 
     def length(self, layer: int) -> int:
         """Positions held for ``layer`` (0 before its first step)."""
@@ -222,12 +253,13 @@ class SessionKV:
     @property
     def nbytes(self) -> int:
         """Bytes the buffers take (K/V capacity, not length, and the linear-attention states)."""
+        copies = [*self._snapshots.values(), *([self._held[1]] if self._held else [])]
         tensors: Iterable[torch.Tensor] = [
             *self._keys.values(),
             *self._values.values(),
             *self._conv.values(),
             *self._recurrent.values(),
-            *(t for conv, rec in self._snapshots.values() for t in (*conv.values(), *rec.values())),
+            *(t for conv, rec in copies for t in (*conv.values(), *rec.values())),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 

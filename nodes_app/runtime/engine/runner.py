@@ -59,6 +59,7 @@ class ShardRunner:
         end: int,
         position: int,
         token_ids: Sequence[int] | None = None,
+        prefill: bool | None = None,
     ) -> torch.Tensor:
         """One session's hidden states after layers ``start..end`` at positions ``position…``."""
         return self.run_batch(
@@ -68,6 +69,7 @@ class ShardRunner:
             start=start,
             end=end,
             token_ids=None if token_ids is None else [token_ids],
+            prefill=prefill,
         )
 
     @torch.inference_mode()
@@ -80,6 +82,7 @@ class ShardRunner:
         start: int,
         end: int,
         token_ids: Sequence[Sequence[int]] | None = None,
+        prefill: bool | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[N, q, H]`` after layers ``start..end``; row ``i`` fills ``caches[i]``.
 
@@ -87,6 +90,9 @@ class ShardRunner:
         already holds ``pasts[i]``). Rows are independent: one row's values
         never reach another's output. ``token_ids`` (row ``i``'s ``q`` ids)
         are needed by families whose layers take per-layer embeddings.
+        ``prefill`` says whether the positions are a prompt's (where a prefix
+        snapshot is kept, ``SessionKV.ran``): by default when ``q`` > 1; a draft
+        round's several positions are decode.
         """
         length = hidden.shape[1]
         device = hidden.device
@@ -119,7 +125,7 @@ class ShardRunner:
             )
         cache.commit()
         for kv, past in zip(caches, pasts, strict=True):
-            kv.ran(past + length, prefill=length > 1)
+            kv.ran(past + length, prefill=length > 1 if prefill is None else prefill)
         return hidden
 
     def _per_layer(

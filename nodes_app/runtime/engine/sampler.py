@@ -51,13 +51,16 @@ class TailRequest:
     logprob given the ones before it, with as many alternatives.
     ``generated_ids``: completion tokens already generated before this session
     (a resumed completion's), which the penalties count; sent on the step
-    that opens the session.
+    that opens the session. ``drafts``: a draft round (speculative decoding,
+    ADR-0028): the step's last positions hold these proposed tokens, each
+    verified in turn (:meth:`TokenPicker.verify`).
     """
 
     sampling: SamplingParams
     logprobs: int | None = None
     prompt_ids: tuple[int, ...] = ()
     generated_ids: tuple[int, ...] = ()
+    drafts: tuple[int, ...] = ()
 
     @property
     def alternatives(self) -> int:
@@ -275,3 +278,21 @@ class TokenPicker:
         scores = torch.log_softmax(logits, dim=-1)
         [top] = _top(scores.unsqueeze(0), logprobs)
         return Choice(token, TokenScore(float(scores[token]), top))
+
+    def verify(self, logits: torch.Tensor, drafts: Sequence[int]) -> Choice:
+        """A draft round's answer from float32 ``logits`` ``[len(drafts) + 1, vocab]``.
+
+        Row ``i`` follows the step's position ``i`` (the last accepted token,
+        then the drafts). Each row's token is chosen as :meth:`choose` would
+        choose it, in order, so penalties, logit_bias and a grammar see every
+        token before it; a draft equal to its row's choice is accepted, and the
+        first choice that differs (or the one after the last draft) is the
+        answer's token: ``Choice.accepted`` drafts, then ``token_id``. Exactly
+        the tokens decoding one position at a time chooses, and the picker's
+        state advances by exactly those.
+        """
+        for accepted, row in enumerate(logits):
+            choice = self.choose(row)
+            if accepted == len(drafts) or choice.token_id != drafts[accepted]:
+                return Choice(choice.token_id, accepted=accepted)
+        raise ValueError("a draft round's logits have one row more than its drafts")

@@ -146,8 +146,13 @@ class StepScheduler:
         tokens: list[int] | None = None,
         hidden: torch.Tensor | None = None,
         ids: list[int] | None = None,
+        drafts: int = 0,
     ) -> bytes | Choice:
         """The step's result: hidden-state bytes, or (with ``tail``: the last layer) the choice.
+
+        ``drafts``: the step is a draft round whose last ``drafts`` positions
+        are proposed tokens (ADR-0028); it runs as a prefill does, in a forward
+        of its own between decode batches, but whole.
 
         A last-layer step needs the session's ``picker`` (a
         :class:`~nodes_app.runtime.engine.sampler.TokenPicker`). The session's
@@ -163,6 +168,7 @@ class StepScheduler:
             tokens=tokens,
             hidden=hidden,
             ids=ids,
+            drafts=drafts,
         )
         if job.length == 1:
             self._decodes.append(job)
@@ -275,6 +281,8 @@ class StepScheduler:
         """Positions ``job``'s next prefill chunk runs: ``prefill_chunk`` at most, and ending
         on its prefill's last block boundary when its linear-attention states are
         snapshotted there (prefix reuse, ADR-0027: ``SessionKV.ran``)."""
+        if job.drafts:  # verified on every position's logits: never cut
+            return job.length
         length = min(self.prefill_chunk, job.length - job.done)
         block = getattr(job.session.cache, "snapshot_block", None)
         if block:

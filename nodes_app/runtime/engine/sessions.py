@@ -40,6 +40,26 @@ from nodes_app.runtime.faults import RuntimeRequestError
 IDLE_TIMEOUT_SECONDS = 600.0
 
 
+@dataclass(frozen=True)
+class DraftRound:
+    """A session's last step was a draft round (speculative decoding, ADR-0028).
+
+    It ran ``length`` positions from ``position``; the next step's position
+    says how many were kept, at least the first (the token the round
+    followed). For a state with linear-attention layers, which goes back to
+    the round's start only, the round's input is kept to recompute the kept
+    positions: the head's token ids (``tokens``) or a hop's hidden states
+    ``[1, length, H]`` (``hidden``), and the step's ids for a family whose
+    layers take them (``ids``).
+    """
+
+    position: int
+    length: int
+    tokens: list[int] | None = None
+    hidden: Any = None
+    ids: list[int] | None = None
+
+
 @dataclass
 class Session:
     session_id: str
@@ -56,6 +76,8 @@ class Session:
     reserved_bytes: int = 0
     # Set when the store drops it: a step still queued for it is not computed.
     closed: bool = False
+    # Its last step was a draft round, not yet settled by the next step's position.
+    draft_round: DraftRound | None = None
     # Opened by a prefix claim (ADR-0027): its first step may start at any position it
     # can be cut back to, up to what the claim found.
     claimed: bool = False

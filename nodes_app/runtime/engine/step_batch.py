@@ -10,7 +10,9 @@ once (``runner.ShardRunner.run_batch``), then gives each job its outcome:
   its output to answer every position);
 - the step ends at the model's last layer: the session's picker chooses
   the token from its logits row (``sampler.TokenPicker``), with an echo's
-  prompt scores gathered chunk by chunk (``ECHO_SCORE_ROWS`` at a time);
+  prompt scores gathered chunk by chunk (``ECHO_SCORE_ROWS`` at a time),
+  or, for a draft round, verifies its drafts on every position's logits
+  (``TokenPicker.verify``);
 - otherwise the hidden states' bytes for the next hop, checked finite
   first (``finite.own_output``): a session whose output is not finite fails
   alone.
@@ -54,6 +56,9 @@ class StepJob:
     hidden: torch.Tensor | None = None
     # A hop's step ids beside its hidden states, for families whose layers take them.
     ids: list[int] | None = None
+    # A draft round's proposed positions at the step's end (ADR-0028): run in one
+    # forward, never chunked, as decode positions (no prefix snapshot).
+    drafts: int = 0
     # Positions already computed (a chunked prefill) and, on a middle hop, their outputs.
     done: int = 0
     outputs: list[torch.Tensor] = field(default_factory=list)
@@ -119,11 +124,13 @@ def run_step_batch(
         start=first.session.start,
         end=first.session.end,
         token_ids=ids,
+        prefill=length > 1 and not first.drafts,
     )
     if transform is not None:
         out = transform(out)
     final = first.done + length == first.length
-    logits = runner.last_logits(out) if final and first.last else None
+    # A draft round (alone in its forward) is verified on every position's logits.
+    logits = runner.last_logits(out) if final and first.last and not first.drafts else None
     outcomes: list[Outcome] = []
     for row, job in enumerate(batch):
         try:
@@ -134,6 +141,10 @@ def run_step_batch(
                 if not job.last:
                     job.outputs.append(out[row : row + 1])
                 outcomes.append(MORE)
+            elif job.drafts and job.tail is not None:
+                assert job.session.picker is not None
+                every = runner.logits(out[row : row + 1])[0]
+                outcomes.append(job.session.picker.verify(every, job.tail.drafts))
             elif logits is not None:
                 assert job.tail is not None
                 assert job.session.picker is not None

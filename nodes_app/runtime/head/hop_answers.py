@@ -45,7 +45,12 @@ def hidden_of(answer: StepAnswer, shape: tuple[int, int, int]) -> tuple[bytes, s
 
 
 def choice_of(
-    answer: StepAnswer, *, vocab: int, logprobs: int | None, prompt_scores: int
+    answer: StepAnswer,
+    *,
+    vocab: int,
+    logprobs: int | None,
+    prompt_scores: int,
+    drafts: int = 0,
 ) -> Choice:
     """The last hop's answer, checked, as a :class:`Choice`; :class:`BadAnswer` if malformed.
 
@@ -53,7 +58,9 @@ def choice_of(
     logprob a finite number of at most 0; with ``logprobs`` there must be
     the chosen token's logprob and exactly ``logprobs`` alternatives (fewer
     only when the vocabulary is smaller); ``prompt_scores`` entries of
-    ``[logprob, top]`` for an echo (none otherwise).
+    ``[logprob, top]`` for an echo (none otherwise); for a draft round of
+    ``drafts`` drafts, the count accepted, at most ``drafts`` (0 when left
+    out), and none without one.
     """
     alternatives = min(logprobs or 0, vocab)
     token = answer.token_id
@@ -70,7 +77,10 @@ def choice_of(
             raise BadAnswer(f"answered other than {prompt_scores} prompt scores")
         table = PromptTable(prompt_scores, alternatives, answer.prompt_body)
         prompt = prompt_scores_of(table, vocab)
-    return Choice(token, score, prompt)
+    accepted = 0 if answer.accepted is None else answer.accepted
+    if not (is_count(accepted) and accepted <= drafts):
+        raise BadAnswer(f"answered other than a count of at most {drafts} accepted drafts")
+    return Choice(token, score, prompt, accepted)
 
 
 def prompt_scores_of(table: PromptTable, vocab: int) -> tuple[TokenScore, ...]:

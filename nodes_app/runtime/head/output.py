@@ -59,6 +59,9 @@ class OutputProcessor:
         self.produced = 0
         # Prompt positions whose state came from the route's prefix caches (ADR-0027).
         self.cached_tokens = 0
+        # Drafts sent through the route and accepted by its last hop (ADR-0028).
+        self.drafted = 0
+        self.accepted = 0
         self._detokenizer = IncrementalDetokenizer(service.shard.tokenizer, resumed)
         self._stopper = StopMatcher(request.stop)
         self._eos = eos_token_ids(service)
@@ -67,6 +70,11 @@ class OutputProcessor:
         self._entries: list[TokenLogprob] = []
         # An echo runs the prompt even when no token is asked for (max_tokens 0).
         self.finish: str | None = "length" if self.budget <= 0 and not request.echo else None
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The token ids that end the generation (end-of-text)."""
+        return frozenset(self._eos)
 
     def opening(self) -> bytes | None:
         """The role chunk that opens a chat stream (an echo opens with :meth:`echo` instead)."""
@@ -126,6 +134,8 @@ class OutputProcessor:
             prompt_tokens=len(self.prompt),
             completion_tokens=len(self.request.resume_token_ids) + self.produced,
             cached_tokens=min(self.cached_tokens, len(self.prompt)),
+            drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted,
         )
         last = ChunkFrame(
             content=tail,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -48,9 +49,11 @@ from nodes_app.runtime.engine.prefix_cache import Hit, agreed, block_hashes, cha
 from nodes_app.runtime.engine.sampler import TailRequest
 from nodes_app.runtime.engine.trust import capability_hash, new_capability
 from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
+from nodes_app.runtime.head.drafts import PromptLookup
 from nodes_app.runtime.head.hop_answers import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.head.hop_links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.head.output import OutputProcessor
+from nodes_app.runtime.head.speculation import DraftPolicy, TimingBook
 from nodes_app.runtime.wire.entries import Choice, ForwardStep, StepAnswer
 from nodes_app.shared.grammar import grammar_problem
 from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, text_token_ids
@@ -146,6 +149,8 @@ class RouteDriver:
         links: HopLinks,
         request: GenerateRequest,
         prompt: list[int],
+        *,
+        timings: TimingBook | None = None,
     ):
         self.service = service
         self.links = links
@@ -180,6 +185,14 @@ class RouteDriver:
         # One capability per hop session; the signed plan opens each of them.
         self.capabilities = [new_capability() for _ in request.hops[1:]]
         self.plan_header = request.plan.to_header() if request.signature else None
+        # Speculative decoding (ADR-0028): greedy answers without logprobs, unless the
+        # request turns it off; drafts by prompt lookup, their count from the route's timing.
+        self.speculating = request.speculation and request.sampling.greedy and not request.logprobs
+        route = tuple((hop.endpoint, hop.start_layer, hop.end_layer) for hop in request.hops)
+        self.policy = DraftPolicy((timings or TimingBook()).of(route))
+        self.lookup = PromptLookup(
+            [*prompt, *request.resume_token_ids], stop_ids=self.output.stop_ids
+        )
 
     async def stream(self) -> AsyncIterator[bytes]:
         self.service.streams += 1
@@ -206,23 +219,35 @@ class RouteDriver:
         output.cached_tokens = start
         step_ids = step_ids[start:]
         while output.finish is None:
+            opening = output.produced == 0
+            drafts = [] if opening else self._drafts()
+            began = time.perf_counter()
             try:
-                choice = await self._step(step_ids, self._tail(opening=output.produced == 0))
+                choice = await self._step(step_ids + drafts, self._tail(opening, drafts))
             except HopFailed as failure:
                 for event in output.failed(failure.hop.node_id, failure.message, failure.code):
                     yield event
                 return
-            if output.produced == 0 and request.echo:
+            self._measured(len(step_ids), drafts, choice, time.perf_counter() - began)
+            if opening and request.echo:
                 # Up to ECHO_MAX_SCORES values to write: built off the event loop.
                 yield await asyncio.to_thread(output.echo, choice)
                 if output.budget <= 0:
                     output.finish = "length"
                     break
             step_ids = [choice.token_id]
-            self.ran.append(choice.token_id)
-            frame = output.token(choice)
-            if frame is not None:
-                yield frame
+            # The accepted drafts, then the chosen token: delivered one by one, so a
+            # stop sequence or an end-of-text token ends the answer where it would.
+            delivered = [*(Choice(token) for token in drafts[: choice.accepted]), choice]
+            for token in delivered:
+                self.ran.append(token.token_id)
+                if self.speculating:
+                    self.lookup.extend([token.token_id])
+                frame = output.token(token)
+                if frame is not None:
+                    yield frame
+                if output.finish is not None:
+                    break
             # A route of this node alone may step inline on the event loop, and an
             # answer already computed does not suspend: one turn of the loop per
             # token, or it reads no socket until the answer ends (not its client
@@ -232,8 +257,9 @@ class RouteDriver:
         for event in output.closing():
             yield event
 
-    def _tail(self, *, opening: bool) -> TailRequest:
-        """What the last hop does with this generation's step (the prefill when ``opening``)."""
+    def _tail(self, opening: bool, drafts: list[int]) -> TailRequest:
+        """What the last hop does with this generation's step (the prefill when ``opening``;
+        a draft round of ``drafts`` when any)."""
         request = self.request
         return TailRequest(
             request.sampling,
@@ -244,10 +270,44 @@ class RouteDriver:
                 if opening and request.sampling.history_dependent
                 else ()
             ),
+            drafts=tuple(drafts),
         )
 
+    def _drafts(self) -> list[int]:
+        """The drafts of the next step: as many as the route's timing and the answer's
+        acceptance say pay, within the budget (the chosen token must still fit)."""
+        if not self.speculating:
+            return []
+        limit = min(self.policy.drafts(), self.output.budget - self.output.produced - 1)
+        return self.lookup.propose(limit)
+
+    def _measured(self, positions: int, drafts: list[int], choice: Choice, seconds: float) -> None:
+        """Learn from a decode step: a plain one's time, or a round's time and acceptance."""
+        if drafts:
+            self.policy.record_round(len(drafts), choice.accepted, seconds)
+            self.output.drafted += len(drafts)
+            self.output.accepted += choice.accepted
+        elif positions == 1:
+            self.policy.record_plain(seconds)
+
     async def _step(self, token_ids: list[int], tail: TailRequest) -> Choice:
-        """One position (or the prefill) through every hop; the last hop's choice.
+        """:meth:`_through_route`, then a draft round's rejected positions cut off this
+        head's session (every hop's is cut by the next step's position)."""
+        session = self.session
+        position = session.position
+        choice = await self._through_route(token_ids, tail)
+        if tail.drafts:
+            async with session.lock:
+                try:
+                    await self.service.rewind(session, position + 1 + choice.accepted)
+                except Exception as error:
+                    logger.exception("the head's own rollback failed")
+                    raise HopFailed(self.request.hops[0], "the head's own step failed") from error
+        return choice
+
+    async def _through_route(self, token_ids: list[int], tail: TailRequest) -> Choice:
+        """One position (or the prefill, or a draft round) through every hop; the last
+        hop's choice.
 
         Raises :class:`HopFailed` naming the node at fault: a hop that does not
         answer (within the step's deadline: ``hop_timeout``), answers an error,
@@ -298,6 +358,7 @@ class RouteDriver:
                 prompt_ids=tail.prompt_ids if last and tail.prompt_ids else None,
                 generated_ids=tail.generated_ids if last and tail.generated_ids else None,
                 token_ids=tuple(token_ids) if service.shard.family.per_layer_inputs else None,
+                drafts=tail.drafts or None,
             )
             try:
                 answer = await self.links.to(hop.endpoint).step(
@@ -341,6 +402,7 @@ class RouteDriver:
                 vocab=self.service.admission.vocab_size,
                 logprobs=tail.logprobs,
                 prompt_scores=max(0, len(tail.prompt_ids) - 1),
+                drafts=len(tail.drafts),
             )
         except BadAnswer as error:
             raise HopFailed(hop, str(error)) from error

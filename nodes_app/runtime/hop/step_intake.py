@@ -9,7 +9,9 @@ size, the tail's fields), its credentials (``Admission.admit_step``: the
 signed plan or the session's capability), its byte count against its shape
 and dtype. Then, in the step's own task (:func:`forward`): its values
 finite (``engine.finite.arrived``, naming the sender that produced them),
-its session (``Admission.session_for``) and its position in that session.
+its session (``Admission.session_for``) and its position in that session
+(after a draft round, the position that cuts the rejected drafts off:
+``NodeService.rewind``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ async def forward(
     async with session.lock:
         if session.claimed:  # opened by a prefix claim: start where the route agreed
             service.settle(session, step.position)
+        if session.draft_round is not None:  # the position says which drafts were kept
+            await service.rewind(session, step.position)
         if step.position != session.position:
             raise RuntimeRequestError(
                 f"session {step.session_id} is at position {session.position}, not {step.position}",

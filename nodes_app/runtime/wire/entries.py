@@ -50,12 +50,15 @@ class Choice:
     """The last hop's answer to a step: the token, and the scores it was asked to report.
 
     ``score`` is the chosen token's (when logprobs were asked); ``prompt``
-    holds one score per prompt token after the first (an echo).
+    holds one score per prompt token after the first (an echo). ``accepted``:
+    in a draft round, how many of the step's drafts were accepted before
+    ``token_id`` (speculative decoding, ADR-0028).
     """
 
     token_id: int
     score: TokenScore | None = None
     prompt: tuple[TokenScore, ...] = ()
+    accepted: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,10 @@ class ForwardStep:
     # an embedding of them (Gemma 4's per-layer inputs: Family.per_layer_inputs).
     token_ids: tuple[int, ...] | None = None
     generated_ids: tuple[int, ...] | None = None
+    # A draft round (speculative decoding, ADR-0028): the step's last positions are
+    # these proposed tokens. Every hop may be cut back past them by the next step's
+    # position; the hop ending at the last layer verifies them.
+    drafts: tuple[int, ...] | None = None
 
 
 class FrameError(Exception):
@@ -186,6 +193,8 @@ class StepAnswer:
     # resume at that count only (linear-attention states) rather than at any up to it.
     blocks: Any = None
     exact: Any = None
+    # A draft round's answer: how many of the step's drafts came before ``token_id``.
+    accepted: Any = None
     code: str | None = None
     error_type: str | None = None
     message: str = field(default="", repr=False)
@@ -202,6 +211,7 @@ class StepAnswer:
             top=None if score is None else _top_json(score),
             prompt=None if table is None else [table.rows, table.alternatives],
             prompt_body=None if table is None else table.body,
+            accepted=choice.accepted if choice.accepted else None,
         )
 
     @classmethod
@@ -261,7 +271,7 @@ def _top_json(score: TokenScore) -> list[list[int | float]]:
 
 STEP_FIELD_NAMES = tuple(spec.name for spec in fields(ForwardStep))
 # Fields that are lists of token ids, bounded by the step's positions.
-_TOKEN_LISTS = ("prompt_ids", "generated_ids", "token_ids")
+_TOKEN_LISTS = ("prompt_ids", "generated_ids", "token_ids", "drafts")
 
 
 def step_fields(step: ForwardStep) -> dict[str, Any]:
@@ -296,6 +306,8 @@ def step_from_fields(raw: Any) -> ForwardStep:
     for name in _TOKEN_LISTS:
         if len(values.get(name) or ()) > values["shape"][1]:
             raise bad_field(f"{name} holds more ids than the step has positions")
+    if values.get("drafts") is not None and not 0 < len(values["drafts"]) < values["shape"][1]:
+        raise bad_field("drafts follow the step's first position: 1 to T - 1 of them")
     echoed = echo_scores(len(values.get("prompt_ids") or ()), values.get("logprobs") or 0)
     if echoed > ECHO_MAX_SCORES:
         raise bad_field(f"an echo may ask for at most {ECHO_MAX_SCORES} logprobs")

@@ -25,10 +25,11 @@ session's state in the prefix cache under that chain), and a *claim*,
 ...], "capability"?, "plan"?}``, opens a session and asks how many leading
 blocks of the chain the hop holds (ADR-0027). An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
-"logprob"?, "top"?, "prompt"?, "bytes"?}`` (the hop ending at the last layer:
-the chosen token, its logprob and ``[[id, logprob], ...]`` best alternatives
-when the step asked for ``logprobs``, and for an echo ``"prompt": [rows, k]``
-with a body of its prompt scores, :class:`PromptTable`), ``{"id", "status":
+"logprob"?, "top"?, "prompt"?, "bytes"?, "accepted"?}`` (the hop ending at the
+last layer: the chosen token, its logprob and ``[[id, logprob], ...]`` best
+alternatives when the step asked for ``logprobs``, for an echo ``"prompt":
+[rows, k]`` with a body of its prompt scores, :class:`PromptTable`, and for a
+draft round the drafts accepted before the token when any), ``{"id", "status":
 204}`` (a cancel done), ``{"id", "blocks", "exact"}`` (a claim's) or
 ``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
 relays only the code, ``protocol.errors.relayable_code``, and logs the rest).
@@ -293,7 +294,12 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
             item.update(blocks=answer.blocks, exact=bool(answer.exact))
         else:
             item["token_id"] = answer.token_id
-            scores = {"logprob": answer.logprob, "top": answer.top, "prompt": answer.prompt}
+            scores = {
+                "logprob": answer.logprob,
+                "top": answer.top,
+                "prompt": answer.prompt,
+                "accepted": answer.accepted,
+            }
             item.update((key, value) for key, value in scores.items() if value is not None)
             if answer.prompt_body is not None:
                 item["bytes"] = len(answer.prompt_body)
@@ -329,6 +335,7 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
                 prompt_body=body if "bytes" in entry and scores else None,
                 blocks=entry.get("blocks"),
                 exact=entry.get("exact"),
+                accepted=entry.get("accepted"),
                 code=entry.get("code") if isinstance(entry.get("code"), str) else None,
                 error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
                 message=str(entry.get("message") or "")[:300],

@@ -48,6 +48,7 @@ STEP = ForwardStep(
     prompt_ids=(5, 6, 7),
     generated_ids=(7,),
     token_ids=(5, 6, 7),
+    drafts=(6, 7),
 )
 
 
@@ -182,6 +183,7 @@ STEADY = dataclasses.replace(
     prompt_ids=None,
     generated_ids=None,
     token_ids=None,
+    drafts=None,
 )
 
 
