@@ -1,0 +1,97 @@
+"""A head's speculation along its route: when it is on, what it reports, what it never changes.
+
+A tiny Llama checkpoint on a head and a hop in this process
+(``tests/support/in_process_route``), whose greedy answer to a repetitive
+prompt repeats itself: prompt-lookup drafts are accepted. The route's timing
+is fixed so that drafts pay, except where a test measures it for real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.checkpoints import LAYERS, tiny_checkpoint
+from tests.support.in_process_route import FixedTimings, InProcessRoute
+from tests.support.sse import completion
+
+PROMPT = "the mesh runs the layers; " * 4 + "the mesh"
+
+
+@pytest.fixture(scope="module")
+def route(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessRoute]:
+    directory = tiny_checkpoint("llama", tmp_path_factory.mktemp("speculation") / "llama")
+    served = InProcessRoute(directory, [(0, 2), (3, LAYERS - 1)])
+    yield served
+    served.close()
+
+
+def answer(route: InProcessRoute, **fields: Any) -> tuple[str, list[int], dict[str, Any]]:
+    fields.setdefault("max_tokens", 16)
+    return completion(route.generate(route.body(PROMPT, **fields), timings=FixedTimings()))
+
+
+def test_drafts_are_sent_and_accepted_and_reported_in_the_usage(route: InProcessRoute) -> None:
+    _, ids, last = answer(route)
+
+    usage = last["usage"]
+    assert usage["drafted_tokens"] > 0
+    assert 0 < usage["accepted_tokens"] <= usage["drafted_tokens"]
+    assert usage["completion_tokens"] == len(ids) == 16
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"speculation": "off"},
+        {"logprobs": True, "top_logprobs": 2},
+        {"temperature": 0.8, "seed": 5},
+    ],
+    ids=["asked-off", "logprobs", "sampled"],
+)
+def test_speculation_is_off_when_asked_and_for_logprobs_and_sampled_answers(
+    route: InProcessRoute, fields: dict[str, Any]
+) -> None:
+    _, ids, last = answer(route, **fields)
+
+    assert len(ids) == 16
+    assert "drafted_tokens" not in last["usage"]
+
+
+def test_speculation_on_is_accepted_as_the_default(route: InProcessRoute) -> None:
+    assert answer(route, speculation="on")[1] == answer(route)[1]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5])
+def test_no_answer_goes_past_max_tokens(route: InProcessRoute, max_tokens: int) -> None:
+    _, plain, _ = answer(route, max_tokens=max_tokens, speculation="off")
+    _, ids, last = answer(route, max_tokens=max_tokens)
+
+    assert ids == plain
+    assert last["usage"]["completion_tokens"] == len(ids) == max_tokens
+
+
+def test_a_stop_sequence_ends_the_answer_where_plain_decoding_ends_it(
+    route: InProcessRoute,
+) -> None:
+    text, _, _ = answer(route, max_tokens=24, speculation="off")
+    stop = text[6:9]
+    assert stop and text.count(stop) >= 1
+
+    plain = answer(route, max_tokens=24, speculation="off", stop=[stop])
+    spoken = answer(route, max_tokens=24, stop=[stop])
+
+    assert spoken[0] == plain[0] and spoken[1] == plain[1]
+    assert spoken[2]["choices"][0]["finish_reason"] == "stop"
+    assert spoken[2]["usage"]["completion_tokens"] == len(spoken[1])
+
+
+def test_a_measured_route_answers_as_plain_decoding_whatever_it_chooses(
+    route: InProcessRoute,
+) -> None:
+    plain = completion(route.generate(route.body(PROMPT, max_tokens=24, speculation="off")))
+    measured = completion(route.generate(route.body(PROMPT, max_tokens=24)))
+
+    assert measured[1] == plain[1]
