@@ -120,6 +120,7 @@ class Behaviour:
     code: str = "hop_failed"  # an error frame's code
     gap: float = 0.0  # seconds between two frames
     texts: tuple[str, ...] = ()  # the first tokens' text, instead of the fake model's
+    speculated: tuple[int, int] = (0, 0)  # drafts its usage reports sent and accepted
 
 
 @dataclass
@@ -175,7 +176,16 @@ class FakeHeads:
                         ),
                         token_ids=(token_id(position),),
                         finish_reason="length" if done else None,
-                        usage=Usage(PROMPT_TOKENS, position + 1) if done else None,
+                        usage=(
+                            Usage(
+                                PROMPT_TOKENS,
+                                position + 1,
+                                drafted_tokens=behaviour.speculated[0],
+                                accepted_tokens=behaviour.speculated[1],
+                            )
+                            if done
+                            else None
+                        ),
                     )
                 )
             )

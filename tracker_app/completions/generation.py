@@ -51,6 +51,9 @@ class Segment:
     started: float
     produced: int = 0
     cached: int = 0  # prompt tokens its head reported the route did not recompute
+    # Drafts its head reported sending through the route and those accepted (ADR-0028).
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def signature(self) -> str:
@@ -184,6 +187,14 @@ class Generation:
             return 0
         return min(self.segments[-1].cached, self.prompt_tokens)
 
+    @property
+    def speculation(self) -> tuple[int, int]:
+        """Drafts this choice's routes sent and accepted, as their heads reported them."""
+        return (
+            sum(segment.drafted for segment in self.segments),
+            sum(segment.accepted for segment in self.segments),
+        )
+
     def echo(self, frame: ChunkFrame) -> Piece:
         """The prompt itself, given back before the completion (a legacy ``echo``), once:
         with its tokens' logprobs when ``frame`` (the head's first) carries them."""
@@ -211,6 +222,8 @@ class Generation:
             self._check_usage(frame.usage, request_id=request_id)
             self.prompt_tokens = self.prompt_count.billable(frame.usage.prompt_tokens)
             segment.cached = frame.usage.cached_tokens
+            segment.drafted = frame.usage.drafted_tokens
+            segment.accepted = frame.usage.accepted_tokens
         if frame.finish_reason:
             self.finish_reason = frame.finish_reason
         self.logprobs += frame.logprobs

@@ -172,6 +172,7 @@ def head_request(
         echo=params.prompt_scored if echo is None else echo,
         tools=[dict(tool) for tool in params.template_tools],
         prefix_scope=generation.prefix_scope,
+        speculation=params.speculation,
     )
     silence = silence_limit(
         step_timeout=settings.MESHNET_HOP_STEP_TIMEOUT,

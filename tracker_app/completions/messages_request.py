@@ -33,7 +33,7 @@ from typing import Any
 from rest_framework import serializers
 
 from nodes_app.protocol.errors import ProtocolError
-from nodes_app.protocol.generate import stop_sequences
+from nodes_app.protocol.generate import speculation_allowed, stop_sequences
 from nodes_app.protocol.sampling import SAMPLING_VALUES, TOP_K_MAX, TOP_P_MIN, SamplingParams
 from tracker_app.completions.parameters import (
     MAX_MAX_TOKENS,
@@ -44,6 +44,7 @@ from tracker_app.completions.parameters import (
     fields_refuse,
     fields_validate,
     request_fields,
+    speculation_field,
 )
 from tracker_app.completions.structured import UnfollowableFormat, response_format_grammar
 from tracker_app.completions.tools import UnusableTools, conversation, tool_use_parse
@@ -97,6 +98,7 @@ class MessagesRequest(serializers.Serializer[dict[str, Any]]):
     route = serializers.ListField(
         child=serializers.CharField(max_length=64), allow_empty=False, required=False
     )
+    speculation = speculation_field()
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, Mapping):
@@ -351,6 +353,7 @@ def messages_params_parse(body: bytes) -> GenerationParams:
         top_k=given("top_k", 0),
         stop=v.get("stop_sequences") or [],
         route=v.get("route"),
+        speculation=speculation_allowed(v.get("speculation")),
         grammar=use.grammar if use is not None else v.get("output_config"),
         format_param="output_config",
         tool_use=use,

@@ -30,7 +30,12 @@ from meshnet_site.environment import MAX_CHOICES
 from meshnet_site.errors import DomainError, ErrorKind, validation_message
 from nodes_app.protocol.decoding import json_document
 from nodes_app.protocol.errors import ProtocolError
-from nodes_app.protocol.generate import stop_sequences
+from nodes_app.protocol.generate import (
+    SPECULATION_OFF,
+    SPECULATION_ON,
+    speculation_allowed,
+    stop_sequences,
+)
 from nodes_app.protocol.limits import MAX_STOP_LENGTH, MAX_STOPS
 from nodes_app.protocol.sampling import (
     LOGIT_BIAS_MAX,
@@ -215,6 +220,14 @@ class StopSequencesField(serializers.JSONField):
     """``stop``: one sequence or a list of them (:meth:`GenerationFields.validate_stop`)."""
 
 
+def speculation_field() -> serializers.ChoiceField:
+    """A request's ``speculation`` (Meshnet's extension): ``"on"`` (the default) lets the
+    heads speculate where it pays, ``"off"`` asks for plain decoding (ADR-0028)."""
+    return serializers.ChoiceField(
+        choices=[SPECULATION_ON, SPECULATION_OFF], required=False, allow_null=True
+    )
+
+
 class GenerationFields(serializers.Serializer[dict[str, Any]]):
     """The fields both completion endpoints take. OpenAI's optional fields may be null,
     which means their default."""
@@ -254,6 +267,7 @@ class GenerationFields(serializers.Serializer[dict[str, Any]]):
     route = serializers.ListField(
         child=serializers.CharField(max_length=64), allow_empty=False, required=False
     )
+    speculation = speculation_field()
     user = serializers.CharField(required=False, allow_blank=True, allow_null=True)
 
     def validate_stop(self, value: Any) -> list[str]:
@@ -322,6 +336,9 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids increasing
     stop: list[str] = field(default_factory=list)
     route: list[str] | None = None
+    # Whether the heads may speculate (ADR-0028): a request's ``"speculation": "off"``
+    # (Meshnet's extension, like ``route``) asks for plain decoding.
+    speculation: bool = True
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
@@ -400,6 +417,7 @@ def generation_params(
         logit_bias=logit_bias_pairs(v.get("logit_bias")),
         stop=v["stop"],
         route=v.get("route"),
+        speculation=speculation_allowed(v.get("speculation")),
         n=n,
         **more,
     )

@@ -78,7 +78,7 @@ from tracker_app.completions.proxy_terms import (
     Send,
 )
 from tracker_app.completions.recording import RequestRecord
-from tracker_app.completions.shapes import MeshnetRoute, usage_of
+from tracker_app.completions.shapes import MeshnetRoute, MeshnetSpeculation, usage_of
 from tracker_app.completions.slots import SlotWait
 
 
@@ -152,11 +152,18 @@ class CompletionProxy:
         # Choice → the head streaming it now (the ones a passed deadline blames).
         self._streaming: dict[int, str] = {}
 
-    def _meshnet(self) -> MeshnetRoute:
-        """The ``meshnet`` extension field: the route serving the (first) choice now."""
+    def _meshnet(self, *, final: bool = False) -> MeshnetRoute:
+        """The ``meshnet`` extension field: the route serving the (first) choice now;
+        ``final`` (a whole reply) adds every choice's drafts sent and accepted. A stream's
+        ``meshnet`` is its first event's, before any draft."""
         first = self.generations[0] if self.generations else None
         route = first.route.to_dict() if first is not None and first.segments else {}
-        return cast(MeshnetRoute, route)  # RouteDecision.to_dict gives this shape
+        meshnet = cast(MeshnetRoute, route)  # RouteDecision.to_dict gives this shape
+        if final:
+            drafted = sum(generation.speculation[0] for generation in self.generations)
+            accepted = sum(generation.speculation[1] for generation in self.generations)
+            meshnet["speculation"] = MeshnetSpeculation(drafted=drafted, accepted=accepted)
+        return meshnet
 
     async def start(self) -> None:
         """Admit the request (:func:`~tracker_app.completions.admission.admit`): count the
@@ -247,7 +254,9 @@ class CompletionProxy:
         await send(self.answer.finish(last.choice, last.finish_reason, usage, stop))
         if self.params.stream:
             return CompletionResult()
-        return CompletionResult(reply=self.answer.reply(self.generations, usage, self._meshnet()))
+        return CompletionResult(
+            reply=self.answer.reply(self.generations, usage, self._meshnet(final=True))
+        )
 
     def _stop_of(self, generation: Generation) -> str | None:
         """The client's stop sequence that ended ``generation``, kept on it; None when

@@ -26,6 +26,7 @@ from typing import Any
 from rest_framework import serializers
 
 from nodes_app.protocol.errors import ProtocolError
+from nodes_app.protocol.generate import speculation_allowed
 from nodes_app.protocol.limits import DEFAULT_MAX_TOKENS
 from nodes_app.protocol.sampling import (
     SAMPLING_VALUES,
@@ -41,6 +42,7 @@ from tracker_app.completions.parameters import (
     fields_refuse,
     fields_validate,
     request_fields,
+    speculation_field,
 )
 from tracker_app.completions.structured import UnfollowableFormat, response_format_grammar
 from tracker_app.completions.tools import UnusableTools, conversation, tool_use_parse
@@ -94,6 +96,7 @@ class ResponsesRequest(serializers.Serializer[dict[str, Any]]):
     route = serializers.ListField(
         child=serializers.CharField(max_length=64), allow_empty=False, required=False
     )
+    speculation = speculation_field()
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, Mapping):
@@ -273,6 +276,7 @@ def responses_params_parse(body: bytes) -> GenerationParams:
         temperature=given("temperature", 1.0),
         top_p=given("top_p", 1.0),
         route=v.get("route"),
+        speculation=speculation_allowed(v.get("speculation")),
         grammar=use.grammar if use is not None else v.get("text"),
         format_param="text",
         tool_use=use,

@@ -76,12 +76,22 @@ class CompletionUsage(TypedDict):
     prompt_tokens_details: PromptTokensDetails
 
 
+class MeshnetSpeculation(TypedDict):
+    """Speculative decoding's share of the answer (ADR-0028): the drafts the heads sent
+    through their routes, and those accepted (each a delivered token)."""
+
+    drafted: Count
+    accepted: Count
+
+
 class MeshnetRoute(TypedDict):
-    """The route serving the request: signature, how it was chosen, its hops."""
+    """The route serving the request: signature, how it was chosen, its hops; in a
+    whole reply (``stream: false``) also ``speculation``."""
 
     route: str
     mode: Annotated[str, Documented(lambda: serializers.ChoiceField(choices=_MODES))]
     hops: Annotated[list[dict[str, Any]], Documented(lambda: HopOutput(many=True))]
+    speculation: NotRequired[MeshnetSpeculation]
 
 
 _MODES = [str(mode) for mode in DecisionMode]
