@@ -219,17 +219,17 @@ class RouteDriver:
         output.cached_tokens = start
         step_ids = step_ids[start:]
         while output.finish is None:
-            opening = output.produced == 0
-            drafts = [] if opening else self._drafts()
+            prefill = output.produced == 0
+            drafts = [] if prefill else self._drafts()
             began = time.perf_counter()
             try:
-                choice = await self._step(step_ids + drafts, self._tail(opening, drafts))
+                choice = await self._step(step_ids + drafts, self._tail(prefill, drafts))
             except HopFailed as failure:
                 for event in output.failed(failure.hop.node_id, failure.message, failure.code):
                     yield event
                 return
             self._measured(len(step_ids), drafts, choice, time.perf_counter() - began)
-            if opening and request.echo:
+            if prefill and request.echo:
                 # Up to ECHO_MAX_SCORES values to write: built off the event loop.
                 yield await asyncio.to_thread(output.echo, choice)
                 if output.budget <= 0:
