@@ -8,7 +8,10 @@ A ``POST /v1/generate``'s path through this package:
    ``check_grant``).
 2. ``route_driver``: ``prompt_for`` tokenises on the torch thread;
    ``RouteDriver`` opens the head's session and, per step, runs the head's
-   own layers through the engine, then each downstream hop in order.
+   own layers through the engine, then each downstream hop in order. A
+   decode step may be a draft round (ADR-0028): ``drafts`` proposes the
+   tokens (prompt lookup), ``speculation`` how many the route's measured
+   timing and the answer's acceptance say pay.
 3. ``hop_links``: the head's end of one persistent link per hop endpoint
    (``HopLinks``): steps queued in one loop tick leave as one frame, each
    step waits for its own answer within its deadline.

@@ -7,8 +7,11 @@ samples and answers with the token. Steps of different generations that are
 ready together share a frame on each link, but every generation keeps its own
 loop, sessions, cancel and failover. The
 first step is the prefill (the templated prompt plus any resumed tokens); each
-later step sends one position. Every hop keeps its own KV cache for the
-session, freed at the end, on cancel, on failure, and by the idle reaper.
+later step sends one position, or a draft round: the last token and the drafts
+``head.drafts`` proposes, as many as ``head.speculation`` says pay, verified by
+the last hop, every session cut back past the rejected ones (ADR-0028). Every
+hop keeps its own KV cache for the session, freed at the end, on cancel, on
+failure, and by the idle reaper.
 
 Each hop session gets a capability of its own, chosen here; the step that
 opens it carries the tracker's signed plan as well (see ``engine.trust``). A hop's
