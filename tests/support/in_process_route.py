@@ -90,6 +90,24 @@ class InProcessHop:
         return StepAnswer(1, status=204)
 
 
+class OlderHop(InProcessHop):
+    """A hop of a node older than draft rounds: it refuses a step's unknown ``drafts``."""
+
+    def __init__(self, service: NodeService) -> None:
+        super().__init__(service)
+        self.refused = 0
+
+    async def step(
+        self, step: ForwardStep, body: bytes, *, capability: Any, plan: Any, timeout: float
+    ) -> StepAnswer:
+        if step.drafts is not None:
+            self.refused += 1
+            return StepAnswer.refusal(
+                1, RuntimeRequestError("unknown step fields: drafts", code="bad_field")
+            )
+        return await super().step(step, body, capability=capability, plan=plan, timeout=timeout)
+
+
 class InProcessLinks:
     """:class:`HopLinks`' part a head uses, to hops in this process by endpoint."""
 

@@ -335,8 +335,9 @@ class NodeService:
     async def rewind(self, session: Session, position: int) -> None:
         """Settle ``session``'s draft round: its state cut back to ``position`` (ADR-0028).
 
-        ``position`` is where the session's next step starts: past the round's
-        first position and at most its last. K/V forgets the rejected positions
+        ``position`` is where the session's next step starts: from the round's
+        first position (none kept: a hop after this one refused the round) to past
+        its last. K/V forgets the rejected positions
         (a length); linear-attention states go back to the round's start and
         recompute the kept positions from the round's input — the same layers
         on the same inputs, so the state is the one decoding them would hold.
@@ -346,7 +347,7 @@ class NodeService:
         draft = session.draft_round
         session.draft_round = None
         kv = session.cache
-        if draft is None or not draft.position < position <= session.position:
+        if draft is None or not draft.position <= position <= session.position:
             raise RuntimeRequestError(
                 f"session {session.session_id} is at position {session.position}, not {position}",
                 code="position_mismatch",
@@ -358,7 +359,8 @@ class NodeService:
             kv.truncate(position)
         else:
             kv.truncate(draft.position)
-            await self.compute(lambda: self._recompute(session, draft, position))
+            if position > draft.position:
+                await self.compute(lambda: self._recompute(session, draft, position))
         session.position = position
 
     def _recompute(self, session: Session, draft: DraftRound, position: int) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -65,6 +66,14 @@ logger = logging.getLogger("meshnet.node")
 
 # How long the head waits for a hop to answer the cancel of a session.
 CANCEL_SECONDS = 5.0
+
+
+class RoundRefused(Exception):
+    """A hop refused a draft round's fields (``bad_field``): it does not take rounds."""
+
+    def __init__(self, hop: PlanHop) -> None:
+        super().__init__(hop.node_id)
+        self.hop = hop
 
 
 class HopFailed(Exception):
@@ -231,6 +240,8 @@ class RouteDriver:
                 for event in output.failed(failure.hop.node_id, failure.message, failure.code):
                     yield event
                 return
+            if not self.speculating:
+                drafts = []  # a hop refused the round: the step ran plainly
             self._measured(len(step_ids), drafts, choice, time.perf_counter() - began)
             if prefill and request.echo:
                 # Up to ECHO_MAX_SCORES values to write: built off the event loop.
@@ -298,15 +309,30 @@ class RouteDriver:
         head's session (every hop's is cut by the next step's position)."""
         session = self.session
         position = session.position
-        choice = await self._through_route(token_ids, tail)
+        try:
+            choice = await self._through_route(token_ids, tail)
+        except RoundRefused as refused:
+            # A hop that does not take draft rounds (a node older than them): this
+            # generation decodes plainly from here, every session cut back to the round's
+            # start (those that ran it, by the plain step's position).
+            logger.info("hop %s refused a draft round: speculation off", refused.hop.node_id)
+            self.speculating = False
+            await self._rewind(position)
+            plain = dataclasses.replace(tail, drafts=())
+            return await self._through_route(token_ids[: len(token_ids) - len(tail.drafts)], plain)
         if tail.drafts:
-            async with session.lock:
-                try:
-                    await self.service.rewind(session, position + 1 + choice.accepted)
-                except Exception as error:
-                    logger.exception("the head's own rollback failed")
-                    raise HopFailed(self.request.hops[0], "the head's own step failed") from error
+            await self._rewind(position + 1 + choice.accepted)
         return choice
+
+    async def _rewind(self, position: int) -> None:
+        """Cut this head's session back to ``position`` after a draft round."""
+        session = self.session
+        async with session.lock:
+            try:
+                await self.service.rewind(session, position)
+            except Exception as error:
+                logger.exception("the head's own rollback failed")
+                raise HopFailed(self.request.hops[0], "the head's own step failed") from error
 
     async def _through_route(self, token_ids: list[int], tail: TailRequest) -> Choice:
         """One position (or the prefill, or a draft round) through every hop; the last
@@ -380,6 +406,9 @@ class RouteDriver:
                 logger.warning("hop %s: %s", hop.node_id, error)
                 # The head's own words (a status, a close code), never the hop's text.
                 raise HopFailed(hop, str(error)) from error
+            if answer.status == 400 and tail.drafts and answer.code == "bad_field":
+                _status_of(hop, answer, answer.code)
+                raise RoundRefused(hop)
             if answer.status != 200:
                 code = relayable_code(answer.code)
                 # A hop refusing non-finite input blames whoever computed it.

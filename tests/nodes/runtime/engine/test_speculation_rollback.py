@@ -138,7 +138,7 @@ def test_a_round_cut_back_after_any_position_holds_what_plain_decoding_holds(
     service = service_of(directory, 0 if side == "head" else 1)
 
     async def run() -> None:
-        for kept in range(1, len(ROUND) + 1):
+        for kept in range(len(ROUND) + 1):
             spec = Stepper(service, f"spec-{kept}")
             plain = Stepper(service, f"plain-{kept}")
             await spec.step(PROMPT)
@@ -177,8 +177,8 @@ def test_a_hop_refuses_a_position_outside_the_round_it_ran(checkpoints: dict[str
     async def run() -> None:
         hop = Stepper(service, "hop")
         await hop.step(PROMPT)
-        # The round's own first position (its token must be kept), and one past its end.
-        for offset in (0, len(ROUND) + 1):
+        # Before the round's start, and one past its end.
+        for offset in (-1, len(ROUND) + 1):
             await hop.step(ROUND[:1], ROUND[1:])
             assert hop.session is not None
             start = hop.session.position - len(ROUND)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.checkpoints import LAYERS, tiny_checkpoint
-from tests.support.in_process_route import FixedTimings, InProcessRoute
+from tests.support.in_process_route import FixedTimings, InProcessRoute, OlderHop
 from tests.support.sse import completion
 
 PROMPT = "the mesh runs the layers; " * 4 + "the mesh"
@@ -95,3 +95,24 @@ def test_a_measured_route_answers_as_plain_decoding_whatever_it_chooses(
     measured = completion(route.generate(route.body(PROMPT, max_tokens=24)))
 
     assert measured[1] == plain[1]
+
+
+def test_a_hop_that_refuses_draft_rounds_gets_plain_steps_and_the_same_answer(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    directory = tiny_checkpoint("llama", tmp_path_factory.mktemp("older") / "llama")
+    three = InProcessRoute(directory, [(0, 1), (2, 3), (4, LAYERS - 1)])
+    try:
+        plain = completion(three.generate(three.body(PROMPT, max_tokens=16, speculation="off")))
+        older = OlderHop(three.services[2])
+        three.links.hops[three.endpoints[2]] = older
+
+        _, ids, last = completion(
+            three.generate(three.body(PROMPT, max_tokens=16), timings=FixedTimings())
+        )
+    finally:
+        three.close()
+
+    assert ids == plain[1]
+    assert older.refused == 1
+    assert "drafted_tokens" not in last["usage"]
