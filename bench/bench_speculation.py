@@ -64,7 +64,8 @@ def decode(hops: list[dict[str, Any]], text: str, **extra: Any) -> tuple[float, 
         "plan": {"model": MODEL, "hops": hops},
         **extra,
     }
-    tokens, first, usage = 0, 0.0, {}
+    tokens, first = 0, 0.0
+    usage: dict[str, Any] = {}
     with httpx.stream("POST", f"{hops[0]['endpoint']}/v1/generate", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if not isinstance(chunk := sse_data(line), dict):
