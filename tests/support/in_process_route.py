@@ -156,20 +156,32 @@ class InProcessRoute:
 
     def generate(self, body: dict[str, Any], *, timings: TimingBook | None = None) -> list[Any]:
         """The head's stream for ``body``, as parsed SSE payloads; no session left anywhere."""
+        [frames] = self.generate_together([body], timings=timings)
+        return frames
 
-        async def run() -> list[Any]:
+    def generate_together(
+        self, bodies: Sequence[dict[str, Any]], *, timings: TimingBook | None = None
+    ) -> list[list[Any]]:
+        """Each body's stream, all generated at once (their steps batched where the
+        scheduler batches them); no session left anywhere."""
+
+        async def one(body: dict[str, Any]) -> list[Any]:
             head = self.services[0]
             request = GenerateRequest.parse(body)
             prompt = await prompt_for(head, request)
             links = cast(HopLinks, self.links)
             driver = RouteDriver(head, links, request, prompt, timings=timings)
             lines = [frame.decode() async for frame in driver.stream()]
-            await asyncio.sleep(0.01)  # the hops' cancels, sent in the background
             return sse_frames("".join(lines).splitlines())
 
-        frames = asyncio.run(run())
+        async def run() -> list[list[Any]]:
+            streams = await asyncio.gather(*(one(body) for body in bodies))
+            await asyncio.sleep(0.01)  # the hops' cancels, sent in the background
+            return list(streams)
+
+        streams = asyncio.run(run())
         assert all(len(service.store) == 0 for service in self.services)
-        return frames
+        return streams
 
     def close(self) -> None:
         for service in self.services:

@@ -116,3 +116,20 @@ def test_a_hop_that_refuses_draft_rounds_gets_plain_steps_and_the_same_answer(
     assert ids == plain[1]
     assert older.refused == 1
     assert "drafted_tokens" not in last["usage"]
+
+
+def test_speculating_and_plain_generations_decoding_together_each_get_their_lone_answer(
+    route: InProcessRoute,
+) -> None:
+    bodies = [
+        route.body(PROMPT, max_tokens=20),
+        route.body("a different prompt, which runs plainly", max_tokens=20, speculation="off"),
+        route.body(PROMPT[5:], max_tokens=20),
+    ]
+    alone = [completion(route.generate(body, timings=FixedTimings()))[1] for body in bodies]
+
+    together = route.generate_together(bodies, timings=FixedTimings())
+
+    assert [completion(frames)[1] for frames in together] == alone
+    assert completion(together[0])[2]["usage"]["accepted_tokens"] > 0
+    assert route.services[1].scheduler.batched_steps > 0
