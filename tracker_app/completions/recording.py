@@ -49,6 +49,14 @@ CACHED_PROMPT_TOKENS = Counter(
     "Prompt tokens of billed requests that the routes did not recompute (prefix-cache hits)",
     ["model"],
 )
+# Speculative decoding (ADR-0028): drafts the heads sent through their routes, and
+# those accepted (each a delivered token), of billed requests.
+SPECULATED_TOKENS = Counter(
+    "meshnet_speculated_tokens",
+    "Draft tokens of billed requests the heads sent through their routes (kind: drafted) "
+    "and the last hops accepted (kind: accepted)",
+    ["model", "kind"],
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,9 @@ class Completion:
     work: list[HopWork]
     # Of ``prompt_tokens``, those the routes did not recompute (counted as they are).
     cached_tokens: int = 0
+    # Drafts the choices' heads sent and accepted (ADR-0028).
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @classmethod
     def of(
@@ -97,6 +108,8 @@ class Completion:
             time_to_first_token_ms=None if first_token_after is None else first_token_after * 1000,
             tokens_per_second=completion / elapsed if elapsed > 0 else None,
             work=work_merged(unit for g in generations for unit in g.work()),
+            drafted_tokens=sum(g.speculation[0] for g in generations),
+            accepted_tokens=sum(g.speculation[1] for g in generations),
         )
 
 
@@ -217,6 +230,8 @@ class RequestRecord:
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
             cached_tokens=completion.cached_tokens,
+            drafted_tokens=completion.drafted_tokens,
+            accepted_tokens=completion.accepted_tokens,
             finish_reason=completion.finish_reason,
             time_to_first_token_ms=completion.time_to_first_token_ms,
             tokens_per_second=completion.tokens_per_second,
@@ -282,10 +297,14 @@ def chat_request_complete(
     ended: RequestStatus = RequestStatus.COMPLETED,
     error: str = "",
     cached_tokens: int = 0,
+    drafted_tokens: int = 0,
+    accepted_tokens: int = 0,
 ) -> BillingRecord | None:
     """Mark the request completed (or ``ended`` otherwise: cancelled by a client that
     left mid-stream, with its ``error``) and bill it at ``model``'s prices: its
-    ``cached_tokens`` (of the prompt) at the cached price.
+    ``cached_tokens`` (of the prompt) at the cached price. ``drafted_tokens`` and
+    ``accepted_tokens`` (speculation's, ADR-0028) are counted, not billed: the
+    completion tokens are what was delivered.
 
     None if it was already finished (failed, cancelled or billed before).
     """
@@ -339,6 +358,9 @@ def chat_request_complete(
         )
     if cached_tokens:
         CACHED_PROMPT_TOKENS.labels(model=model.key).inc(min(cached_tokens, prompt_tokens))
+    if drafted_tokens:
+        SPECULATED_TOKENS.labels(model=model.key, kind="drafted").inc(drafted_tokens)
+        SPECULATED_TOKENS.labels(model=model.key, kind="accepted").inc(accepted_tokens)
     return record
 
 

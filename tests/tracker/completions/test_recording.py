@@ -14,6 +14,7 @@ from tracker_app.api_keys.services import api_key_create
 from tracker_app.billing.pricing import HopWork
 from tracker_app.completions.recording import (
     CACHED_PROMPT_TOKENS,
+    SPECULATED_TOKENS,
     chat_request_complete,
     chat_request_fail,
     chat_request_open,
@@ -155,3 +156,41 @@ def test_cached_prompt_tokens_are_recorded_billed_at_the_cached_price_and_counte
     assert record.prompt_charge == Decimal("0.000336")
     assert record.charge == Decimal("0.000336") + Decimal("0.001200")
     assert CACHED_PROMPT_TOKENS.labels(model=smol.key)._value.get() == counted + 96
+
+
+def test_speculations_drafts_are_counted_not_billed(smol: LanguageModel) -> None:
+    request = open_request(smol)
+    plain = chat_request_complete(
+        request_id=open_request(smol).pk,
+        model=smol,
+        prompt_tokens=120,
+        completion_tokens=40,
+        finish_reason="stop",
+        time_to_first_token_ms=80.0,
+        tokens_per_second=15.5,
+        work=[HopWork("head", 0, 14, 160), HopWork("tail", 15, 29, 160)],
+        fee_share=Decimal("0.05"),
+        now=timezone.now(),
+    )
+    drafted = SPECULATED_TOKENS.labels(model=smol.key, kind="drafted")._value.get()
+    accepted = SPECULATED_TOKENS.labels(model=smol.key, kind="accepted")._value.get()
+
+    record = chat_request_complete(
+        request_id=request.pk,
+        model=request.model,
+        prompt_tokens=120,
+        completion_tokens=40,
+        drafted_tokens=30,
+        accepted_tokens=24,
+        finish_reason="stop",
+        time_to_first_token_ms=80.0,
+        tokens_per_second=15.5,
+        work=[HopWork("head", 0, 14, 160), HopWork("tail", 15, 29, 160)],
+        fee_share=Decimal("0.05"),
+        now=timezone.now(),
+    )
+
+    assert record is not None and plain is not None
+    assert record.charge == plain.charge
+    assert SPECULATED_TOKENS.labels(model=smol.key, kind="drafted")._value.get() == drafted + 30
+    assert SPECULATED_TOKENS.labels(model=smol.key, kind="accepted")._value.get() == accepted + 24
