@@ -418,3 +418,20 @@ def test_when_no_route_is_left_the_stream_ends_with_an_error_and_no_charge(
     assert lonely.nodes["only"].node_id in error["message"]
     assert lonely.query("SELECT status FROM tracker_app_chatrequest") == [("failed",)]
     assert not lonely.query("SELECT id FROM tracker_app_billingrecord")
+
+
+def test_speculation_off_answers_the_same_and_a_whole_reply_reports_its_drafts(
+    network: Network,
+) -> None:
+    repetitive = [{"role": "user", "content": "mesh node mesh node mesh node mesh node mesh"}]
+    asked = {"model": TINY, "messages": repetitive, "max_tokens": 17, "temperature": 0}
+
+    on = network.chat(**asked)
+    off = network.chat(**asked, speculation="off")
+
+    assert on.status_code == off.status_code == 200, (on.text, off.text)
+    assert on.json()["choices"] == off.json()["choices"]
+    assert off.json()["meshnet"]["speculation"] == {"drafted": 0, "accepted": 0}
+    drafted = on.json()["meshnet"]["speculation"]
+    assert 0 <= drafted["accepted"] <= drafted["drafted"]
+    assert on.json()["usage"]["completion_tokens"] == off.json()["usage"]["completion_tokens"]
