@@ -16,8 +16,15 @@ import pytest
 from tests.support.checkpoints import LAYERS, tiny_checkpoint
 from tests.support.in_process_route import FixedTimings, InProcessRoute, OlderHop
 from tests.support.sse import completion
+from tracker_app.completions.structured import response_format_grammar
 
 PROMPT = "the mesh runs the layers; " * 4 + "the mesh"
+POINT = {
+    "type": "object",
+    "properties": {"x": {"type": "number"}, "y": {"type": "boolean"}},
+    "required": ["x", "y"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +140,35 @@ def test_speculating_and_plain_generations_decoding_together_each_get_their_lone
     assert [completion(frames)[1] for frames in together] == alone
     assert completion(together[0])[2]["usage"]["accepted_tokens"] > 0
     assert route.services[1].scheduler.batched_steps > 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"frequency_penalty": 0.6, "presence_penalty": 0.4},
+        {"logit_bias": {"101": 3.0}},
+        {
+            "grammar": response_format_grammar(
+                {"type": "json_schema", "json_schema": {"name": "point", "schema": POINT}}
+            )
+        },
+    ],
+    ids=["penalties", "logit-bias", "grammar"],
+)
+def test_a_round_chooses_as_plain_decoding_does_with_the_requests_processors(
+    route: InProcessRoute, fields: dict[str, Any]
+) -> None:
+    plain = answer(route, max_tokens=24, speculation="off", **fields)
+    spoken = answer(route, max_tokens=24, **fields)
+
+    assert spoken[1] == plain[1]
+    assert spoken[2]["choices"][0]["finish_reason"] == plain[2]["choices"][0]["finish_reason"]
+
+
+def test_a_resumed_answer_continues_as_plain_decoding_does(route: InProcessRoute) -> None:
+    _, whole, _ = answer(route, max_tokens=20, speculation="off")
+
+    _, resumed, last = answer(route, max_tokens=20, resume_token_ids=whole[:6])
+
+    assert resumed == whole[6:]
+    assert last["usage"]["completion_tokens"] == 20
