@@ -110,3 +110,23 @@ def test_a_middle_hops_answer_of_another_shape_or_not_finite_is_that_hops_fault(
 
     with pytest.raises(BadAnswer):
         hidden_of(answer, (1, 2, 8))
+
+
+def test_a_draft_rounds_answer_travels_with_the_drafts_it_accepted() -> None:
+    [answer] = decode_answers(encode_answers([StepAnswer.chosen(4, Choice(7, accepted=3))]))
+
+    assert choice_of(answer, vocab=259, logprobs=None, prompt_scores=0, drafts=4) == Choice(
+        7, accepted=3
+    )
+    [none] = decode_answers(encode_answers([StepAnswer.chosen(5, Choice(7))]))
+    assert choice_of(none, vocab=259, logprobs=None, prompt_scores=0, drafts=4).accepted == 0
+
+
+@pytest.mark.parametrize(("accepted", "drafts"), [(5, 4), (-1, 4), (True, 4), (1, 0), ("2", 4)])
+def test_more_accepted_drafts_than_were_sent_are_that_hops_fault(
+    accepted: Any, drafts: int
+) -> None:
+    answer = StepAnswer(1, token_id=7, accepted=accepted)
+
+    with pytest.raises(BadAnswer, match="accepted drafts"):
+        choice_of(answer, vocab=259, logprobs=None, prompt_scores=0, drafts=drafts)
