@@ -143,6 +143,8 @@ GOOD = step_fields(STEP)
         ({"prompt_ids": [1, 2, 3, 4]}, "bad_field"),  # more ids than the step's 3 positions
         ({"prompt_ids": [1, -2]}, "bad_field"),
         ({"generated_ids": "1,2"}, "bad_field"),
+        ({"drafts": [5, 6, 7]}, "bad_field"),  # a round's drafts follow its first position
+        ({"drafts": []}, "bad_field"),
         # An echo answering more logprobs than a head may ask for (ECHO_MAX_SCORES).
         (
             {"shape": [1, 20_000, 8], "prompt_ids": [1] * 20_000, "logprobs": 20},
