@@ -148,13 +148,13 @@ def test_a_heartbeat_without_prefix_cache_figures_records_an_empty_cache(
     client: APIClient, responder: ChallengeResponder
 ) -> None:
     registered = register(client, proven_registration(responder)).json()
-    beat = {"active_sessions": 0, "queue_depth": 0, "prefix_cache_load": 0.5, "prefix_hits": 3}
-    headers = {"HTTP_AUTHORIZATION": f"Bearer {registered['node_token']}"}
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {registered['node_token']}")
     url = f"/api/nodes/{registered['node_id']}/heartbeat"
-    client.post(url, beat, format="json", **headers)
+    beat = {"active_sessions": 0, "queue_depth": 0, "prefix_cache_load": 0.5, "prefix_hits": 3}
+    client.post(url, beat, format="json")
 
     # A node older than the prefix cache sends neither figure.
-    response = client.post(url, {"active_sessions": 1, "queue_depth": 0}, format="json", **headers)
+    response = client.post(url, {"active_sessions": 1, "queue_depth": 0}, format="json")
 
     assert response.status_code == status.HTTP_200_OK, response.content
     node = Node.objects.get(pk=registered["node_id"])
