@@ -59,7 +59,7 @@ def route_choose(
 
     ``prefix`` is what the request's prompt is (its scoped block chain): a route
     whose nodes ``memory`` (the process's by default) believes hold some of it
-    is weighed for the prefill it would save (docs/adr/0028-cache-aware-routing.md).
+    is weighed for the prefill it would save (docs/adr/0029-cache-aware-routing.md).
 
     The decision counts as a session in flight on its route (the load the
     ``thompson-load`` policy weighs) until ``route_sample_record`` or

@@ -1,5 +1,5 @@
 """Where a prompt's prefix is warm, and what prefill costs on each route: the tracker's
-half of cache-aware routing (docs/adr/0028-cache-aware-routing.md).
+half of cache-aware routing (docs/adr/0029-cache-aware-routing.md).
 
 Nodes keep what a cleanly ended session computed, keyed by the prompt's chain
 of block hashes (ADR-0027, ``nodes_app.shared.prefix_chain``); a route starts
@@ -20,6 +20,12 @@ then ``ln(T_cold / T_warm)``: its expected time there computing its whole
 prompt over its expected time computing only what the route does not hold.
 The policy adds it to the route's score (ln tokens/s), so the prefill a route
 would save is weighed against its learned speed and load on one scale.
+
+Several tracker processes share what their routes served: each publishes
+its own recent batches at the route statistics' sync (``routing_app.learning.sync``)
+and takes in its peers' (:meth:`PrefixMemory.export`, :meth:`PrefixMemory.absorb`),
+so a conversation's next turn is routed warm whichever process takes it. The
+times are wall-clock times for that reason. The costs stay each process's own.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nodes_app.protocol.limits import PREFIX_BLOCK_TOKENS
 from routing_app.planning.route_plan import RoutePlan
@@ -41,6 +48,10 @@ from routing_app.planning.route_plan import RoutePlan
 PREFIX_MEMORY_SECONDS = 600.0
 # (node, block) pairs this process remembers: 65,536 is 2 M prompt tokens' worth.
 PREFIX_MEMORY_PAIRS = 65_536
+# What a tracker process served in this many seconds is what it publishes to its peers
+# at each sync (every 5 s): each peer reads every batch at least once, whatever its
+# phase, and reading one twice changes nothing.
+PREFIX_SHARE_SECONDS = 15.0
 # The least weight a new timing gets in a route's cost averages.
 COST_WEIGHT_FLOOR = 0.2
 # A time to first token teaches the prompt token's cost only from a prompt this long
@@ -126,12 +137,15 @@ class PrefixMemory:
     def __init__(
         self,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         seconds: float = PREFIX_MEMORY_SECONDS,
         pairs: int = PREFIX_MEMORY_PAIRS,
     ) -> None:
         self.clock, self.seconds, self.pairs = clock, seconds, pairs
         self._held: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # What this process served itself lately (when, the nodes, the blocks): its peers'
+        # share of the memory.
+        self._served: deque[tuple[float, tuple[str, ...], tuple[str, ...]]] = deque()
         self._routes: dict[tuple[str, str], RouteCosts] = {}
         self._models: dict[str, RouteCosts] = {}
         self._lock = threading.Lock()
@@ -139,14 +153,49 @@ class PrefixMemory:
     def served(self, *, plan: RoutePlan, blocks: Iterable[str]) -> None:
         """``plan``'s route finished a request whose prompt had ``blocks``: each of its
         nodes holds them now (as ``keep`` asked it to)."""
+        blocks = tuple(blocks)
+        if not blocks:
+            return
         now = self.clock()
         with self._lock:
-            for node_id in plan.node_ids:
-                for block in blocks:
-                    self._held[(node_id, block)] = now
-                    self._held.move_to_end((node_id, block))
-            while len(self._held) > self.pairs:
-                self._held.popitem(last=False)
+            self._hold(plan.node_ids, blocks, now)
+            self._served.append((now, plan.node_ids, blocks))
+            self._served_trim(now)
+
+    def _hold(self, node_ids: Iterable[str], blocks: Sequence[str], at: float) -> None:
+        for node_id in node_ids:
+            for block in blocks:
+                pair = (node_id, block)
+                if self._held.get(pair, -math.inf) <= at:
+                    self._held[pair] = at
+                    self._held.move_to_end(pair)
+        while len(self._held) > self.pairs:
+            self._held.popitem(last=False)
+
+    def export(self) -> list[dict[str, Any]]:
+        """What this process's routes served in the last :data:`PREFIX_SHARE_SECONDS`
+        (never what it took in from its peers), as its peers read it."""
+        with self._lock:
+            self._served_trim(self.clock())
+            return [
+                {"at": at, "nodes": list(nodes), "blocks": list(blocks)}
+                for at, nodes, blocks in self._served
+            ]
+
+    def _served_trim(self, now: float) -> None:
+        while self._served and self._served[0][0] < now - PREFIX_SHARE_SECONDS:
+            self._served.popleft()
+
+    def absorb(self, batches: Iterable[dict[str, Any]]) -> None:
+        """Take in the batches other processes exported: their nodes hold those blocks
+        since then (a pair's later time wins, so a batch read twice changes nothing)."""
+        with self._lock:
+            for batch in batches:
+                self._hold(
+                    [str(n) for n in batch["nodes"]],
+                    [str(b) for b in batch["blocks"]],
+                    float(batch["at"]),
+                )
 
     def held(self, plan: RoutePlan, prefix: RequestPrefix) -> int:
         """Leading blocks of ``prefix`` every node of ``plan`` is believed to hold."""

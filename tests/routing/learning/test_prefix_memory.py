@@ -1,4 +1,4 @@
-"""The tracker's memory of warm prefixes (ADR-0028): which nodes hold which prompt blocks,
+"""The tracker's memory of warm prefixes (ADR-0029): which nodes hold which prompt blocks,
 what prompt and answer tokens cost on each route, and a request's warmth there."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import pytest
 
 from routing_app.learning.prefix_memory import (
     MIN_PREFILL_TOKENS,
+    PREFIX_MEMORY_SECONDS,
+    PREFIX_SHARE_SECONDS,
     PrefixMemory,
     RequestPrefix,
     RouteCosts,
@@ -120,3 +122,23 @@ def test_a_request_is_warm_only_on_routes_holding_its_prefix() -> None:
     assert set(warm) == {VIA_A.signature}
     assert warm[VIA_A.signature] == pytest.approx(math.log(8.6 / 3.48))
     assert memory.warmth([VIA_A, VIA_B], asked(0)) == {}
+
+
+def test_a_process_exports_what_its_routes_served_lately_and_a_peer_takes_it_in() -> None:
+    clock = ManualClock()
+    first, second = PrefixMemory(clock=clock), PrefixMemory(clock=clock)
+    first.served(plan=VIA_A, blocks=CHAIN[:4])
+    clock.advance(PREFIX_SHARE_SECONDS + 1)
+    first.served(plan=VIA_A, blocks=CHAIN[:12])
+
+    exported = first.export()
+    second.absorb(exported)
+    second.absorb(exported)  # read twice: nothing changes
+
+    assert [len(batch["blocks"]) for batch in exported] == [12]  # the first batch is old news
+    assert second.held(VIA_A, asked(20)) == 12
+    assert second.export() == []  # what it took in is not its own to publish
+    # A peer's older news never makes a pair look older than it is.
+    second.absorb([{"at": clock.now - 500, "nodes": ["head"], "blocks": list(CHAIN[:12])}])
+    clock.advance(PREFIX_MEMORY_SECONDS - 10)
+    assert second.held(VIA_A, asked(20)) == 12

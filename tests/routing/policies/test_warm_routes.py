@@ -1,4 +1,4 @@
-"""Cache-aware choice (ADR-0028): a request's warmth on a route (the ln speed-up of the
+"""Cache-aware choice (ADR-0029): a request's warmth on a route (the ln speed-up of the
 prefix its nodes hold) weighed with the route's speed and load, by both policies, and by
 ``route_choose`` from what the tracker's prefix memory learned."""
 

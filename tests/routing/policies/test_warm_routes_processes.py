@@ -1,4 +1,4 @@
-"""Cache-aware routing on a real network (ADR-0028): two whole-model nodes of the tiny
+"""Cache-aware routing on a real network (ADR-0029): two whole-model nodes of the tiny
 model, equally fast, and a real tracker. A conversation's turns go back to the node
 holding its history, which answers from its prefix cache."""
 
