@@ -52,6 +52,8 @@ def test_a_conversation_goes_back_to_the_node_holding_its_history(tmp_path: Path
         for question in QUESTIONS + MORE:
             messages.append({"role": "user", "content": question})
             answer = chat(net, messages)
+            # The nodes keep what a session computed as it ends, just after its answer.
+            wait_until(lambda: all(n.health()["active_sessions"] == 0 for n in (left, right)))
             messages.append(
                 {"role": "assistant", "content": answer["choices"][0]["message"]["content"]}
             )
