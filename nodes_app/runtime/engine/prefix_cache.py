@@ -6,9 +6,10 @@ docs/adr/0027-prefix-reuse.md is the design. In short:
   ``PREFIX_BLOCK_TOKENS``; block ``i``'s hash is SHA-256 of block ``i-1``'s
   hash and its ids, the chain seeded with the model and the request's *scope*
   (``nodes_app.shared.prefix_chain``). Only the head sees tokens: it sends the
-  chain to every hop (a *claim*), and each node turns the chain into keys of its own (:func:`local_keys`: the layers it runs, its dtype, the
-  scope its signed plan names), so a hop never holds another range's or
-  another precision's state under a key it would match.
+  chain to every hop (a *claim*), and each node turns the chain into keys of its
+  own (:func:`local_keys`: the layers it runs, its dtype, the scope its signed
+  plan names), so a hop never holds another range's or another precision's
+  state under a key it would match.
 - **Entries.** When a session ends cleanly its :class:`SessionKV` becomes an
   entry (no copy), indexed by the key of every block it holds in full; for
   linear-attention states, only at the positions a snapshot was kept
