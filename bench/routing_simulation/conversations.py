@@ -265,6 +265,24 @@ def cold_work() -> float:
     return statistics.mean(per_count)
 
 
+def reuse_ceiling(seed: int, conversations: int) -> float:
+    """The hit rate were every turn sent where its whole conversation so far is held
+    (the first where its system prompt is): ``converse``'s conversations on ``seed``."""
+    talk = random.Random(seed + 1)
+    prompts = cached = 0
+    for index in range(conversations):
+        talker = conversation(index, talk)
+        held = SYSTEM_TOKENS
+        for user, answer in zip(talker.users, talker.answers, strict=True):
+            prompt = len(talker.tokens) + user
+            claimable = (prompt - 1) // PREFIX_BLOCK_TOKENS
+            cached += min(held // PREFIX_BLOCK_TOKENS, claimable) * PREFIX_BLOCK_TOKENS
+            prompts += prompt
+            talker.say(user + answer)
+            held = prompt + answer - 1
+    return cached / prompts
+
+
 def converse(
     scenario: Scenario, router: Router, seed: int, conversations: int, rate: float
 ) -> ConversationResult:
