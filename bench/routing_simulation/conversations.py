@@ -75,8 +75,9 @@ SCOPE = chain_seed(MODEL_KEY, "sim-conversations")  # one prefix scope for every
 # Stand-in token ids: app a's system prompt is a*SYSTEM_TOKENS onwards, conversation
 # i's messages (i + 1)*ID_STRIDE onwards (fewer than ID_STRIDE tokens each).
 ID_STRIDE = 1_000_000
-# The SGLang router's cache-aware defaults (sgl-router: --balance-abs-threshold 32,
-# --balance-rel-threshold 1.0001, --cache-threshold 0.5).
+# The SGLang router's cache-aware defaults (sgl-router's CacheAwareConfig in 2025:
+# balance_abs_threshold 32, balance_rel_threshold 1.0001, cache_threshold 0.5; its
+# successor SMG ships 64, 1.5 and 0.3).
 BALANCE_ABS = 32
 BALANCE_REL = 1.0001
 CACHE_THRESHOLD = 0.5
@@ -305,7 +306,7 @@ def converse(
     arrivals, talk = random.Random(seed), random.Random(seed + 1)
     due: list[tuple[float, int, Conversation]] = []  # next turns: (when, index, conversation)
     next_arrival = arrivals.expovariate(rate)
-    arrived = 0
+    began, arrived = next_arrival, 0
     ttft: list[float] = []
     latency: list[float] = []
     answer_tokens = prompt_tokens = cached_tokens = 0
@@ -400,5 +401,5 @@ def converse(
             arrived += 1
             next_arrival = now + arrivals.expovariate(rate)
     return ConversationResult(
-        ttft, latency, answer_tokens, prompt_tokens, cached_tokens, max(now, 1e-9)
+        ttft, latency, answer_tokens, prompt_tokens, cached_tokens, now - began
     )
