@@ -380,8 +380,14 @@ CONVERSATION_LOADS: list[tuple[str, float]] = [
 TTFT_TARGET = 0.8  # cache-aware mean time to first token ÷ cache-blind's, at most
 
 
-def pooled_mean(runs: list[ConversationResult], figure: str) -> float:
-    return statistics.mean(value for run in runs for value in getattr(run, figure))
+def mean_ttft(runs: list[ConversationResult]) -> float:
+    """Mean time to first token over every seed's turns."""
+    return statistics.mean(value for run in runs for value in run.ttft)
+
+
+def mean_latency(runs: list[ConversationResult]) -> float:
+    """Mean turn latency over every seed's turns."""
+    return statistics.mean(value for run in runs for value in run.latency)
 
 
 def conversation_section(seeds: int, conversations: int) -> None:
@@ -418,15 +424,13 @@ def conversation_section(seeds: int, conversations: int) -> None:
                 print(
                     f"{name:36} ttft {statistics.mean(ttft):6.2f} "
                     f"p90 {percentile(ttft, 0.9):6.2f}  latency "
-                    f"{pooled_mean(results, 'latency'):6.2f}  "
+                    f"{mean_latency(results):6.2f}  "
                     f"{statistics.mean(run.throughput for run in results):6.1f} tok/s  "
                     f"hit {hit:.3f}"
                 )
             for other in (BLIND, SGLANG):
-                ttft_ratio = pooled_mean(runs[AWARE], "ttft") / pooled_mean(runs[other], "ttft")
-                latency_ratio = pooled_mean(runs[AWARE], "latency") / pooled_mean(
-                    runs[other], "latency"
-                )
+                ttft_ratio = mean_ttft(runs[AWARE]) / mean_ttft(runs[other])
+                latency_ratio = mean_latency(runs[AWARE]) / mean_latency(runs[other])
                 per_seed = [
                     statistics.mean(ours.ttft) / statistics.mean(theirs.ttft)
                     for ours, theirs in zip(runs[AWARE], runs[other], strict=True)
