@@ -5,7 +5,7 @@ Seeded, no network, no database: the policies are ``routing_app``'s own
 nodes are made up. The parts are in ``bench/routing_simulation/``: the
 topologies, the workload, the simulator; this script runs them and reports.
 
-Two parts. The event runs: two topologies (ADR-0020's GPU head + CPU full
+Three parts. The event runs: two topologies (ADR-0020's GPU head + CPU full
 node, and a five-node mesh) whose nodes' *true* speed differs from the
 benchmark they advertise (the prior), with four events. The replica runs
 (ADR-0018): three replicas per stage over two and over three stages, and
@@ -77,8 +77,22 @@ of the all-routes oracle near capacity and ≥ 0.95 at light load (on every
 replica topology). Like the other benchmarks, it prints a target's failure
 and carries on (``make bench`` runs them all).
 
+The conversation runs (``bench/routing_simulation/conversations.py``):
+multi-turn conversations over the replica topologies, whose prompts share a
+system prompt per app and each turn the previous turn's prompt and answer;
+each node keeps a bounded prefix cache and a turn's prefill is its prompt's
+uncached tokens. ``thompson-load`` chooses with the tracker's prefix memory
+(cache-aware) and without it (cache-blind), beside an SGLang-style
+cache-aware router and round-robin, at light load and near capacity (10 %
+and 90 % of the capacity bound, every prompt counted as computed in full).
+Per policy: mean and p90 time to first token, mean turn latency, answer
+tokens/s, the cache hit rate (cached prompt tokens ÷ prompt tokens); then
+cache-aware ÷ cache-blind and ÷ SGLang-style, and the target, pass or fail:
+cache-aware mean time to first token ≤ 0.8 × cache-blind's.
+
 Run: ``.venv/bin/python bench/routing_sim.py [--seeds N] [--requests N] [--quick]
-[--only events|replicas] [--replica-seeds N] [--replica-requests N]``.
+[--only events|replicas|conversations] [--replica-seeds N] [--replica-requests N]
+[--conversation-seeds N] [--conversations N]``.
 """
 
 from __future__ import annotations
@@ -87,10 +101,23 @@ import argparse
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.routing_simulation.conversations import (
+    ConversationResult,
+    Router,
+    cold_work,
+    converse,
+    reuse_ceiling,
+    sglang_style,
+    thompson,
+)
+from bench.routing_simulation.conversations import (
+    round_robin as conversation_round_robin,
+)
 from bench.routing_simulation.simulator import (
     ORACLE,
     ORACLE_CANDIDATES,
@@ -335,23 +362,115 @@ def event_section(seeds: int, requests: int) -> None:
                 )
 
 
+# The conversation runs: routers, loads (share of the capacity bound, every prompt
+# counted as computed in full), the target.
+AWARE = "thompson-load, cache-aware (ours)"
+BLIND = "thompson-load, cache-blind"
+SGLANG = "SGLang-style cache-aware"
+CONVERSATION_ROUTERS: list[tuple[str, Callable[[], Router]]] = [
+    (BLIND, lambda: thompson(cache_aware=False)),
+    (AWARE, lambda: thompson(cache_aware=True)),
+    (SGLANG, lambda: sglang_style),
+    (ROUND_ROBIN, conversation_round_robin),
+]
+CONVERSATION_LOADS: list[tuple[str, float]] = [
+    ("light (10% of the bound)", 0.1),
+    ("near capacity (90% of the bound)", 0.9),
+]
+TTFT_TARGET = 0.8  # cache-aware mean time to first token ÷ cache-blind's, at most
+
+
+def mean_ttft(runs: list[ConversationResult]) -> float:
+    """Mean time to first token over every seed's turns."""
+    return statistics.mean(value for run in runs for value in run.ttft)
+
+
+def mean_latency(runs: list[ConversationResult]) -> float:
+    """Mean turn latency over every seed's turns."""
+    return statistics.mean(value for run in runs for value in run.latency)
+
+
+def conversation_section(seeds: int, conversations: int) -> None:
+    """The conversation runs, their ratios and the target, pass or fail."""
+    print(
+        f"\nconversations: seeds 1-{seeds} x {conversations} conversations per setting; "
+        "columns (turns of every seed pooled): mean and p90 time to first token (s), "
+        "mean turn latency (s), answer tokens/s over the run, cache hit rate "
+        "(cached prompt tokens ÷ prompt tokens)"
+    )
+    ceiling = statistics.mean(reuse_ceiling(seed, conversations) for seed in range(1, seeds + 1))
+    print(
+        f"hit rate were every turn sent where its conversation is held: {ceiling:.3f} "
+        "(a turn computes at least its new message and the block it ends in)"
+    )
+    rows: list[tuple[str, float]] = []
+    for scenario in REPLICA_SCENARIOS:
+        bound = Network(scenario).capacity_bound()
+        print(f"\n== {scenario.name}")
+        for label, utilisation in CONVERSATION_LOADS:
+            rate = utilisation * bound / cold_work()
+            runs = {
+                name: [
+                    converse(scenario, router(), seed, conversations, rate)
+                    for seed in range(1, seeds + 1)
+                ]
+                for name, router in CONVERSATION_ROUTERS
+            }
+            print(f"-- {label}, {rate:.3f} conversations/s")
+            for name, _ in CONVERSATION_ROUTERS:
+                results = runs[name]
+                ttft = [value for run in results for value in run.ttft]
+                hit = sum(r.cached_tokens for r in results) / sum(r.prompt_tokens for r in results)
+                print(
+                    f"{name:36} ttft {statistics.mean(ttft):6.2f} "
+                    f"p90 {percentile(ttft, 0.9):6.2f}  latency "
+                    f"{mean_latency(results):6.2f}  "
+                    f"{statistics.mean(run.throughput for run in results):6.1f} tok/s  "
+                    f"hit {hit:.3f}"
+                )
+            for other in (BLIND, SGLANG):
+                ttft_ratio = mean_ttft(runs[AWARE]) / mean_ttft(runs[other])
+                latency_ratio = mean_latency(runs[AWARE]) / mean_latency(runs[other])
+                per_seed = [
+                    statistics.mean(ours.ttft) / statistics.mean(theirs.ttft)
+                    for ours, theirs in zip(runs[AWARE], runs[other], strict=True)
+                ]
+                print(
+                    f"    cache-aware ÷ {other}: mean ttft {ttft_ratio:.3f} "
+                    f"[{min(per_seed):.3f}-{max(per_seed):.3f}], "
+                    f"mean latency {latency_ratio:.3f}"
+                )
+                if other == BLIND:
+                    rows.append((f"{scenario.short}, {label}", ttft_ratio))
+    print("\ntargets, cache-aware mean time to first token ÷ cache-blind's:")
+    for what, figure in rows:
+        verdict = "pass" if figure <= TTFT_TARGET else "FAIL"
+        print(f"    {what:45} {figure:6.3f}  <= {TTFT_TARGET:.2f}  {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Routing policy simulator")
     parser.add_argument("--seeds", type=int, default=5, help="per seed set (tuning, held-out)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="3 seeds x 1000 requests")
     parser.add_argument(
-        "--only", choices=("events", "replicas"), help="run one part (default: both)"
+        "--only",
+        choices=("events", "replicas", "conversations"),
+        help="run one part (default: all three)",
     )
     parser.add_argument("--replica-seeds", type=int, default=2, help="seeds 1..N")
     parser.add_argument("--replica-requests", type=int, default=1000)
+    parser.add_argument("--conversation-seeds", type=int, default=3, help="seeds 1..N")
+    parser.add_argument("--conversations", type=int, default=150, help="per run")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.requests = 3, 1000
-    if args.only != "replicas":
+    if args.only in (None, "events"):
         event_section(args.seeds, args.requests)
-    if args.only != "events":
+    if args.only in (None, "replicas"):
         replica_section(args.replica_seeds, args.replica_requests)
+    if args.only in (None, "conversations"):
+        conversation_section(args.conversation_seeds, args.conversations)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The node side of Meshnet, in three parts that import one way.
 
 - The registry (this package's own modules: models, registration and
-  heartbeat API, services, liveness, adding models, topology epochs,
+  heartbeat API, services, liveness, adding models, topology epochs, the
+  nodes' Prometheus series,
   ``runnode``) runs in the tracker, under Django.
 - What both sides import: ``nodes_app.protocol`` (the wire's declarations,
   standard library only) and ``nodes_app.shared`` (catalogue, families,

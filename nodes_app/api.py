@@ -23,6 +23,7 @@ from nodes_app.protocol.limits import TRACKER_KEY_ALGORITHM
 from nodes_app.protocol.registration import (
     DEFAULT_PRECISION,
     MAX_LAYERS,
+    MAX_REPORTED_PREFIX_HITS,
     MAX_REPORTED_QUEUE_DEPTH,
     MAX_REPORTED_SESSIONS,
     MAX_REPORTED_TPS,
@@ -74,6 +75,8 @@ class NodeOutput(serializers.ModelSerializer[Node]):
             "measured_tps",
             "queue_depth",
             "active_sessions",
+            "prefix_cache_load",
+            "prefix_hits",
             "reputation",
             "status",
             "registered_at",
@@ -196,6 +199,21 @@ class HeartbeatNodeApi(APIView):
         queue_depth = serializers.IntegerField(min_value=0, max_value=MAX_REPORTED_QUEUE_DEPTH)
         measured_tps = serializers.FloatField(
             min_value=0.0, max_value=MAX_REPORTED_TPS, default=0.0
+        )
+        # The prefix cache (ADR-0027) as the node's open health page shows it; nodes
+        # older than the cache do not send them.
+        prefix_cache_load = serializers.FloatField(
+            min_value=0.0,
+            max_value=1.0,
+            default=0.0,
+            help_text="Share of the node's KV budget its prefix cache holds, rounded up to a "
+            "quarter",
+        )
+        prefix_hits = serializers.IntegerField(
+            min_value=0,
+            max_value=MAX_REPORTED_PREFIX_HITS,
+            default=0,
+            help_text="Prefix-cache hits since the node started",
         )
 
     @extend_schema(

@@ -50,6 +50,8 @@ def node_row(node: Node) -> dict[str, Any]:
         "measured_tps": node.measured_tps,
         "active_sessions": node.active_sessions,
         "queue_depth": node.queue_depth,
+        "prefix_cache_load": node.prefix_cache_load,
+        "prefix_hits": node.prefix_hits,
         "reputation": node.reputation,
         "status": node.status,
         "registered_at": node.registered_at.timestamp(),
@@ -66,7 +68,8 @@ def nodes_announce(node_ids: Iterable[str]) -> None:
 
 def node_heartbeat_announce(node: Node, *, visible_change: bool) -> None:
     """Announce a heartbeat: at once when it changed what the dashboard shows
-    (status, sessions, queue), else at most every ``HEARTBEAT_ANNOUNCE_SECONDS``."""
+    (status, sessions, queue, prefix-cache load), else at most every
+    ``HEARTBEAT_ANNOUNCE_SECONDS`` (a hit alone waits for that)."""
     now = time.monotonic()
     with _heartbeats_lock:
         last = _heartbeats_announced.get(node.pk)

@@ -133,6 +133,15 @@ class Node(models.Model):
     )
     queue_depth = models.PositiveIntegerField(default=0)
     active_sessions = models.PositiveIntegerField(default=0)
+    prefix_cache_load = models.FloatField(
+        default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Share of its KV budget its prefix cache holds, rounded up to a quarter "
+        "(heartbeats; ADR-0027)",
+    )
+    prefix_hits = models.PositiveBigIntegerField(
+        default=0, help_text="Prefix-cache hits since the node started (heartbeats)"
+    )
     reputation = models.FloatField(
         default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
     )

@@ -244,11 +244,13 @@ def node_heartbeat(
     active_sessions: int,
     queue_depth: int,
     measured_tps: float,
+    prefix_cache_load: float,
+    prefix_hits: int,
     now: datetime,
     gate: EndpointGate,
 ) -> Node:
-    """Record live load. A node marked offline comes back online (a join) once its
-    endpoint proves itself again through ``gate``.
+    """Record live load and the node's prefix-cache figures. A node marked offline comes
+    back online (a join) once its endpoint proves itself again through ``gate``.
 
     Raises ``NodeBanned`` for a banned node; ``EndpointNotAllowed`` or
     ``EndpointUnproven`` (the node stays offline) for one whose endpoint fails.
@@ -277,13 +279,16 @@ def node_heartbeat(
             active_sessions=active_sessions,
             queue_depth=queue_depth,
             measured_tps=measured_tps,
+            prefix_cache_load=prefix_cache_load,
+            prefix_hits=prefix_hits,
             last_heartbeat_at=now,
         )
         if rejoined:
             topology_epoch_bump(model=node.model, reason=f"join: {node.id}")
-    visible = rejoined or (node.active_sessions, node.queue_depth) != (
+    visible = rejoined or (node.active_sessions, node.queue_depth, node.prefix_cache_load) != (
         active_sessions,
         queue_depth,
+        prefix_cache_load,
     )
     node.refresh_from_db()
     node_heartbeat_announce(node, visible_change=visible)

@@ -67,6 +67,16 @@ class RouteOutput(serializers.Serializer[dict[str, Any]]):
     samples = serializers.IntegerField()
     weight = serializers.FloatField(help_text="Decayed sample mass")
     status = serializers.ChoiceField(choices=ROUTE_STATUSES)
+    prompt_token_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="Seconds a prompt token takes to compute on the route, as this tracker "
+        "learned it (its model's routes' until the route has its own): what a cached prefix "
+        "saves, weighed by cache-aware routing",
+    )
+    answer_token_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="Seconds an answer token takes after the first on the route, learned alike",
+    )
 
 
 @extend_schema_serializer(component_name="ModelRouting")

@@ -5,11 +5,12 @@ The chat proxy's calls: ``route_choose`` before it opens the stream;
 ``route_session_open`` each time it (re)sends a stream on a decision,
 ``route_session_touch`` as tokens arrive and ``route_session_close`` when the
 stream ends any way (the session lifecycle: only live streams are a route's
-load); ``route_sample_record`` when the stream completes (a failed hop's node
-is banned through ``routing_app.exclusions.bans``). Each reads the policy from the
-settings at call time and uses the process's ``route_stats_store()`` unless
-given another store. The reads (candidates, the routing table, the placement
-plan) are ``routing_app.selectors``'.
+load); ``route_sample_record`` and ``route_prefix_served`` when the stream
+completes (a failed hop's node is banned through ``routing_app.exclusions.bans``).
+Each reads the policy from the settings at call time and uses the process's
+``route_stats_store()`` (and ``prefix_memory()``) unless given another. The
+reads (candidates, the routing table, the placement plan) are
+``routing_app.selectors``'.
 
 ``placement_rate_limit_check`` counts one anonymous ``/api/nodes/placement``
 query against its address's window, as registrations are counted.
@@ -29,6 +30,7 @@ from nodes_app.models import LanguageModel
 from nodes_app.registration_limit import WINDOW_SECONDS, client_network
 from nodes_app.selectors import topology_epoch_current
 from routing_app import selectors
+from routing_app.learning.prefix_memory import NO_PREFIX, PrefixMemory, RequestPrefix, prefix_memory
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.learning.tracker_store import route_stats_store
 from routing_app.planning.pinned import plan_pinned_route
@@ -50,8 +52,14 @@ def route_choose(
     store: RouteStatsStore | None = None,
     config: RoutePolicyConfig | None = None,
     load: RouteLoad | None = None,
+    prefix: RequestPrefix = NO_PREFIX,
+    memory: PrefixMemory | None = None,
 ) -> RouteDecision:
     """The route for one chat request: the pinned node ids' plan, or the policy's choice.
+
+    ``prefix`` is what the request's prompt is (its scoped block chain): a route
+    whose nodes ``memory`` (the process's by default) believes hold some of it
+    is weighed for the prefill it would save (docs/adr/0029-cache-aware-routing.md).
 
     The decision counts as a session in flight on its route (the load the
     ``thompson-load`` policy weighs) until ``route_sample_record`` or
@@ -87,9 +95,11 @@ def route_choose(
         raise NoRouteAvailable(model.key, _coverage_gap(model))
     policy = (config or RoutePolicyConfig.from_settings()).route_policy()
     rng = rng or _route_rng
+    warm = (memory or prefix_memory()).warmth(plans, prefix)
 
     def choose(loads: LoadSnapshot) -> RouteDecision:
-        picked = policy.choose(store.views(plans=plans, epoch=epoch), rng=rng, loads=loads)
+        views = store.views(plans=plans, epoch=epoch)
+        picked = policy.choose(views, rng=rng, loads=loads, warm=warm)
         if picked is None:
             raise NoRouteAvailable(model.key, _kept_out_reason(plans, store))
         arm, mode = picked
@@ -191,6 +201,32 @@ def route_sample_record(
         epoch=decision.epoch,
         output_tokens=output_tokens,
         tokens_per_second=output_tokens / elapsed_seconds,
+    )
+
+
+def route_prefix_served(
+    *,
+    decision: RouteDecision,
+    prefix: RequestPrefix,
+    cached_tokens: int,
+    first_token_seconds: float | None,
+    output_tokens: int,
+    elapsed_seconds: float,
+    memory: PrefixMemory | None = None,
+) -> None:
+    """A request whose prompt is ``prefix`` completed on ``decision``'s route: its nodes
+    hold the prompt's blocks now, and its timings teach the route's costs (the prompt
+    tokens it computed, ``cached_tokens`` fewer than the prompt's, before its first token
+    after ``first_token_seconds``, when known; ``output_tokens`` in
+    ``elapsed_seconds``)."""
+    memory = memory or prefix_memory()
+    memory.served(plan=decision.plan, blocks=prefix.blocks)
+    memory.timed(
+        plan=decision.plan,
+        prompt_computed=prefix.prompt_tokens - cached_tokens,
+        first_token_seconds=first_token_seconds,
+        output_tokens=output_tokens,
+        seconds=elapsed_seconds,
     )
 
 

@@ -7,9 +7,11 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django_prometheus.exports import ExportToDjangoView
+from prometheus_client import generate_latest
 
 from meshnet_site.errors import DomainError, ErrorKind, http_error
 from meshnet_site.metrics_access import metrics_refusal
+from nodes_app.metrics import NODE_FIGURES
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus metrics, for ``Authorization: Bearer <MESHNET_METRICS_TOKEN>`` when a
+    """Prometheus metrics (the processes' own, then the nodes' figures,
+    ``nodes_app.metrics``), for ``Authorization: Bearer <MESHNET_METRICS_TOKEN>`` when a
     token is set, else for a direct loopback client only (``meshnet_site.metrics_access``)."""
     refusal = metrics_refusal(
         token=settings.MESHNET_METRICS_TOKEN,
@@ -53,6 +56,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if refusal is not None:
         return _refusal(refusal)
     response: HttpResponse = ExportToDjangoView(request)
+    # The nodes' figures come from the registry, not from this process's metrics (or
+    # every process's, in multiprocess mode): appended as families of their own.
+    response.content += generate_latest(NODE_FIGURES)
     return response
 
 

@@ -1,4 +1,4 @@
-"""The routing simulator's parts: topologies, workload and simulator.
+"""The routing simulator's parts: topologies, workload, simulator and conversations.
 
 ``bench/routing_sim.py`` runs them and reports.
 """

@@ -13,6 +13,7 @@ from nodes_app.protocol.errors import ProtocolError
 MAX_REPORTED_SESSIONS = 100_000
 MAX_REPORTED_QUEUE_DEPTH = 1_000_000
 MAX_REPORTED_TPS = 1_000_000.0
+MAX_REPORTED_PREFIX_HITS = 10**15
 MAX_LAYERS = 10_000
 
 # A node's precision (runnode --dtype / --quantize), reported at registration as

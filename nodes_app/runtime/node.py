@@ -38,7 +38,7 @@ from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.hop.link_guard import LinkPolicy
 from nodes_app.runtime.loading.shard import LoadedShard, load_shard
-from nodes_app.runtime.server import NodeIdentity, create_app
+from nodes_app.runtime.server import NodeIdentity, create_app, public_health
 from nodes_app.runtime.tracker_client import (
     NodeAnnouncement,
     RegistrationError,
@@ -323,11 +323,14 @@ async def _serve_joined(
         if stop.is_set() or tracker is None or registration is None:
             continue
         try:
+            health = public_health(service.health())
             code = await tracker.heartbeat(
                 registration,
                 active_sessions=len(service.store),
                 queue_depth=service.queued,
                 tps=service.meter.tps or service.benchmark_tps,
+                prefix_cache_load=health["prefix_cache_load"],
+                prefix_hits=health["prefix_hits"],
             )
             if code in (401, 404):
                 registration = await tracker.register(announcement)

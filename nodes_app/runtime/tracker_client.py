@@ -15,7 +15,11 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodes_app.protocol.limits import TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
-from nodes_app.protocol.registration import DEFAULT_PRECISION, MAX_REPORTED_TPS
+from nodes_app.protocol.registration import (
+    DEFAULT_PRECISION,
+    MAX_REPORTED_PREFIX_HITS,
+    MAX_REPORTED_TPS,
+)
 from nodes_app.shared.signing import public_key_from_hex, sign_registration, wallet_of
 
 
@@ -136,14 +140,22 @@ class TrackerClient:
         active_sessions: int,
         queue_depth: int,
         tps: float,
+        prefix_cache_load: float,
+        prefix_hits: int,
     ) -> int:
-        """The tracker's status code (401/404 means it forgot this node: register again)."""
+        """The tracker's status code (401/404 means it forgot this node: register again).
+
+        ``prefix_cache_load`` and ``prefix_hits``: the prefix cache as the node's
+        open health page shows it (``server.public_health``).
+        """
         response = await self.client.post(
             f"{self.base}/{registration.node_id}/heartbeat",
             json={
                 "active_sessions": active_sessions,
                 "queue_depth": queue_depth,
                 "measured_tps": round(_reportable_tps(tps), 3),
+                "prefix_cache_load": prefix_cache_load,
+                "prefix_hits": min(prefix_hits, MAX_REPORTED_PREFIX_HITS),
             },
             headers=self._auth(registration),
         )

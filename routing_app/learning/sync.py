@@ -4,7 +4,8 @@
 it writes the arms that took samples to the archive (``routing_app.learning.durable``)
 and takes in its news (the arms the prune job deleted, the routes the probe
 quarantines), then, with Redis (``routing_app.learning.redis_merge``), publishes this
-tracker's own arms, bans and timed quarantines and takes in its peers'.
+tracker's own arms, bans, timed quarantines and recently served prefixes
+(``routing_app.learning.prefix_memory``) and takes in its peers'.
 ``routing_app.learning.tracker_store`` runs it periodically in a daemon thread.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from routing_app.learning.arms import ArmKey, ArmState, PrunedState
+from routing_app.learning.prefix_memory import PrefixMemory
 from routing_app.learning.stats import RouteStatsStore
 
 
@@ -48,7 +50,9 @@ class ArmArchive(Protocol):
 
 class StatsSync:
     """Syncs ``store`` with its ``archive`` (the database) and ``exchange`` (Redis), each
-    optional: with neither, the store is ADR-0021's single tracker."""
+    optional: with neither, the store is ADR-0021's single tracker. Through the
+    exchange the process's ``prefixes`` (where requests' prefixes are warm, ADR-0029)
+    are shared too."""
 
     def __init__(
         self,
@@ -56,10 +60,12 @@ class StatsSync:
         *,
         archive: ArmArchive | None = None,
         exchange: ArmExchange | None = None,
+        prefixes: PrefixMemory | None = None,
     ) -> None:
         self.store = store
         self.archive = archive
         self.exchange = exchange
+        self.prefixes = prefixes
 
     def restore(self) -> int:
         """Take back the arms this tracker wrote to its archive before it restarted.
@@ -92,6 +98,10 @@ class StatsSync:
             payloads = self.exchange.exchange(self.export())
             arms.absorb(payload.get("arms", []) for payload in payloads)
             exclusions.absorb(payloads)
+            if self.prefixes is not None:
+                self.prefixes.absorb(
+                    batch for payload in payloads for batch in payload.get("prefixes", [])
+                )
         if failure is not None:
             raise failure
 
@@ -101,7 +111,10 @@ class StatsSync:
 
     def export(self) -> dict[str, Any]:
         """This tracker's own state (never what it merged in), as its peers read it."""
-        return {"arms": self.store.arms.export(), **self.store.exclusions.export()}
+        own: dict[str, Any] = {"arms": self.store.arms.export(), **self.store.exclusions.export()}
+        if self.prefixes is not None:
+            own["prefixes"] = self.prefixes.export()
+        return own
 
     def _archive_sync(self, archive: ArmArchive) -> None:
         arms = self.store.arms

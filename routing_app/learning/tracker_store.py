@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from routing_app.learning.durable import DatabaseArmArchive
+from routing_app.learning.prefix_memory import prefix_memory
 from routing_app.learning.redis_merge import RedisArmExchange
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.learning.sync import StatsSync
@@ -105,7 +106,12 @@ def stats_sync_from_settings() -> StatsSync:
         # Publishing under the tracker's stable id, a restarted tracker replaces
         # its old publication instead of meeting its own past as a peer.
         exchange = RedisArmExchange(client=client, ttl=PEER_TTL_SECONDS, process_id=name)
-    sync = StatsSync(RouteStatsStore.from_config(config), archive=archive, exchange=exchange)
+    sync = StatsSync(
+        RouteStatsStore.from_config(config),
+        archive=archive,
+        exchange=exchange,
+        prefixes=prefix_memory(),
+    )
     try:
         restored = sync.restore()
     except Exception:  # no database yet: learn from scratch, the sync retries writing

@@ -10,11 +10,12 @@ policy keeps (kept-out arms never chosen, the greedy fallback) are
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from routing_app.learning.arms import ArmStatus, ArmView, least_measured
-from routing_app.policies.base import Pick, RoutePolicy
+from routing_app.policies.base import NO_WARMTH, Pick, RoutePolicy
 from routing_app.policies.choice import DecisionMode
 from routing_app.policies.load import LoadSnapshot
 
@@ -22,12 +23,18 @@ from routing_app.policies.load import LoadSnapshot
 SCOUTABLE = frozenset({ArmStatus.UNSAMPLED, ArmStatus.STALE, ArmStatus.DECAYED})
 
 
-def _exploit_weights(proven: Sequence[ArmView], alpha: float) -> list[float]:
-    """tps^alpha, scaled by the fastest arm's so a large alpha cannot overflow."""
-    fastest = max((arm.tps or 0.0 for arm in proven), default=0.0)
+def _exploit_weights(
+    proven: Sequence[ArmView], alpha: float, warm: Mapping[str, float] = NO_WARMTH
+) -> list[float]:
+    """tps^alpha, each tps sped up by its route's ``warm`` (ln) for this request, scaled
+    by the fastest so a large alpha cannot overflow."""
+    speeds = [
+        max(arm.tps or 0.0, 0.0) * math.exp(warm.get(arm.plan.signature, 0.0)) for arm in proven
+    ]
+    fastest = max(speeds, default=0.0)
     if fastest <= 0:
         return [0.0] * len(proven)
-    return [(max(arm.tps or 0.0, 0.0) / fastest) ** alpha for arm in proven]
+    return [(speed / fastest) ** alpha for speed in speeds]
 
 
 class Adr0021Policy(RoutePolicy):
@@ -37,14 +44,20 @@ class Adr0021Policy(RoutePolicy):
         self.explore_share = explore_share
         self.weight_alpha = weight_alpha
 
-    def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
+    def _choose(
+        self,
+        eligible: Sequence[ArmView],
+        rng: random.Random,
+        loads: LoadSnapshot,
+        warm: Mapping[str, float],
+    ) -> Pick:
         proven = [arm for arm in eligible if arm.status is ArmStatus.PROVEN]
         if rng.random() < self.explore_share:
             pool = [i for i, arm in enumerate(eligible) if arm.status in SCOUTABLE]
             target = least_measured(eligible, pool)
             if target is not None:
                 return Pick(eligible[target], DecisionMode.SCOUT)
-        weights = _exploit_weights(proven, self.weight_alpha)
+        weights = _exploit_weights(proven, self.weight_alpha, warm)
         total = sum(weights)
         if total <= 0.0:
             return Pick(proven[0], DecisionMode.EXPLOIT)

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from routing_app.learning.arms import ArmStatus, ArmView
 from routing_app.policies.choice import DecisionMode
 from routing_app.policies.load import NO_LOAD, LoadSnapshot
 from routing_app.policies.priors import cold_pick
+
+# No route holds any of the request's prefix (or it has none).
+NO_WARMTH: Mapping[str, float] = {}
 
 
 class Pick(NamedTuple):
@@ -51,19 +54,28 @@ class RoutePolicy(ABC):
     """How requests are spread over a model's candidate routes."""
 
     def choose(
-        self, arms: Sequence[ArmView], *, rng: random.Random, loads: LoadSnapshot = NO_LOAD
+        self,
+        arms: Sequence[ArmView],
+        *,
+        rng: random.Random,
+        loads: LoadSnapshot = NO_LOAD,
+        warm: Mapping[str, float] = NO_WARMTH,
     ) -> Pick | None:
         """The pick among ``arms`` (best prior first) and how it was made; ``None`` when
         every arm is kept out. With no proven arm: the first eligible one.
 
-        ``loads`` are the sessions in flight (``thompson-load`` weighs them).
+        ``loads`` are the sessions in flight (``thompson-load`` weighs them);
+        ``warm``, by route signature, how much faster (ln) this request would run
+        on a route for the prefix its nodes hold
+        (``routing_app.learning.prefix_memory``): an exploiting pick weighs it with
+        the route's speed. A scout measures a route whatever it holds.
         """
         eligible = [arms[i] for i in _eligible(arms)]
         if not eligible:
             return None
         if not _any_proven(eligible):
             return self._cold_start(eligible, rng, loads)
-        return self._choose(eligible, rng, loads)
+        return self._choose(eligible, rng, loads, warm)
 
     def shares(
         self, arms: Sequence[ArmView], *, loads: LoadSnapshot = NO_LOAD, include_scout: bool = True
@@ -110,8 +122,15 @@ class RoutePolicy(ABC):
         return [1.0 if i == best else 0.0 for i in range(len(eligible))]
 
     @abstractmethod
-    def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
-        """The pick among ``eligible`` (none kept out, some proven)."""
+    def _choose(
+        self,
+        eligible: Sequence[ArmView],
+        rng: random.Random,
+        loads: LoadSnapshot,
+        warm: Mapping[str, float],
+    ) -> Pick:
+        """The pick among ``eligible`` (none kept out, some proven), ``warm`` as
+        ``choose`` takes it."""
 
     @abstractmethod
     def _shares(

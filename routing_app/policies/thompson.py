@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 
 from routing_app.learning.arms import EFFECTIVE_SAMPLES_CAP, ArmStatus, ArmView, sample_added
 from routing_app.planning.route_plan import RoutePlan
-from routing_app.policies.base import Pick, RoutePolicy
+from routing_app.policies.base import NO_WARMTH, Pick, RoutePolicy
 from routing_app.policies.choice import DecisionMode
 from routing_app.policies.load import LoadSnapshot, Pace
 from routing_app.policies.priors import NodeModel, route_priors
@@ -208,10 +208,14 @@ class ThompsonLoadPolicy(RoutePolicy):
         return None
 
     def _beliefs(
-        self, eligible: Sequence[ArmView], loads: LoadSnapshot
+        self,
+        eligible: Sequence[ArmView],
+        loads: LoadSnapshot,
+        warm: Mapping[str, float] = NO_WARMTH,
     ) -> list[tuple[float, float]]:
         """Each arm's (score mean, spread): its belief, or its prior when it has no
-        measurement under this topology, less its load penalty."""
+        measurement under this topology, less its load penalty, plus its ``warm``th for
+        the request (the ln speed-up of the prefix its nodes hold)."""
         model = NodeModel(eligible)
         priors = route_priors(eligible, model)
         at_nodes = sessions_at_nodes(eligible, loads)
@@ -223,25 +227,39 @@ class ThompsonLoadPolicy(RoutePolicy):
                 mean, spread = belief(arm, paces, self.min_sample_tokens, nodes)
             else:
                 mean, spread = prior
-            scores.append((mean - self.load_penalty(arm, at_nodes), spread))
+            bonus = warm.get(arm.plan.signature, 0.0)
+            scores.append((mean - self.load_penalty(arm, at_nodes) + bonus, spread))
         return scores
 
-    def _draw(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
+    def _draw(
+        self,
+        eligible: Sequence[ArmView],
+        rng: random.Random,
+        loads: LoadSnapshot,
+        warm: Mapping[str, float] = NO_WARMTH,
+    ) -> Pick:
         """The arm with the highest draw; a pick of an unmeasured arm measures it (scout)."""
         best, best_score = 0, -math.inf
-        for i, (mean, spread) in enumerate(self._beliefs(eligible, loads)):
+        for i, (mean, spread) in enumerate(self._beliefs(eligible, loads, warm)):
             score = rng.normalvariate(mean, spread)
             if score > best_score:
                 best, best_score = i, score
         arm = eligible[best]
         return Pick(arm, DecisionMode.EXPLOIT if arm.status in MEASURED else DecisionMode.SCOUT)
 
-    def _choose(self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot) -> Pick:
-        """A due scout, else the highest draw of (belief or prior) less the load penalty."""
+    def _choose(
+        self,
+        eligible: Sequence[ArmView],
+        rng: random.Random,
+        loads: LoadSnapshot,
+        warm: Mapping[str, float],
+    ) -> Pick:
+        """A due scout, else the highest draw of (belief or prior) less the load penalty
+        plus the request's warmth."""
         target = self._scout_target(eligible, loads)
         if target is not None:
             return Pick(eligible[target], DecisionMode.SCOUT)
-        return self._draw(eligible, rng, loads)
+        return self._draw(eligible, rng, loads, warm)
 
     def _cold_start(
         self, eligible: Sequence[ArmView], rng: random.Random, loads: LoadSnapshot

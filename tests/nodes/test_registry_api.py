@@ -126,14 +126,39 @@ def test_a_heartbeat_with_the_node_token_records_live_load(
 
     response = client.post(
         f"/api/nodes/{registered['node_id']}/heartbeat",
-        {"active_sessions": 2, "queue_depth": 1, "measured_tps": 31.5},
+        {
+            "active_sessions": 2,
+            "queue_depth": 1,
+            "measured_tps": 31.5,
+            "prefix_cache_load": 0.25,
+            "prefix_hits": 7,
+        },
         format="json",
         HTTP_AUTHORIZATION=f"Bearer {registered['node_token']}",
     )
 
     assert response.status_code == status.HTTP_200_OK, response.content
+    assert (response.json()["prefix_cache_load"], response.json()["prefix_hits"]) == (0.25, 7)
     node = Node.objects.get(pk=registered["node_id"])
     assert (node.active_sessions, node.queue_depth, node.measured_tps) == (2, 1, 31.5)
+    assert (node.prefix_cache_load, node.prefix_hits) == (0.25, 7)
+
+
+def test_a_heartbeat_without_prefix_cache_figures_records_an_empty_cache(
+    client: APIClient, responder: ChallengeResponder
+) -> None:
+    registered = register(client, proven_registration(responder)).json()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {registered['node_token']}")
+    url = f"/api/nodes/{registered['node_id']}/heartbeat"
+    beat = {"active_sessions": 0, "queue_depth": 0, "prefix_cache_load": 0.5, "prefix_hits": 3}
+    client.post(url, beat, format="json")
+
+    # A node older than the prefix cache sends neither figure.
+    response = client.post(url, {"active_sessions": 1, "queue_depth": 0}, format="json")
+
+    assert response.status_code == status.HTTP_200_OK, response.content
+    node = Node.objects.get(pk=registered["node_id"])
+    assert (node.active_sessions, node.prefix_cache_load, node.prefix_hits) == (1, 0.0, 0)
 
 
 def test_it_refuses_a_heartbeat_with_a_wrong_token(

@@ -33,6 +33,11 @@ def registered(client: APIClient, responder: ChallengeResponder) -> tuple[str, s
         ("queue_depth", -1),
         ("measured_tps", 1e308),
         ("measured_tps", 10**400),
+        ("prefix_cache_load", 1.25),
+        ("prefix_cache_load", -0.25),
+        ("prefix_cache_load", "full"),
+        ("prefix_hits", -1),
+        ("prefix_hits", 10**20),
     ],
 )
 def test_a_heartbeat_with_an_absurd_number_is_a_400_naming_it(

@@ -1,4 +1,5 @@
-"""``manage.py runnode`` against a real tracker process: register, heartbeat, serve, leave."""
+"""``manage.py runnode`` against a real tracker process: register, heartbeat (with the
+prefix cache's figures), serve, leave."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from tests.support.nodes import generate_body, read_stream, runnode
 from tests.support.plans import signed, tracker_key
 from tests.support.sse import completion
 from tracker_app.localnet import wait_until
+
+# Byte-level tokens: a prompt of several blocks of 32 (ADR-0027).
+LONG = "You are a careful assistant. Answer briefly and cite nothing. " * 4
 
 
 def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
@@ -45,16 +49,20 @@ def test_nodes_register_heartbeat_serve_and_deregister_on_sigterm(
             )
         )
 
-        body = generate_body([(head, 0, 1), (tail, 2, 3)], max_tokens=8)
-        frames = read_stream(head.endpoint, signed(body, tracker_key(tracker.key_file)))
-        assert completion(frames)[2]["usage"]["completion_tokens"] == 8
+        # The same long prompt twice in one scope: the second run's hops start past
+        # the cached blocks, and the tail's heartbeats tell the tracker.
+        for _ in range(2):
+            body = generate_body([(head, 0, 1), (tail, 2, 3)], content=LONG, max_tokens=8)
+            body["plan"]["prefix_scope"] = "key:runnode"
+            frames = read_stream(head.endpoint, signed(body, tracker_key(tracker.key_file)))
+            assert completion(frames)[2]["usage"]["completion_tokens"] == 8
+            wait_until(lambda: tail.health()["active_sessions"] == 0)
         wait_until(
-            lambda: (
-                tracker.query(
-                    "SELECT measured_tps FROM nodes_app_node WHERE id = %s", tail.node_id
-                )[0][0]
-                > 0
-            )
+            lambda: tracker.query(
+                "SELECT measured_tps > 0 AND prefix_cache_load > 0 AND prefix_hits > 0 "
+                "FROM nodes_app_node WHERE id = %s",
+                tail.node_id,
+            )[0][0]
         )
 
         head.process.signal(signal.SIGTERM)

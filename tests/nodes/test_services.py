@@ -88,6 +88,8 @@ def test_a_swept_node_that_heartbeats_again_rejoins_with_an_epoch_bump() -> None
         active_sessions=0,
         queue_depth=0,
         measured_tps=0.0,
+        prefix_cache_load=0.0,
+        prefix_hits=0,
         now=timezone.now(),
         gate=isolated_gate(),
     )

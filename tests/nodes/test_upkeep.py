@@ -62,13 +62,13 @@ def test_a_node_taken_offline_comes_back_by_heartbeat_only_once_it_proves_again(
     with pytest.raises(EndpointUnproven):
         node_heartbeat(
             node=offline, active_sessions=0, queue_depth=0, measured_tps=1.0,
-            now=timezone.now(), gate=failing,
+            prefix_cache_load=0.0, prefix_hits=0, now=timezone.now(), gate=failing,
         )  # fmt: skip
     assert status("flaky") == "offline"
 
     node_heartbeat(
         node=offline, active_sessions=0, queue_depth=0, measured_tps=1.0,
-        now=timezone.now(), gate=isolated_gate(),
+        prefix_cache_load=0.0, prefix_hits=0, now=timezone.now(), gate=isolated_gate(),
     )  # fmt: skip
     assert status("flaky") == "online"
 

@@ -1,5 +1,5 @@
-"""Routing test fixtures: a manual clock, a fresh route-stats store per test and an
-empty load book for every test."""
+"""Routing test fixtures: a manual clock, a fresh route-stats store per test, and an
+empty load book and prefix memory for every test."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from routing_app.learning import prefix_memory
+from routing_app.learning.prefix_memory import PrefixMemory
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.policies import load
 from routing_app.policies.load import RouteLoad
@@ -31,4 +33,13 @@ def load_book(monkeypatch: pytest.MonkeyPatch) -> RouteLoad:
     """An empty process-wide load book, so no test sees another's sessions in flight."""
     fresh = RouteLoad()
     monkeypatch.setattr(load, "_route_load", fresh)
+    return fresh
+
+
+@pytest.fixture(autouse=True)
+def warm_prefixes(monkeypatch: pytest.MonkeyPatch, clock: ManualClock) -> PrefixMemory:
+    """An empty process-wide prefix memory on the test's clock: no test sees another's
+    warm routes."""
+    fresh = PrefixMemory(clock=clock)
+    monkeypatch.setattr(prefix_memory, "_prefix_memory", fresh)
     return fresh

@@ -13,7 +13,8 @@ from rest_framework.test import APIClient
 
 from nodes_app.services import topology_epoch_bump
 from routing_app.learning.arms import DEFAULT_SAMPLE_SPREAD, SAMPLE_SPREAD_BOUNDS
-from routing_app.services import route_choose, route_sample_record
+from routing_app.learning.prefix_memory import RequestPrefix
+from routing_app.services import route_choose, route_prefix_served, route_sample_record
 from tests.support.routing import make_model, make_node
 from tracker_app.api_keys.services import api_key_create
 
@@ -30,6 +31,8 @@ ROUTE_KEYS = {
     "samples",
     "weight",
     "status",
+    "prompt_token_seconds",
+    "answer_token_seconds",
 }
 
 
@@ -122,6 +125,26 @@ def test_it_shows_how_far_the_models_requests_stray_from_their_routes_speed(mixe
         route_sample_record(decision=decision, output_tokens=40, elapsed_seconds=seconds)
 
     assert table(mixed.key)["models"][0]["sample_spread"] == SAMPLE_SPREAD_BOUNDS[0]
+
+
+def test_it_shows_what_a_prompt_and_an_answer_token_cost_on_each_route(mixed, store):
+    decision = route_choose(model=mixed, rng=random.Random(1))
+    assert {r["prompt_token_seconds"] for r in routes_of(mixed).values()} == {None}
+    route_prefix_served(
+        decision=decision,
+        prefix=RequestPrefix(blocks=(), prompt_tokens=500, output_tokens=64),
+        cached_tokens=100,
+        first_token_seconds=2.0,
+        output_tokens=41,
+        elapsed_seconds=6.0,
+    )
+
+    served = routes_of(mixed)[decision.plan.signature]
+    assert served["prompt_token_seconds"] == pytest.approx(2.0 / 400)
+    assert served["answer_token_seconds"] == pytest.approx(4.0 / 40)
+    # The model's other routes borrow its figures until they have their own.
+    others = routes_of(mixed).values()
+    assert {round(r["prompt_token_seconds"], 9) for r in others} == {round(2.0 / 400, 9)}
 
 
 def test_it_marks_routes_measured_before_a_topology_change_as_stale(mixed, store):

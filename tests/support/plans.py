@@ -37,10 +37,11 @@ def signed_plan(
     max_positions: int = GENEROUS_POSITIONS,
     ends_at: float | None = None,
     idle_seconds: int = GENEROUS_SECONDS,
+    prefix_scope: str = "",
 ) -> SignedPlan:
     """A plan signed by ``key`` with a fresh nonce; ``expires_at`` defaults to a minute
     from now; what its sessions may hold, to generous bounds (``ends_at``: ten minutes
-    from now)."""
+    from now); ``prefix_scope``: whose prefix cache its sessions share (none unless set)."""
     now = time.time()
     plan = SignedPlan(
         request_id=request_id,
@@ -51,6 +52,7 @@ def signed_plan(
         max_positions=max_positions,
         ends_at=int(now + GENEROUS_SECONDS if ends_at is None else ends_at),
         idle_seconds=idle_seconds,
+        prefix_scope=prefix_scope,
     )
     return dataclasses.replace(plan, signature=sign_plan(key, plan.signed_fields()))
 
@@ -58,7 +60,8 @@ def signed_plan(
 def signed(
     body: dict[str, Any], key: Ed25519PrivateKey, *, expires_at: float | None = None
 ) -> dict[str, Any]:
-    """``body`` (a ``/v1/generate`` body) with its plan signed by ``key``, as a tracker would."""
+    """``body`` (a ``/v1/generate`` body) with its plan signed by ``key``, as a tracker would
+    (its ``prefix_scope`` too, when the body's plan names one)."""
     request = GenerateRequest.parse(body)
     plan = signed_plan(
         key,
@@ -66,6 +69,7 @@ def signed(
         model=request.model,
         hops=body["plan"]["hops"],
         expires_at=expires_at,
+        prefix_scope=body["plan"].get("prefix_scope", ""),
     )
     return {**body, "plan": {**body["plan"], **seal_of(plan)}}
 

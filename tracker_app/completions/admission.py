@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from meshnet_site.database import database_call
 from nodes_app.models import LanguageModel
 from nodes_app.services import language_model_template_fault
+from nodes_app.shared.prefix_chain import chain_seed
 from routing_app.policies.choice import RouteDecision
 from routing_app.services import route_choose, route_session_close
 from tracker_app.api_keys.in_flight import KeyShare
@@ -55,6 +56,7 @@ async def admit(
     model: LanguageModel,
     share: KeyShare,
     record: RequestRecord,
+    prefix_scope: str,
     abandoned: Callable[[RouteDecision], None],
 ) -> Admitted:
     """Count the prompts, take the key's ``share``, choose the route and open the
@@ -71,7 +73,9 @@ async def admit(
     # deletes it on release (deleting a row never written is harmless).
     share.claim()
     admission = asyncio.ensure_future(
-        database_call(admit_here)(params=params, model=model, share=share, record=record)
+        database_call(admit_here)(
+            params=params, model=model, share=share, record=record, prefix_scope=prefix_scope
+        )
     )
     try:
         admitted = await asyncio.shield(admission)
@@ -92,11 +96,16 @@ def admit_here(
     model: LanguageModel,
     share: KeyShare,
     record: RequestRecord,
+    prefix_scope: str = "",
 ) -> Admitted:
     """What :func:`admit` does, on this (database) thread: the prompts' counts (the
-    tokenizer, off the event loop) and the route chosen; the key's lease and the
-    request's record are written. Whatever fails gives back what was taken before it.
+    tokenizer, off the event loop) and the route chosen, weighing where the first
+    prompt's prefix is warm in ``prefix_scope`` (none without one); the key's lease and
+    the request's record are written. Whatever fails gives back what was taken before it.
     """
+    # An echo scores every prompt position: its route neither claims nor keeps a prefix.
+    reuses = prefix_scope and not params.prompt_scored
+    prefix_seed = chain_seed(model.key, prefix_scope) if reuses else ""
     try:
         counts = [
             prompt_tokens_count(
@@ -104,6 +113,7 @@ def admit_here(
                 prompt=prompt,
                 max_tokens=params.max_tokens,
                 tools=params.template_tools,
+                prefix_seed=prefix_seed,
             )
             for prompt in params.prompts
         ]
@@ -120,7 +130,9 @@ def admit_here(
     )
     share.take_here(kv_tokens=kv_reservation(params, [count.tokens for count in counts]))
     try:
-        decision = route_choose(model=model, pinned=params.route)
+        decision = route_choose(
+            model=model, pinned=params.route, prefix=counts[0].route_prefix(params.max_tokens)
+        )
     except BaseException:
         share.release_here()
         raise

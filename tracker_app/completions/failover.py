@@ -67,7 +67,10 @@ class Failover:
                 f"Node {failure.node_id} failed mid-generation ({failure.message}); "
                 f"no failover ({why})"
             )
-        return await database_call(route_choose)(model=self.model)
+        # The replay's prompt starts as the first send's did: a route holding it is warm.
+        asked = generation.sent.max_tokens if generation.sent is not None else 0
+        prefix = generation.prompt_count.route_prefix(asked - len(generation.token_ids))
+        return await database_call(route_choose)(model=self.model, prefix=prefix)
 
     def _ban(self, generation: Generation, failure: HopFailure) -> None:
         banned_at = self._banned_at.get(failure.node_id)

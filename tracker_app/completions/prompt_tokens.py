@@ -32,6 +32,7 @@ from llguidance import LLTokenizer
 from meshnet_site.errors import DomainError, ErrorKind
 from nodes_app.protocol.limits import ECHO_MAX_SCORES, echo_scores
 from nodes_app.shared.grammar import grammar_problem, grammar_words
+from nodes_app.shared.prefix_chain import block_hashes
 from nodes_app.shared.prompting import (
     TemplateOverBudget,
     TemplateRefused,
@@ -39,6 +40,7 @@ from nodes_app.shared.prompting import (
     text_token_ids,
 )
 from nodes_app.shared.tokenization import ModelText, TokenizerUnavailable, model_text_load
+from routing_app.learning.prefix_memory import RequestPrefix
 from tracker_app.completions.parameters import InvalidRequest, Prompt
 
 logger = logging.getLogger(__name__)
@@ -66,10 +68,19 @@ class ChatTemplateOverBudget(DomainError):
 
 @dataclass(frozen=True)
 class PromptCount:
-    """The tracker's count of a prompt: ``exact``, or an upper bound from the body."""
+    """The tracker's count of a prompt: ``exact``, or an upper bound from the body; and,
+    counted in a prefix scope, its chain of block hashes (what routing knows of it)."""
 
     tokens: int
     exact: bool
+    blocks: tuple[str, ...] = ()
+
+    def route_prefix(self, output_tokens: int) -> RequestPrefix:
+        """The prompt as the route choice weighs it, for an answer of at most
+        ``output_tokens``."""
+        return RequestPrefix(
+            blocks=self.blocks, prompt_tokens=self.tokens, output_tokens=output_tokens
+        )
 
     def billable(self, reported: int) -> int:
         """The prompt tokens to bill when the head reported ``reported``."""
@@ -86,9 +97,12 @@ def prompt_tokens_count(
     prompt: Prompt,
     max_tokens: int,
     tools: Sequence[Mapping[str, Any]] = (),
+    prefix_seed: str = "",
 ) -> PromptCount:
     """Count ``prompt`` (chat messages, with the ``tools`` a template that renders tool
-    calls describes; or a legacy completion's text) for the model at ``weight_source``.
+    calls describes; or a legacy completion's text) for the model at ``weight_source``;
+    with a ``prefix_seed`` (the request's scoped ``chain_seed``) the count carries the
+    prompt's block chain, as the head will claim it.
 
     Raises :class:`~tracker_app.completions.parameters.InvalidRequest` (the template rejects the
     messages, a text prompt of no tokens) or :class:`ContextLengthExceeded`
@@ -116,7 +130,8 @@ def prompt_tokens_count(
             f"The prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
             f"model's context of {text.context_length} tokens"
         )
-    return PromptCount(tokens=len(ids), exact=True)
+    blocks = tuple(block_hashes(prefix_seed, ids)) if prefix_seed else ()
+    return PromptCount(tokens=len(ids), exact=True, blocks=blocks)
 
 
 @lru_cache(maxsize=32)

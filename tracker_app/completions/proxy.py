@@ -181,6 +181,7 @@ class CompletionProxy:
             model=self.model,
             share=self.share,
             record=self.record,
+            prefix_scope=self.prefix_scope,
             abandoned=self.finish.route_abandoned,
         )
         self.finish.started = self.settings.clock()

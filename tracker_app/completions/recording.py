@@ -29,7 +29,7 @@ from meshnet_site.database import database_call, through_outage
 from nodes_app.models import LanguageModel
 from routing_app.exclusions.bans import node_bans_clear
 from routing_app.policies.choice import RouteDecision
-from routing_app.services import route_sample_record
+from routing_app.services import route_prefix_served, route_sample_record
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.billing.pricing import HopWork, invoice, work_merged
 from tracker_app.completions.generation import Generation
@@ -186,9 +186,23 @@ class RequestRecord:
         await through_outage(lambda: database_call(bill_and_keep)(), sleep=self.sleep)
         if share is not None:
             share.released()
-        last = generations[0].segments[-1]
+        first = generations[0]
+        last = first.segments[-1]
         route_sample_record(
             decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
+        )
+        route_prefix_served(
+            decision=last.decision,
+            prefix=first.prompt_count.route_prefix(last.produced),
+            cached_tokens=first.cached_tokens,
+            # From the request's opening: its route's own only if it never moved.
+            first_token_seconds=(
+                None
+                if completion.time_to_first_token_ms is None or len(first.segments) > 1
+                else completion.time_to_first_token_ms / 1000
+            ),
+            output_tokens=last.produced,
+            elapsed_seconds=now - last.started,
         )
         node_bans_clear(node_ids=sorted({n for g in generations for n in g.route.plan.node_ids}))
 

@@ -4,12 +4,12 @@ docs/adr/0027-prefix-reuse.md is the design. In short:
 
 - **Blocks and the chain.** A prompt's token ids are cut into blocks of
   ``PREFIX_BLOCK_TOKENS``; block ``i``'s hash is SHA-256 of block ``i-1``'s
-  hash and its ids (:func:`block_hashes`), the chain seeded with the model and
-  the request's *scope* (:func:`chain_seed`). Only the head sees tokens: it
-  sends the chain to every hop (a *claim*), and each node turns the chain
-  into keys of its own (:func:`local_keys`: the layers it runs, its dtype, the
-  scope its signed plan names), so a hop never holds another range's or
-  another precision's state under a key it would match.
+  hash and its ids, the chain seeded with the model and the request's *scope*
+  (``nodes_app.shared.prefix_chain``). Only the head sees tokens: it sends the
+  chain to every hop (a *claim*), and each node turns the chain into keys of its
+  own (:func:`local_keys`: the layers it runs, its dtype, the scope its signed
+  plan names), so a hop never holds another range's or another precision's
+  state under a key it would match.
 - **Entries.** When a session ends cleanly its :class:`SessionKV` becomes an
   entry (no copy), indexed by the key of every block it holds in full; for
   linear-attention states, only at the positions a snapshot was kept
@@ -31,29 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodes_app.protocol.limits import PREFIX_BLOCK_TOKENS, PREFIX_HASH_HEX
+from nodes_app.protocol.limits import PREFIX_BLOCK_TOKENS
 from nodes_app.runtime.engine.kv import SessionKV
-
-_CHAIN_VERSION = b"meshnet-prefix/1"
-
-
-def chain_seed(model: str, scope: str, block: int = PREFIX_BLOCK_TOKENS) -> str:
-    """The hash a request's chain starts from: its model, scope and block size."""
-    raw = b"|".join((_CHAIN_VERSION, model.encode(), scope.encode(), str(block).encode()))
-    return hashlib.sha256(raw).hexdigest()[:PREFIX_HASH_HEX]
-
-
-def block_hashes(
-    seed: str, token_ids: Sequence[int], block: int = PREFIX_BLOCK_TOKENS
-) -> list[str]:
-    """One hash per full block of ``token_ids``: each covers every token before its end."""
-    hashes: list[str] = []
-    previous = seed
-    for first in range(0, len(token_ids) - block + 1, block):
-        ids = ",".join(map(str, token_ids[first : first + block]))
-        previous = hashlib.sha256(f"{previous}:{ids}".encode()).hexdigest()[:PREFIX_HASH_HEX]
-        hashes.append(previous)
-    return hashes
 
 
 def local_keys(

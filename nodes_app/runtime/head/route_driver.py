@@ -49,7 +49,7 @@ from nodes_app.protocol.limits import (
 )
 from nodes_app.protocol.signed_plan import PlanHop
 from nodes_app.runtime.engine.core import NodeService
-from nodes_app.runtime.engine.prefix_cache import Hit, agreed, block_hashes, chain_seed
+from nodes_app.runtime.engine.prefix_cache import Hit, agreed
 from nodes_app.runtime.engine.sampler import TailRequest
 from nodes_app.runtime.engine.trust import capability_hash, new_capability
 from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
@@ -60,6 +60,7 @@ from nodes_app.runtime.head.output import OutputProcessor
 from nodes_app.runtime.head.speculation import DraftPolicy, TimingBook
 from nodes_app.runtime.wire.entries import Choice, ForwardStep, StepAnswer
 from nodes_app.shared.grammar import grammar_problem
+from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, text_token_ids
 
 logger = logging.getLogger("meshnet.node")

@@ -169,10 +169,6 @@ def _torchao_int8() -> tuple[Any, Any]:
     """
     with _quiet("torchao", "torch.utils._pytree"):
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-        # What transformers imports of torchao as it builds a model: torchao's prototypes.
-        with contextlib.suppress(ImportError):
-            import transformers.integrations.torchao  # noqa: F401
     return quantize_, Int8WeightOnlyConfig()
 
 
@@ -187,8 +183,3 @@ def _quiet(*names: str) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-# transformers imports torchao whenever it builds a model and torchao is
-# installed: import it first, quietly, so a node's log stays its own.
-_torchao_int8()

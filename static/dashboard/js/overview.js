@@ -1,6 +1,6 @@
 // Overview: per model, the layer-coverage bar and the nodes table, live.
 
-import { $, badge, duration, frameScheduler, h, int, num, shortId, STATE_TONES } from "./dom.js";
+import { $, badge, duration, frameScheduler, h, int, num, pct, shortId, STATE_TONES } from "./dom.js";
 
 export function mountOverview(state) {
   const root = $("models");
@@ -217,6 +217,8 @@ function nodesTable(state, nodes, ages) {
         { class: "num", title: `${node.queue_depth} queued` },
         `${int(node.active_sessions)}${node.queue_depth ? ` (+${node.queue_depth} queued)` : ""}`,
       ),
+      prefixCacheCell(node),
+      h("td", { class: "num", dataset: { field: "prefix-hits" } }, int(node.prefix_hits)),
       h("td", {}, badge(nodeState, STATE_TONES[nodeState])),
       ageCell,
     );
@@ -237,10 +239,27 @@ function nodesTable(state, nodes, ages) {
         h("th", {}, "Precision"),
         h("th", { class: "num" }, "Benchmark tok/s"),
         h("th", { class: "num" }, "Sessions in use"),
+        h("th", { class: "num" }, "Prefix cache"),
+        h("th", { class: "num" }, "Prefix hits"),
         h("th", {}, "Status"),
         h("th", { class: "num" }, "Last heartbeat"),
       ),
     ),
     h("tbody", {}, rows),
+  );
+}
+
+// A node reports its prefix cache's share of its KV budget rounded up to a quarter
+// (ADR-0027), so a non-zero figure is an upper bound.
+function prefixCacheCell(node) {
+  const load = node.prefix_cache_load;
+  return h(
+    "td",
+    {
+      class: "num",
+      dataset: { field: "prefix-cache" },
+      title: "share of the node's KV budget its prefix cache holds, rounded up to a quarter",
+    },
+    load > 0 ? `≤ ${pct(load)}` : pct(load),
   );
 }

@@ -12,6 +12,7 @@ import redis
 from django.test import override_settings
 
 from routing_app.learning.arms import ArmStatus
+from routing_app.learning.prefix_memory import PrefixMemory, RequestPrefix
 from routing_app.learning.redis_merge import RedisArmExchange
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.learning.sync import StatsSync
@@ -167,6 +168,28 @@ def test_it_shares_quarantines_between_trackers(client, prefix):
     assert second.store.exclusions.banned_nodes() == frozenset({"bad-node"})
     clock.advance(121.0)
     assert second.store.exclusions.banned_nodes() == frozenset()
+
+
+def test_a_conversation_is_warm_on_its_route_for_every_tracker(client, prefix):
+    """What one tracker's route served, its peers know at their next sync (ADR-0029)."""
+    clock = ManualClock()
+    first, second = (
+        StatsSync(
+            RouteStatsStore(half_life=600.0, clock=clock),
+            exchange=RedisArmExchange(client=client, prefix=prefix),
+            prefixes=PrefixMemory(clock=clock),
+        )
+        for _ in range(2)
+    )
+    plan = RoutePlan("m", 29, (Hop("full", "http://full", 0, 29),))
+    turn = RequestPrefix(tuple(f"b{i}" for i in range(8)), prompt_tokens=300, output_tokens=9)
+    assert first.prefixes is not None and second.prefixes is not None
+    first.prefixes.served(plan=plan, blocks=turn.blocks)
+
+    first.sync()
+    second.sync()
+
+    assert second.prefixes.held(plan, turn) == 8
 
 
 def test_it_keeps_each_namespace_to_itself(client, prefix):

@@ -13,12 +13,16 @@ import asyncio
 import pytest
 
 from meshnet_site.errors import DomainError, http_error
+from nodes_app.shared.prefix_chain import block_hashes, chain_seed
+from nodes_app.shared.prompting import prompt_token_ids
+from routing_app.learning import prefix_memory
+from routing_app.learning.prefix_memory import PrefixMemory
 from routing_app.policies.choice import DecisionMode, RouteDecision
-from tests.support.fake_heads import Net
+from tests.support.fake_heads import Net, serve
 from tests.support.probe_answers import SPLIT
 from tracker_app.completions.admission import Admitted, admitted_generations, kv_reservation
 from tracker_app.completions.parameters import GenerationParams
-from tracker_app.completions.prompt_tokens import PromptCount
+from tracker_app.completions.prompt_tokens import PromptCount, model_text
 from tracker_app.models import ChatRequest, KeyLease
 
 
@@ -91,3 +95,27 @@ def test_each_admitted_choice_runs_its_own_prompt_on_the_chosen_route_from_its_s
         (decision, 0, 12.0),
         (decision, 0, 13.0),
     ]
+
+
+def test_a_completed_scoped_request_leaves_its_prompt_warm_on_its_route_in_the_trackers_memory(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracker names the prompt's blocks as the head claims them (the same chain, in
+    the key's scope) and, once the route finished it, believes its nodes hold them."""
+    memory = PrefixMemory()
+    monkeypatch.setattr(prefix_memory, "_prefix_memory", memory)
+    net.model.weight_source = "builtin:tiny-random-llama"
+    net.node("whole", 0, 3)
+    messages = [{"role": "user", "content": "the same long system prompt " * 40}]
+    proxy = net.proxy(messages=messages)
+
+    serve(proxy)
+
+    [generation] = proxy.generations
+    text = model_text(net.model.weight_source)
+    assert text is not None
+    ids = prompt_token_ids(text.tokenizer, messages)
+    seed = chain_seed(net.model.key, proxy.prefix_scope)
+    assert generation.prompt_count.blocks == tuple(block_hashes(seed, ids))
+    held = memory.held(generation.route.plan, generation.prompt_count.route_prefix(12))
+    assert held == (len(ids) - 1) // 32 > 4

@@ -293,22 +293,30 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
     redundant: Network,
 ) -> None:
     whole = redundant.nodes["whole"]
+    # Long enough for a few 32-token blocks: both routes hold it once asked (ADR-0027).
+    prompt = [{"role": "user", "content": "Tell me about meshes and their routes. " * 5}]
     asked: dict[str, Any] = {"logprobs": True, "top_logprobs": 2}
     direct = head_frames(
         redundant,
         whole,
         [whole.hop()],
         model=TINY,
-        messages=PROMPT,
+        messages=prompt,
         max_tokens=400,
         temperature=0.0,
         **asked,
     )
     expected = text_of(direct)
+    for route in (["head", "tail"], ["whole"]):
+        pinned = [redundant.nodes[name].node_id for name in route]
+        answer = redundant.chat(model=TINY, messages=prompt, max_tokens=1, route=pinned)
+        assert answer.status_code == 200, answer.text
+    nodes = list(redundant.nodes.values())
+    wait_until(lambda: all(node.health()["active_sessions"] == 0 for node in nodes))
     frames: list[Any] = []
     killed = None
     for frame in redundant.iter_stream(
-        model=TINY, messages=PROMPT, max_tokens=400, temperature=0, **asked
+        model=TINY, messages=prompt, max_tokens=400, temperature=0, **asked
     ):
         frames.append(frame)
         content = [c for c in chunks_of(frames) if c["choices"][0]["delta"].get("content")]
@@ -326,16 +334,26 @@ def test_killing_the_tail_mid_stream_still_gives_the_whole_uninterrupted_answer(
     got, wanted = logprobs_of(frames), logprobs_of(direct)
     assert [token for token, _ in got] == [token for token, _ in wanted] and len(got) == 400
     assert [p for _, p in got] == pytest.approx([p for _, p in wanted], abs=1e-4)
-    assert chunks_of(frames)[-1]["usage"]["completion_tokens"] == 400
+    usage = chunks_of(frames)[-1]["usage"]
+    assert usage["completion_tokens"] == 400
+    # The replay's route took the prompt from its prefix cache (its last block excepted).
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 64
     [(status, signature)] = redundant.query(
-        "SELECT status, route_signature FROM tracker_app_chatrequest"
+        "SELECT status, route_signature FROM tracker_app_chatrequest WHERE mode <> 'pinned'"
     )
     assert status == "completed"
     assert killed.node_id not in signature
     # Both routes delivered tokens, so both are paid for their work.
     first_route = {hop["node_id"] for hop in chunks_of(frames)[0]["meshnet"]["hops"]}
     final_route = {n.node_id for n in redundant.nodes.values() if n.node_id in signature}
-    billed = {row[0] for row in redundant.query("SELECT node_id FROM tracker_app_workunit")}
+    billed = {
+        row[0]
+        for row in redundant.query(
+            "SELECT w.node_id FROM tracker_app_workunit w "
+            "JOIN tracker_app_billingrecord b ON w.billing_id = b.id "
+            "JOIN tracker_app_chatrequest r ON b.request_id = r.id WHERE r.mode <> 'pinned'"
+        )
+    }
     assert billed == first_route | final_route
 
 

@@ -17,7 +17,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.support.browser import chromium, open_tab, sign_in
 from tests.support.network import Network, start_network
-from tracker_app.localnet import fresh_process_database, wait_until
+from tracker_app.localnet import NodeProcess, fresh_process_database, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -172,6 +172,40 @@ def test_a_streamed_answer_grows_in_the_last_bubble_until_it_completes(page: Pag
     meta = page.locator(".bubble-meta").last.inner_text()
     assert "route " in meta and "mode " in meta and "400 tokens" in meta
     assert page.locator('[data-role="chat-status"]').inner_text().startswith("done")
+
+
+def test_the_overview_shows_the_prefix_cache_an_answer_left_on_its_nodes(
+    page: Page, network: Network
+) -> None:
+    send_chat(page, "Tell me about prefixes.", max_tokens=60)
+    wait_idle(page)
+    open_tab(page, "overview")
+
+    def shown(node: NodeProcess) -> tuple[str, str]:
+        row = page.locator(f'tr[data-node-id="{node.node_id}"]')
+        cells = (
+            row.locator('[data-field="prefix-cache"]'),
+            row.locator('[data-field="prefix-hits"]'),
+        )
+        return cells[0].inner_text(), cells[1].inner_text()
+
+    def reported(node: NodeProcess) -> tuple[str, str]:
+        # What the node's own open health page says, as the Overview writes it.
+        health = node.health()
+        load = health["prefix_cache_load"]
+        return (f"≤ {load:.0%}" if load > 0 else "0%"), f"{health['prefix_hits']:,}"
+
+    # The answer's route kept its conversation (a scoped dashboard chat, ADR-0027):
+    # its nodes' next heartbeats carry a cache load the Overview shows without a reload.
+    wait_until(
+        lambda: (
+            all(shown(node) == reported(node) for node in network.nodes.values())
+            and any(shown(node)[0].startswith("≤") for node in network.nodes.values())
+        ),
+        timeout=20,
+        what="the Overview to show each node's prefix cache as the node reports it",
+        interval=0.25,
+    )
 
 
 def test_stop_keeps_the_partial_answer_and_frees_the_nodes_sessions(

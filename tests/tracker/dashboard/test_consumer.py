@@ -276,12 +276,14 @@ def test_heartbeats_that_change_nothing_visible_are_pushed_at_most_every_few_sec
     node = make_node("beating", 0, 3)
     cookie = session_cookie()
 
-    def heartbeat(sessions: int) -> None:
+    def heartbeat(sessions: int, cache_load: float, hits: int) -> None:
         node_heartbeat(
             node=Node.objects.select_related("model").get(pk=node.pk),
             active_sessions=sessions,
             queue_depth=0,
             measured_tps=50.0,
+            prefix_cache_load=cache_load,
+            prefix_hits=hits,
             now=timezone.now(),
             gate=isolated_gate(),
         )
@@ -291,8 +293,10 @@ def test_heartbeats_that_change_nothing_visible_are_pushed_at_most_every_few_sec
         await socket.connect()
         try:
             await socket.receive_json_from(timeout=5)
-            for sessions in (0, 0, 0, 2):
-                await database_sync_to_async(heartbeat)(sessions)
+            # A hit alone waits for the next announcement; a new cache load does not.
+            beats = [(0, 0.0, 0), (0, 0.0, 0), (0, 0.0, 1), (0, 0.25, 1), (2, 0.25, 1)]
+            for beat in beats:
+                await database_sync_to_async(heartbeat)(*beat)
             return await drain(socket, 0.5)
         finally:
             await socket.disconnect()
@@ -300,7 +304,8 @@ def test_heartbeats_that_change_nothing_visible_are_pushed_at_most_every_few_sec
     messages = run(scenario)
 
     rows = [m["node"] for m in messages if m["type"] == "node"]
-    assert [row["active_sessions"] for row in rows] == [0, 2]
+    seen = [(r["active_sessions"], r["prefix_cache_load"], r["prefix_hits"]) for r in rows]
+    assert seen == [(0, 0.0, 0), (0, 0.25, 1), (2, 0.25, 1)]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -16,6 +16,7 @@ from django.utils import timezone
 from rest_framework import status
 
 from nodes_app.models import NodeStatus
+from nodes_app.services import node_heartbeat
 from tests.support.dashboard import (
     PASSWORD,
     TINY,
@@ -26,6 +27,7 @@ from tests.support.dashboard import (
     staff_user,
     tiny_model,
 )
+from tests.support.endpoint_gate import isolated_gate
 from tracker_app.completions import console
 from tracker_app.dashboard import snapshot as dashboard
 from tracker_app.models import AuditRun, Refund, RefundReason
@@ -216,6 +218,23 @@ def test_the_overview_shows_each_nodes_precision() -> None:
     assert [(n["id"], n["precision"]) for n in tiny["nodes"]] == [
         ("old", "float32"),
         ("quantised", "bfloat16+int8"),
+    ]
+
+
+@pytest.mark.django_db
+def test_the_overview_shows_each_nodes_prefix_cache_as_its_last_heartbeat_reported() -> None:
+    make_node("cold", 0, 1)
+    warm = make_node("warm", 2, 3)
+    node_heartbeat(
+        node=warm, active_sessions=1, queue_depth=0, measured_tps=50.0,
+        prefix_cache_load=0.5, prefix_hits=9, now=timezone.now(), gate=isolated_gate(),
+    )  # fmt: skip
+
+    [tiny] = [m for m in dashboard.models_overview() if m["key"] == TINY]
+
+    assert [(n["id"], n["prefix_cache_load"], n["prefix_hits"]) for n in tiny["nodes"]] == [
+        ("cold", 0.0, 0),
+        ("warm", 0.5, 9),
     ]
 
 

@@ -21,8 +21,6 @@ from nodes_app.runtime.engine.prefix_cache import (
     Hit,
     PrefixCache,
     agreed,
-    block_hashes,
-    chain_seed,
     local_keys,
 )
 from nodes_app.runtime.engine.sampler import SamplingParams, TailRequest
@@ -31,6 +29,7 @@ from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.faults import RuntimeRequestError
 from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.wire.entries import Choice
+from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from nodes_app.shared.sources import ModelSource, resolve_source
 from tests.support.checkpoints import tiny_checkpoint
 

@@ -22,12 +22,11 @@ from nodes_app.runtime.engine.kv import SessionKV, linear_state_bytes
 from nodes_app.runtime.engine.prefix_cache import (
     PrefixCache,
     agreed,
-    block_hashes,
-    chain_seed,
     local_keys,
 )
 from nodes_app.runtime.engine.runner import ShardRunner
 from nodes_app.runtime.loading.shard import load_shard
+from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from nodes_app.shared.sources import ModelSource
 from tests.support.checkpoints import FAMILIES, LAYERS, tiny_checkpoint, transformers_greedy_each
 

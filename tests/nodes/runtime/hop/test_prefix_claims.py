@@ -17,13 +17,13 @@ import torch
 from starlette.testclient import TestClient
 
 from nodes_app.runtime.engine.core import NodeService
-from nodes_app.runtime.engine.prefix_cache import block_hashes, chain_seed
 from nodes_app.runtime.engine.trust import Grant, PlanGate
 from nodes_app.runtime.hop import prefix_claim
 from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.server import create_app
 from nodes_app.runtime.wire.entries import ClaimEntry
 from nodes_app.runtime.wire.tensors import tensor_to_bytes
+from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from nodes_app.shared.sources import resolve_source
 from tests.support.link import HIDDEN, LinkClient, in_process_link, tiny_step
 

@@ -17,7 +17,6 @@ from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import PREFIX_MAX_BLOCKS, PREFIX_MAX_SCOPE
 from nodes_app.protocol.signed_plan import PlanHop, SignedPlan
 from nodes_app.protocol.usage import Usage
-from nodes_app.runtime.engine.prefix_cache import block_hashes, chain_seed
 from nodes_app.runtime.wire.entries import CancelEntry, ClaimEntry, RefusedEntry, StepAnswer
 from nodes_app.runtime.wire.frames import (
     decode_answers,
@@ -25,6 +24,7 @@ from nodes_app.runtime.wire.frames import (
     encode_answers,
     encode_requests,
 )
+from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 
 HASHES = tuple(block_hashes(chain_seed("tiny", "key-1"), list(range(100))))
 
