@@ -198,9 +198,9 @@ class RouteDriver:
         # One capability per hop session; the signed plan opens each of them.
         self.capabilities = [new_capability() for _ in request.hops[1:]]
         self.plan_header = request.plan.to_header() if request.signature else None
-        # Speculative decoding (ADR-0028): greedy answers without logprobs, unless the
-        # request turns it off; drafts by prompt lookup, their count from the route's timing.
-        self.speculating = request.speculation and request.sampling.greedy and not request.logprobs
+        # Speculative decoding (ADR-0028): answers without logprobs, unless the request
+        # turns it off; drafts by prompt lookup, their count from the route's timing.
+        self.speculating = request.speculation and not request.logprobs
         route = tuple((hop.endpoint, hop.start_layer, hop.end_layer) for hop in request.hops)
         self.policy = DraftPolicy((timings or TimingBook()).of(route))
         self.lookup = PromptLookup(

@@ -1,4 +1,5 @@
-"""Every served family answers the same greedy tokens with speculation on and off, split and whole.
+"""Every served family answers the same tokens with speculation on and off, split and whole:
+greedy, and sampled under a seed.
 
 A head's :class:`RouteDriver` over in-process hops (``tests/support/in_process_route``:
 the head, every hop's engine and the link's codec, no processes), on each
@@ -8,13 +9,16 @@ repeats itself, so prompt-lookup drafts are proposed, accepted where the
 model repeats too and rejected where it does not; the route's timing is fixed
 so that every draft pays (up to eight a round). The answer must be the one
 ``"speculation": "off"`` gives, token for token, and never longer than
-``max_tokens``; the usage reports the drafts sent and accepted.
+``max_tokens``; the usage reports the drafts sent and accepted. A sampled
+answer draws once per delivered token from the same seeded generator either
+way, so under one seed it too is the same answer (ADR-0028).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,7 +54,7 @@ def route(request: pytest.FixtureRequest, directories: dict[str, Path]) -> Itera
     indirect=True,
     ids=lambda value: "-".join(value),
 )
-def test_greedy_answers_are_the_same_with_speculation_on_and_off(route: InProcessRoute) -> None:
+def test_answers_are_the_same_with_speculation_on_and_off(route: InProcessRoute) -> None:
     off = route.generate(route.body(PROMPT, max_tokens=TOKENS, speculation="off"))
     on = route.generate(route.body(PROMPT, max_tokens=TOKENS), timings=FixedTimings())
 
@@ -63,3 +67,8 @@ def test_greedy_answers_are_the_same_with_speculation_on_and_off(route: InProces
     assert usage["completion_tokens"] == len(ids)
     assert 0 <= usage["accepted_tokens"] <= usage["drafted_tokens"] > 0
     assert "drafted_tokens" not in plain_last["usage"]
+
+    sampled: dict[str, Any] = {"max_tokens": TOKENS, "temperature": 0.3, "top_p": 0.95, "seed": 11}
+    off = route.generate(route.body(PROMPT, speculation="off", **sampled))
+    on = route.generate(route.body(PROMPT, **sampled), timings=FixedTimings())
+    assert completion(on)[1] == completion(off)[1]
