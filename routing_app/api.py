@@ -77,6 +77,15 @@ class RouteOutput(serializers.Serializer[dict[str, Any]]):
         allow_null=True,
         help_text="Seconds an answer token takes after the first on the route, learned alike",
     )
+    drafted_per_token = serializers.FloatField(
+        allow_null=True,
+        help_text="Speculation: drafts the route's head sent per answer token (ADR-0028)",
+    )
+    accepted_per_token = serializers.FloatField(
+        allow_null=True,
+        help_text="Speculation: drafts the route's last hop accepted per answer token: the "
+        "share of answer tokens that cost no round trip of their own",
+    )
 
 
 @extend_schema_serializer(component_name="ModelRouting")

@@ -17,7 +17,7 @@ from typing import Any
 from nodes_app.models import LanguageModel, Node, NodeStatus
 from nodes_app.selectors import language_model_get, topology_epoch_current
 from routing_app.learning.arms import ArmStatus, ArmView
-from routing_app.learning.prefix_memory import prefix_memory
+from routing_app.learning.route_costs import route_costs
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.learning.tracker_store import route_stats_store
 from routing_app.planning.cache import CandidateCache
@@ -104,7 +104,8 @@ def routing_table(
     learned tps, coefficient (tps ÷ best proven tps), expected traffic share
     under the active policy (with the sessions in flight now), whether a one-off
     scout to it is due, sample count, decayed weight and status, and what a prompt
-    token and an answer token cost on it (``routing_app.learning.prefix_memory``).
+    token and an answer token cost on it and how far speculation carried its answers
+    (``routing_app.learning.route_costs``).
 
     ``expected_share`` is where the policy's traffic goes, without a due scout:
     a scout takes exactly one request, and showing it as a 100 % share would
@@ -132,10 +133,10 @@ def _model_table(
     due = policy.scout_due(arms, loads=loads)
     proven = [arm.tps for arm in arms if arm.status is ArmStatus.PROVEN and arm.tps]
     best = max(proven, default=None)
-    memory = prefix_memory()
+    book = route_costs()
     routes = []
     for arm, share, scout in zip(arms, shares, due, strict=True):
-        costs = memory.costs(arm.plan)
+        costs = book.costs(arm.plan)
         routes.append(
             {
                 "signature": arm.plan.signature,
@@ -150,6 +151,8 @@ def _model_table(
                 "status": str(arm.status),
                 "prompt_token_seconds": costs.prompt,
                 "answer_token_seconds": costs.answer,
+                "drafted_per_token": costs.drafted,
+                "accepted_per_token": costs.accepted,
             }
         )
     spread = store.arms.sample_spread(model.key)

@@ -5,10 +5,11 @@ The chat proxy's calls: ``route_choose`` before it opens the stream;
 ``route_session_open`` each time it (re)sends a stream on a decision,
 ``route_session_touch`` as tokens arrive and ``route_session_close`` when the
 stream ends any way (the session lifecycle: only live streams are a route's
-load); ``route_sample_record`` and ``route_prefix_served`` when the stream
+load); ``route_sample_record`` and ``route_served_record`` when the stream
 completes (a failed hop's node is banned through ``routing_app.exclusions.bans``).
 Each reads the policy from the settings at call time and uses the process's
-``route_stats_store()`` (and ``prefix_memory()``) unless given another. The
+``route_stats_store()`` (and ``prefix_memory()``, ``route_costs()``) unless given
+another. The
 reads (candidates, the routing table, the placement plan) are
 ``routing_app.selectors``'.
 
@@ -31,6 +32,7 @@ from nodes_app.registration_limit import WINDOW_SECONDS, client_network
 from nodes_app.selectors import topology_epoch_current
 from routing_app import selectors
 from routing_app.learning.prefix_memory import NO_PREFIX, PrefixMemory, RequestPrefix, prefix_memory
+from routing_app.learning.route_costs import RouteCostBook, route_costs
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.learning.tracker_store import route_stats_store
 from routing_app.planning.pinned import plan_pinned_route
@@ -54,12 +56,14 @@ def route_choose(
     load: RouteLoad | None = None,
     prefix: RequestPrefix = NO_PREFIX,
     memory: PrefixMemory | None = None,
+    costs: RouteCostBook | None = None,
 ) -> RouteDecision:
     """The route for one chat request: the pinned node ids' plan, or the policy's choice.
 
     ``prefix`` is what the request's prompt is (its scoped block chain): a route
     whose nodes ``memory`` (the process's by default) believes hold some of it
-    is weighed for the prefill it would save (docs/adr/0029-cache-aware-routing.md).
+    is weighed for the prefill it would save at its learned ``costs``
+    (docs/adr/0029-cache-aware-routing.md).
 
     The decision counts as a session in flight on its route (the load the
     ``thompson-load`` policy weighs) until ``route_sample_record`` or
@@ -95,7 +99,7 @@ def route_choose(
         raise NoRouteAvailable(model.key, _coverage_gap(model))
     policy = (config or RoutePolicyConfig.from_settings()).route_policy()
     rng = rng or _route_rng
-    warm = (memory or prefix_memory()).warmth(plans, prefix)
+    warm = (memory or prefix_memory()).warmth(plans, prefix, costs or route_costs())
 
     def choose(loads: LoadSnapshot) -> RouteDecision:
         views = store.views(plans=plans, epoch=epoch)
@@ -204,7 +208,7 @@ def route_sample_record(
     )
 
 
-def route_prefix_served(
+def route_served_record(
     *,
     decision: RouteDecision,
     prefix: RequestPrefix,
@@ -212,21 +216,25 @@ def route_prefix_served(
     first_token_seconds: float | None,
     output_tokens: int,
     elapsed_seconds: float,
+    drafted: int = 0,
+    accepted: int = 0,
     memory: PrefixMemory | None = None,
+    costs: RouteCostBook | None = None,
 ) -> None:
     """A request whose prompt is ``prefix`` completed on ``decision``'s route: its nodes
-    hold the prompt's blocks now, and its timings teach the route's costs (the prompt
-    tokens it computed, ``cached_tokens`` fewer than the prompt's, before its first token
-    after ``first_token_seconds``, when known; ``output_tokens`` in
-    ``elapsed_seconds``)."""
-    memory = memory or prefix_memory()
-    memory.served(plan=decision.plan, blocks=prefix.blocks)
-    memory.timed(
+    hold the prompt's blocks now (``memory``), and it teaches the route's ``costs``: the
+    prompt tokens it computed, ``cached_tokens`` fewer than the prompt's, before its
+    first token after ``first_token_seconds`` (when known), ``output_tokens`` in
+    ``elapsed_seconds``, ``drafted`` and ``accepted`` of them speculated (ADR-0028)."""
+    (memory or prefix_memory()).served(plan=decision.plan, blocks=prefix.blocks)
+    (costs or route_costs()).timed(
         plan=decision.plan,
         prompt_computed=prefix.prompt_tokens - cached_tokens,
         first_token_seconds=first_token_seconds,
         output_tokens=output_tokens,
         seconds=elapsed_seconds,
+        drafted=drafted,
+        accepted=accepted,
     )
 
 

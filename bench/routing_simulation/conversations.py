@@ -30,12 +30,13 @@ decode steps, then its answer's steps: the rest is the replica runs' model
 
 The tracker's side is the real one: a ``RouteStatsStore`` takes each turn's
 sample as the replica runs record it (its answer ÷ its time, with its
-log-normal noise), and a ``PrefixMemory`` on the simulated clock learns as
-``routing_app.services.route_prefix_served`` teaches it: after each turn,
-``served`` with the prompt's blocks and ``timed`` with its time to first
-token, the prompt tokens it computed, its answer and its time. Before each
-turn, ``thompson-load`` chooses with ``warm = memory.warmth(plans, prefix)``
-(cache-aware, ``route_choose``'s call) or with none (cache-blind). Beside them
+log-normal noise), and a ``PrefixMemory`` on the simulated clock and a
+``RouteCostBook`` learn as ``routing_app.services.route_served_record`` teaches
+them: after each turn, ``served`` with the prompt's blocks and ``timed`` with
+its time to first token, the prompt tokens it computed, its answer and its
+time. Before each turn, ``thompson-load`` chooses with
+``warm = memory.warmth(plans, prefix, costs)`` (cache-aware, ``route_choose``'s
+call) or with none (cache-blind). Beside them
 an SGLang-style cache-aware router (``sglang_style``) and round-robin.
 """
 
@@ -56,6 +57,7 @@ from bench.routing_simulation.workload import MAX_TOKENS, NOISE_SIGMA, TOKENS, L
 from nodes_app.protocol.limits import PREFIX_BLOCK_TOKENS
 from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from routing_app.learning.prefix_memory import PrefixMemory, RequestPrefix
+from routing_app.learning.route_costs import RouteCostBook
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.planning.route_plan import RoutePlan
 from routing_app.policies.base import NO_WARMTH
@@ -172,6 +174,7 @@ class World:
     net: Network
     store: RouteStatsStore
     memory: PrefixMemory
+    costs: RouteCostBook
     load: Load
     caches: dict[str, NodeCache]
     rng: random.Random
@@ -192,7 +195,9 @@ def thompson(*, cache_aware: bool) -> Router:
     policy = THOMPSON.route_policy()
 
     def choose(plans: list[RoutePlan], prefix: RequestPrefix, world: World) -> RoutePlan:
-        warm: Mapping[str, float] = world.memory.warmth(plans, prefix) if cache_aware else NO_WARMTH
+        warm: Mapping[str, float] = (
+            world.memory.warmth(plans, prefix, world.costs) if cache_aware else NO_WARMTH
+        )
         arms = world.store.views(plans=plans, epoch=world.net.epoch)
         picked = policy.choose(arms, rng=world.rng, loads=world.load.snapshot(), warm=warm)
         assert picked is not None
@@ -298,6 +303,7 @@ def converse(
         net,
         RouteStatsStore(half_life=600.0, min_sample_tokens=8, clock=clock),
         PrefixMemory(clock=clock),
+        RouteCostBook(),
         Load(),
         {node_id: NodeCache() for node_id in net.nodes},
         random.Random(seed + 3),
@@ -371,7 +377,7 @@ def converse(
             answer_tokens += done.tokens
             prompt_tokens += done.prefix.prompt_tokens
             cached_tokens += done.cached
-            # The proxy's sample, then what route_prefix_served teaches the memory.
+            # The proxy's sample, then what route_served_record teaches the tracker.
             world.store.arms.record_sample(
                 model_key=MODEL_KEY,
                 signature=done.plan.signature,
@@ -382,7 +388,7 @@ def converse(
             for node_id in done.plan.node_ids:
                 world.caches[node_id].keep(done.kept)
             world.memory.served(plan=done.plan, blocks=done.prefix.blocks)
-            world.memory.timed(
+            world.costs.timed(
                 plan=done.plan,
                 prompt_computed=done.prefix.prompt_tokens - done.cached,
                 first_token_seconds=first_token,

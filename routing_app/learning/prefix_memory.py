@@ -1,5 +1,5 @@
-"""Where a prompt's prefix is warm, and what prefill costs on each route: the tracker's
-half of cache-aware routing (docs/adr/0029-cache-aware-routing.md).
+"""Where a prompt's prefix is warm: the tracker's half of cache-aware routing
+(docs/adr/0029-cache-aware-routing.md).
 
 Nodes keep what a cleanly ended session computed, keyed by the prompt's chain
 of block hashes (ADR-0027, ``nodes_app.shared.prefix_chain``); a route starts
@@ -12,12 +12,10 @@ request's scope, which seeds the chain). :class:`PrefixMemory` remembers those
 past that the tracker stops counting on it) and at most
 :data:`PREFIX_MEMORY_PAIRS`.
 
-Beside that it learns each route's cost of a prompt token and of an answer
-token from the requests that completed on it (:class:`RouteCosts`): the time
-to the first token over the prompt tokens the route computed, and the time
-after it over the tokens after the first. A request's *warmth* on a route is
-then ``ln(T_cold / T_warm)``: its expected time there computing its whole
-prompt over its expected time computing only what the route does not hold.
+With each route's cost of a prompt token and of an answer token
+(``routing_app.learning.route_costs``), a request's *warmth* on a route is
+``ln(T_cold / T_warm)``: its expected time there computing its whole prompt
+over its expected time computing only what the route does not hold.
 The policy adds it to the route's score (ln tokens/s), so the prefill a route
 would save is weighed against its learned speed and load on one scale.
 
@@ -25,7 +23,7 @@ Several tracker processes share what their routes served: each publishes
 its own recent batches at the route statistics' sync (``routing_app.learning.sync``)
 and takes in its peers' (:meth:`PrefixMemory.export`, :meth:`PrefixMemory.absorb`),
 so a conversation's next turn is routed warm whichever process takes it. The
-times are wall-clock times for that reason. The costs stay each process's own.
+times are wall-clock times for that reason.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodes_app.protocol.limits import PREFIX_BLOCK_TOKENS
+from routing_app.learning.route_costs import RouteCostBook, RouteCosts
 from routing_app.planning.route_plan import RoutePlan
 
 # How long a node is taken to hold a prefix after a request on it last finished with
@@ -52,12 +51,6 @@ PREFIX_MEMORY_PAIRS = 65_536
 # at each sync (every 5 s): each peer reads every batch at least once, whatever its
 # phase, and reading one twice changes nothing.
 PREFIX_SHARE_SECONDS = 15.0
-# The least weight a new timing gets in a route's cost averages.
-COST_WEIGHT_FLOOR = 0.2
-# A time to first token teaches the prompt token's cost only from a prompt this long
-# computed: the first token's own step and the links' round trips are in that time,
-# and spread over a few prompt tokens they would read as a slow prefill.
-MIN_PREFILL_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,38 +74,6 @@ class RequestPrefix:
 NO_PREFIX = RequestPrefix(blocks=(), prompt_tokens=0, output_tokens=0)
 
 
-@dataclass(slots=True)
-class RouteCosts:
-    """Seconds per prompt token computed, seconds per answer token after the first, and
-    tokens per answer, on one route (or a model's routes together): weighted averages
-    of completed requests'."""
-
-    prompt: float | None = None
-    answer: float | None = None
-    answer_tokens: float | None = None
-    prompt_mass: float = 0.0
-    answer_mass: float = 0.0
-    tokens_mass: float = 0.0
-
-    def prompt_timed(self, seconds: float) -> None:
-        self.prompt, self.prompt_mass = _averaged(self.prompt, self.prompt_mass, seconds)
-
-    def answer_timed(self, seconds: float) -> None:
-        self.answer, self.answer_mass = _averaged(self.answer, self.answer_mass, seconds)
-
-    def answer_counted(self, tokens: int) -> None:
-        self.answer_tokens, self.tokens_mass = _averaged(
-            self.answer_tokens, self.tokens_mass, float(tokens)
-        )
-
-
-def _averaged(value: float | None, mass: float, sample: float) -> tuple[float, float]:
-    if value is None:
-        return sample, 1.0
-    weight = max(1.0 / (mass + 1.0), COST_WEIGHT_FLOOR)
-    return value + weight * (sample - value), mass + 1.0
-
-
 def warmth(*, held: int, prefix: RequestPrefix, costs: RouteCosts) -> float:
     """ln(T_cold / T_warm) for ``prefix`` on a route starting past ``held`` of its blocks
     whose costs are ``costs``; 0 with nothing held or either cost unknown.
@@ -131,8 +92,8 @@ def warmth(*, held: int, prefix: RequestPrefix, costs: RouteCosts) -> float:
 
 
 class PrefixMemory:
-    """Which nodes hold which prompt blocks, and each route's costs (thread-safe: the
-    chat proxy records while the choice reads, on several threads)."""
+    """Which nodes hold which prompt blocks (thread-safe: the chat proxy records while
+    the choice reads, on several threads)."""
 
     def __init__(
         self,
@@ -146,8 +107,6 @@ class PrefixMemory:
         # What this process served itself lately (when, the nodes, the blocks): its peers'
         # share of the memory.
         self._served: deque[tuple[float, tuple[str, ...], tuple[str, ...]]] = deque()
-        self._routes: dict[tuple[str, str], RouteCosts] = {}
-        self._models: dict[str, RouteCosts] = {}
         self._lock = threading.Lock()
 
     def served(self, *, plan: RoutePlan, blocks: Iterable[str]) -> None:
@@ -216,54 +175,18 @@ class PrefixMemory:
                 return count
         return 0
 
-    def timed(
-        self,
-        *,
-        plan: RoutePlan,
-        prompt_computed: int,
-        first_token_seconds: float | None,
-        output_tokens: int,
-        seconds: float,
-    ) -> None:
-        """A request completed on ``plan`` in ``seconds``: its first token after
-        ``first_token_seconds`` (None: not known, e.g. after a failover) having computed
-        ``prompt_computed`` prompt tokens, then ``output_tokens`` in all."""
-        if first_token_seconds is None or first_token_seconds <= 0:
-            return
-        answer_tokens = output_tokens - 1
-        with self._lock:
-            kept = (
-                self._routes.setdefault((plan.model_key, plan.signature), RouteCosts()),
-                self._models.setdefault(plan.model_key, RouteCosts()),
-            )
-            for costs in kept:
-                costs.answer_counted(output_tokens)
-                if prompt_computed >= MIN_PREFILL_TOKENS:
-                    costs.prompt_timed(first_token_seconds / prompt_computed)
-                if answer_tokens > 0 and seconds > first_token_seconds:
-                    costs.answer_timed((seconds - first_token_seconds) / answer_tokens)
-
-    def costs(self, plan: RoutePlan) -> RouteCosts:
-        """``plan``'s learned costs, each falling back on its model's routes' together."""
-        with self._lock:
-            own = self._routes.get((plan.model_key, plan.signature), RouteCosts())
-            model = self._models.get(plan.model_key, RouteCosts())
-        return RouteCosts(
-            prompt=own.prompt if own.prompt is not None else model.prompt,
-            answer=own.answer if own.answer is not None else model.answer,
-            answer_tokens=model.answer_tokens,
-        )
-
-    def warmth(self, plans: Sequence[RoutePlan], prefix: RequestPrefix) -> Mapping[str, float]:
-        """Each of ``plans``' warmth for ``prefix`` (ln speed-up; by signature, absent
-        where nothing is held)."""
+    def warmth(
+        self, plans: Sequence[RoutePlan], prefix: RequestPrefix, costs: RouteCostBook
+    ) -> Mapping[str, float]:
+        """Each of ``plans``' warmth for ``prefix`` at the ``costs`` learned for them (ln
+        speed-up; by signature, absent where nothing is held)."""
         if not prefix.claimable:
             return {}
         warm = {}
         for plan in plans:
             held = self.held(plan, prefix)
             if held:
-                warm[plan.signature] = warmth(held=held, prefix=prefix, costs=self.costs(plan))
+                warm[plan.signature] = warmth(held=held, prefix=prefix, costs=costs.costs(plan))
         return warm
 
 
@@ -271,5 +194,5 @@ _prefix_memory = PrefixMemory()
 
 
 def prefix_memory() -> PrefixMemory:
-    """This process's memory of warm prefixes and route costs."""
+    """This process's memory of warm prefixes."""
     return _prefix_memory

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from routing_app.learning import prefix_memory
+from routing_app.learning import prefix_memory, route_costs
 from routing_app.learning.prefix_memory import PrefixMemory
+from routing_app.learning.route_costs import RouteCostBook
 from routing_app.learning.stats import RouteStatsStore
 from routing_app.policies import load
 from routing_app.policies.load import RouteLoad
@@ -38,8 +39,9 @@ def load_book(monkeypatch: pytest.MonkeyPatch) -> RouteLoad:
 
 @pytest.fixture(autouse=True)
 def warm_prefixes(monkeypatch: pytest.MonkeyPatch, clock: ManualClock) -> PrefixMemory:
-    """An empty process-wide prefix memory on the test's clock: no test sees another's
-    warm routes."""
+    """An empty process-wide prefix memory on the test's clock, and an empty book of route
+    costs: no test sees another's warm routes or learned costs."""
     fresh = PrefixMemory(clock=clock)
     monkeypatch.setattr(prefix_memory, "_prefix_memory", fresh)
+    monkeypatch.setattr(route_costs, "_route_costs", RouteCostBook())
     return fresh

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from nodes_app.services import topology_epoch_bump
 from routing_app.learning.arms import DEFAULT_SAMPLE_SPREAD, SAMPLE_SPREAD_BOUNDS
 from routing_app.learning.prefix_memory import RequestPrefix
-from routing_app.services import route_choose, route_prefix_served, route_sample_record
+from routing_app.services import route_choose, route_sample_record, route_served_record
 from tests.support.routing import make_model, make_node
 from tracker_app.api_keys.services import api_key_create
 
@@ -33,6 +33,8 @@ ROUTE_KEYS = {
     "status",
     "prompt_token_seconds",
     "answer_token_seconds",
+    "drafted_per_token",
+    "accepted_per_token",
 }
 
 
@@ -127,24 +129,32 @@ def test_it_shows_how_far_the_models_requests_stray_from_their_routes_speed(mixe
     assert table(mixed.key)["models"][0]["sample_spread"] == SAMPLE_SPREAD_BOUNDS[0]
 
 
-def test_it_shows_what_a_prompt_and_an_answer_token_cost_on_each_route(mixed, store):
+def test_it_shows_each_routes_token_costs_and_how_far_speculation_carried_it(mixed, store):
     decision = route_choose(model=mixed, rng=random.Random(1))
     assert {r["prompt_token_seconds"] for r in routes_of(mixed).values()} == {None}
-    route_prefix_served(
+    route_served_record(
         decision=decision,
         prefix=RequestPrefix(blocks=(), prompt_tokens=500, output_tokens=64),
         cached_tokens=100,
         first_token_seconds=2.0,
         output_tokens=41,
         elapsed_seconds=6.0,
+        drafted=30,
+        accepted=20,
     )
 
     served = routes_of(mixed)[decision.plan.signature]
     assert served["prompt_token_seconds"] == pytest.approx(2.0 / 400)
     assert served["answer_token_seconds"] == pytest.approx(4.0 / 40)
-    # The model's other routes borrow its figures until they have their own.
-    others = routes_of(mixed).values()
+    assert served["drafted_per_token"] == pytest.approx(30 / 41)
+    assert served["accepted_per_token"] == pytest.approx(20 / 41)
+    # The model's other routes borrow its token costs until they have their own; a
+    # route's speculation is its own.
+    others = [r for r in routes_of(mixed).values() if r is not served]
     assert {round(r["prompt_token_seconds"], 9) for r in others} == {round(2.0 / 400, 9)}
+    assert {r["accepted_per_token"] for r in others if r["signature"] != served["signature"]} <= {
+        None
+    }
 
 
 def test_it_marks_routes_measured_before_a_topology_change_as_stale(mixed, store):

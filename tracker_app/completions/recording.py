@@ -29,7 +29,7 @@ from meshnet_site.database import database_call, through_outage
 from nodes_app.models import LanguageModel
 from routing_app.exclusions.bans import node_bans_clear
 from routing_app.policies.choice import RouteDecision
-from routing_app.services import route_prefix_served, route_sample_record
+from routing_app.services import route_sample_record, route_served_record
 from tracker_app.api_keys.in_flight import KeyShare
 from tracker_app.billing.pricing import HopWork, invoice, work_merged
 from tracker_app.completions.generation import Generation
@@ -191,7 +191,7 @@ class RequestRecord:
         route_sample_record(
             decision=last.decision, output_tokens=last.produced, elapsed_seconds=now - last.started
         )
-        route_prefix_served(
+        route_served_record(
             decision=last.decision,
             prefix=first.prompt_count.route_prefix(last.produced),
             cached_tokens=first.cached_tokens,
@@ -203,6 +203,8 @@ class RequestRecord:
             ),
             output_tokens=last.produced,
             elapsed_seconds=now - last.started,
+            drafted=last.drafted,
+            accepted=last.accepted,
         )
         node_bans_clear(node_ids=sorted({n for g in generations for n in g.route.plan.node_ids}))
 

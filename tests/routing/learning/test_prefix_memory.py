@@ -1,5 +1,5 @@
 """The tracker's memory of warm prefixes (ADR-0029): which nodes hold which prompt blocks,
-what prompt and answer tokens cost on each route, and a request's warmth there."""
+shared between tracker processes, and a request's warmth on a route."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import math
 import pytest
 
 from routing_app.learning.prefix_memory import (
-    MIN_PREFILL_TOKENS,
     PREFIX_MEMORY_SECONDS,
     PREFIX_SHARE_SECONDS,
     PrefixMemory,
     RequestPrefix,
-    RouteCosts,
     warmth,
 )
+from routing_app.learning.route_costs import RouteCostBook, RouteCosts
 from routing_app.planning.search import enumerate_routes
 from tests.support.routing import ManualClock, record
 
@@ -73,31 +72,6 @@ def test_the_memory_keeps_only_its_most_recent_pairs() -> None:
     assert memory.held(VIA_A, asked(20)) == 0
 
 
-def test_a_route_learns_its_prompt_and_answer_token_costs_and_falls_back_on_its_model() -> None:
-    memory = PrefixMemory(clock=ManualClock())
-    memory.timed(
-        plan=VIA_A, prompt_computed=400, first_token_seconds=2.0, output_tokens=51, seconds=7.0
-    )
-    # A prompt mostly taken from the cache teaches nothing about prefill.
-    memory.timed(
-        plan=VIA_A,
-        prompt_computed=MIN_PREFILL_TOKENS - 1,
-        first_token_seconds=1.0,
-        output_tokens=1,
-        seconds=1.0,
-    )
-    # After a failover the time to the first token is not this route's.
-    memory.timed(
-        plan=VIA_A, prompt_computed=400, first_token_seconds=None, output_tokens=3, seconds=9
-    )
-
-    costs = memory.costs(VIA_A)
-    assert costs.prompt == pytest.approx(2.0 / 400)
-    assert costs.answer == pytest.approx(5.0 / 50)
-    assert costs.answer_tokens == pytest.approx(51 + 0.5 * (1 - 51))
-    assert memory.costs(VIA_B).prompt == pytest.approx(2.0 / 400)  # the model's, for now
-
-
 def test_warmth_is_the_log_of_the_request_s_time_cold_over_its_time_warm() -> None:
     costs = RouteCosts(prompt=0.01, answer=0.1, answer_tokens=20.0)
     prefix = RequestPrefix(CHAIN, prompt_tokens=650, output_tokens=256)
@@ -109,19 +83,19 @@ def test_warmth_is_the_log_of_the_request_s_time_cold_over_its_time_warm() -> No
 
 
 def test_a_request_is_warm_only_on_routes_holding_its_prefix() -> None:
-    memory = PrefixMemory(clock=ManualClock())
+    memory, costs = PrefixMemory(clock=ManualClock()), RouteCostBook()
     memory.served(plan=VIA_A, blocks=CHAIN[:16])
-    memory.timed(
+    costs.timed(
         plan=VIA_B, prompt_computed=650, first_token_seconds=6.5, output_tokens=21, seconds=8.5
     )
 
-    warm = memory.warmth([VIA_A, VIA_B], asked(16, prompt=650, output=256))
+    warm = memory.warmth([VIA_A, VIA_B], asked(16, prompt=650, output=256), costs)
 
     # Learned on the model's other route: 0.01 s a prompt token, 0.1 s an answer token,
     # 21 tokens an answer: 8.6 s cold, 3.48 s warm.
     assert set(warm) == {VIA_A.signature}
     assert warm[VIA_A.signature] == pytest.approx(math.log(8.6 / 3.48))
-    assert memory.warmth([VIA_A, VIA_B], asked(0)) == {}
+    assert memory.warmth([VIA_A, VIA_B], asked(0), costs) == {}
 
 
 def test_a_process_exports_what_its_routes_served_lately_and_a_peer_takes_it_in() -> None:

@@ -16,7 +16,7 @@ from routing_app.learning.prefix_memory import PrefixMemory, RequestPrefix
 from routing_app.planning.search import enumerate_routes
 from routing_app.policies.config import POLICY_ADR0021, RoutePolicyConfig
 from routing_app.policies.load import NO_LOAD, LoadSnapshot
-from routing_app.services import route_choose, route_prefix_served, route_session_close
+from routing_app.services import route_choose, route_served_record, route_session_close
 from tests.support.routing import make_model, make_node, record
 
 NODES = [record("a", 0, 29), record("b", 0, 29)]
@@ -96,7 +96,7 @@ def test_route_choose_sends_the_next_turn_where_the_memory_says_its_prefix_is(st
                 output_tokens=64,
                 tokens_per_second=10.0,
             )
-    route_prefix_served(
+    route_served_record(
         decision=first,
         prefix=turn,
         cached_tokens=0,
