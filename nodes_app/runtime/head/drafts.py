@@ -10,12 +10,15 @@ lookup, as vLLM's ``ngram`` proposer and llama.cpp's lookup decoding do).
 :class:`PromptLookup` keeps, per n-gram length, where each n-gram last
 occurred with a token after it, updated as tokens are added (O(longest) per
 token, not a scan of the history per step), and proposes what followed the
-latest earlier occurrence of the longest suffix it finds.
+latest earlier occurrence of the longest suffix it finds. Under a structured
+output's grammar, :class:`GrammarForced` proposes what the grammar forces
+instead, wherever it forces anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 # The n-gram lengths looked up, longest first: a longer match is a better guess.
 LONGEST_NGRAM = 3
@@ -82,3 +85,38 @@ class PromptLookup:
             if proposal:
                 return proposal
         return []
+
+
+class GrammarForced:
+    """Proposes the tokens a structured-output grammar forces next (ADR-0028).
+
+    Where a grammar allows a single continuation — a JSON object's fixed keys
+    and punctuation, a tool call's name — llguidance names its tokens (in the
+    tokenizer's own spelling; the model may still spell them otherwise, and
+    then the last hop rejects the draft as any other). ``matcher`` is an
+    llguidance matcher of the request's grammar, advanced through any resumed
+    tokens; :meth:`extend` advances it through each delivered token. A
+    matcher that errs proposes nothing from then on (the last hop, which
+    holds the request to its grammar, says why).
+    """
+
+    def __init__(self, matcher: Any, *, stop_ids: Iterable[int] = ()) -> None:
+        self.matcher = matcher
+        self.stop_ids = frozenset(stop_ids)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Advance the grammar through delivered tokens."""
+        for token in tokens:
+            if not self.matcher.is_error():
+                self.matcher.consume_token(token)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next (none when it forces nothing)."""
+        if limit <= 0 or self.matcher.is_error() or self.matcher.is_stopped():
+            return []
+        proposal: list[int] = []
+        for token in self.matcher.compute_ff_tokens()[:limit]:
+            if token in self.stop_ids:
+                break
+            proposal.append(token)
+        return proposal

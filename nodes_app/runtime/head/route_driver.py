@@ -53,13 +53,13 @@ from nodes_app.runtime.engine.prefix_cache import Hit, agreed
 from nodes_app.runtime.engine.sampler import TailRequest
 from nodes_app.runtime.engine.trust import capability_hash, new_capability
 from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.head.drafts import PromptLookup
+from nodes_app.runtime.head.drafts import GrammarForced, PromptLookup
 from nodes_app.runtime.head.hop_answers import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.head.hop_links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.head.output import OutputProcessor
 from nodes_app.runtime.head.speculation import DraftPolicy, TimingBook
 from nodes_app.runtime.wire.entries import Choice, ForwardStep, StepAnswer
-from nodes_app.shared.grammar import grammar_problem
+from nodes_app.shared.grammar import grammar_matcher, grammar_problem
 from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, text_token_ids
 
@@ -206,6 +206,8 @@ class RouteDriver:
         self.lookup = PromptLookup(
             [*prompt, *request.resume_token_ids], stop_ids=self.output.stop_ids
         )
+        # Under a grammar, what it forces drafts first (built as the stream starts).
+        self.forced: GrammarForced | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
         self.service.streams += 1
@@ -231,6 +233,8 @@ class RouteDriver:
             return
         output.cached_tokens = start
         step_ids = step_ids[start:]
+        if self.speculating and request.sampling.grammar is not None:
+            self.forced = await self._grammar_forced(request.sampling.grammar)
         while output.finish is None:
             prefill = output.produced == 0
             drafts = [] if prefill else self._drafts()
@@ -258,6 +262,8 @@ class RouteDriver:
                 self.ran.append(token.token_id)
                 if self.speculating:
                     self.lookup.extend([token.token_id])
+                    if self.forced is not None:
+                        self.forced.extend([token.token_id])
                 frame = output.token(token)
                 if frame is not None:
                     yield frame
@@ -290,11 +296,26 @@ class RouteDriver:
 
     def _drafts(self) -> list[int]:
         """The drafts of the next step: as many as the route's timing and the answer's
-        acceptance say pay, within the budget (the chosen token must still fit)."""
+        acceptance say pay, within the budget (the chosen token must still fit); what the
+        grammar forces where it forces anything, else what prompt lookup finds."""
         if not self.speculating:
             return []
         limit = min(self.policy.drafts(), self.output.budget - self.output.produced - 1)
-        return self.lookup.propose(limit)
+        forced = self.forced.propose(limit) if self.forced is not None else []
+        return forced or self.lookup.propose(limit)
+
+    async def _grammar_forced(self, grammar: str) -> GrammarForced:
+        """The grammar's forced tokens as drafts: its matcher, compiled on the torch thread
+        (a large schema takes a while) and advanced through any resumed tokens."""
+        service, resumed = self.service, list(self.request.resume_token_ids)
+
+        def build() -> GrammarForced:
+            matcher = grammar_matcher(service.grammar_words, grammar)
+            if resumed:
+                matcher.consume_tokens(resumed)
+            return GrammarForced(matcher, stop_ids=self.output.stop_ids)
+
+        return await service.compute(build)
 
     def _measured(self, positions: int, drafts: list[int], choice: Choice, seconds: float) -> None:
         """Learn from a decode step: a plain one's time, or a round's time and acceptance."""

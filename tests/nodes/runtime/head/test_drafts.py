@@ -1,10 +1,16 @@
-"""Prompt lookup: what followed the latest earlier occurrence of the text's end."""
+"""Drafts without a model: prompt lookup (what followed the latest earlier occurrence of the
+text's end) and what a structured output's grammar forces."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from nodes_app.runtime.head.drafts import PromptLookup
+from nodes_app.runtime.head.drafts import GrammarForced, PromptLookup
+from nodes_app.shared.grammar import grammar_matcher, grammar_words
+from nodes_app.shared.tokenization import tiny_tokenizer
+from tracker_app.completions.structured import response_format_grammar
 
 
 def test_it_proposes_what_followed_the_longest_suffix_seen_before() -> None:
@@ -50,3 +56,43 @@ def test_a_match_with_only_a_stop_id_after_it_falls_back_to_a_shorter_one() -> N
 def test_ngram_lengths_must_be_ordered() -> None:
     with pytest.raises(ValueError):
         PromptLookup(shortest=3, longest=2)
+
+
+def forced(schema: dict[str, object]) -> tuple[GrammarForced, Any]:
+    tokenizer = tiny_tokenizer()
+    grammar = response_format_grammar(
+        {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    )
+    assert grammar is not None
+    matcher = grammar_matcher(grammar_words(tokenizer), grammar)
+    return GrammarForced(matcher, stop_ids=[tokenizer.eos_token_id]), tokenizer
+
+
+KEYED = {
+    "type": "object",
+    "properties": {"capital": {"type": "string"}},
+    "required": ["capital"],
+    "additionalProperties": False,
+}
+
+
+def test_a_grammar_proposes_the_tokens_it_forces_and_follows_the_answer() -> None:
+    drafts, tokenizer = forced(KEYED)
+
+    opening = drafts.propose(64)
+    assert tokenizer.decode(opening).replace(" ", "").startswith('{"capital":"')
+    assert drafts.propose(2) == opening[:2]
+
+    drafts.extend(opening)
+    drafts.extend(tokenizer.encode("Paris", add_special_tokens=False))
+    assert drafts.propose(8) == []  # the string may go on or close: nothing forced
+    drafts.extend(tokenizer.encode('"', add_special_tokens=False))
+    assert tokenizer.decode(drafts.propose(8)).strip() == "}"
+
+
+def test_a_grammar_in_error_proposes_nothing() -> None:
+    drafts, tokenizer = forced(KEYED)
+
+    drafts.extend(tokenizer.encode("not json", add_special_tokens=False))
+
+    assert drafts.propose(8) == []

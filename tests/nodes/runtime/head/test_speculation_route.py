@@ -143,9 +143,11 @@ def test_a_hop_that_refuses_draft_rounds_gets_plain_steps_and_the_same_answer(
 def test_speculating_and_plain_generations_decoding_together_each_get_their_lone_answer(
     route: InProcessRoute,
 ) -> None:
+    # Two plain generations whose steps meet at the hop (batched), beside two speculating.
     bodies = [
         route.body(PROMPT, max_tokens=20),
         route.body("a different prompt, which runs plainly", max_tokens=20, speculation="off"),
+        route.body("and a third that runs plainly too", max_tokens=20, speculation="off"),
         route.body(PROMPT[5:], max_tokens=20),
     ]
     alone = [completion(route.generate(body, timings=FixedTimings()))[1] for body in bodies]
@@ -178,6 +180,30 @@ def test_a_round_chooses_as_plain_decoding_does_with_the_requests_processors(
 
     assert spoken[1] == plain[1]
     assert spoken[2]["choices"][0]["finish_reason"] == plain[2]["choices"][0]["finish_reason"]
+
+
+def test_a_grammar_drafts_what_it_forces_and_the_answer_is_the_plain_one(
+    route: InProcessRoute,
+) -> None:
+    """A prompt with nothing to look up: the object's keys and punctuation come from the
+    grammar, and the last hop accepts them (they are all the mask allows)."""
+    fields = {
+        "grammar": response_format_grammar(
+            {"type": "json_schema", "json_schema": {"name": "point", "schema": POINT}}
+        )
+    }
+    prompt = "Where is it? Answer as an object."
+    off = route.body(prompt, max_tokens=6, speculation="off", **fields)
+    plain = completion(route.generate(off))
+    spoken = completion(
+        route.generate(route.body(prompt, max_tokens=6, **fields), timings=FixedTimings())
+    )
+
+    # '{"x":' is forced: after the first token, four drafts accepted in one round trip
+    # (prompt lookup finds none of it in the prompt).
+    assert spoken[1] == plain[1]
+    assert spoken[0].startswith('{"x":')
+    assert spoken[2]["usage"]["accepted_tokens"] >= 4
 
 
 def test_a_resumed_answer_continues_as_plain_decoding_does(route: InProcessRoute) -> None:
