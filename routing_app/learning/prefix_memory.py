@@ -45,7 +45,8 @@ from routing_app.planning.route_plan import RoutePlan
 # one keeps a prefix longer, a busy one may drop it sooner, and then a request sent on
 # the belief computes its prompt as it would have anywhere.
 PREFIX_MEMORY_SECONDS = 600.0
-# (node, block) pairs this process remembers: 65,536 is 2 M prompt tokens' worth.
+# (node, block) pairs this process remembers: 2 M prompt tokens' worth on one-node routes,
+# half that on two-node routes.
 PREFIX_MEMORY_PAIRS = 65_536
 # What a tracker process served in this many seconds is what it publishes to its peers
 # at each sync (every 5 s): each peer reads every batch at least once, whatever its
