@@ -77,6 +77,12 @@ function modelCard(model, chart) {
       ),
       h("td", { class: "num", dataset: { field: "samples" } }, int(route.samples)),
       h("td", { class: "num" }, num(route.weight, 2)),
+      h(
+        "td",
+        { class: "num", dataset: { field: "prompt-cost" } },
+        route.prompt_token_seconds === null ? "—" : num(route.prompt_token_seconds * 1000, 2),
+      ),
+      h("td", { class: "num", dataset: { field: "accepted" } }, num(route.accepted_per_token, 2)),
       h("td", {}, badge(route.status, STATE_TONES[route.status])),
     ),
   );
@@ -114,6 +120,8 @@ function modelCard(model, chart) {
                 h("th", { class: "num", title: "share of traffic under the current policy (a one-off scout shown apart)" }, "Expected share"),
                 h("th", { class: "num" }, "Samples"),
                 h("th", { class: "num", title: "decayed sample mass" }, "Weight"),
+                h("th", { class: "num", title: "milliseconds a prompt token the route computes costs, as learned: what a cached prefix saves (ADR-0029)" }, "Prompt ms"),
+                h("th", { class: "num", title: "speculation: drafts the last hop accepted per answer token, each a round trip saved (ADR-0028)" }, "Kept/tok"),
                 h("th", {}, "Status"),
               ),
             ),

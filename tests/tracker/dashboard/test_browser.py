@@ -124,6 +124,18 @@ def test_every_tab_draws_the_live_network(page: Page, network: Network) -> None:
     strays = round((math.exp(spread) - 1) * 100)
     assert f"a request strays ±{strays} % from its route's speed" in heading
     assert "Policy thompson-load" in page.locator('[data-role="routing-config"]').inner_text()
+    # Each route's learned prompt cost and speculation, as /v1/routing has them.
+    routes = page.request.get(f"/v1/routing?model={TINY}").json()["models"][0]["routes"]
+    for route in routes:
+        row = page.locator(
+            f'[data-routing-model="{TINY}"] tr[data-signature="{route["signature"]}"]'
+        )
+        cost, accepted = route["prompt_token_seconds"], route["accepted_per_token"]
+        shown = "—" if cost is None else f"{cost * 1000:.2f}"
+        assert row.locator('[data-field="prompt-cost"]').inner_text() == shown
+        assert row.locator('[data-field="accepted"]').inner_text() == (
+            "—" if accepted is None else f"{accepted:.2f}"
+        )
     for tab in ("calls", "chat", "billing"):
         open_tab(page, tab)
 
