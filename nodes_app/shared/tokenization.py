@@ -23,17 +23,19 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-    GGUF_TOKENIZER_MAPPING,
-    convert_gguf_tokenizer,
-)
 
 from nodes_app.shared.model_errors import ModelSourceError
 from nodes_app.shared.sources import ModelSource, parse_source
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+# transformers is imported where a tokenizer is built, not with this module: it takes
+# seconds, and every tracker, worker and manage.py process imports this module at
+# start through the model catalogue's admin, most of them never building one.
 
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_VOCAB_SIZE = 256 + len(TINY_SPECIAL_TOKENS)
@@ -105,6 +107,8 @@ def byte_level_alphabet() -> dict[int, str]:
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """One token per UTF-8 byte plus three ChatML specials, with a ChatML template."""
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {char: byte for byte, char in byte_level_alphabet().items()}
     for offset, token in enumerate(TINY_SPECIAL_TOKENS):
         vocab[token] = 256 + offset
@@ -132,6 +136,12 @@ _SPECIAL_TOKEN_IDS = {
 
 def gguf_model_text(path: Path) -> ModelText:
     """The tokenizer a GGUF file describes, as transformers builds it, without torch."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
     metadata = read_gguf_metadata(path)
     architecture = str(metadata["general.architecture"])
     grouped = {
@@ -209,6 +219,8 @@ def directory_model_text(directory: Path) -> ModelText:
     """A Hugging Face directory's fast tokenizer (``tokenizer.json``) and context length."""
     if not (directory / "tokenizer.json").is_file():
         raise TokenizerUnavailable(f"{directory} has no tokenizer.json")
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
     context = None
     config = directory / "config.json"
