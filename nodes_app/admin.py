@@ -11,7 +11,12 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from nodes_app.model_intake import ModelRefused, language_model_add, model_weights_read
+from nodes_app.model_intake import (
+    ModelRefused,
+    language_model_add,
+    language_model_draft_check,
+    model_weights_read,
+)
 from nodes_app.models import LanguageModel, Node, NodeStatus, TopologyEpoch
 from nodes_app.services import node_set_status
 
@@ -67,7 +72,8 @@ class NodeAdmin(admin.ModelAdmin[Node]):
 
 class LanguageModelForm(forms.ModelForm[LanguageModel]):
     """The model form: the layer count and context length come from the weights, as with
-    ``add_model``, and weights the runtime cannot serve are refused with the reason."""
+    ``add_model``, and weights the runtime cannot serve are refused with the reason; so is
+    a draft model whose tokenizer is not the model's."""
 
     class Meta:
         model = LanguageModel
@@ -79,19 +85,40 @@ class LanguageModelForm(forms.ModelForm[LanguageModel]):
             "completion_price_per_1k",
             "cached_prompt_price_per_1k",
             "prefix_cache_shared",
+            "draft",
         ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["display_name"].required = False
         self.fields["display_name"].help_text = "Default: the key"
+        if not self.instance._state.adding:
+            drafts = self.fields["draft"]
+            assert isinstance(drafts, forms.ModelChoiceField)
+            drafts.queryset = LanguageModel.objects.exclude(pk=self.instance.pk)
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}
+        self._read_weights(cleaned)
+        draft = cleaned.get("draft")
+        changed = {"draft", "weight_source"} & set(self.changed_data)
+        if draft is not None and changed and not self.errors:
+            try:
+                language_model_draft_check(
+                    key=cleaned.get("key") or self.instance.key,
+                    weight_source=cleaned["weight_source"],
+                    draft=draft,
+                )
+            except ModelRefused as refused:
+                raise ValidationError({"draft": refused.message}) from None
+        return cleaned
+
+    def _read_weights(self, cleaned: dict[str, Any]) -> None:
+        """A new or changed weight source read: its layers and context onto the row."""
         adding = self.instance._state.adding
         source = cleaned.get("weight_source")
         if source is None or not (adding or "weight_source" in self.changed_data):
-            return cleaned  # shipped models' built-in sources are never re-read
+            return  # shipped models' built-in sources are never re-read
         try:
             weights = model_weights_read(weight_source=source)
         except ModelRefused as refused:
@@ -107,7 +134,6 @@ class LanguageModelForm(forms.ModelForm[LanguageModel]):
         cleaned["weight_source"] = weights.weight_source
         self.instance.num_layers = weights.num_layers
         self.instance.context_length = weights.context_length
-        return cleaned
 
 
 @admin.register(LanguageModel)
@@ -123,8 +149,10 @@ class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
         "completion_price_per_1k",
         "cached_prompt_price_per_1k",
         "prefix_cache_shared",
+        "draft",
         "chat_template_fault",
     ]
+    list_select_related = ["draft"]
     search_fields = ["key", "display_name", "weight_source"]
     readonly_fields = ["num_layers", "context_length"]
 
@@ -145,6 +173,7 @@ class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
             display_name=obj.display_name,
             prompt_price_per_1k=obj.prompt_price_per_1k,
             completion_price_per_1k=obj.completion_price_per_1k,
+            draft=obj.draft.key if obj.draft is not None else None,
         )
         obj.pk = added.pk
         obj.refresh_from_db()

@@ -84,6 +84,15 @@ class NodeOutput(serializers.ModelSerializer[Node]):
         ]
 
 
+@extend_schema_serializer(component_name="DraftModelNamed")
+class DraftModelOutput(serializers.Serializer[LanguageModel]):
+    key = serializers.SlugField()
+    weight_source = serializers.CharField(
+        help_text="Where the tracker reads its weights; a node may load them from elsewhere "
+        "(runnode --draft-weights)"
+    )
+
+
 class RegisterNodeApi(APIView):
     """A node announces the shard it serves, signed with its wallet key."""
 
@@ -123,6 +132,11 @@ class RegisterNodeApi(APIView):
         epoch = serializers.IntegerField()
         heartbeat_interval = serializers.FloatField()
         node = NodeOutput()
+        draft = DraftModelOutput(
+            allow_null=True,
+            help_text="The model's draft model (same tokenizer), which a head (a node starting "
+            "at layer 0) runs whole to guess the next tokens (ADR-0028); null: none",
+        )
 
     @extend_schema(
         description="No credential: the body is signed by the node's wallet key (``signature`` "
@@ -182,6 +196,7 @@ class RegisterNodeApi(APIView):
                 "epoch": registration.epoch,
                 "heartbeat_interval": settings.MESHNET_NODE_HEARTBEAT_INTERVAL,
                 "node": registration.node,
+                "draft": registration.node.model.draft,
             }
         ).data
         return Response(body, status=status.HTTP_201_CREATED)

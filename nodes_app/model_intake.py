@@ -6,8 +6,10 @@
 checks that the runtime serves its family (``nodes_app.shared.families``), that its
 shape is one a real model has (:data:`SHAPE_BOUNDS`) and that its tokenizer
 loads. :func:`language_model_add` then creates the catalogue
-row. Whatever cannot be served raises :class:`ModelRefused` with the reason.
-Nothing here imports torch: the tracker runs it.
+row, and :func:`language_model_draft_check` whether a catalogue model may
+draft for it (the same tokenizer, ADR-0028). Whatever cannot be served raises
+:class:`ModelRefused` with the reason. Nothing here imports torch: the
+tracker runs it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from nodes_app.models import LanguageModel, TopologyEpoch
 from nodes_app.shared.families import GGUF_ARCHITECTURES, family_refusal
 from nodes_app.shared.model_errors import ModelSourceError
 from nodes_app.shared.sources import ModelSource, parse_source
-from nodes_app.shared.tokenization import model_text_of, read_gguf_metadata
+from nodes_app.shared.tokenization import (
+    TokenizerUnavailable,
+    model_text_load,
+    model_text_of,
+    read_gguf_metadata,
+    vocabulary_difference,
+)
 
 # A checkpoint is input, not trusted code: the shape its config declares is held to
 # bounds above the largest published model of every served family (2026-12: layers
@@ -103,20 +111,29 @@ def language_model_add(
     display_name: str = "",
     prompt_price_per_1k: Decimal = Decimal("0"),
     completion_price_per_1k: Decimal = Decimal("0"),
+    draft: str | None = None,
 ) -> LanguageModel:
     """Add the model ``key`` served from ``weight_source``, reading its shape from the weights.
 
-    Idempotent: when ``key`` already names the same weights, that row is
-    returned unchanged (names and prices edited since stay). Raises
-    :class:`ModelKeyTaken` when ``key`` names other weights, and
-    :class:`ModelRefused` for whatever :func:`model_weights_read` refuses
-    or a negative price.
+    ``draft``: the key of a catalogue model its heads run to guess its next
+    tokens (:func:`language_model_draft_check`); set on the row even when it
+    exists already. Idempotent: when ``key`` already names the same weights,
+    that row is returned unchanged but for ``draft`` (names and prices
+    edited since stay). Raises :class:`ModelKeyTaken` when ``key`` names
+    other weights, and :class:`ModelRefused` for whatever
+    :func:`model_weights_read` or the draft check refuses, or a negative price.
     """
     _check_key(key)
     for label, price in (("prompt", prompt_price_per_1k), ("completion", completion_price_per_1k)):
         if not price.is_finite() or price < 0:
             raise ModelRefused(f"the {label} price must be a number of at least 0, not {price}")
     weights = model_weights_read(weight_source=weight_source)
+    drafter = None
+    if draft is not None:
+        drafter = LanguageModel.objects.filter(key=draft).first()
+        if drafter is None:
+            raise ModelRefused(f"no model {draft!r} to draft with: add it first")
+        language_model_draft_check(key=key, weight_source=weights.weight_source, draft=drafter)
     # The weights are read (seconds for a large tokenizer) before the transaction opens.
     with transaction.atomic():
         model, created = LanguageModel.objects.get_or_create(
@@ -139,8 +156,40 @@ def language_model_add(
                 f"model {key!r} already exists with weights {model.weight_source} "
                 f"({model.num_layers} layers); choose another key"
             )
+        if drafter is not None and model.draft_id != drafter.pk:
+            model.draft = drafter
+            model.save(update_fields=["draft"])
         TopologyEpoch.objects.get_or_create(model=model)
     return model
+
+
+def language_model_draft_check(*, key: str, weight_source: str, draft: LanguageModel) -> None:
+    """Refuse ``draft`` as the draft model of ``key`` (weights at ``weight_source``) unless
+    it is another model whose tokenizer has the same vocabulary (ADR-0028).
+
+    Both tokenizers are loaded here, as the tracker loads them to count tokens
+    (seconds for a large GGUF vocabulary); one that does not load refuses.
+    """
+    if draft.key == key:
+        raise ModelRefused(f"model {key!r} cannot be its own draft: choose a smaller model")
+    own = _tokenizer(weight_source, key)
+    theirs = _tokenizer(draft.weight_source, draft.key)
+    difference = vocabulary_difference(own, theirs)
+    if difference is not None:
+        raise ModelRefused(
+            f"model {draft.key!r} has another tokenizer than {key!r} ({difference}): "
+            "a draft must share the model's tokenizer"
+        )
+
+
+def _tokenizer(weight_source: str, key: str) -> Any:
+    try:
+        return model_text_load(weight_source).tokenizer
+    except TokenizerUnavailable as error:
+        raise ModelRefused(
+            f"the tokenizer of {key!r} does not load here ({error}): a draft's is compared "
+            "with the model's"
+        ) from None
 
 
 def _check_key(key: str) -> None:

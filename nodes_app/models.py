@@ -50,6 +50,16 @@ class LanguageModel(models.Model):
         "nodes (public system prompts); a hit is faster, so a shared cache tells one key "
         "what prompts others sent. Off: each key reuses only its own",
     )
+    draft = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="drafts_for",
+        help_text="A smaller catalogue model with the same tokenizer that heads of this model "
+        "run whole to guess its next tokens (speculative decoding, ADR-0028); empty: guesses "
+        "from the prompt only",
+    )
     chat_template_fault = models.CharField(
         max_length=300,
         blank=True,

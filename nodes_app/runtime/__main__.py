@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     add_precision_arguments(parser)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--weights")
+    parser.add_argument("--draft-weights", help="a head's draft model (ADR-0028)")
     parser.add_argument("--node-id")
     add_capacity_arguments(parser)
     parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         quantize=args.quantize,
         threads=args.threads,
         weights=args.weights,
+        draft_weights=args.draft_weights,
         node_id=args.node_id,
         kv_budget_mib=args.kv_budget,
         max_sessions=args.max_sessions,

@@ -30,13 +30,16 @@ from nodes_app.protocol.limits import (
     LINK_MAX_FRAME_BYTES,
     STEP_TIMEOUT_SECONDS,
 )
+from nodes_app.protocol.registration import DraftNamed
 from nodes_app.runtime.engine.benchmark import measure_decode_tps
 from nodes_app.runtime.engine.capacity import DEFAULT_MAX_WAIT_SECONDS, DEFAULT_PREFILL_CHUNK
 from nodes_app.runtime.engine.core import NodeService
 from nodes_app.runtime.engine.kv import bytes_per_position
+from nodes_app.runtime.engine.runner import ShardRunner
 from nodes_app.runtime.engine.sessions import IDLE_TIMEOUT_SECONDS
 from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.hop.link_guard import LinkPolicy
+from nodes_app.runtime.loading.draft import load_draft
 from nodes_app.runtime.loading.shard import LoadedShard, load_shard
 from nodes_app.runtime.server import NodeIdentity, create_app, public_health
 from nodes_app.runtime.tracker_client import (
@@ -45,8 +48,9 @@ from nodes_app.runtime.tracker_client import (
     TrackerClient,
     TrackerRegistration,
 )
+from nodes_app.shared.model_errors import ModelSourceError, UnsupportedModelError
 from nodes_app.shared.signing import load_or_create_wallet
-from nodes_app.shared.sources import resolve_source
+from nodes_app.shared.sources import parse_source, resolve_source
 
 # How long an idle client connection stays open. Longer than the clients keep one in
 # their pools (the tracker's and a head's httpx pools: 5 s at most): with uvicorn's
@@ -95,6 +99,9 @@ class NodeOptions:
     dev_open: bool = False
     # Why the tracker placed the node at start-end (runnode --layers auto); None: chosen.
     placement: str | None = None
+    # Where a head loads its draft model from (ADR-0028); None: where the tracker reads
+    # the one it names for the model, if it names one.
+    draft_weights: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -187,6 +194,40 @@ def run_node(options: NodeOptions, *, out: TextIO = sys.stdout) -> int:
     # while serving, nor for seconds at exit.
     gc.freeze()
     return asyncio.run(_serve(options, shard, service, out))
+
+
+async def load_head_draft(
+    options: NodeOptions, service: NodeService, named: DraftNamed | None, out: TextIO
+) -> None:
+    """Load the draft model onto a head (ADR-0028): the one the tracker names for the model,
+    from ``--draft-weights`` when given, else from where the tracker reads it.
+
+    On the torch thread, before the node says it serves. A draft that does not
+    load (another tokenizer, weights not found here) is reported and left out:
+    the head drafts from the prompt only, as without one.
+    """
+    spec = options.draft_weights or (named.weight_source if named else None)
+    if spec is None or not service.can_head:
+        return
+    key = named.key if named else "draft"
+    shard = service.shard
+    try:
+        source = parse_source(spec)
+        draft = await service.compute(
+            lambda: load_draft(
+                key=key,
+                source=source,
+                tokenizer=shard.tokenizer,
+                device=options.device,
+                dtype=shard.dtype,
+                quantize=shard.quantize,
+            )
+        )
+    except (ModelSourceError, UnsupportedModelError, OSError) as error:
+        print(f"draft model {key} not loaded: {error}", file=out, flush=True)
+        return
+    service.draft = ShardRunner(draft)
+    print(f"draft model: {draft.summary()}", file=out, flush=True)
 
 
 class _Server(uvicorn.Server):
@@ -303,6 +344,8 @@ async def _serve_joined(
             status = 1
         else:
             service.node_id = registration.node_id
+    if not stop.is_set():
+        await load_head_draft(options, service, registration.draft if registration else None, out)
     if not stop.is_set():
         # The one ready line; the harness (tracker_app.localnet) waits for its
         # "node <id> serving " prefix.

@@ -14,11 +14,13 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from nodes_app.protocol.errors import ProtocolError
 from nodes_app.protocol.limits import TRACKER_KEY_ALGORITHM, TRACKER_KEY_PATH
 from nodes_app.protocol.registration import (
     DEFAULT_PRECISION,
     MAX_REPORTED_PREFIX_HITS,
     MAX_REPORTED_TPS,
+    DraftNamed,
 )
 from nodes_app.shared.signing import public_key_from_hex, sign_registration, wallet_of
 
@@ -47,6 +49,8 @@ class TrackerRegistration:
     node_id: str
     token: str
     heartbeat_interval: float
+    # The model's draft model, which a head runs (ADR-0028); None: the model has none.
+    draft: DraftNamed | None = None
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -124,10 +128,15 @@ class TrackerClient:
                 f"{_error_message(response)}"
             )
         data = response.json()
+        try:
+            draft = DraftNamed.from_answer(data.get("draft"))
+        except ProtocolError as error:
+            raise RegistrationError(str(error)) from None
         return TrackerRegistration(
             node_id=str(data["node_id"]),
             token=str(data["node_token"]),
             heartbeat_interval=float(data.get("heartbeat_interval", 10.0)),
+            draft=draft,
         )
 
     def _auth(self, registration: TrackerRegistration) -> dict[str, str]:

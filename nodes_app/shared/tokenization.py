@@ -227,3 +227,25 @@ def directory_model_text(directory: Path) -> ModelText:
     if config.is_file():
         context = json.loads(config.read_text()).get("max_position_embeddings")
     return ModelText(tokenizer, int(context) if context else None)
+
+
+# --- a draft model's tokenizer ------------------------------------------------------
+
+
+def vocabulary_difference(tokenizer: Any, draft: Any) -> str | None:
+    """How ``draft``'s vocabulary differs from ``tokenizer``'s; None when they are the same.
+
+    A draft model (ADR-0028) reads the model's token ids and proposes ids the
+    model verifies: no text passes between them, so what must agree is what
+    each id means. Two vocabularies (every token, added ones included, with
+    its id) that are equal make the tokenizers interchangeable for that;
+    merges and normalisers only decide how text is cut, which the model's
+    tokenizer alone does.
+    """
+    own, theirs = tokenizer.get_vocab(), draft.get_vocab()
+    if own == theirs:
+        return None
+    if len(own) != len(theirs):
+        return f"{len(theirs)} tokens, not {len(own)}"
+    moved = sum(1 for token, token_id in own.items() if theirs.get(token) != token_id)
+    return f"{moved} of its {len(own)} tokens under other ids"

@@ -9,6 +9,7 @@ tokenizer. Nothing is downloaded; each checkpoint takes a second or two.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,17 @@ def tiny_checkpoint(model_type: str, directory: Path) -> Path:
             parameter.data.normal_(0.0, 0.2)
     model.save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def with_other_vocabulary(directory: Path) -> Path:
+    """``directory``'s tokenizer with the ids of ``a`` and ``b`` swapped: as many tokens,
+    two of them meaning another id (a model that cannot draft for the tiny tokenizer's)."""
+    path = directory / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    path.write_text(json.dumps(tokenizer))
     return directory
 
 

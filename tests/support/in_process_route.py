@@ -23,7 +23,7 @@ from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.faults import RuntimeRequestError
 from nodes_app.runtime.head.hop_links import HopLinks
 from nodes_app.runtime.head.route_driver import RouteDriver, prompt_for
-from nodes_app.runtime.head.speculation import RouteTiming, TimingBook
+from nodes_app.runtime.head.speculation import LOOKUP, RouteTiming, TimingBook
 from nodes_app.runtime.hop import step_intake
 from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.wire.entries import Choice, ForwardStep, LinkStep, StepAnswer
@@ -54,7 +54,7 @@ class FixedTimings(TimingBook):
         super().__init__()
         self.timing = FixedTiming(plain, per_draft)
 
-    def of(self, route: Any) -> RouteTiming:
+    def of(self, route: Any, proposer: str = LOOKUP) -> RouteTiming:
         return self.timing
 
 

@@ -31,6 +31,12 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="", help="display name (default: the key)")
         parser.add_argument("--prompt-price", type=_price, default=Decimal("0"), help="per 1k")
         parser.add_argument("--completion-price", type=_price, default=Decimal("0"), help="per 1k")
+        parser.add_argument(
+            "--draft",
+            metavar="KEY",
+            help="a catalogue model with the same tokenizer that heads run to guess this "
+            "model's next tokens (speculative decoding); set on the model even if it exists",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -40,6 +46,7 @@ class Command(BaseCommand):
                 display_name=options["name"],
                 prompt_price_per_1k=options["prompt_price"],
                 completion_price_per_1k=options["completion_price"],
+                draft=options["draft"],
             )
         except ModelRefused as refused:
             raise CommandError(f"model {options['key']} refused: {refused.message}") from None
@@ -47,4 +54,5 @@ class Command(BaseCommand):
         self.stdout.write(
             f"model {model.key}: layers 0-{model.last_layer} ({model.num_layers}), "
             f"context {context}, weights {model.weight_source}"
+            + (f", draft {model.draft.key}" if model.draft is not None else "")
         )

@@ -98,6 +98,13 @@ class Command(BaseCommand):
             "--wallet-key", type=Path, help="default $MESHNET_VAR_DIR/wallets/node-<port>.key"
         )
         parser.add_argument("--weights", help="local directory, .gguf file or hub id for KEY")
+        parser.add_argument(
+            "--draft-weights",
+            metavar="PATH",
+            help="a head's draft model (same tokenizer; speculative decoding): a local "
+            "directory or .gguf file (default: the draft the tracker names for KEY, from where "
+            "the tracker reads it)",
+        )
         parser.add_argument("--advertise", help="URL other nodes reach this one at")
         add_capacity_arguments(parser)
         parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_SECONDS)
@@ -188,6 +195,7 @@ class Command(BaseCommand):
             quantize=options["quantize"],
             threads=options["threads"],
             weights=options["weights"],
+            draft_weights=options["draft_weights"],
             tracker=options["tracker"],
             wallet_key=options["wallet_key"]
             or Path(settings.VAR_DIR) / "wallets" / f"node-{options['port']}.key",

@@ -88,6 +88,9 @@ class NodeService:
             transform=self._corrupt,
         )
         self.dtype_name = DTYPE_NAMES[shard.dtype]
+        # A head's draft model (ADR-0028): a smaller model of the same tokenizer, loaded
+        # whole, whose greedy guesses the route verifies; None: drafts from the prompt only.
+        self.draft: ShardRunner | None = None
         self.computing = 0
         self.streams = 0
         self.benchmark_tps = benchmark_tps

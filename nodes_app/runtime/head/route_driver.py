@@ -8,8 +8,10 @@ ready together share a frame on each link, but every generation keeps its own
 loop, sessions, cancel and failover. The
 first step is the prefill (the templated prompt plus any resumed tokens); each
 later step sends one position, or a draft round: the last token and the drafts
-``head.drafts`` proposes, as many as ``head.speculation`` says pay, verified by
-the last hop, every session cut back past the rejected ones (ADR-0028). Every
+``head.drafts`` proposes (by prompt lookup, or by the head's draft model where
+it has one, whichever promises more), as many as ``head.speculation`` says
+pay, verified by the last hop, every session cut back past the rejected ones
+(ADR-0028). Every
 hop keeps its own KV cache for the session, freed at the end, on cancel, on
 failure, and by the idle reaper.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -53,11 +56,11 @@ from nodes_app.runtime.engine.prefix_cache import Hit, agreed
 from nodes_app.runtime.engine.sampler import TailRequest
 from nodes_app.runtime.engine.trust import capability_hash, new_capability
 from nodes_app.runtime.faults import NonFiniteOutput, RuntimeRequestError
-from nodes_app.runtime.head.drafts import GrammarForced, PromptLookup
+from nodes_app.runtime.head.drafts import DraftModel, GrammarForced, PromptLookup
 from nodes_app.runtime.head.hop_answers import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.head.hop_links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.head.output import OutputProcessor
-from nodes_app.runtime.head.speculation import DraftPolicy, TimingBook
+from nodes_app.runtime.head.speculation import DRAFT_MODEL, DraftPolicy, TimingBook
 from nodes_app.runtime.wire.entries import Choice, ForwardStep, StepAnswer
 from nodes_app.shared.grammar import grammar_matcher, grammar_problem
 from nodes_app.shared.prefix_chain import block_hashes, chain_seed
@@ -199,13 +202,28 @@ class RouteDriver:
         self.capabilities = [new_capability() for _ in request.hops[1:]]
         self.plan_header = request.plan.to_header() if request.signature else None
         # Speculative decoding (ADR-0028): answers without logprobs, unless the request
-        # turns it off; drafts by prompt lookup, their count from the route's timing.
+        # turns it off; drafts by prompt lookup and, on a head with one, by the draft
+        # model, each with its policy over its own timing of the route.
         self.speculating = request.speculation and not request.logprobs
         route = tuple((hop.endpoint, hop.start_layer, hop.end_layer) for hop in request.hops)
-        self.policy = DraftPolicy((timings or TimingBook()).of(route))
-        self.lookup = PromptLookup(
-            [*prompt, *request.resume_token_ids], stop_ids=self.output.stop_ids
-        )
+        book = timings or TimingBook()
+        text = [*prompt, *request.resume_token_ids]
+        self.lookup = PromptLookup(text, stop_ids=self.output.stop_ids)
+        self.policy = DraftPolicy(book.of(route))
+        self.proposers: list[tuple[PromptLookup | DraftModel, DraftPolicy]] = [
+            (self.lookup, self.policy)
+        ]
+        self.draft: DraftModel | None = None
+        self.primed = False
+        if service.draft is not None and self.speculating:
+            self.draft = DraftModel(
+                service.draft,
+                text,
+                vocab=service.admission.vocab_size,
+                stop_ids=self.output.stop_ids,
+                limit=self.reserve,
+            )
+            self.proposers.append((self.draft, DraftPolicy(book.of(route, DRAFT_MODEL))))
         # Under a grammar, what it forces drafts first (built as the stream starts).
         self.forced: GrammarForced | None = None
 
@@ -237,7 +255,7 @@ class RouteDriver:
             self.forced = await self._grammar_forced(request.sampling.grammar)
         while output.finish is None:
             prefill = output.produced == 0
-            drafts = [] if prefill else self._drafts()
+            drafts, policy, drafting = ([], None, 0.0) if prefill else await self._drafts()
             began = time.perf_counter()
             try:
                 choice = await self._step(step_ids + drafts, self._tail(prefill, drafts))
@@ -247,7 +265,8 @@ class RouteDriver:
                 return
             if not self.speculating:
                 drafts = []  # a hop refused the round: the step ran plainly
-            self._measured(len(step_ids), drafts, choice, time.perf_counter() - began)
+            seconds = time.perf_counter() - began
+            self._measured(len(step_ids), drafts, policy, choice, seconds, drafting)
             if prefill and request.echo:
                 # Up to ECHO_MAX_SCORES values to write: built off the event loop.
                 yield await asyncio.to_thread(output.echo, choice)
@@ -264,6 +283,8 @@ class RouteDriver:
                     self.lookup.extend([token.token_id])
                     if self.forced is not None:
                         self.forced.extend([token.token_id])
+                    if self.draft is not None:
+                        self.draft.extend([token.token_id])
                 frame = output.token(token)
                 if frame is not None:
                     yield frame
@@ -294,15 +315,43 @@ class RouteDriver:
             drafts=tuple(drafts),
         )
 
-    def _drafts(self) -> list[int]:
-        """The drafts of the next step: as many as the route's timing and the answer's
-        acceptance say pay, within the budget (the chosen token must still fit); what the
-        grammar forces where it forces anything, else what prompt lookup finds."""
+    async def _drafts(self) -> tuple[list[int], DraftPolicy | None, float]:
+        """The drafts of the next step, the policy of the proposer that drafted them and
+        the seconds drafting took.
+
+        As many as the route's timing and the answer's acceptance say pay, within
+        the budget (the chosen token must still fit): what the grammar forces where
+        it forces anything (counted as prompt lookup's: both are free), else from
+        the proposer whose plan promises more tokens a second — a probe first, prompt
+        lookup on a tie — and from the other when that one finds nothing.
+        """
         if not self.speculating:
-            return []
-        limit = min(self.policy.drafts(), self.output.budget - self.output.produced - 1)
-        forced = self.forced.propose(limit) if self.forced is not None else []
-        return forced or self.lookup.propose(limit)
+            return [], None, 0.0
+        room = self.output.budget - self.output.produced - 1
+        if self.forced is not None:
+            forced = self.forced.propose(min(self.policy.drafts(), room))
+            if forced:
+                return forced, self.policy, 0.0
+        plans = [(policy.plan(), proposer, policy) for proposer, policy in self.proposers]
+        plans.sort(key=lambda plan: plan[0][1], reverse=True)
+        for (drafts, _), proposer, policy in plans:
+            limit = min(drafts, room)
+            if limit <= 0:
+                continue
+            if isinstance(proposer, DraftModel):
+                if not self.primed:
+                    # The prompt, run once per generation as the route's prefill is:
+                    # not a cost of any one round.
+                    await self.service.compute(proposer.prime)
+                    self.primed = True
+                began = time.perf_counter()
+                proposal = await self.service.compute(functools.partial(proposer.propose, limit))
+                drafting = time.perf_counter() - began
+            else:
+                proposal, drafting = proposer.propose(limit), 0.0
+            if proposal:
+                return proposal, policy, drafting
+        return [], None, 0.0
 
     async def _grammar_forced(self, grammar: str) -> GrammarForced:
         """The grammar's forced tokens as drafts: its matcher, compiled on the torch thread
@@ -317,14 +366,24 @@ class RouteDriver:
 
         return await service.compute(build)
 
-    def _measured(self, positions: int, drafts: list[int], choice: Choice, seconds: float) -> None:
-        """Learn from a decode step: a plain one's time, or a round's time and acceptance."""
-        if drafts:
-            self.policy.record_round(len(drafts), choice.accepted, seconds)
+    def _measured(
+        self,
+        positions: int,
+        drafts: list[int],
+        policy: DraftPolicy | None,
+        choice: Choice,
+        seconds: float,
+        drafting: float,
+    ) -> None:
+        """Learn from a decode step: a plain one's time (every proposer's timing), or a
+        round's time, its drafting included, and acceptance (its proposer's)."""
+        if drafts and policy is not None:
+            policy.record_round(len(drafts), choice.accepted, seconds + drafting)
             self.output.drafted += len(drafts)
             self.output.accepted += choice.accepted
         elif positions == 1:
-            self.policy.record_plain(seconds)
+            for _, each in self.proposers:
+                each.record_plain(seconds)
 
     async def _step(self, token_ids: list[int], tail: TailRequest) -> Choice:
         """:meth:`_through_route`, then a draft round's rejected positions cut off this

@@ -24,10 +24,16 @@ and a text that repeats itself is worth several drafts. Until a route has a
 plain step and a draft round measured, and every :data:`PROBE_EVERY` plain
 steps while ``k`` is 0, one round of :data:`PROBE_DRAFTS` drafts measures
 again (a probe costs one step's extra positions).
+
+A head with a draft model has two proposers, each with its policy over its
+own timing of the route (a draft model's drafts cost its compute, prompt
+lookup's nearly nothing) and its own acceptance: each step asks the one
+whose plan promises more (:meth:`DraftPolicy.plan`), a probe first.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -45,6 +51,9 @@ PROBE_EVERY = 32
 TIMING_ALPHA = 0.2
 # Routes a head keeps timing for (least recently used forgotten first).
 ROUTES_KEPT = 256
+# The proposers a route is timed for apart: a draft model's drafts cost its compute.
+LOOKUP = "lookup"
+DRAFT_MODEL = "draft model"
 
 
 @dataclass
@@ -66,15 +75,17 @@ class RouteTiming:
 
 
 class TimingBook:
-    """Each route's :class:`RouteTiming` on this head, by the route's hops."""
+    """Each route's :class:`RouteTiming` on this head, by the route's hops and the proposer
+    (:data:`LOOKUP` or :data:`DRAFT_MODEL`) whose drafts it times."""
 
     def __init__(self, kept: int = ROUTES_KEPT) -> None:
         self.kept = kept
         self._routes: OrderedDict[Hashable, RouteTiming] = OrderedDict()
 
-    def of(self, route: Hashable) -> RouteTiming:
-        timing = self._routes.pop(route, None) or RouteTiming()
-        self._routes[route] = timing
+    def of(self, route: Hashable, proposer: str = LOOKUP) -> RouteTiming:
+        key = (route, proposer)
+        timing = self._routes.pop(key, None) or RouteTiming()
+        self._routes[key] = timing
         while len(self._routes) > self.kept:
             self._routes.popitem(last=False)
         return timing
@@ -96,15 +107,23 @@ class DraftPolicy:
 
     def drafts(self) -> int:
         """How many drafts the next step should carry (0: a plain step)."""
+        return self.plan()[0]
+
+    def plan(self) -> tuple[int, float]:
+        """The next step's drafts and the tokens a second they are expected to deliver.
+
+        A probe (a draft's cost not yet measured, or due while none pays) is
+        expected at infinity: it is measured before anything that is known.
+        """
         timing = self.timing
         if timing.plain is None:
-            return 0
+            return 0, 0.0
         if timing.per_draft is None:
-            return PROBE_DRAFTS
+            return PROBE_DRAFTS, math.inf
         best = best_drafts(self.acceptance, timing.plain, timing.per_draft)
         if best == 0 and self._plain_since_round >= PROBE_EVERY:
-            return PROBE_DRAFTS
-        return best
+            return PROBE_DRAFTS, math.inf
+        return best, expected_rate(self.acceptance, timing.plain, timing.per_draft, best)
 
     def record_plain(self, seconds: float) -> None:
         self.timing.record_plain(seconds)
@@ -125,13 +144,18 @@ def best_drafts(acceptance: float, plain: float, per_draft: float) -> int:
     (``a``: ``acceptance``) in ``plain + k × per_draft`` seconds.
     """
     best, best_rate = 0, PAYS / plain
-    expected = 1.0
     for k in range(1, MAX_DRAFTS + 1):
-        expected += acceptance**k
-        rate = expected / (plain + k * per_draft)
+        rate = expected_rate(acceptance, plain, per_draft, k)
         if rate > best_rate:
             best, best_rate = k, rate
     return best
+
+
+def expected_rate(acceptance: float, plain: float, per_draft: float, drafts: int) -> float:
+    """Tokens a second a step of ``drafts`` drafts is expected to deliver:
+    ``1 + a + … + a^k`` in ``plain + k × per_draft`` seconds."""
+    expected = sum(acceptance**k for k in range(drafts + 1))
+    return expected / (plain + drafts * per_draft)
 
 
 def _blend(old: float | None, sample: float) -> float:

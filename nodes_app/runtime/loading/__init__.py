@@ -6,8 +6,9 @@ norm and LM head on the tail): ``weights`` plans and reads them from a
 safetensors or GGUF checkpoint through transformers' conversions,
 ``quantization`` and ``precision`` apply the operator's dtype and
 quantisation, ``memory`` hands freed memory back to the system, ``tiny``
-builds the seeded tiny model, and ``footprint`` says what a shard will hold
-(for placement). Where the weights come from is ``nodes_app.shared.sources``.
+builds the seeded tiny model, ``footprint`` says what a shard will hold
+(for placement), and ``draft`` loads a head's draft model whole. Where the
+weights come from is ``nodes_app.shared.sources``.
 """
 
 import transformers.utils

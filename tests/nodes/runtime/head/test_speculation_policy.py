@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from nodes_app.runtime.head.speculation import (
     MAX_DRAFTS,
     PROBE_DRAFTS,
@@ -10,6 +14,7 @@ from nodes_app.runtime.head.speculation import (
     RouteTiming,
     TimingBook,
     best_drafts,
+    expected_rate,
 )
 
 
@@ -51,6 +56,19 @@ def test_a_generation_that_stopped_speculating_probes_again_after_plain_steps() 
         policy.record_plain(0.004)
 
     assert policy.drafts() == PROBE_DRAFTS
+
+
+def test_a_probe_is_planned_first_and_a_dearer_proposer_promises_fewer_tokens() -> None:
+    """How a head with a draft model chooses between it and prompt lookup (ADR-0028)."""
+    unmeasured = DraftPolicy(RouteTiming(plain=0.045))
+    free = DraftPolicy(RouteTiming(plain=0.045, per_draft=0.001))
+    dear = DraftPolicy(RouteTiming(plain=0.045, per_draft=0.03))
+
+    assert unmeasured.plan() == (PROBE_DRAFTS, math.inf)
+    drafts, rate = free.plan()
+    assert drafts > 0 and rate == expected_rate(0.5, 0.045, 0.001, drafts)
+    assert dear.plan() == (0, pytest.approx(1 / 0.045))
+    assert rate > dear.plan()[1]
 
 
 def test_acceptance_counts_each_draft_given_the_ones_before_it_were_accepted() -> None:
