@@ -301,7 +301,7 @@ def test_sampled_logprobs_are_the_plain_ones_seed_by_seed_wherever_a_round_is_cu
 ) -> None:
     recording = RecordingHop(route.services[-1])
     for seed in range(6):
-        fields = {"temperature": 0.05 if seed % 2 else 0.9, "seed": seed}
+        fields: dict[str, Any] = {"temperature": 0.05 if seed % 2 else 0.9, "seed": seed}
         plain = scored(route, speculation="off", **fields)
         with route.last_hop_as(recording):
             spoken = scored(route, **fields)
