@@ -5,13 +5,16 @@ hand to ``hop.step_intake`` directly, every step and answer encoded and
 decoded by the link's codec on the way, as ``hop.link_server`` would: the
 head, the hops' engines and the wire without node processes or sockets, so
 a family table stays fast. Speculation's timing can be fixed
-(:class:`FixedTimings`), so that a test chooses how many drafts a head sends.
+(:class:`FixedTimings`), so that a test chooses how many drafts a head sends;
+a hop may stand in for an older node's (:class:`OlderHop`,
+:class:`UnscoredRoundsHop`) or keep the rounds it answered (:class:`RecordingHop`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -93,19 +96,48 @@ class InProcessHop:
 class OlderHop(InProcessHop):
     """A hop of a node older than draft rounds: it refuses a step's unknown ``drafts``."""
 
+    refusal = "unknown step fields: drafts"
+
     def __init__(self, service: NodeService) -> None:
         super().__init__(service)
         self.refused = 0
 
+    def refuses(self, step: ForwardStep) -> bool:
+        return step.drafts is not None
+
     async def step(
         self, step: ForwardStep, body: bytes, *, capability: Any, plan: Any, timeout: float
     ) -> StepAnswer:
-        if step.drafts is not None:
+        if self.refuses(step):
             self.refused += 1
-            return StepAnswer.refusal(
-                1, RuntimeRequestError("unknown step fields: drafts", code="bad_field")
-            )
+            return StepAnswer.refusal(1, RuntimeRequestError(self.refusal, code="bad_field"))
         return await super().step(step, body, capability=capability, plan=plan, timeout=timeout)
+
+
+class UnscoredRoundsHop(OlderHop):
+    """A last hop of a node whose draft rounds carried no logprobs: it refuses a round
+    asking for them, as such nodes did."""
+
+    refusal = "a draft round is verified without logprobs"
+
+    def refuses(self, step: ForwardStep) -> bool:
+        return step.drafts is not None and step.logprobs is not None
+
+
+class RecordingHop(InProcessHop):
+    """A hop that keeps each draft round it answered: ``(drafts, accepted)``."""
+
+    def __init__(self, service: NodeService) -> None:
+        super().__init__(service)
+        self.rounds: list[tuple[int, int]] = []
+
+    async def step(
+        self, step: ForwardStep, body: bytes, *, capability: Any, plan: Any, timeout: float
+    ) -> StepAnswer:
+        answer = await super().step(step, body, capability=capability, plan=plan, timeout=timeout)
+        if step.drafts is not None and answer.status == 200:
+            self.rounds.append((len(step.drafts), answer.accepted or 0))
+        return answer
 
 
 class InProcessLinks:
@@ -136,6 +168,16 @@ class InProcessRoute:
         ]
         self.endpoints = [f"http://node-{index}.test" for index in range(len(ranges))]
         self.links = InProcessLinks(dict(zip(self.endpoints[1:], self.services[1:], strict=True)))
+
+    @contextmanager
+    def last_hop_as(self, hop: InProcessHop) -> Iterator[None]:
+        """The head's link to the last hop goes through ``hop`` while in the block."""
+        endpoint = self.endpoints[-1]
+        kept, self.links.hops[endpoint] = self.links.hops[endpoint], hop
+        try:
+            yield
+        finally:
+            self.links.hops[endpoint] = kept
 
     def body(self, prompt: str, *, max_tokens: int, **extra: Any) -> dict[str, Any]:
         """A greedy generate body over the route for a raw ``prompt``."""

@@ -52,9 +52,11 @@ class Answer(Protocol):
         finish_reason: str,
         usage: CompletionUsage | None,
         stop: str | None = None,
+        meshnet: MeshnetRoute | None = None,
     ) -> bytes:
-        """The event that ends ``choice``; the request's last one carries ``usage``.
-        ``stop``: the stop sequence that ended it, if one did."""
+        """The event that ends ``choice``; the request's last one carries ``usage`` and
+        ``meshnet``, a whole reply's (with ``speculation``). ``stop``: the stop sequence
+        that ended it, if one did."""
         ...
 
     def reply(

@@ -163,6 +163,7 @@ class ChatAnswer:
         finish_reason: str,
         usage: CompletionUsage | None,
         stop: str | None = None,
+        meshnet: MeshnetRoute | None = None,
     ) -> bytes:
         made = self._calls.release(choice)
         before = b""
@@ -179,6 +180,7 @@ class ChatAnswer:
                 choice,
                 delta=ChatDelta(),
                 finish_reason=cast(ChatFinishReason, finish_reason),
+                meshnet=meshnet,
                 usage=usage,
             )
         )

@@ -7,7 +7,7 @@ events are Anthropic's, each named by its ``event:`` line::
     message_start  (the message, empty, with ``meshnet``: the route)
     content_block_start / content_block_delta (text_delta) / content_block_stop
     content_block_start (tool_use) / content_block_delta (input_json_delta) / ..._stop
-    message_delta  (stop_reason, stop_sequence, usage)
+    message_delta  (stop_reason, stop_sequence, usage; ``meshnet`` with ``speculation``)
     message_stop
 
 Text streams as it comes. Calls are held back (:class:`~tracker_app.completions.answers.HeldCalls`)
@@ -165,6 +165,7 @@ class MessagesAnswer:
         finish_reason: str,
         usage: CompletionUsage | None,
         stop: str | None = None,
+        meshnet: MeshnetRoute | None = None,
     ) -> bytes:
         events = []
         if self._text is not None:
@@ -200,8 +201,11 @@ class MessagesAnswer:
         counted = (
             _usage(usage) if usage is not None else MessageUsage(input_tokens=0, output_tokens=0)
         )
+        message_delta: dict[str, Any] = {"type": "message_delta", "delta": delta, "usage": counted}
+        if meshnet is not None:
+            message_delta["meshnet"] = meshnet
         events += [
-            self._named({"type": "message_delta", "delta": delta, "usage": counted}),
+            self._named(message_delta),
             self._named({"type": "message_stop"}),
         ]
         return b"".join(events)

@@ -154,8 +154,8 @@ class CompletionProxy:
 
     def _meshnet(self, *, final: bool = False) -> MeshnetRoute:
         """The ``meshnet`` extension field: the route serving the (first) choice now;
-        ``final`` (a whole reply) adds every choice's drafts sent and accepted. A stream's
-        ``meshnet`` is its first event's, before any draft."""
+        ``final`` (a whole reply, a stream's last event) adds every choice's drafts sent
+        and accepted."""
         first = self.generations[0] if self.generations else None
         route = first.route.to_dict() if first is not None and first.segments else {}
         meshnet = cast(MeshnetRoute, route)  # RouteDecision.to_dict gives this shape
@@ -252,12 +252,11 @@ class CompletionProxy:
         )
         assert last is not None and last.finish_reason is not None
         stop = self.generations[last.choice].stop_sequence
-        await send(self.answer.finish(last.choice, last.finish_reason, usage, stop))
+        meshnet = self._meshnet(final=True)
+        await send(self.answer.finish(last.choice, last.finish_reason, usage, stop, meshnet))
         if self.params.stream:
             return CompletionResult()
-        return CompletionResult(
-            reply=self.answer.reply(self.generations, usage, self._meshnet(final=True))
-        )
+        return CompletionResult(reply=self.answer.reply(self.generations, usage, meshnet))
 
     def _stop_of(self, generation: Generation) -> str | None:
         """The client's stop sequence that ended ``generation``, kept on it; None when

@@ -223,6 +223,7 @@ class ResponsesAnswer:
         finish_reason: str,
         usage: CompletionUsage | None,
         stop: str | None = None,
+        meshnet: MeshnetRoute | None = None,
     ) -> bytes:
         made = self._calls.release(choice)
         status = _status(finish_reason, made)
@@ -269,7 +270,7 @@ class ResponsesAnswer:
                 self._event("response.output_item.done", output_index=index, item=item),
             ]
             output.append(item)
-        response = self._response(status, output, usage, self._meshnet)
+        response = self._response(status, output, usage, meshnet or self._meshnet)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event(kind, response=response))
         return b"".join(events)

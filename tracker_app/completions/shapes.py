@@ -86,7 +86,7 @@ class MeshnetSpeculation(TypedDict):
 
 class MeshnetRoute(TypedDict):
     """The route serving the request: signature, how it was chosen, its hops; in a
-    whole reply (``stream: false``) also ``speculation``."""
+    whole reply (``stream: false``) and a stream's last event also ``speculation``."""
 
     route: str
     mode: Annotated[str, Documented(lambda: serializers.ChoiceField(choices=_MODES))]
@@ -183,7 +183,7 @@ class ChatChunkChoice(TypedDict):
 
 class ChatCompletionChunk(TypedDict):
     """One ``data:`` event of a streamed answer: the first carries ``meshnet``, the last
-    ``finish_reason`` and ``usage``."""
+    ``finish_reason``, ``usage`` and ``meshnet`` again, with ``speculation``."""
 
     id: str
     object: Literal["chat.completion.chunk"]
@@ -230,7 +230,7 @@ class TextChunkChoice(TypedDict):
 
 class TextCompletionChunk(TypedDict):
     """One ``data:`` event of a streamed legacy answer: the first carries ``meshnet``, the
-    last ``finish_reason`` and ``usage``."""
+    last ``finish_reason``, ``usage`` and ``meshnet`` again, with ``speculation``."""
 
     id: str
     object: Literal["text_completion"]

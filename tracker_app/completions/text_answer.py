@@ -176,8 +176,10 @@ class TextCompletionAnswer:
         finish_reason: str,
         usage: CompletionUsage | None,
         stop: str | None = None,
+        meshnet: MeshnetRoute | None = None,
     ) -> bytes:
-        return sse_event(self._chunk(choice, "", cast(FinishReason, finish_reason), usage=usage))
+        reason = cast(FinishReason, finish_reason)
+        return sse_event(self._chunk(choice, "", reason, meshnet=meshnet, usage=usage))
 
     def failed(self, error: DomainError) -> bytes:
         return openai_failed(error)

@@ -274,23 +274,19 @@ class Admission:
                 "token_ids are for families whose layers take them", code="bad_field"
             )
         if step.drafts is not None:
-            self._check_drafts(step, last)
+            self._check_drafts(step)
         if step.sampling is not None:
             self.check_vocabulary(
                 step.sampling, (*(step.prompt_ids or ()), *(step.generated_ids or ()))
             )
 
-    def _check_drafts(self, step: ForwardStep, last: bool) -> None:
+    def _check_drafts(self, step: ForwardStep) -> None:
         """A draft round (ADR-0028): a decode step's, within the vocabulary, matching the
-        step's own ids where it carries them, and verified without logprobs."""
+        step's own ids where it carries them."""
         drafts = step.drafts or ()
         if step.position == 0 or step.prompt_ids is not None or step.generated_ids is not None:
             raise RuntimeRequestError(
                 "drafts follow a session's first step, never open it", code="bad_field"
-            )
-        if last and step.logprobs is not None:
-            raise RuntimeRequestError(
-                "a draft round is verified without logprobs", code="bad_field"
             )
         if max(drafts) >= self.vocab_size:
             raise RuntimeRequestError(

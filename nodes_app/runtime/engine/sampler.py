@@ -46,9 +46,10 @@ class TailRequest:
     """What the last hop does with a step's logits besides choosing with ``sampling``.
 
     ``logprobs``: report the chosen token's logprob and this many best
-    alternatives (None: report nothing). ``prompt_ids``: an echo — the ids
-    of the step's first positions, each of which (but the first) gets its
-    logprob given the ones before it, with as many alternatives.
+    alternatives (in a draft round, every delivered token's; None: report
+    nothing). ``prompt_ids``: an echo — the ids of the step's first
+    positions, each of which (but the first) gets its logprob given the ones
+    before it, with as many alternatives.
     ``generated_ids``: completion tokens already generated before this session
     (a resumed completion's), which the penalties count; sent on the step
     that opens the session. ``drafts``: a draft round (speculative decoding,
@@ -279,7 +280,9 @@ class TokenPicker:
         [top] = _top(scores.unsqueeze(0), logprobs)
         return Choice(token, TokenScore(float(scores[token]), top))
 
-    def verify(self, logits: torch.Tensor, drafts: Sequence[int]) -> Choice:
+    def verify(
+        self, logits: torch.Tensor, drafts: Sequence[int], logprobs: int | None = None
+    ) -> Choice:
         """A draft round's answer from float32 ``logits`` ``[len(drafts) + 1, vocab]``.
 
         Row ``i`` follows the step's position ``i`` (the last accepted token,
@@ -289,10 +292,17 @@ class TokenPicker:
         first choice that differs (or the one after the last draft) is the
         answer's token: ``Choice.accepted`` drafts, then ``token_id``. Exactly
         the tokens decoding one position at a time chooses, and the picker's
-        state advances by exactly those.
+        state advances by exactly those. With ``logprobs``, every delivered
+        token is scored as :meth:`choose` scores it: each accepted draft's in
+        ``Choice.accepted_scores``, the answer's token's in ``Choice.score``.
         """
+        scores: list[TokenScore] = []
         for accepted, row in enumerate(logits):
-            choice = self.choose(row)
+            choice = self.choose(row, logprobs)
             if accepted == len(drafts) or choice.token_id != drafts[accepted]:
-                return Choice(choice.token_id, accepted=accepted)
+                return Choice(
+                    choice.token_id, choice.score, accepted=accepted, accepted_scores=tuple(scores)
+                )
+            if choice.score is not None:
+                scores.append(choice.score)
         raise ValueError("a draft round's logits have one row more than its drafts")

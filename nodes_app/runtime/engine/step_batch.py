@@ -144,7 +144,9 @@ def run_step_batch(
             elif job.drafts and job.tail is not None:
                 assert job.session.picker is not None
                 every = runner.logits(out[row : row + 1])[0]
-                outcomes.append(job.session.picker.verify(every, job.tail.drafts))
+                outcomes.append(
+                    job.session.picker.verify(every, job.tail.drafts, job.tail.logprobs)
+                )
             elif logits is not None:
                 assert job.tail is not None
                 assert job.session.picker is not None

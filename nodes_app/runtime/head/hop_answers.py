@@ -60,7 +60,8 @@ def choice_of(
     only when the vocabulary is smaller); ``prompt_scores`` entries of
     ``[logprob, top]`` for an echo (none otherwise); for a draft round of
     ``drafts`` drafts, the count accepted, at most ``drafts`` (0 when left
-    out), and none without one.
+    out), and none without one; with ``logprobs``, a ``[logprob, top]`` score
+    of the same kind for each accepted draft (none without ``logprobs``).
     """
     alternatives = min(logprobs or 0, vocab)
     token = answer.token_id
@@ -80,7 +81,32 @@ def choice_of(
     accepted = 0 if answer.accepted is None else answer.accepted
     if not (is_count(accepted) and accepted <= drafts):
         raise BadAnswer(f"answered other than a count of at most {drafts} accepted drafts")
-    return Choice(token, score, prompt, accepted)
+    return Choice(
+        token, score, prompt, accepted, _accepted_scores(answer, vocab, logprobs, accepted)
+    )
+
+
+def _accepted_scores(
+    answer: StepAnswer, vocab: int, logprobs: int | None, accepted: int
+) -> tuple[TokenScore, ...]:
+    """Each accepted draft's score, as ``logprobs`` asks; :class:`BadAnswer` unless there
+    is exactly one per accepted draft with ``logprobs`` and none without."""
+    raw = answer.accepted_scores
+    if logprobs is None:
+        if raw is not None:
+            raise BadAnswer("answered logprobs it was not asked for")
+        return ()
+    if accepted == 0 and raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) != accepted:
+        raise BadAnswer(f"answered other than a score for each of its {accepted} accepted drafts")
+    alternatives = min(logprobs, vocab)
+    scores = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2):
+            raise BadAnswer("answered an accepted draft's score that is not [logprob, top]")
+        scores.append(_score(item[0], item[1], vocab, alternatives))
+    return tuple(scores)
 
 
 def prompt_scores_of(table: PromptTable, vocab: int) -> tuple[TokenScore, ...]:

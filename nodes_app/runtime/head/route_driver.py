@@ -33,7 +33,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from nodes_app.protocol.decoding import is_count
 from nodes_app.protocol.errors import (
@@ -61,7 +61,7 @@ from nodes_app.runtime.head.hop_answers import BadAnswer, choice_of, hidden_of
 from nodes_app.runtime.head.hop_links import HopLinks, LinkDropped, LinkError, LinkTimeout
 from nodes_app.runtime.head.output import OutputProcessor
 from nodes_app.runtime.head.speculation import DRAFT_MODEL, DraftPolicy, TimingBook
-from nodes_app.runtime.wire.entries import Choice, ForwardStep, StepAnswer
+from nodes_app.runtime.wire.entries import Choice, ForwardStep, StepAnswer, TokenScore
 from nodes_app.shared.grammar import grammar_matcher, grammar_problem
 from nodes_app.shared.prefix_chain import block_hashes, chain_seed
 from nodes_app.shared.prompting import TemplateRefused, prompt_token_ids, text_token_ids
@@ -201,10 +201,10 @@ class RouteDriver:
         # One capability per hop session; the signed plan opens each of them.
         self.capabilities = [new_capability() for _ in request.hops[1:]]
         self.plan_header = request.plan.to_header() if request.signature else None
-        # Speculative decoding (ADR-0028): answers without logprobs, unless the request
-        # turns it off; drafts by prompt lookup and, on a head with one, by the draft
-        # model, each with its policy over its own timing of the route.
-        self.speculating = request.speculation and not request.logprobs
+        # Speculative decoding (ADR-0028), unless the request turns it off: drafts by
+        # prompt lookup and, on a head with one, by the draft model, each with its
+        # policy over its own timing of the route.
+        self.speculating = request.speculation
         route = tuple((hop.endpoint, hop.start_layer, hop.end_layer) for hop in request.hops)
         book = timings or TimingBook()
         text = [*prompt, *request.resume_token_ids]
@@ -276,8 +276,7 @@ class RouteDriver:
             step_ids = [choice.token_id]
             # The accepted drafts, then the chosen token: delivered one by one, so a
             # stop sequence or an end-of-text token ends the answer where it would.
-            delivered = [*(Choice(token) for token in drafts[: choice.accepted]), choice]
-            for token in delivered:
+            for token in _delivered(drafts, choice):
                 self.ran.append(token.token_id)
                 if self.speculating:
                     self.lookup.extend([token.token_id])
@@ -617,6 +616,14 @@ class RouteDriver:
                     timeout=CANCEL_SECONDS,
                     keep=keep or None,
                 )
+
+
+def _delivered(drafts: list[int], choice: Choice) -> list[Choice]:
+    """A step's delivered tokens: the drafts ``choice`` accepted, each with its score when
+    logprobs were asked, then its own token."""
+    kept = drafts[: choice.accepted]
+    scores: Sequence[TokenScore | None] = choice.accepted_scores or [None] * len(kept)
+    return [*(Choice(token, score) for token, score in zip(kept, scores, strict=True)), choice]
 
 
 def _status_of(hop: PlanHop, answer: StepAnswer, code: str | None) -> str:

@@ -142,6 +142,7 @@ def compact_answer(answer: StepAnswer) -> bytes | None:
         or answer.prompt is not None
         or answer.prompt_body is not None
         or answer.accepted is not None
+        or answer.accepted_scores is not None
     ):
         return None
     return _COMPACT_ANSWER.pack(_ANSWER_TOKEN, answer.step_id, token, 0, 0, 0)

@@ -52,13 +52,15 @@ class Choice:
     ``score`` is the chosen token's (when logprobs were asked); ``prompt``
     holds one score per prompt token after the first (an echo). ``accepted``:
     in a draft round, how many of the step's drafts were accepted before
-    ``token_id`` (speculative decoding, ADR-0028).
+    ``token_id`` (speculative decoding, ADR-0028); ``accepted_scores``, with
+    logprobs, each accepted draft's score, in order.
     """
 
     token_id: int
     score: TokenScore | None = None
     prompt: tuple[TokenScore, ...] = ()
     accepted: int = 0
+    accepted_scores: tuple[TokenScore, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,8 +195,10 @@ class StepAnswer:
     # resume at that count only (linear-attention states) rather than at any up to it.
     blocks: Any = None
     exact: Any = None
-    # A draft round's answer: how many of the step's drafts came before ``token_id``.
+    # A draft round's answer: how many of the step's drafts came before ``token_id``, and
+    # with logprobs each one's ``[logprob, top]`` (both left out when none was accepted).
     accepted: Any = None
+    accepted_scores: Any = None
     code: str | None = None
     error_type: str | None = None
     message: str = field(default="", repr=False)
@@ -212,6 +216,11 @@ class StepAnswer:
             prompt=None if table is None else [table.rows, table.alternatives],
             prompt_body=None if table is None else table.body,
             accepted=choice.accepted if choice.accepted else None,
+            accepted_scores=(
+                [[score.logprob, _top_json(score)] for score in choice.accepted_scores]
+                if choice.accepted_scores
+                else None
+            ),
         )
 
     @classmethod

@@ -25,14 +25,16 @@ session's state in the prefix cache under that chain), and a *claim*,
 ...], "capability"?, "plan"?}``, opens a session and asks how many leading
 blocks of the chain the hop holds (ADR-0027). An answer is ``{"id",
 "bytes", "dtype", "shape"}`` (hidden states), ``{"id", "token_id",
-"logprob"?, "top"?, "prompt"?, "bytes"?, "accepted"?}`` (the hop ending at the
-last layer: the chosen token, its logprob and ``[[id, logprob], ...]`` best
-alternatives when the step asked for ``logprobs``, for an echo ``"prompt":
-[rows, k]`` with a body of its prompt scores, :class:`PromptTable`, and for a
-draft round the drafts accepted before the token when any), ``{"id", "status":
-204}`` (a cancel done), ``{"id", "blocks", "exact"}`` (a claim's) or
-``{"id", "status", "code", "type", "message"}`` (refused or failed; a head
-relays only the code, ``protocol.errors.relayable_code``, and logs the rest).
+"logprob"?, "top"?, "prompt"?, "bytes"?, "accepted"?, "accepted_scores"?}``
+(the hop ending at the last layer: the chosen token, its logprob and ``[[id,
+logprob], ...]`` best alternatives when the step asked for ``logprobs``, for
+an echo ``"prompt": [rows, k]`` with a body of its prompt scores,
+:class:`PromptTable`, and for a draft round the drafts accepted before the
+token when any, with ``logprobs`` each one's ``[logprob, [[id, logprob],
+...]]``), ``{"id", "status": 204}`` (a cancel done), ``{"id", "blocks",
+"exact"}`` (a claim's) or ``{"id", "status", "code", "type", "message"}``
+(refused or failed; a head relays only the code,
+``protocol.errors.relayable_code``, and logs the rest).
 
 A frame carries as many entries as were ready together, so a batch of
 steps stays a batch along the route. The one JSON header per frame is a few
@@ -299,6 +301,7 @@ def encode_answers(answers: Sequence[StepAnswer]) -> bytes:
                 "top": answer.top,
                 "prompt": answer.prompt,
                 "accepted": answer.accepted,
+                "accepted_scores": answer.accepted_scores,
             }
             item.update((key, value) for key, value in scores.items() if value is not None)
             if answer.prompt_body is not None:
@@ -336,6 +339,7 @@ def decode_answers(frame: bytes) -> list[StepAnswer]:
                 blocks=entry.get("blocks"),
                 exact=entry.get("exact"),
                 accepted=entry.get("accepted"),
+                accepted_scores=entry.get("accepted_scores"),
                 code=entry.get("code") if isinstance(entry.get("code"), str) else None,
                 error_type=entry.get("type") if isinstance(entry.get("type"), str) else None,
                 message=str(entry.get("message") or "")[:300],

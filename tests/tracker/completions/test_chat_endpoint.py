@@ -453,3 +453,30 @@ def test_speculation_off_answers_the_same_and_a_whole_reply_reports_its_drafts(
     drafted = on.json()["meshnet"]["speculation"]
     assert 0 <= drafted["accepted"] <= drafted["drafted"]
     assert on.json()["usage"]["completion_tokens"] == off.json()["usage"]["completion_tokens"]
+
+
+def test_a_stream_with_logprobs_scores_every_token_and_reports_its_drafts_last(
+    network: Network,
+) -> None:
+    repetitive = [{"role": "user", "content": "mesh node mesh node mesh node mesh node mesh"}]
+
+    chunks = chunks_of(
+        network.stream(
+            model=TINY,
+            messages=repetitive,
+            max_tokens=17,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+    )
+
+    first, last = chunks[0]["meshnet"], chunks[-1]
+    assert "speculation" not in first
+    drafted = last["meshnet"]["speculation"]
+    assert 0 <= drafted["accepted"] <= drafted["drafted"]
+    assert last["meshnet"]["route"] == first["route"]
+    scored = [
+        c["choices"][0]["logprobs"]["content"] for c in chunks if c["choices"][0].get("logprobs")
+    ]
+    assert sum(map(len, scored)) == last["usage"]["completion_tokens"] > 0

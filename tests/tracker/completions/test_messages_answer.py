@@ -91,6 +91,24 @@ def test_whole_calls_end_with_tool_use() -> None:
     assert whole["stop_reason"] == "tool_use" and whole["content"][0]["id"].startswith("toolu_")
 
 
+def test_a_streams_message_delta_reports_the_whole_replys_meshnet_with_its_drafts() -> None:
+    fields = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    answer = MessagesAnswer(
+        completion_id="msg_1", created=1, params=messages_params_parse(json.dumps(fields).encode())
+    )
+    final: Any = {**ROUTE, "speculation": {"drafted": 5, "accepted": 3}}
+    answer.opening(ROUTE)
+
+    frames = answer.finish(0, "stop", usage_of(3, 7), None, final).strip().split(b"\n\n")
+
+    events = {
+        name.removeprefix(b"event: ").decode(): data.removeprefix(b"data: ")
+        for name, data in (frame.split(b"\n") for frame in frames)
+    }
+    assert json.loads(events["message_delta"])["meshnet"] == final
+    assert EVENT.validate_json(events["message_delta"]).type == "message_delta"
+
+
 def test_a_stream_the_network_failed_ends_with_anthropics_error_event() -> None:
     params = messages_params_parse(
         json.dumps(

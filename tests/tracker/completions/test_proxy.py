@@ -141,7 +141,9 @@ def test_n_choices_stream_tagged_by_index_with_usage_summed_and_the_prompt_bille
     assert texts_by_choice(chunks) == {0: answer(12), 1: answer(12), 2: answer(12)}
     openings = [c["choices"][0] for c in chunks if "role" in c["choices"][0]["delta"]]
     assert [o["index"] for o in openings] == [0, 1, 2]
-    assert "meshnet" in chunks[0] and all("meshnet" not in c for c in chunks[1:])
+    # The route opens the stream; the last event says it again, with speculation's figures.
+    assert "meshnet" in chunks[0] and all("meshnet" not in c for c in chunks[1:-1])
+    assert chunks[-1]["meshnet"]["route"] == chunks[0]["meshnet"]["route"]
     finishes = [c for c in chunks if c["choices"][0]["finish_reason"]]
     assert sorted(c["choices"][0]["index"] for c in finishes) == [0, 1, 2]
     assert finishes[-1] is chunks[-1] and all("usage" not in c for c in finishes[:-1])

@@ -16,6 +16,8 @@ from tracker_app.completions.responses_request import responses_params_parse
 from tracker_app.completions.shapes import usage_of
 
 ROUTE: Any = {"route": "r", "mode": "pinned", "hops": []}
+# What the proxy gives the request's last event and its whole reply.
+FINAL: Any = {**ROUTE, "speculation": {"drafted": 5, "accepted": 3}}
 PING = {"type": "function", "name": "ping", "parameters": {"type": "object", "properties": {}}}
 EVENT = TypeAdapter[ResponseStreamEvent](ResponseStreamEvent)
 
@@ -26,7 +28,7 @@ def answered(texts: list[str], finish: str, **body: Any) -> tuple[list[Any], dic
     streamed = ResponsesAnswer(completion_id="resp_1", created=1, params=params)
     events = streamed.opening(ROUTE)
     events += [streamed.piece(Piece(0, text=text)) for text in texts]
-    events.append(streamed.finish(0, finish, usage_of(3, 7)))
+    events.append(streamed.finish(0, finish, usage_of(3, 7), None, FINAL))
     read = []
     for frame in b"".join(events).split(b"\n\n"):
         if frame:
@@ -39,7 +41,7 @@ def answered(texts: list[str], finish: str, **body: Any) -> tuple[list[Any], dic
     )
     generation.texts, generation.finish_reason = texts, finish
     whole = ResponsesAnswer(completion_id="resp_1", created=1, params=params).reply(
-        [generation], usage_of(3, 7), ROUTE
+        [generation], usage_of(3, 7), FINAL
     )
     return read, dict(whole)
 
@@ -61,6 +63,13 @@ def test_streamed_text_ends_in_the_whole_response() -> None:
     assert without_ids(final.response) == without_ids(Response.model_validate(whole))
     assert final.response.output_text == "Hello" and final.response.max_output_tokens == 9
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_stream_opens_with_the_route_and_completes_with_the_replys_drafts() -> None:
+    events, whole = answered(["Hi"], "stop")
+
+    assert (events[0].response.model_extra or {})["meshnet"] == ROUTE
+    assert (events[-1].response.model_extra or {})["meshnet"] == whole["meshnet"] == FINAL
 
 
 def test_calls_cut_by_max_output_tokens_are_the_function_calls_completed() -> None:

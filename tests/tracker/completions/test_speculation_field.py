@@ -1,5 +1,5 @@
-"""A request's ``speculation`` field reaches the head; a whole reply's ``meshnet`` reports the
-drafts its heads sent and accepted (ADR-0028)."""
+"""A request's ``speculation`` field reaches the head; a whole reply's ``meshnet``, and a
+stream's last event's, report the drafts its heads sent and accepted (ADR-0028)."""
 
 from __future__ import annotations
 
@@ -62,3 +62,20 @@ def test_a_whole_reply_without_drafts_reports_none(net: Net) -> None:
 
     reply: Any = result.reply
     assert reply["meshnet"]["speculation"] == {"drafted": 0, "accepted": 0}
+
+
+@pytest.mark.parametrize("api", ["chat", "text"])
+def test_a_streams_last_event_reports_every_choices_drafts_with_its_usage(
+    net: Net, api: str
+) -> None:
+    net.node("whole", 0, 3)
+    net.heads.plan("whole", Behaviour(speculated=(9, 6)))
+    proxy = net.proxy(n=2) if api == "chat" else net.text_proxy(n=2, max_tokens=12)
+
+    chunks, _ = served(proxy)
+
+    first, last = chunks[0]["meshnet"], chunks[-1]
+    assert "speculation" not in first
+    assert last["meshnet"] == {**first, "speculation": {"drafted": 18, "accepted": 12}}
+    assert last["usage"]["completion_tokens"] == 24
+    assert all("meshnet" not in chunk for chunk in chunks[1:-1])

@@ -178,3 +178,34 @@ def test_prompt_scores_give_each_targets_logprob_and_the_best_alternatives() -> 
     assert second.logprob == pytest.approx(float(raw[1, 0]))
     assert [token for token, _ in first.top] == [1, 2]
     assert [token for token, _ in second.top] == [3, 2]
+
+
+# A draft round's logits: the last accepted token's position, then three drafts'.
+ROUND = torch.randn(4, 32, generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("kept", [0, 1, 2, 3])
+def test_a_round_scores_every_token_it_delivers_as_choosing_them_one_by_one_does(
+    kept: int,
+) -> None:
+    params = SamplingParams(temperature=0.9, seed=5)
+    plain = TokenPicker(params)
+    one_by_one = [plain.choose(row, logprobs=2) for row in ROUND]
+    chosen = [choice.token_id for choice in one_by_one]
+    # The first ``kept`` drafts are what plain decoding chooses; the next one is not.
+    drafts = chosen[:kept] + [(token + 1) % 32 for token in chosen[kept:3]]
+
+    verified = TokenPicker(params).verify(ROUND, drafts, logprobs=2)
+
+    assert verified.accepted == kept
+    assert verified.token_id == chosen[kept]
+    delivered = [*verified.accepted_scores, verified.score]
+    assert delivered == [choice.score for choice in one_by_one[: kept + 1]]
+
+
+def test_a_round_without_logprobs_scores_nothing() -> None:
+    drafts = [TokenPicker(SamplingParams()).choose(row).token_id for row in ROUND[:3]]
+
+    verified = TokenPicker(SamplingParams()).verify(ROUND, drafts)
+
+    assert verified == Choice(verified.token_id, accepted=3)

@@ -130,3 +130,42 @@ def test_more_accepted_drafts_than_were_sent_are_that_hops_fault(
 
     with pytest.raises(BadAnswer, match="accepted drafts"):
         choice_of(answer, vocab=259, logprobs=None, prompt_scores=0, drafts=drafts)
+
+
+def test_a_scored_rounds_answer_travels_with_a_score_for_every_delivered_token() -> None:
+    scores = (TokenScore(-0.5, ((3, -0.5), (9, -1.0))), TokenScore(-0.25, ((4, -0.25), (3, -2.0))))
+    choice = Choice(7, TokenScore(-1.0, ((7, -1.0), (1, -1.5))), accepted=2, accepted_scores=scores)
+    [answer] = decode_answers(encode_answers([StepAnswer.chosen(4, choice)]))
+
+    assert choice_of(answer, vocab=259, logprobs=2, prompt_scores=0, drafts=3) == choice
+
+
+def test_a_round_without_logprobs_answers_as_before_rounds_were_scored() -> None:
+    """What a head older than scored rounds reads: no field it does not know."""
+    frame = encode_answers([StepAnswer.chosen(4, Choice(7, accepted=3))])
+
+    assert b'"accepted":3' in frame and b"accepted_scores" not in frame
+
+
+@pytest.mark.parametrize(
+    ("fields", "logprobs"),
+    [
+        ({}, 2),  # no draft's score: a hop that scores its own token only
+        ({"accepted_scores": [[-0.5, [[3, -0.5], [9, -1.0]]]]}, 2),  # one short
+        ({"accepted_scores": [[-0.5, [[3, -0.5]]], [-0.5, [[3, -0.5]]]]}, 2),  # alternatives
+        ({"accepted_scores": [[0.5, [[3, -0.5], [9, -1.0]]]] * 2}, 2),  # a positive logprob
+        ({"accepted_scores": [[-0.5, [[300, -0.5], [9, -1.0]]]] * 2}, 2),  # past the vocab
+        ({"accepted_scores": [-0.5, -0.5]}, 2),  # not [logprob, top]
+        ({"accepted_scores": [[-0.5, []]] * 2}, None),  # scores nobody asked for
+    ],
+)
+def test_a_rounds_scores_other_than_one_per_accepted_draft_are_that_hops_fault(
+    fields: dict[str, Any], logprobs: int | None
+) -> None:
+    score = {"logprob": -1.0, "top": [[7, -1.0], [1, -1.5]]} if logprobs else {}
+    entry = {"id": 1, "token_id": 7, "accepted": 2, **score, **fields}
+    header = json.dumps({"answers": [entry]}).encode()
+    [answer] = decode_answers(struct.pack("<I", len(header)) + header)
+
+    with pytest.raises(BadAnswer):
+        choice_of(answer, vocab=259, logprobs=logprobs, prompt_scores=0, drafts=3)

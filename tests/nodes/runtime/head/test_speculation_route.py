@@ -9,13 +9,19 @@ is fixed so that drafts pay, except where a test measures it for real.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from tests.support.checkpoints import LAYERS, tiny_checkpoint
-from tests.support.in_process_route import FixedTimings, InProcessRoute, OlderHop
-from tests.support.sse import completion
+from tests.support.in_process_route import (
+    FixedTimings,
+    InProcessRoute,
+    OlderHop,
+    RecordingHop,
+    UnscoredRoundsHop,
+)
+from tests.support.sse import chunks_of, completion
 from tracker_app.completions.structured import response_format_grammar
 
 PROMPT = "the mesh runs the layers; " * 4 + "the mesh"
@@ -25,6 +31,10 @@ POINT = {
     "required": ["x", "y"],
     "additionalProperties": False,
 }
+# Logprobs asked, and how close two runs' values must be (a round's positions are one
+# forward, plain decoding's one each: sums in another order).
+SCORED = {"logprobs": True, "top_logprobs": 3}
+TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +59,8 @@ def test_drafts_are_sent_and_accepted_and_reported_in_the_usage(route: InProcess
     assert usage["completion_tokens"] == len(ids) == 16
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"speculation": "off"}, {"logprobs": True, "top_logprobs": 2}],
-    ids=["asked-off", "logprobs"],
-)
-def test_speculation_is_off_when_asked_and_for_logprobs(
-    route: InProcessRoute, fields: dict[str, Any]
-) -> None:
-    _, ids, last = answer(route, **fields)
+def test_speculation_is_off_when_asked(route: InProcessRoute) -> None:
+    _, ids, last = answer(route, speculation="off")
 
     assert len(ids) == 16
     assert "drafted_tokens" not in last["usage"]
@@ -213,3 +216,110 @@ def test_a_resumed_answer_continues_as_plain_decoding_does(route: InProcessRoute
 
     assert resumed == whole[6:]
     assert last["usage"]["completion_tokens"] == 20
+
+
+class Scored(NamedTuple):
+    """An answer of up to 24 tokens with logprobs, as the head streamed it."""
+
+    ids: list[int]
+    prompt: list[Any]  # an echo's prompt entries
+    entries: list[Any]  # one per answer token
+    last: dict[str, Any]
+
+
+def scored(
+    route: InProcessRoute, prompt: str = PROMPT, *, max_tokens: int = 24, **fields: Any
+) -> Scored:
+    body = route.body(prompt, max_tokens=max_tokens, **SCORED, **fields)
+    chunks = chunks_of(route.generate(body, timings=FixedTimings()))
+    return Scored(
+        ids=[i for chunk in chunks for i in chunk.get("meshnet_token_ids", [])],
+        prompt=chunks[0].get("meshnet_prompt_logprobs", []),
+        entries=[
+            entry
+            for chunk in chunks
+            for entry in (chunk["choices"][0].get("logprobs") or {}).get("content", [])
+        ],
+        last=chunks[-1],
+    )
+
+
+def assert_same_scores(spoken: Scored, plain: Scored) -> None:
+    """The same tokens, each scored with the same alternatives and logprobs, in order."""
+
+    def tokens(entries: list[Any]) -> list[Any]:
+        return [(e["token"], [top["token"] for top in e["top_logprobs"]]) for e in entries]
+
+    def values(entries: list[Any]) -> list[float]:
+        return [e["logprob"] for e in entries] + [
+            top["logprob"] for e in entries for top in e["top_logprobs"]
+        ]
+
+    assert spoken.ids == plain.ids
+    assert len(spoken.entries) == len(spoken.ids) > 0
+    for mine, theirs in ((spoken.entries, plain.entries), (spoken.prompt, plain.prompt)):
+        assert tokens(mine) == tokens(theirs)
+        assert values(mine) == pytest.approx(values(theirs), abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["answer", "echo"])
+def test_greedy_logprobs_are_the_plain_ones_with_every_delivered_token_scored(
+    route: InProcessRoute, echo: bool
+) -> None:
+    plain = scored(route, speculation="off", echo=echo)
+    recording = RecordingHop(route.services[-1])
+    with route.last_hop_as(recording):
+        spoken = scored(route, echo=echo)
+
+    assert_same_scores(spoken, plain)
+    assert bool(spoken.prompt) is echo
+    assert recording.rounds and spoken.last["usage"]["accepted_tokens"] > 0
+
+
+def test_a_round_that_keeps_its_drafts_scores_each_of_them_and_the_token_after(
+    route: InProcessRoute,
+) -> None:
+    """What the grammar forces, '{"x":', is drafted after the first token and kept: one
+    answer delivers five tokens, each scored as plain decoding scores it."""
+    fields = {
+        "grammar": response_format_grammar(
+            {"type": "json_schema", "json_schema": {"name": "point", "schema": POINT}}
+        )
+    }
+    prompt = "Where is it? Answer as an object."
+    plain = scored(route, prompt, max_tokens=8, speculation="off", **fields)
+    recording = RecordingHop(route.services[-1])
+    with route.last_hop_as(recording):
+        spoken = scored(route, prompt, max_tokens=8, **fields)
+
+    assert_same_scores(spoken, plain)
+    assert recording.rounds[0] == (4, 4)
+
+
+def test_sampled_logprobs_are_the_plain_ones_seed_by_seed_wherever_a_round_is_cut(
+    route: InProcessRoute,
+) -> None:
+    recording = RecordingHop(route.services[-1])
+    for seed in range(6):
+        fields: dict[str, Any] = {"temperature": 0.05 if seed % 2 else 0.9, "seed": seed}
+        plain = scored(route, speculation="off", **fields)
+        with route.last_hop_as(recording):
+            spoken = scored(route, **fields)
+        assert_same_scores(spoken, plain)
+
+    # Drafts were rejected at several positions of a round, the first among them.
+    cut_at = {accepted for drafts, accepted in recording.rounds if accepted < drafts}
+    assert 0 in cut_at and len(cut_at) >= 2
+
+
+def test_a_last_hop_whose_rounds_carry_no_logprobs_gets_plain_steps_and_the_same_scores(
+    route: InProcessRoute,
+) -> None:
+    plain = scored(route, speculation="off")
+    older = UnscoredRoundsHop(route.services[-1])
+    with route.last_hop_as(older):
+        spoken = scored(route)
+
+    assert_same_scores(spoken, plain)
+    assert older.refused == 1
+    assert "drafted_tokens" not in spoken.last["usage"]
