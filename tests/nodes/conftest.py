@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.support.checkpoints import tiny_checkpoint, with_other_vocabulary
 from tests.support.network import Tracker, running_tracker
 from tests.support.nodes import LAYOUTS, TINY, running_nodes
 from tracker_app.localnet import NodeProcess, fresh_process_database
@@ -28,3 +31,17 @@ def tracker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracker]:
         running_tracker(database_url, tmp, MESHNET_NODE_HEARTBEAT_INTERVAL="0.3") as started,
     ):
         yield started
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with the tiny tokenizer: a model, or its draft (ADR-0028)."""
+    return tiny_checkpoint("llama", tmp_path_factory.mktemp("draft") / "llama")
+
+
+@pytest.fixture(scope="module")
+def other_vocabulary(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights under a tokenizer whose ``a`` and ``b`` trade ids."""
+    return with_other_vocabulary(
+        Path(shutil.copytree(llama, tmp_path_factory.mktemp("draft") / "other"))
+    )

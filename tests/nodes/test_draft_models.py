@@ -3,7 +3,6 @@ unless it shares the model's tokenizer, and named to nodes in the registration a
 
 from __future__ import annotations
 
-import shutil
 from io import StringIO
 from pathlib import Path
 
@@ -15,24 +14,9 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from nodes_app.models import LanguageModel
-from tests.support.checkpoints import tiny_checkpoint, with_other_vocabulary
 from tracker_app.localnet.stand_in_nodes import ChallengeResponder, proven_registration
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama with the tiny tokenizer: the model, or its draft."""
-    return tiny_checkpoint("llama", tmp_path_factory.mktemp("draft") / "llama")
-
-
-@pytest.fixture(scope="module")
-def other_vocabulary(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same weights under a tokenizer whose ``a`` and ``b`` trade ids."""
-    return with_other_vocabulary(
-        Path(shutil.copytree(llama, tmp_path_factory.mktemp("draft") / "other"))
-    )
 
 
 def add_model(*args: str) -> str:

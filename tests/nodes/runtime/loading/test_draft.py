@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -17,19 +16,7 @@ from nodes_app.runtime.engine.trust import PlanGate
 from nodes_app.runtime.loading.shard import load_shard
 from nodes_app.runtime.node import NodeOptions, load_head_draft
 from nodes_app.shared.sources import ModelSource
-from tests.support.checkpoints import LAYERS, tiny_checkpoint, with_other_vocabulary
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_checkpoint("llama", tmp_path_factory.mktemp("draft") / "llama")
-
-
-@pytest.fixture(scope="module")
-def other_vocabulary(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return with_other_vocabulary(
-        Path(shutil.copytree(llama, tmp_path_factory.mktemp("draft") / "other"))
-    )
+from tests.support.checkpoints import LAYERS
 
 
 @pytest.fixture
