@@ -12,8 +12,20 @@ from django.conf import settings
 from tests.support.network import Network, Tracker, running_tracker, start_network
 from tests.support.nodes import SMOLLM2, SMOLLM2_LAYOUTS
 from tests.support.redis_server import RedisServer
-from tracker_app.localnet import fresh_process_database
+from tracker_app.localnet import fresh_process_database, process_env
 from tracker_app.localnet.stand_in_nodes import ChallengeResponder, challenge_responder
+from tracker_app.localnet.warm_start import warm_starter
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The trackers, workers, nodes and commands the tests start are forked from one
+    interpreter that has imported torch and transformers once (ADR-0030)."""
+    if os.environ.get("COLD"):
+        yield
+        return
+    with warm_starter(process_env(), tmp_path_factory.mktemp("warm-start")):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

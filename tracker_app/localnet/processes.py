@@ -21,6 +21,8 @@ from types import TracebackType
 
 import httpx
 
+from tracker_app.localnet import warm_start
+
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 STOP_TIMEOUT = 20.0
@@ -100,9 +102,7 @@ def run_command(
     The result is returned whatever the exit status; callers that need
     success use :func:`run_checked`.
     """
-    return subprocess.run(
-        list(argv), cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=timeout
-    )
+    return warm_start.run(argv, cwd=ROOT, env=env, timeout=timeout)
 
 
 def run_checked(argv: Sequence[str], *, env: Mapping[str, str], timeout: float = 300.0) -> str:
@@ -141,14 +141,7 @@ class ManagedProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # The child keeps its own copy of the descriptor; ours is not needed.
         with log_path.open("wb") as log:
-            self._popen = subprocess.Popen(
-                self.argv,
-                cwd=cwd,
-                env=dict(env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self._popen = warm_start.start(self.argv, cwd=cwd, env=env, log=log)
 
     @property
     def pid(self) -> int:
@@ -211,17 +204,18 @@ class ManagedProcess:
         whatever it leaves running in its group is killed once it has ended.
         Calling it again, or after the process ended by itself, is harmless.
         """
-        if self._popen.poll() is None:
+        returncode = self._popen.poll()
+        if returncode is None:
             self.terminate()
             try:
-                self._popen.wait(timeout=timeout)
+                returncode = self._popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
-                self._popen.wait()
+                returncode = self._popen.wait()
         if not self._stopped:
             self._stopped = True
             self._signal_group(signal.SIGKILL)
-        return self._popen.returncode
+        return returncode
 
     def _signal_group(self, signum: int) -> None:
         # The group outlives its leader while any member runs; once the last
