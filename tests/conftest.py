@@ -21,9 +21,6 @@ from tracker_app.localnet.warm_start import warm_starter
 def warm_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The trackers, workers, nodes and commands the tests start are forked from one
     interpreter that has imported torch and transformers once (ADR-0030)."""
-    if os.environ.get("COLD"):
-        yield
-        return
     with warm_starter(process_env(), tmp_path_factory.mktemp("warm-start")):
         yield
 

@@ -141,6 +141,11 @@ class WarmStarter:
                 raise RuntimeError(f"the warm starter did not start; see {workdir}")
             time.sleep(0.05)
 
+    @property
+    def pid(self) -> int:
+        """The starter's process: the parent of every process it forks."""
+        return self._server.pid
+
     def can_start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bool:
         """Whether a fork becomes exactly this command: this interpreter running a module
         (``-m``) or ``manage.py`` in the checkout, with the settings read at start
@@ -174,14 +179,15 @@ _in_use: WarmStarter | None = None
 
 @contextlib.contextmanager
 def warm_starter(env: Mapping[str, str], workdir: Path) -> Iterator[WarmStarter]:
-    """Start this process's later Python processes from a starter with ``env``."""
+    """Start this process's later Python processes from a starter with ``env``; the one in
+    use before (if any) is in use again after."""
     global _in_use
-    starter = WarmStarter(env, workdir)
+    before, starter = _in_use, WarmStarter(env, workdir)
     _in_use = starter
     try:
         yield starter
     finally:
-        _in_use = None
+        _in_use = before
         starter.close()
 
 
