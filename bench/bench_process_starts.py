@@ -52,9 +52,15 @@ def one_round(times: dict[str, list[float]], workdir: Path) -> None:
         env = process_env(database_url)
         tracker = start_tracker(env=env, log_dir=workdir)
         timed(times, "tracker", tracker.wait_healthy)
-        timed(times, "create_api_key", lambda: run_checked(manage_argv("create_api_key", "b"), env=env))
+        timed(
+            times,
+            "create_api_key",
+            lambda: run_checked(manage_argv("create_api_key", "b"), env=env),
+        )
         worker = start_worker(env=env, log_dir=workdir, extra=("--pool", "solo"))
-        timed(times, "worker", lambda: wait_until(lambda: " ready." in worker.output(), timeout=120))
+        timed(
+            times, "worker", lambda: wait_until(lambda: " ready." in worker.output(), timeout=120)
+        )
         node = start_node(
             name="bench", model="tiny-random-llama", layers=(0, 3), env=env,
             log_dir=workdir, node_id="bench", dev_open=True,

@@ -49,10 +49,14 @@ PRELOADED = (
     "transformers.models.llama.modeling_llama",
     "safetensors.torch",
     "tokenizers",
+    "jinja2",
+    "llguidance",
     "numpy",
     "httpx",
     "uvicorn",
     "starlette.applications",
+    "psycopg",
+    "redis",
     "django",
     "django.core.management",
     "django.db.models",
@@ -129,6 +133,7 @@ class WarmStarter:
     def __init__(self, env: Mapping[str, str], workdir: Path) -> None:
         self.env = dict(env)
         self.socket_path = workdir / "warm-start.sock"
+        self.socket_path.unlink(missing_ok=True)  # an earlier starter's
         with (workdir / "warm-start.log").open("wb") as log:
             self._server = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(self.socket_path)],
@@ -172,6 +177,7 @@ class WarmStarter:
         """End the starter; the processes it started run on, as Popen's children would."""
         self._server.terminate()
         self._server.wait()
+        self.socket_path.unlink(missing_ok=True)
 
 
 _in_use: WarmStarter | None = None
