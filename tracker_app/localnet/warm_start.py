@@ -88,13 +88,14 @@ class WarmChild:
 
     def __init__(self, connection: socket.socket, pid: int) -> None:
         self._connection = connection
+        self._reading = threading.Lock()
         self._pending = b""
         self.pid = pid
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self._read(block=False)
+            self._read(timeout=0.0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -103,21 +104,31 @@ class WarmChild:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            self._connection.settimeout(left)
-            self._read(block=True)
+            self._read(timeout=left)
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, signum)
 
-    def _read(self, *, block: bool) -> None:
-        if not block:
-            self._connection.settimeout(0.0)
-        try:
-            data = self._connection.recv(4096)
-        except (BlockingIOError, TimeoutError):
+    def _read(self, *, timeout: float | None) -> None:
+        """Take the status if the starter has sent it within ``timeout`` seconds (None:
+        until it does). Another thread already waiting for it counts against the time."""
+        if not self._reading.acquire(timeout=-1 if timeout is None else timeout):
             return
+        try:
+            if self.returncode is not None:
+                return
+            self._connection.settimeout(timeout)
+            try:
+                data = self._connection.recv(4096)
+            except (BlockingIOError, TimeoutError):
+                return
+            self._take(data)
+        finally:
+            self._reading.release()
+
+    def _take(self, data: bytes) -> None:
         if not data:
             raise RuntimeError(f"the warm starter went away before process {self.pid} ended")
         self._pending += data
@@ -258,6 +269,9 @@ def _serve(socket_path: str) -> dict[str, Any]:
         for _ in selector.select(_POLL_SECONDS):
             connection, _address = listener.accept()
             request = _receive(connection)
+            if request is None:
+                connection.close()
+                continue
             ready, told = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -279,10 +293,14 @@ def _serve(socket_path: str) -> dict[str, Any]:
     return {}
 
 
-def _receive(connection: socket.socket) -> dict[str, Any]:
+def _receive(connection: socket.socket) -> dict[str, Any] | None:
+    """The request on ``connection``; None if its client left before asking."""
     data = b""
     while not data.endswith(b"\n"):
-        data += connection.recv(65536)
+        chunk = connection.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
     request: dict[str, Any] = json.loads(data)
     return request
 

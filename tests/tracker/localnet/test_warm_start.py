@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,22 @@ def test_a_one_shot_command_past_its_timeout_is_killed(
     with pytest.raises(subprocess.TimeoutExpired):
         run_command([*CHILD, "wait"], env=env, timeout=5)
     wait_until(lambda: gone(int(pid_file.read_text())), what="the command to end")
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_a_command_one_thread_waits_for_is_polled_by_another_without_blocking(
+    starter: WarmStarter, tmp_path: Path, start: str
+) -> None:
+    process = child(tmp_path, start, "wait")
+    wait_until(lambda: "waiting" in process.output(), timeout=60, process=process)
+    with ThreadPoolExecutor(1) as pool:
+        waited = pool.submit(process.wait, 60)
+        time.sleep(0.2)  # the other thread is now waiting
+
+        began = time.monotonic()
+        assert process.alive()
+        assert time.monotonic() - began < 1
+
+        process.signal(signal.SIGTERM)
+        assert waited.result() == -signal.SIGTERM
+    assert process.returncode == -signal.SIGTERM
