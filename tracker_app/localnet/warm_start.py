@@ -3,7 +3,7 @@
 A node's interpreter spends about 5 s of CPU importing torch and
 transformers before it runs a line of Meshnet, and a test suite starts
 hundreds of them. A :class:`WarmStarter` is a server process that imports
-those libraries once (:data:`PRELOADED`, none of Meshnet's own modules) and
+those libraries once (:data:`PRELOADED`; of Meshnet's, only this harness) and
 forks each process it is asked for, from a Unix socket. The child becomes
 the asked-for command: its own session, working directory, environment and
 log, then ``-m MODULE`` or ``manage.py`` run as ``__main__`` by runpy, and
