@@ -174,8 +174,10 @@ class WarmStarter:
     ) -> WarmChild:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(str(self.socket_path))
-        request = {"argv": list(argv), "env": dict(env), "stdout": str(stdout)}
-        connection.sendall(json.dumps({**request, "stderr": str(stderr)}).encode() + b"\n")
+        request = {
+            "argv": list(argv), "env": dict(env), "stdout": str(stdout), "stderr": str(stderr),
+        }  # fmt: skip
+        connection.sendall(json.dumps(request).encode() + b"\n")
         reply = b""
         while not reply.endswith(b"\n"):
             chunk = connection.recv(4096)

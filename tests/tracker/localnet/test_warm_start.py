@@ -39,6 +39,13 @@ def child(tmp_path: Path, start: str, *args: str) -> ManagedProcess:
     return ManagedProcess("child", [*CHILD, *args], env=env, log_path=tmp_path / "child.log")
 
 
+def running_child(tmp_path: Path, start: str, mode: str, printed: str) -> ManagedProcess:
+    """A ``mode`` child, once it has printed ``printed``."""
+    process = child(tmp_path, start, mode)
+    wait_until(lambda: printed in process.output(), timeout=60, process=process)
+    return process
+
+
 @pytest.mark.parametrize("start", STARTS)
 def test_a_command_gets_its_own_session_directory_environment_output_and_exit_status(
     starter: WarmStarter, tmp_path: Path, start: str
@@ -76,8 +83,7 @@ def test_a_command_that_fails_exits_with_status_1_and_says_why(
 def test_a_signal_ends_a_command_as_it_ends_an_interpreter(
     starter: WarmStarter, tmp_path: Path, start: str, signum: int
 ) -> None:
-    process = child(tmp_path, start, "wait")
-    wait_until(lambda: "waiting" in process.output(), timeout=60, process=process)
+    process = running_child(tmp_path, start, "wait", "waiting")
 
     process.signal(signum)
 
@@ -89,8 +95,7 @@ def test_a_signal_ends_a_command_as_it_ends_an_interpreter(
 def test_stop_kills_a_command_that_ignores_sigterm_and_what_it_started(
     starter: WarmStarter, tmp_path: Path, start: str
 ) -> None:
-    process = child(tmp_path, start, "stubborn")
-    wait_until(lambda: "child" in process.output(), timeout=60, process=process)
+    process = running_child(tmp_path, start, "stubborn", "child")
     grandchild = int(process.output().split()[1])
 
     assert process.stop(timeout=0.5) == -signal.SIGKILL
@@ -127,8 +132,7 @@ def test_a_one_shot_command_past_its_timeout_is_killed(
 def test_a_command_one_thread_waits_for_is_polled_by_another_without_blocking(
     starter: WarmStarter, tmp_path: Path, start: str
 ) -> None:
-    process = child(tmp_path, start, "wait")
-    wait_until(lambda: "waiting" in process.output(), timeout=60, process=process)
+    process = running_child(tmp_path, start, "wait", "waiting")
     with ThreadPoolExecutor(1) as pool:
         waited = pool.submit(process.wait, 60)
         time.sleep(0.2)  # the other thread is now waiting
